@@ -1,0 +1,18 @@
+"""User-facing errors: the CLI prints them as one line and exits with code 2."""
+
+from __future__ import annotations
+
+
+class CptkitError(Exception):
+    """Bad input or bad configuration: reported without a traceback."""
+
+    exit_code = 2
+
+
+class BadInput(CptkitError):
+    """A malformed input record, named by file and line."""
+
+    def __init__(self, path: str, line: int | None, reason: str):
+        self.path, self.line, self.reason = str(path), line, reason
+        where = f"{self.path}:{line}" if line is not None else self.path
+        super().__init__(f"{where}: {reason}")

@@ -1,0 +1,300 @@
+"""Sharded JSONL I/O: resolve inputs, read records with precise errors, write atomic shards.
+
+Readers accept ``.jsonl``, ``.jsonl.gz`` and ``.jsonl.zst`` (and ``.json`` lines). Files whose
+name starts with ``_`` or ``.`` are metadata (manifests, markers, side outputs) and are never
+read as data. Writers produce size-bounded shards, each written under a temporary name and
+renamed when complete; gzip output is byte-reproducible (no timestamp, no file name).
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import gzip
+import io
+import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from cptkit.errors import BadInput, CptkitError
+from cptkit.records import Record, dumps, validate
+
+DATA_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")
+STDIO = "-"
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input shard: its path (or ``-`` for stdin) and size in bytes."""
+
+    path: str
+    size: int
+
+    @property
+    def name(self) -> str:
+        return "<stdin>" if self.path == STDIO else self.path
+
+
+def is_data_file(path: Path) -> bool:
+    return path.is_file() and path.name.endswith(DATA_SUFFIXES) and path.name[0] not in "_."
+
+
+def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
+    """Expand files, directories (their data files, recursively) and globs into input shards.
+
+    The order is sorted and therefore stable. A spec that matches nothing is an error.
+    """
+    if isinstance(specs, str):
+        specs = [specs]
+    if not specs:
+        raise CptkitError("no input given: pass --in PATH (a file, a directory, a glob or -)")
+    found: list[InputFile] = []
+    for spec in specs:
+        spec = str(spec)
+        if spec == STDIO:
+            found.append(InputFile(STDIO, 0))
+            continue
+        p = Path(spec)
+        if p.is_dir():
+            files = sorted(f for f in p.rglob("*") if is_data_file(f)
+                           and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts[:-1]))
+            if not files:
+                raise CptkitError(f"{spec}: directory holds no .jsonl/.jsonl.gz/.jsonl.zst shards")
+        elif p.is_file():
+            files = [p]
+        elif any(ch in spec for ch in "*?["):
+            files = sorted(Path(f) for f in globlib.glob(spec, recursive=True) if is_data_file(Path(f)))
+            if not files:
+                raise CptkitError(f"{spec}: glob matches no data files")
+        else:
+            raise CptkitError(f"{spec}: no such file or directory")
+        found.extend(InputFile(str(f), f.stat().st_size) for f in files)
+    return found
+
+
+class _CountingReader(io.RawIOBase):
+    """Wraps a binary file and counts the compressed bytes consumed (for progress bars)."""
+
+    def __init__(self, raw: IO[bytes]):
+        self.raw, self.consumed = raw, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        n = self.raw.readinto(b)
+        self.consumed += n or 0
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+def open_binary(path: str) -> tuple[IO[bytes], _CountingReader]:
+    """Open a shard for binary line reading, decompressing by suffix."""
+    if path == STDIO:
+        counter = _CountingReader(sys.stdin.buffer)
+        return io.BufferedReader(counter), counter
+    counter = _CountingReader(open(path, "rb"))  # noqa: SIM115
+    if path.endswith(".gz"):
+        return gzip.GzipFile(fileobj=io.BufferedReader(counter), mode="rb"), counter  # type: ignore[return-value]
+    if path.endswith(".zst"):
+        import zstandard
+
+        stream = zstandard.ZstdDecompressor().stream_reader(io.BufferedReader(counter))
+        return io.BufferedReader(stream), counter  # type: ignore[arg-type]
+    return io.BufferedReader(counter), counter
+
+
+@dataclass
+class ReadStats:
+    records: int = 0
+    bad: int = 0
+    bytes: int = 0
+
+
+def read_records(
+    inp: InputFile | str,
+    *,
+    skip_bad: bool = False,
+    stats: ReadStats | None = None,
+    validate_records: bool = True,
+) -> Iterator[Record]:
+    """Yield the records of one shard.
+
+    A malformed line (invalid UTF-8, bad JSON, missing ``id``/``text``) raises :class:`BadInput`
+    naming the file and line, or is counted in ``stats.bad`` and skipped when ``skip_bad``.
+    An empty shard is an error: it almost always means an upstream step failed.
+    """
+    if isinstance(inp, str):
+        inp = InputFile(inp, 0)
+    stats = stats if stats is not None else ReadStats()
+    fh, counter = open_binary(inp.path)
+    n_lines = 0
+    try:
+        lineno = 0
+        while True:
+            try:
+                raw = fh.readline()
+            except (OSError, EOFError) as e:  # truncated gzip, corrupt zstd ...
+                raise BadInput(inp.name, lineno + 1, f"cannot decompress: {e}") from None
+            if not raw:
+                break
+            lineno += 1
+            stats.bytes = counter.consumed
+            if not raw.strip():
+                continue
+            n_lines += 1
+            try:
+                obj = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                err = f"invalid UTF-8 at byte {e.start}"
+            except json.JSONDecodeError as e:
+                err = f"malformed JSON: {e.msg} (column {e.colno})"
+            else:
+                err = validate(obj) if validate_records else None
+                if err is None:
+                    stats.records += 1
+                    yield obj
+                    continue
+            if not skip_bad:
+                raise BadInput(inp.name, lineno, err)
+            stats.bad += 1
+    finally:
+        if inp.path != STDIO:
+            fh.close()
+    if n_lines == 0:
+        raise BadInput(inp.name, None, "input is empty")
+
+
+def iter_records(inputs: list[InputFile], **kw) -> Iterator[Record]:
+    for inp in inputs:
+        yield from read_records(inp, **kw)
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_name(path)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj) -> None:
+    atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n").encode())
+
+
+class ShardWriter:
+    """Write records into size-bounded shards ``{prefix}-{k:04d}.jsonl[.gz|.zst]``.
+
+    Every shard is written under a hidden temporary name and renamed once closed, so a reader
+    never sees a partial shard. Output to ``-`` streams plain JSONL to stdout instead.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        prefix: str = "part",
+        *,
+        compression: str = "gz",
+        max_bytes: int = 256 * 2**20,
+        max_records: int = 0,
+    ):
+        if compression not in ("gz", "zst", "none"):
+            raise CptkitError(f"shard.compression must be gz, zst or none, got {compression!r}")
+        self.stdout = str(directory) == STDIO
+        self.directory = Path(directory)
+        self.prefix, self.compression = prefix, compression
+        self.max_bytes, self.max_records = max_bytes, max_records
+        self.files: list[str] = []
+        self.records = 0
+        self._fh: IO[bytes] | None = None
+        self._raw: IO[bytes] | None = None
+        self._tmp: Path | None = None
+        self._final: Path | None = None
+        self._bytes = 0
+        self._in_shard = 0
+
+    def _suffix(self) -> str:
+        return {"gz": ".jsonl.gz", "zst": ".jsonl.zst", "none": ".jsonl"}[self.compression]
+
+    def _open(self) -> None:
+        k = len(self.files)
+        self._final = self.directory / f"{self.prefix}-{k:04d}{self._suffix()}"
+        self._tmp = _tmp_name(self._final)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._raw = open(self._tmp, "wb")  # noqa: SIM115
+        if self.compression == "gz":
+            self._fh = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0, compresslevel=6)  # type: ignore[assignment]
+        elif self.compression == "zst":
+            import zstandard
+
+            self._fh = zstandard.ZstdCompressor(level=3).stream_writer(self._raw, closefd=False)  # type: ignore[assignment]
+        else:
+            self._fh = self._raw
+        self._bytes = self._in_shard = 0
+
+    def _close_shard(self) -> None:
+        if self._fh is None:
+            return
+        if self._fh is not self._raw:
+            self._fh.close()
+        assert self._raw is not None and self._tmp is not None and self._final is not None
+        self._raw.flush()
+        os.fsync(self._raw.fileno())
+        self._raw.close()
+        os.replace(self._tmp, self._final)
+        self.files.append(self._final.name)
+        self._fh = self._raw = self._tmp = None
+
+    def write(self, rec: Record) -> None:
+        line = (dumps(rec) + "\n").encode("utf-8")
+        self.records += 1
+        if self.stdout:
+            sys.stdout.buffer.write(line)
+            return
+        if self._fh is None:
+            self._open()
+        assert self._fh is not None
+        self._fh.write(line)
+        self._bytes += len(line)
+        self._in_shard += 1
+        if (self.max_bytes and self._bytes >= self.max_bytes) or (
+            self.max_records and self._in_shard >= self.max_records
+        ):
+            self._close_shard()
+
+    def close(self) -> None:
+        if self.stdout:
+            sys.stdout.buffer.flush()
+        else:
+            self._close_shard()
+
+    def abort(self) -> None:
+        """Drop the shard being written (its temporary file); finished shards stay."""
+        if self._raw is not None:
+            self._raw.close()
+        if self._tmp is not None and self._tmp.exists():
+            self._tmp.unlink()
+        self._fh = self._raw = self._tmp = None
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

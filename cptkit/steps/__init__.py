@@ -1,0 +1,1 @@
+"""One module per step; each exposes ``run(cfg) -> dict`` and registers its config schema."""
