@@ -130,8 +130,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-register("probe", "_probe")
-@app.command("probe", context_settings=CTX)
-def probe(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False, cfg: Cfg = None, skip_bad: SkipBad = False):
-    invoke(ctx, "probe", io_overrides(inputs, out, quiet, skip_bad), cfg)
