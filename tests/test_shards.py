@@ -1,0 +1,94 @@
+"""Shard I/O: formats, precise errors, atomic size-bounded reproducible shards."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import zstandard
+
+from cptkit.errors import BadInput, CptkitError
+from cptkit.shards import ReadStats, ShardWriter, read_records, resolve_inputs
+
+RECS = [{"id": f"d{i}", "text": f"text number {i} é 中文", "meta": {"i": i}} for i in range(50)]
+
+
+def _lines(recs) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs).encode()
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".jsonl.zst"])
+def test_read_formats(tmp_path, suffix):
+    data = _lines(RECS)
+    if suffix.endswith("gz"):
+        data = gzip.compress(data)
+    elif suffix.endswith("zst"):
+        data = zstandard.ZstdCompressor().compress(data)
+    path = tmp_path / f"x{suffix}"
+    path.write_bytes(data)
+    assert list(read_records(str(path))) == RECS
+
+
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        (b'{"id": "a" "text": "b"}', "malformed JSON"),
+        (b'{"text": "b"}', "no 'id'"),
+        (b'{"id": "a"}', "no 'text'"),
+        (b'{"id": 3, "text": "b"}', "'id' must be a non-empty string"),
+        (b'{"id": "a", "text": "\xff\xfe"}', "invalid UTF-8"),
+        (b"[1, 2]", "expected a JSON object"),
+    ],
+)
+def test_bad_lines_name_file_and_line(tmp_path, line, reason):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(_lines(RECS[:2]) + line + b"\n" + _lines(RECS[2:3]))
+    with pytest.raises(BadInput) as e:
+        list(read_records(str(path)))
+    assert str(e.value).startswith(f"{path}:3: ") and reason in str(e.value)
+    stats = ReadStats()
+    assert [r["id"] for r in read_records(str(path), skip_bad=True, stats=stats)] == ["d0", "d1", "d2"]
+    assert stats.bad == 1 and stats.records == 3
+
+
+def test_empty_and_missing_inputs(tmp_path):
+    (tmp_path / "empty.jsonl").write_bytes(b"\n")
+    with pytest.raises(BadInput, match="empty.jsonl: input is empty"):
+        list(read_records(str(tmp_path / "empty.jsonl")))
+    with pytest.raises(CptkitError, match="no such file"):
+        resolve_inputs([str(tmp_path / "nope")])
+    (tmp_path / "d").mkdir()
+    with pytest.raises(CptkitError, match="holds no"):
+        resolve_inputs([str(tmp_path / "d")])
+
+
+def test_resolve_skips_metadata_and_sorts(tmp_path):
+    for name in ["b.jsonl", "a.jsonl.gz", "_removed.jsonl", ".hidden.jsonl", "notes.txt"]:
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "_index").mkdir()
+    (tmp_path / "_index" / "docs.jsonl").write_bytes(b"")
+    got = [f.path.rsplit("/", 1)[1] for f in resolve_inputs(str(tmp_path))]
+    assert got == ["a.jsonl.gz", "b.jsonl"]
+    assert [f.path for f in resolve_inputs(str(tmp_path / "*.jsonl*"))][0].endswith("a.jsonl.gz")
+
+
+def test_writer_rolls_over_atomically_and_reproducibly(tmp_path):
+    for run in ("r1", "r2"):
+        with ShardWriter(tmp_path / run, "part-00000", max_records=20) as w:
+            for r in RECS:
+                w.write(r)
+        assert w.files == ["part-00000-0000.jsonl.gz", "part-00000-0001.jsonl.gz", "part-00000-0002.jsonl.gz"]
+        assert not list((tmp_path / run).glob(".*"))  # no temporary leftovers
+    for name in w.files:
+        assert (tmp_path / "r1" / name).read_bytes() == (tmp_path / "r2" / name).read_bytes()
+    back = [r for f in w.files for r in read_records(str(tmp_path / "r1" / f))]
+    assert back == RECS
+
+
+def test_writer_abort_leaves_no_partial_shard(tmp_path):
+    with pytest.raises(RuntimeError):
+        with ShardWriter(tmp_path, "part-00000") as w:
+            w.write(RECS[0])
+            raise RuntimeError("crash")
+    assert list(tmp_path.iterdir()) == []
