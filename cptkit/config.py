@@ -52,6 +52,7 @@ class JobConfig:
 
     step: str = ""
     seed: int = 0
+    overrides: list[str] = field(default_factory=list)  # filled in: the command-line overrides
     quiet: bool = False
     io: IOConfig = field(default_factory=IOConfig)
     shard: ShardConfig = field(default_factory=ShardConfig)
@@ -76,14 +77,16 @@ def compose_step(name: str, overrides: list[str] | None = None) -> DictConfig:
             cfg = compose(config_name=config_name, overrides=list(overrides or []))
     except (HydraException, OmegaConfBaseException) as e:
         raise CptkitError(one_line(str(e))) from None
-    return finalize(cfg, name)
+    return finalize(cfg, name, list(overrides or []))
 
 
-def finalize(cfg: DictConfig, name: str) -> DictConfig:
+def finalize(cfg: DictConfig, name: str, overrides: list[str] | None = None) -> DictConfig:
     """Resolve interpolations and fill ``step``; errors become one-line user errors."""
     try:
         OmegaConf.set_struct(cfg, False)
         cfg.step = name
+        if overrides is not None:
+            cfg.overrides = [o for o in overrides if not o.startswith(("io.", "quiet="))]
         OmegaConf.resolve(cfg)
         OmegaConf.set_struct(cfg, True)
     except OmegaConfBaseException as e:

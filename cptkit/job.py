@@ -60,7 +60,7 @@ class TaskResult:
 
 def config_hash(cfg: dict) -> str:
     """Hash of the config that determines the output (not I/O locations or verbosity)."""
-    keep = {k: v for k, v in cfg.items() if k not in ("io", "quiet")}
+    keep = {k: v for k, v in cfg.items() if k not in ("io", "quiet", "overrides")}
     keep["shard"] = {k: v for k, v in cfg.get("shard", {}).items() if k not in ("index", "count")}
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
