@@ -1,0 +1,124 @@
+"""Pure mixture algorithms and LR schedules, checked against hand-computed numbers."""
+
+import math
+
+import pytest
+
+from cptkit.mixing import (
+    dbl_update,
+    fit_scaling_law,
+    predict_targets,
+    topic_ppl_update,
+    velocitune_update,
+)
+from cptkit.training.schedule import lr_at, make_schedule
+
+
+def test_topic_ppl_update_hand_computed():
+    # Δ = (-1, +2, 0); max|Δ| = 2; δ = (-0.5, 1, 0); f = 1 + 0.4 δ = (0.8, 1.4, 1.0)
+    # r·f = (0.40, 0.42, 0.20), sum 1.02
+    out = topic_ppl_update({"a": 0.5, "b": 0.3, "c": 0.2}, {"a": 10, "b": 20, "c": 30},
+                           {"a": 9, "b": 22, "c": 30}, alpha=0.4)
+    assert out == pytest.approx({"a": 0.40 / 1.02, "b": 0.42 / 1.02, "c": 0.20 / 1.02}, abs=1e-12)
+    assert out["a"] == pytest.approx(0.392157, abs=1e-6)
+    assert out["b"] == pytest.approx(0.411765, abs=1e-6)
+    assert sum(out.values()) == pytest.approx(1.0)
+
+
+def test_topic_ppl_update_degenerate():
+    p = {"x": 0.25, "y": 0.75}
+    assert topic_ppl_update(p, {"x": 5, "y": 6}, {"x": 5, "y": 6}) == pytest.approx(p)
+    # unnormalised proportions are normalised
+    assert topic_ppl_update({"x": 1, "y": 3}, {"x": 5, "y": 6}, {"x": 5, "y": 6}) == pytest.approx(p)
+    with pytest.raises(ValueError, match="'y'"):
+        topic_ppl_update(p, {"x": 5}, {"x": 5, "y": 6})
+    with pytest.raises(ValueError, match="'x'.*negative"):
+        topic_ppl_update({"x": -0.1, "y": 1.1}, {"x": 5, "y": 6}, {"x": 5, "y": 6})
+    with pytest.raises(ValueError, match="'y'.*nan"):
+        topic_ppl_update(p, {"x": 5, "y": 6}, {"x": 5, "y": float("nan")})
+    with pytest.raises(ValueError, match="alpha"):
+        topic_ppl_update(p, {"x": 5, "y": 6}, {"x": 4, "y": 6}, alpha=1.5)
+
+
+def test_velocitune_update_hand_computed():
+    w = {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3}
+    init, target = {"a": 3.0, "b": 4.0, "c": 2.0}, {"a": 2.0, "b": 2.0, "c": 2.0}
+    cur = {"a": 2.5, "b": 4.5, "c": 1.0}
+    # V_a = 0.5/1 = 0.5; V_b = 2.5/2 → clamped to 1; V_c: init == target → learnt, 0
+    out = velocitune_update(w, init, target, cur)
+    z = math.exp(0.5) + math.e + 1.0
+    assert out == pytest.approx({"a": math.exp(0.5) / z, "b": math.e / z, "c": 1 / z}, abs=1e-12)
+    assert out["b"] == pytest.approx(0.506480, abs=1e-6)
+    assert max(out, key=out.get) == "b"  # the slowest domain gains weight
+    # ablation without target: V = l_t / l_init = (0.8333, 1.125, 0.5)
+    abl = velocitune_update(w, init, None, cur, use_target=False)
+    e = [math.exp(2.5 / 3), math.exp(4.5 / 4), math.exp(0.5)]
+    assert list(abl.values()) == pytest.approx([x / sum(e) for x in e], abs=1e-12)
+
+
+def test_velocitune_update_errors():
+    w = {"a": 0.5, "b": 0.5}
+    with pytest.raises(ValueError, match="'b'.*missing from target_loss"):
+        velocitune_update(w, {"a": 3, "b": 3}, {"a": 2}, {"a": 2.5, "b": 2.5})
+    with pytest.raises(ValueError, match="'a'.*negative"):
+        velocitune_update({"a": -1, "b": 2}, {"a": 3, "b": 3}, {"a": 2, "b": 2}, {"a": 2.5, "b": 2.5})
+    with pytest.raises(ValueError, match="'a'.*nan"):
+        velocitune_update(w, {"a": 3, "b": 3}, {"a": 2, "b": 2}, {"a": float("nan"), "b": 2.5})
+
+
+def test_dbl_update_hand_computed():
+    w, tgt = {"a": 0.5, "b": 0.5}, {"a": 2.0, "b": 2.0}
+    cur = {"a": 3.0, "b": 1.5}
+    # clip: Δ = (1, 0) → softmax(log .5 + Δ) = (e, 1)/(e + 1) = (0.731059, 0.268941)
+    out = dbl_update(w, tgt, cur, eta=1.0, smoothing=0.0)
+    assert out["a"] == pytest.approx(math.e / (math.e + 1), abs=1e-12)
+    smooth = dbl_update(w, tgt, cur)  # c = 1e-4: (1 - c) w + c / 2
+    assert smooth["a"] == pytest.approx((1 - 1e-4) * math.e / (math.e + 1) + 0.5e-4, abs=1e-12)
+    # no clip: Δ = (1, -0.5)
+    nc = dbl_update(w, tgt, cur, smoothing=0.0, clip=False)
+    assert nc["a"] == pytest.approx(math.e / (math.e + math.exp(-0.5)), abs=1e-12)
+    assert nc["a"] == pytest.approx(0.817574, abs=1e-6)
+    with pytest.raises(ValueError, match="'b'"):
+        dbl_update(w, {"a": 2.0}, cur)
+    assert sum(dbl_update({"a": 0.0, "b": 1.0}, tgt, cur, smoothing=0.0).values()) == pytest.approx(1.0)
+
+
+def test_fit_scaling_law_recovers_parameters():
+    E, B, beta = 1.8, 50.0, 0.3
+    toks = [1e6 * 2 ** k for k in range(10)]
+    law = fit_scaling_law(toks, [E + B / t ** beta for t in toks])
+    assert law.E == pytest.approx(E, rel=1e-4)
+    assert law.B == pytest.approx(B, rel=1e-3)
+    assert law.beta == pytest.approx(beta, rel=1e-4)
+    assert law.predict(1e10) == pytest.approx(E + B / 1e10 ** beta, rel=1e-6)
+    with pytest.raises(ValueError):
+        fit_scaling_law([1, 2], [3, 2])
+
+
+def test_predict_targets_and_convergence():
+    laws = {"x": (1.5, 30.0, 0.35), "y": (2.2, 12.0, 0.25)}
+    ckpts = [(t, {d: e + b / t ** be for d, (e, b, be) in laws.items()}) for t in (1e5, 2e5, 4e5, 8e5, 1.6e6)]
+    targets, fitted, change = predict_targets(ckpts, budget_tokens=1e8)
+    assert targets["x"] == pytest.approx(1.5 + 30 / 1e8 ** 0.35, rel=1e-5)
+    assert targets["y"] == pytest.approx(2.2 + 12 / 1e8 ** 0.25, rel=1e-5)
+    assert change < 1e-4
+
+
+def test_schedule_phases_and_decay_types():
+    # the paper's CPT recipe: 1e-7 → 1e-5 linear warmup, then constant
+    s = make_schedule(1e-5, 100, warmup=10, init_lr=1e-7)
+    assert s.lr(0) == pytest.approx(1e-7)
+    assert s.lr(5) == pytest.approx(1e-7 + (1e-5 - 1e-7) * 0.5)
+    assert s.lr(10) == s.lr(99) == pytest.approx(1e-5)
+    # fractions: warmup 0.1 → 10 steps, decay 0.2 → last 20 steps (starting at step 80)
+    kw = dict(peak_lr=1.0, total_steps=100, warmup=0.1, decay=0.2, min_lr_ratio=0.1)
+    assert lr_at(50, **kw) == 1.0
+    assert lr_at(90, decay_type="linear", **kw) == pytest.approx(1.0 - 0.9 * 0.5)
+    assert lr_at(90, decay_type="cosine", **kw) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lr_at(85, decay_type="1-sqrt", **kw) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lr_at(90, decay_type="exponential", **kw) == pytest.approx(0.1 ** 0.5)
+    assert lr_at(100, decay_type="cosine", **kw) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="decay_type"):
+        make_schedule(1.0, 10, decay_type="step")
+    with pytest.raises(ValueError, match="exceed"):
+        make_schedule(1.0, 10, warmup=8, decay=5)
