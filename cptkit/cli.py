@@ -144,6 +144,16 @@ def score_quality_train(ctx: typer.Context, positives: Files = None, negatives: 
 # --- end issue 4 ---
 
 
+register("dedup", "dedup")
+
+
+@app.command("dedup", context_settings=CTX,
+             help="Remove exact and MinHash-LSH near-duplicates across all shards (SPEC §3).")
+def dedup(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+          cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
+    invoke(ctx, "dedup", io_overrides(inputs, out, quiet, skip_bad), cfg)
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and exit code 2."""
     try:

@@ -1,0 +1,328 @@
+"""``cptkit dedup``: exact and MinHash-LSH near-duplicate removal over all input shards (SPEC §3).
+
+Three resumable phases (docs/dedup.md):
+
+1. **Signatures**, one task per input shard: MinHash signatures (``uint32``) and a 128-bit hash of
+   the normalised text, cached as ``OUT/.cptkit/sig-TTTTT.npy`` (+ ``exact-``, ``ids-``) and
+   skipped on a rerun. With ``shard.count > 1`` each process computes its slice (map).
+2. **Clustering**, global (reduce): exact duplicates first (equal text hashes), then LSH banding
+   over the remaining documents, verification of every candidate pair (exact Jaccard of the
+   shingle sets by default), union-find keeping the first document by input order. Cached as
+   ``OUT/.cptkit/clusters.npz``.
+3. **Writing**, one task per input shard: the kept documents; then ``OUT/_removed.jsonl`` lists
+   every removed id with ``duplicate_of`` (the kept id), ``kind`` (exact|near), ``similarity``.
+
+Memory holds the signatures (``num_perm * 4`` bytes per document), not the texts.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from omegaconf import DictConfig
+
+from cptkit import minhash as mh
+from cptkit.config import JobConfig, register_step
+from cptkit.errors import CptkitError
+from cptkit.job import STATE_DIR, Job, Task
+from cptkit.progress import log
+from cptkit.records import dumps
+from cptkit.shards import ReadStats, atomic_write_bytes, read_records
+
+KEPT, EXACT, NEAR = 0, 1, 2
+KINDS = {EXACT: "exact", NEAR: "near"}
+VERIFY = ("exact", "estimate", "none")
+
+
+@dataclass
+class DedupConfig:
+    """Shingling, MinHash and LSH settings (recorded in the manifest's ``extra``)."""
+
+    ngram: int = 13  # words per shingle; shorter documents are one shingle
+    threshold: float = 0.8  # Jaccard at or above which two documents are duplicates
+    num_perm: int = 128  # MinHash permutations (signature length)
+    bands: int | None = None  # LSH bands; null: from target_recall (lsh_params)
+    rows: int | None = None  # rows per band; null: from target_recall
+    target_recall: float = 0.95  # P(candidate | J = threshold) the computed banding must reach
+    seed: int = 42  # word hashing, permutations and band keys
+    tokenizer: str = "words"  # words (\w runs, CJK chars one by one) | whitespace
+    lowercase: bool = True
+    exact: bool = True  # remove exact duplicates (hash of normalised text) first
+    verify: str = "exact"  # exact (Jaccard of shingle sets) | estimate (signatures) | none
+    bucket_all_pairs_max: int = 16  # bigger buckets give a star + chain of pairs, not all pairs
+    batch_docs: int = 4096  # documents per signature batch
+
+
+@dataclass
+class DedupJob(JobConfig):
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+
+
+register_step("dedup", DedupJob)
+
+
+def banding(d: DictConfig) -> tuple[int, int]:
+    """The ``(bands, rows)`` of a config: given, half given (the other fills num_perm), or computed."""
+    num_perm = int(d.num_perm)
+    bands, rows = d.bands, d.rows
+    try:
+        if bands is None and rows is None:
+            return mh.lsh_params(float(d.threshold), num_perm, float(d.target_recall))
+    except ValueError as e:
+        raise CptkitError(f"dedup: {e}") from None
+    bands = int(bands) if bands is not None else num_perm // int(rows)
+    rows = int(rows) if rows is not None else num_perm // int(bands)
+    if bands < 1 or rows < 1 or bands * rows > num_perm:
+        raise CptkitError(f"dedup.bands={bands} x dedup.rows={rows} must be >= 1 and use at most "
+                          f"dedup.num_perm={num_perm} permutations")
+    return bands, rows
+
+
+def check_config(d: DictConfig) -> None:
+    if int(d.ngram) < 1:
+        raise CptkitError(f"dedup.ngram must be >= 1, got {d.ngram}")
+    if not 0.0 < float(d.threshold) <= 1.0:
+        raise CptkitError(f"dedup.threshold must be in (0, 1], got {d.threshold}")
+    if int(d.num_perm) < 1:
+        raise CptkitError(f"dedup.num_perm must be >= 1, got {d.num_perm}")
+    if str(d.verify) not in VERIFY:
+        raise CptkitError(f"dedup.verify must be one of {', '.join(VERIFY)}, got {d.verify!r}")
+    if str(d.tokenizer) not in mh.TOKEN_PATTERNS:
+        raise CptkitError(f"dedup.tokenizer must be one of {', '.join(mh.TOKEN_PATTERNS)}, got {d.tokenizer!r}")
+    if int(d.batch_docs) < 1:
+        raise CptkitError(f"dedup.batch_docs must be >= 1, got {d.batch_docs}")
+
+
+def describe(d: DictConfig, bands: int, rows: int) -> dict:
+    """Shingling, hashing and banding for the manifest's ``extra`` (to compare counts across tools)."""
+    n, seed, t = int(d.ngram), int(d.seed), float(d.threshold)
+    tok = {"words": "runs of word characters, each CJK/kana/hangul character alone",
+           "whitespace": "whitespace-separated"}[str(d.tokenizer)]
+    return {
+        "shingling": f"{d.tokenizer} tokens ({tok}){', lower-cased' if d.lowercase else ''}; "
+                     f"word {n}-grams; a document of fewer than {n} words is one shingle",
+        "hashing": f"word xxh3_64(utf-8, seed={seed}); shingle sum_k h(w_k)*M^(n-1-k) mod 2^64; "
+                   f"{int(d.num_perm)} permutations ((a*x+b) mod 2^64)>>32 of x = shingle>>32, "
+                   f"a|1, b uint64 from numpy PCG64({seed}); uint32 signatures",
+        "exact": "xxh3_128 of lower-cased text, whitespace collapsed" if d.exact else "off",
+        "bands": bands,
+        "rows": rows,
+        "p_candidate_at_threshold": round(mh.collision_probability(t, bands, rows), 4),
+        "verify": f"{d.verify}: " + {"exact": f"Jaccard of 64-bit shingle-hash sets >= {t}",
+                                     "estimate": f"share of equal signature values >= {t}",
+                                     "none": "every candidate pair is a duplicate"}[str(d.verify)],
+    }
+
+
+def _npy_bytes(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+class _Store:
+    """Phase-1 results per task: files under ``OUT/.cptkit`` (or memory when writing to stdout)."""
+
+    def __init__(self, job: Job):
+        self.dir = None if job.stdout else job.out / STATE_DIR
+        self.mem: dict[str, tuple[np.ndarray, np.ndarray, list[str]]] = {}
+
+    def has(self, task: Task) -> bool:
+        return task.name in self.mem if self.dir is None else (self.dir / f"sig-{task.name}.npy").exists()
+
+    def put(self, task: Task, sig: np.ndarray, exact: np.ndarray, ids: list[str]) -> None:
+        if self.dir is None:
+            self.mem[task.name] = (sig, exact, ids)
+            return
+        atomic_write_bytes(self.dir / f"ids-{task.name}.json", json.dumps(ids, ensure_ascii=False).encode())
+        atomic_write_bytes(self.dir / f"exact-{task.name}.npy", _npy_bytes(exact))
+        atomic_write_bytes(self.dir / f"sig-{task.name}.npy", _npy_bytes(sig))  # last: marks done
+
+    def sig(self, task: Task) -> np.ndarray:
+        return self.mem[task.name][0] if self.dir is None else np.load(self.dir / f"sig-{task.name}.npy")
+
+    def exact(self, task: Task) -> np.ndarray:
+        return self.mem[task.name][1] if self.dir is None else np.load(self.dir / f"exact-{task.name}.npy")
+
+    def ids(self, task: Task) -> list[str]:
+        if self.dir is None:
+            return self.mem[task.name][2]
+        return json.loads((self.dir / f"ids-{task.name}.json").read_text(encoding="utf-8"))
+
+
+def _texts(job: Job, task: Task, skip_bad: bool):
+    """(row, record) of a task's valid records, in the order every phase sees them."""
+    row = 0
+    for inp in task.inputs:
+        for rec in read_records(inp, skip_bad=skip_bad, stats=ReadStats()):
+            yield row, rec
+            row += 1
+
+
+def phase_signatures(job: Job, store: _Store, sh: mh.Shingler, d: DictConfig) -> None:
+    """Phase 1: signatures and exact hashes of this slice's shards that have none yet."""
+    todo = [t for t in job.mine() if not store.has(t)]
+    if not todo:
+        return
+    skip = bool(job.cfg.io.skip_bad_lines)
+    advance = job.add_bar("signatures", sum(f.size for t in todo for f in t.inputs) or None)
+    batch = int(d.batch_docs)
+    for task in todo:
+        sigs, exact, ids, texts = [], [], [], []
+        for _, rec in _texts(job, task, skip):
+            ids.append(rec["id"])
+            texts.append(rec["text"])
+            exact.append(mh.exact_hash(rec["text"]))
+            if len(texts) >= batch:
+                sigs.append(sh.signatures(texts))
+                texts = []
+        if texts:
+            sigs.append(sh.signatures(texts))
+        sig = np.concatenate(sigs) if sigs else np.empty((0, sh.num_perm), dtype=np.uint32)
+        store.put(task, sig, np.array(exact, dtype=np.uint64).reshape(-1, 2), ids)
+        advance(sum(f.size for f in task.inputs))
+
+
+def _shingle_sets(job: Job, sh: mh.Shingler, offsets: np.ndarray, docs: np.ndarray) -> dict[int, np.ndarray]:
+    """Phase 2 helper: re-read the candidate documents ``docs`` (global indices) and shingle them."""
+    skip = bool(job.cfg.io.skip_bad_lines)
+    want = set(docs.tolist())
+    owner = np.searchsorted(offsets, docs, side="right") - 1
+    sets: dict[int, np.ndarray] = {}
+    advance = job.add_bar("verify: re-read candidates", len(docs))
+    for t in np.unique(owner).tolist():
+        base = int(offsets[t])
+        idx, texts = [], []
+        for row, rec in _texts(job, job.tasks[t], skip):
+            if base + row in want:
+                idx.append(base + row)
+                texts.append(rec["text"])
+        for i, s in zip(idx, sh.shingle_sets(texts), strict=True):
+            sets[i] = s
+        advance(len(idx))
+    return sets
+
+
+def phase_cluster(job: Job, store: _Store, sh: mh.Shingler, d: DictConfig, bands: int, rows: int) -> dict:
+    """Phase 2: exact duplicates, LSH candidates, verification, union-find (global)."""
+    sigs = [store.sig(t) for t in job.tasks]
+    offsets = np.zeros(len(sigs) + 1, dtype=np.int64)
+    np.cumsum([len(s) for s in sigs], out=offsets[1:])
+    n = int(offsets[-1])
+    sig = np.concatenate(sigs) if sigs else np.empty((0, int(d.num_perm)), dtype=np.uint32)
+    del sigs
+    if d.exact and n:
+        exact_first = mh.first_occurrence(np.concatenate([store.exact(t) for t in job.tasks]))
+    else:
+        exact_first = np.arange(n, dtype=np.int64)
+    uniq = np.flatnonzero(exact_first == np.arange(n))
+    keys = mh.band_keys(sig[uniq], bands, rows, int(d.seed))
+    pairs = mh.candidate_pairs(keys, uniq, int(d.bucket_all_pairs_max))
+    del keys
+    threshold = float(d.threshold)
+    sets: dict[int, np.ndarray] = {}
+    if d.verify == "exact" and len(pairs):
+        sets = _shingle_sets(job, sh, offsets, np.unique(pairs))
+        sim = np.array([mh.jaccard_sorted(sets[i], sets[j]) for i, j in pairs.tolist()], dtype=np.float64)
+    else:
+        sim = mh.estimated_jaccard(sig, pairs)
+    ok = sim >= threshold if d.verify != "none" else np.ones(len(pairs), dtype=bool)
+    verified = pairs[ok]
+    near_root = mh.union_find_roots(n, verified)
+    root = near_root[exact_first]
+    kind = np.full(n, KEPT, dtype=np.int8)
+    removed = np.flatnonzero(root != np.arange(n))
+    kind[removed] = np.where(exact_first[removed] != removed, EXACT, NEAR)
+    # similarity of each removed document (exact: of its exact original) to the kept document
+    similarity = np.ones(n, dtype=np.float32)
+    src = exact_first[removed]
+    need = src != root[removed]
+    a, b = src[need], root[removed][need]
+    if d.verify == "exact":
+        vals = [mh.jaccard_sorted(sets[i], sets[j]) for i, j in zip(a.tolist(), b.tolist(), strict=True)]
+    else:
+        vals = mh.estimated_jaccard(sig, np.stack([a, b], axis=1)).tolist() if len(a) else []
+    similarity[removed[need]] = vals
+    counts = {
+        "docs in": n,
+        "docs out": int(n - len(removed)),
+        "exact duplicates": int((kind == EXACT).sum()),
+        "near duplicates": int((kind == NEAR).sum()),
+        "duplicate clusters": int(len(np.unique(root[removed]))),
+        "candidate pairs": int(len(pairs)),
+        "verified pairs": int(len(verified)),
+    }
+    return {"offsets": offsets, "root": root, "kind": kind, "similarity": similarity, "counts": counts}
+
+
+def _load_or_cluster(job: Job, store: _Store, sh: mh.Shingler, d: DictConfig, bands: int, rows: int) -> dict:
+    path = None if job.stdout else job.out / STATE_DIR / "clusters.npz"
+    if path is not None and path.exists():
+        z = np.load(path)
+        return {k: z[k] for k in ("offsets", "root", "kind", "similarity")} | {
+            "counts": json.loads(str(z["counts"]))}
+    res = phase_cluster(job, store, sh, d, bands, rows)
+    if path is not None:
+        buf = io.BytesIO()
+        np.savez(buf, offsets=res["offsets"], root=res["root"], kind=res["kind"], similarity=res["similarity"],
+                 counts=np.array(json.dumps(res["counts"])))
+        atomic_write_bytes(path, buf.getvalue())
+    return res
+
+
+def write_removed(job: Job, store: _Store, res: dict) -> None:
+    """``OUT/_removed.jsonl``: one line per removed document, in input order."""
+    offsets, root, kind, sim = res["offsets"], res["root"], res["kind"], res["similarity"]
+    removed = np.flatnonzero(kind != KEPT)
+    needed = np.union1d(removed, root[removed])
+    ids: dict[int, str] = {}
+    for t in np.unique(np.searchsorted(offsets, needed, side="right") - 1).tolist():
+        base, shard_ids = int(offsets[t]), store.ids(job.tasks[t])
+        lo, hi = np.searchsorted(needed, [base, int(offsets[t + 1])])
+        for g in needed[lo:hi].tolist():
+            ids[g] = shard_ids[g - base]
+    lines = [dumps({"id": ids[i], "duplicate_of": ids[int(root[i])], "kind": KINDS[int(kind[i])],
+                    "similarity": round(float(sim[i]), 4)}) + "\n" for i in removed.tolist()]
+    atomic_write_bytes(job.out / "_removed.jsonl", "".join(lines).encode("utf-8"))
+
+
+def run(cfg: DictConfig) -> dict:
+    """Remove exact and near duplicates; keep the first document of every cluster."""
+    d = cfg.dedup
+    check_config(d)
+    bands, rows = banding(d)
+    info = describe(d, bands, rows)
+    with Job(cfg) as job:
+        if job.already_done:
+            return job.finish()
+        sh = mh.Shingler(int(d.ngram), int(d.num_perm), int(d.seed), str(d.tokenizer), bool(d.lowercase))
+        store = _Store(job)
+        phase_signatures(job, store, sh, d)
+        missing = [t.name for t in job.tasks if not store.has(t)]
+        if missing:
+            log.info("signatures of this slice are done; %d shards still lack them (other slices): "
+                     "rerun once every slice has finished phase 1 to cluster and write", len(missing))
+            return job.finish(extra={"phase": "signatures"} | info)
+        res = _load_or_cluster(job, store, sh, d, bands, rows)
+        root = res["root"]
+        for task in job.pending():
+            t0 = time.time()
+            base = int(res["offsets"][task.index])
+            removed = 0
+            with job.writer(task) as w:
+                for row, rec in enumerate(job.read(task)):
+                    if root[base + row] == base + row:
+                        w.write(rec)
+                    else:
+                        removed += 1
+            job.complete(task, w, removed=removed, seconds=round(time.time() - t0, 3))
+        if job.stdout:
+            log.info("--out -: the list of removed ids (_removed.jsonl) is not written")
+        elif all(job.is_done(t) for t in job.tasks):
+            write_removed(job, store, res)
+        counts = res["counts"]
+        return job.finish(extra=counts | info)
