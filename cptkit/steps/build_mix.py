@@ -1,0 +1,595 @@
+"""build-mix: curated shards → a tokenized, packed, mixed training stream (SPEC §8).
+
+Domains are filters on record fields (dolma-mixer style); each stage of the token budget has a
+target proportion per domain (by tokens). Documents are tokenized once (a fast tokenizer, batch
+encoding runs on all cores), ordered per domain (seeded shuffle, or a PPL curriculum), and
+concatenated with EOS after every document into one token file per domain
+(``tokens/dNNN.bin``, uint16 when the vocabulary fits, else uint32, with document offsets in
+``tokens/dNNN.docs.npy``). Packing cuts each domain's tokens into fixed-length sequences; the
+plan ``plan.npy`` lists (domain, sequence) for the whole budget, stage by stage. Because the
+domains stay separate, ``train`` can follow the plan or draw domains with its own weights.
+
+Outputs (all under ``--out``): ``_stream.json`` (what train reads), ``tokens/``, ``plan.npy``,
+``_eval.jsonl.gz`` (held-out documents per domain, field ``domain``), ``_manifest.json``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import heapq
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+from omegaconf import DictConfig, OmegaConf
+
+from cptkit.config import JobConfig, register_step
+from cptkit.errors import CptkitError
+from cptkit.job import MANIFEST, Job, Task
+from cptkit.progress import log
+from cptkit.records import Record, dumps
+from cptkit.shards import atomic_write_bytes, atomic_write_json, resolve_inputs
+
+STREAM = "_stream.json"
+EVAL = "_eval.jsonl.gz"
+CURRICULUM_ORDERS = ("none", "random", "low_to_high", "high_to_low")
+
+
+@dataclass
+class CurriculumConfig:
+    order: str = "random"  # none (input order) | random | low_to_high | high_to_low (by PPL)
+    groups: int = 10  # PPL groups (the paper: 10)
+    model: str | None = None  # scoring model (path, .gguf, smollm2); needed for *_to_* orders
+    domains: list[str] = field(default_factory=list)  # domains (or parents) ordered by PPL; [] = all
+    max_tokens: int = 512  # tokens scored per document
+    batch_size: int = 8
+
+
+@dataclass
+class MixConfig:
+    """A mix recipe (``conf/mix/<name>.yaml``)."""
+
+    name: str = ""
+    sources: list[str] = field(default_factory=list)  # input shards when --in is not given
+    budget_tokens: float = 1e6  # tokens in the stream (all stages)
+    seq_len: int = 512  # tokens per packed sequence
+    max_epochs: float = 4.0  # cap on passes over a domain; the excess goes to `fill`
+    fill: str | None = None  # domain (or parent) that absorbs capped demand
+    eval_docs: int = 8  # held-out documents per domain for per-domain eval losses
+    tail_fraction: float = 0.1  # last share of the budget for an upsampling tail (recipes use it)
+    domains: list[Any] = field(default_factory=list)  # {name, filter, exclude, split_by, split_weights}
+    stages: list[Any] = field(default_factory=list)  # {name, fraction, weights: {domain: w}}
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+
+
+@dataclass
+class BuildMixOptions:
+    batch_docs: int = 256  # documents per tokenizer batch
+    dtype: str = "auto"  # auto | uint16 | uint32
+
+
+@dataclass
+class BuildMixJob(JobConfig):
+    tokenizer: str | None = None  # tokenizer spec: HF directory, .gguf file or smollm2
+    mix: MixConfig = field(default_factory=MixConfig)
+    build_mix: BuildMixOptions = field(default_factory=BuildMixOptions)
+
+
+register_step("build-mix", BuildMixJob)
+
+
+# --- pure helpers ---------------------------------------------------------------------------
+def field_value(rec: Record, key: str) -> Any:
+    """A record field by dotted path (``meta.topic``); a plain key also looks inside ``meta``."""
+    cur: Any = rec
+    for part in key.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            cur = None
+            break
+        cur = cur[part]
+    if cur is None and "." not in key and isinstance(rec.get("meta"), dict):
+        cur = rec["meta"].get(key)
+    return cur
+
+
+def _cond(value: Any, want: Any) -> bool:
+    if isinstance(want, dict) and "exists" in want:
+        return (value is not None) == bool(want["exists"])
+    if value is None:
+        return False
+    if isinstance(want, dict):
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            return False
+        return (want.get("min") is None or v >= float(want["min"])) and \
+               (want.get("max") is None or v <= float(want["max"]))
+    options = want if isinstance(want, list) else [want]
+    values = value if isinstance(value, list) else [value]
+    return any(str(v) == str(o) for v in values for o in options)
+
+
+def matches(rec: Record, include: dict | None, exclude: dict | None = None) -> bool:
+    """All ``include`` conditions hold and no ``exclude`` condition holds.
+
+    A condition is ``field: value``, ``field: [any, of]``, ``field: {min: x, max: y}`` or
+    ``field: {exists: true}``.
+    """
+    for key, want in (include or {}).items():
+        if not _cond(field_value(rec, key), want):
+            return False
+    return not any(_cond(field_value(rec, key), want) for key, want in (exclude or {}).items())
+
+
+def allocate(total: int, weights: dict[str, float]) -> dict[str, int]:
+    """Split ``total`` into integer counts proportional to ``weights`` (largest remainder)."""
+    s = sum(weights.values())
+    if total <= 0 or s <= 0:
+        return {k: 0 for k in weights}
+    exact = {k: total * w / s for k, w in weights.items()}
+    out = {k: int(math.floor(v)) for k, v in exact.items()}
+    rest = total - sum(out.values())
+    for k in sorted(exact, key=lambda k: (-(exact[k] - out[k]), list(exact).index(k)))[:rest]:
+        out[k] += 1
+    return out
+
+
+def stage_fractions(stages: list[dict]) -> list[float]:
+    """Stage fractions of the budget; at most one stage may omit its fraction (the remainder)."""
+    given = [s.get("fraction") for s in stages]
+    open_ = [i for i, f in enumerate(given) if f is None]
+    if len(open_) > 1:
+        raise CptkitError("mix.stages: at most one stage may leave out its fraction")
+    fixed = sum(float(f) for f in given if f is not None)
+    if any(f is not None and not 0 < float(f) <= 1 for f in given):
+        raise CptkitError(f"mix.stages: fractions must be in (0, 1], got {given}")
+    if open_:
+        if fixed >= 1:
+            raise CptkitError(f"mix.stages: the given fractions sum to {fixed:g}, nothing left for stage "
+                              f"{stages[open_[0]].get('name')!r}")
+        given[open_[0]] = 1.0 - fixed
+    elif abs(fixed - 1.0) > 1e-6:
+        raise CptkitError(f"mix.stages: fractions sum to {fixed:g}, not 1")
+    return [float(f) for f in given]
+
+
+def curriculum_order(ppl: np.ndarray, order: str, groups: int, seed: int) -> tuple[np.ndarray, list[int]]:
+    """Document order for a PPL curriculum and the group boundaries (start offsets).
+
+    Documents are sorted by PPL, cut into ``groups`` groups of (nearly) equal size, the groups
+    ordered low → high (or high → low), and documents shuffled within each group (seeded).
+    """
+    n = len(ppl)
+    rng = np.random.default_rng(seed)
+    ranked = np.argsort(ppl, kind="stable")
+    bounds = [round(n * g / groups) for g in range(groups + 1)]
+    parts = [rng.permutation(ranked[bounds[g]:bounds[g + 1]]) for g in range(groups)]
+    if order == "high_to_low":
+        parts = parts[::-1]
+    starts = np.cumsum([0] + [len(p) for p in parts[:-1]]).tolist()
+    return (np.concatenate(parts) if parts else ranked), starts
+
+
+def _hash(seed: int, rid: str) -> int:
+    return xxhash.xxh64_intdigest(rid.encode(), seed=seed)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+# --- the domain table -----------------------------------------------------------------------
+@dataclass
+class Domain:
+    name: str
+    parent: str
+    index: int
+    docs: int = 0
+    tokens: int = 0
+    file: Any = None
+    lengths: list[int] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    ppl: list[float] = field(default_factory=list)
+    heldout: list[tuple[int, str, Record]] = field(default_factory=list)  # max-heap by -hash
+
+
+class Router:
+    """Assigns records to (leaf) domains: the first matching domain, split by a field if asked."""
+
+    def __init__(self, specs: list[dict]):
+        if not specs:
+            raise CptkitError("mix.domains is empty: define at least one domain")
+        self.specs = specs
+        names = [str(s.get("name") or "") for s in specs]
+        for n in names:
+            if not n:
+                raise CptkitError("mix.domains: every domain needs a name")
+        if len(set(names)) != len(names):
+            raise CptkitError(f"mix.domains: duplicate domain names in {names}")
+
+    def route(self, rec: Record) -> str | None:
+        for spec in self.specs:
+            if matches(rec, spec.get("filter"), spec.get("exclude")):
+                by = spec.get("split_by")
+                if not by:
+                    return spec["name"]
+                v = field_value(rec, by)
+                return f"{spec['name']}/{v if v is not None else 'other'}"
+        return None
+
+
+def resolve_weights(weights: dict[str, float], leaves: dict[str, Domain], specs: list[dict],
+                    stage: str) -> dict[str, float]:
+    """Stage weights over leaf domains: a parent's weight is split by ``split_weights`` or tokens."""
+    by_parent: dict[str, list[Domain]] = {}
+    for d in leaves.values():
+        by_parent.setdefault(d.parent, []).append(d)
+    spec_of = {s["name"]: s for s in specs}
+    out: dict[str, float] = {}
+    for key, w in weights.items():
+        w = float(w)
+        if w < 0 or math.isnan(w):
+            raise CptkitError(f"mix stage {stage!r}: weight of {key!r} is {w}")
+        if key in leaves and leaves[key].parent == key:
+            out[key] = out.get(key, 0.0) + w
+        elif key in leaves:
+            out[key] = out.get(key, 0.0) + w
+        elif key in by_parent:
+            kids = by_parent[key]
+            split = (spec_of.get(key) or {}).get("split_weights") or {}
+            if split:
+                share = {d.name: float(split.get(d.name.split("/", 1)[1], 0.0)) for d in kids}
+            else:
+                share = {d.name: float(d.tokens) for d in kids}
+            tot = sum(share.values())
+            if tot <= 0:
+                raise CptkitError(f"mix stage {stage!r}: domain {key!r} has weight {w:g} but its parts have none")
+            for name, s in share.items():
+                out[name] = out.get(name, 0.0) + w * s / tot
+        elif key in spec_of:
+            if w > 0:
+                raise CptkitError(f"mix stage {stage!r}: domain {key!r} has weight {w:g} but no documents "
+                                  "matched its filter")
+        else:
+            raise CptkitError(f"mix stage {stage!r}: unknown domain {key!r}; defined: "
+                              f"{', '.join(s['name'] for s in specs)}")
+    if sum(out.values()) <= 0:
+        raise CptkitError(f"mix stage {stage!r}: all weights are 0")
+    return out
+
+
+def plan_counts(stage_seqs: list[int], stage_weights: list[dict[str, float]], available: dict[str, int],
+                max_epochs: float, fill: list[str]) -> tuple[list[dict[str, int]], dict[str, bool]]:
+    """Sequences per stage and domain, capping each domain at ``max_epochs`` passes.
+
+    A capped domain's excess moves, in the same stage, to the ``fill`` domains (by their
+    weights there, else by their sizes); fill domains are exempt from the cap. Without a fill
+    domain, a cap violation is an error.
+    """
+    counts = [allocate(n, w) for n, w in zip(stage_seqs, stage_weights, strict=True)]
+    capped: dict[str, bool] = {}
+    for d, avail in available.items():
+        demand = sum(c.get(d, 0) for c in counts)
+        limit = math.floor(max_epochs * avail)
+        if d in fill or demand <= limit:
+            continue
+        if not fill:
+            raise CptkitError(f"domain {d!r} would be repeated {demand / max(avail, 1):.2f} times "
+                              f"(> mix.max_epochs={max_epochs:g}); set mix.fill to a large domain or raise "
+                              "mix.max_epochs")
+        capped[d] = True
+        keep = allocate(limit, {i: c.get(d, 0) for i, c in enumerate(counts)})
+        for i, c in enumerate(counts):
+            excess = c.get(d, 0) - keep[i]
+            c[d] = keep[i]
+            fw = {f: stage_weights[i].get(f, 0.0) for f in fill}
+            if sum(fw.values()) <= 0:
+                fw = {f: float(available[f]) for f in fill}
+            for f, extra in allocate(excess, fw).items():
+                c[f] = c.get(f, 0) + extra
+    return counts, capped
+
+
+# --- the step -------------------------------------------------------------------------------
+def _load_tokenizer(spec: str | None):
+    if not spec:
+        raise CptkitError("build-mix needs a tokenizer: pass tokenizer=PATH (an HF directory, .gguf or smollm2)")
+    from cptkit.lm import load_tokenizer
+
+    tok = load_tokenizer(str(spec))
+    if not getattr(tok, "is_fast", False):
+        raise CptkitError(f"tokenizer {spec}: build-mix needs a fast (Rust) tokenizer")
+    if tok.eos_token_id is None:
+        raise CptkitError(f"tokenizer {spec}: has no EOS token to separate documents")
+    return tok
+
+
+def run(cfg: DictConfig) -> dict:
+    mix = OmegaConf.to_container(cfg.mix, resolve=True)
+    assert isinstance(mix, dict)
+    opts = cfg.build_mix
+    seed = int(cfg.seed)
+    seq_len = int(mix["seq_len"])
+    if seq_len < 2:
+        raise CptkitError(f"mix.seq_len={seq_len}: must be ≥ 2")
+    budget = int(float(mix["budget_tokens"]))
+    if budget < seq_len:
+        raise CptkitError(f"mix.budget_tokens={budget} is smaller than one sequence (mix.seq_len={seq_len})")
+    stages = list(mix["stages"] or [])
+    if not stages:
+        raise CptkitError("mix.stages is empty: give at least one stage with weights")
+    fractions = stage_fractions(stages)
+    cur = mix["curriculum"]
+    if cur["order"] not in CURRICULUM_ORDERS:
+        raise CptkitError(f"mix.curriculum.order={cur['order']!r}: use one of {', '.join(CURRICULUM_ORDERS)}")
+    router = Router(list(mix["domains"]))
+    specs = router.specs
+    specs_names = [s["name"] for s in specs]
+    specs_names_set = set(specs_names)
+    for name in list(cur.get("domains") or []) + ([mix["fill"]] if mix.get("fill") else []):
+        if name not in specs_names_set and "/" not in name:
+            raise CptkitError(f"mix: unknown domain {name!r}; defined: {', '.join(specs_names)}")
+
+    specs_in = list(cfg.io.inputs) or list(mix.get("sources") or [])
+    if not specs_in:
+        raise CptkitError("build-mix: no input: pass --in PATH or list mix.sources in the recipe")
+    inputs = resolve_inputs(specs_in)
+    tok = _load_tokenizer(cfg.tokenizer)
+    eos = int(tok.eos_token_id)
+    vocab = len(tok)
+    dtype_name = str(opts.dtype)
+    if dtype_name == "auto":
+        dtype_name = "uint16" if vocab <= 65535 else "uint32"
+    if dtype_name not in ("uint16", "uint32") or (dtype_name == "uint16" and vocab > 65535):
+        raise CptkitError(f"build_mix.dtype={opts.dtype}: use auto, uint16 (vocab ≤ 65535) or uint32 (vocab {vocab})")
+    dtype = np.dtype(dtype_name)
+    order = cur["order"]
+    scorer = None
+    if order in ("low_to_high", "high_to_low"):
+        if not cur.get("model"):
+            raise CptkitError(f"mix.curriculum.order={order} needs mix.curriculum.model (the PPL scoring model)")
+        from cptkit.lm import load_causal_lm, load_tokenizer
+
+        scorer = (load_causal_lm(str(cur["model"])), load_tokenizer(str(cur["model"])))
+    ppl_domains = set(cur.get("domains") or [])
+
+    def wants_ppl(leaf: str) -> bool:
+        return scorer is not None and (not ppl_domains or leaf in ppl_domains or leaf.split("/", 1)[0] in ppl_domains)
+
+    task = Task(0, inputs, name="mix")
+    with Job(cfg, tasks=[task], needs_inputs=False) as job:
+        if not job.pending():
+            return job.finish()
+        t0 = time.time()
+        tmp_dir = job.out / ".cptkit" / "tmp"
+        tok_dir = job.out / "tokens"
+        for d in (tmp_dir, tok_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        leaves: dict[str, Domain] = {}
+        unmatched = 0
+        eval_k = int(mix["eval_docs"])
+        tokenize_s = 0.0
+
+        def leaf(name: str) -> Domain:
+            if name not in leaves:
+                d = Domain(name, name.split("/", 1)[0], len(leaves))
+                d.file = open(tmp_dir / f"{_safe(name)}.raw", "wb")  # noqa: SIM115
+                leaves[name] = d
+            return leaves[name]
+
+        def emit(d: Domain, rid: str, ids: list[int], ppl: float) -> None:
+            arr = np.asarray(ids + [eos], dtype=dtype)
+            d.file.write(arr.tobytes())
+            d.lengths.append(len(arr))
+            d.ids.append(rid)
+            d.ppl.append(ppl)
+            d.docs += 1
+            d.tokens += len(arr)
+
+        def flush(batch: list[tuple[str, Record]]) -> None:
+            nonlocal tokenize_s
+            if not batch:
+                return
+            t = time.time()
+            enc = tok([r["text"] for _, r in batch], add_special_tokens=False)["input_ids"]
+            tokenize_s += time.time() - t
+            ppls = [float("nan")] * len(batch)
+            score = [i for i, (name, _) in enumerate(batch) if wants_ppl(name)]
+            if score:
+                from cptkit.lm import document_losses
+
+                model, stok = scorer  # type: ignore[misc]
+                res = document_losses(model, stok, [batch[i][1]["text"] for i in score],
+                                      batch_size=int(cur["batch_size"]), max_tokens=int(cur["max_tokens"]))
+                for i, (nll, n) in zip(score, res, strict=True):
+                    ppls[i] = math.exp(nll / n) if n else float("inf")
+            for (name, rec), ids, p in zip(batch, enc, ppls, strict=True):
+                if not ids:
+                    continue
+                d = leaf(name)
+                rid = str(rec["id"])
+                if eval_k > 0:  # keep the eval_k docs with the smallest hash as held-out eval set
+                    item = (-_hash(seed, rid), rid, {"id": rid, "text": rec["text"], "domain": name,
+                                                     "_ids": ids, "_ppl": p})
+                    if len(d.heldout) < eval_k:
+                        heapq.heappush(d.heldout, item)  # type: ignore[arg-type]
+                        continue
+                    if item[0] > d.heldout[0][0]:
+                        item = heapq.heapreplace(d.heldout, item)  # type: ignore[arg-type]
+                    rec2 = item[2]
+                    emit(d, rec2["id"], rec2["_ids"], rec2["_ppl"])
+                else:
+                    emit(d, rid, ids, p)
+
+        batch: list[tuple[str, Record]] = []
+        records_in = 0
+        for rec in job.read(task):
+            records_in += 1
+            name = router.route(rec)
+            if name is None:
+                unmatched += 1
+                continue
+            batch.append((name, rec))
+            if len(batch) >= int(opts.batch_docs):
+                flush(batch)
+                batch = []
+        flush(batch)
+        for d in leaves.values():
+            d.file.close()
+        if not leaves:
+            raise CptkitError(f"build-mix: none of the {records_in} records matched a domain filter")
+        read_s = time.time() - t0
+
+        # order documents per domain and write the final token files
+        stream_domains = []
+        for name in sorted(leaves, key=lambda n: leaves[n].index):
+            d = leaves[name]
+            lengths = np.asarray(d.lengths, dtype=np.int64)
+            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+            rng_seed = _hash(seed, name) % 2**32
+            groups: list[int] = []
+            if wants_ppl(name) and d.docs:
+                perm, groups = curriculum_order(np.asarray(d.ppl), order, int(cur["groups"]), rng_seed)
+            elif order == "none":
+                perm = np.arange(d.docs)
+            else:
+                perm = np.random.default_rng(rng_seed).permutation(d.docs)
+            raw = np.fromfile(tmp_dir / f"{_safe(name)}.raw", dtype=dtype)
+            fname = f"d{d.index:03d}"
+            final = np.concatenate([raw[starts[i]:starts[i] + lengths[i]] for i in perm]) if d.docs else raw[:0]
+            atomic_write_bytes(tok_dir / f"{fname}.bin", final.tobytes())
+            offsets = np.concatenate([[0], np.cumsum(lengths[perm])]).astype(np.int64)
+            buf = _npy_bytes(offsets)
+            atomic_write_bytes(tok_dir / f"{fname}.docs.npy", buf)
+            (tmp_dir / f"{_safe(name)}.raw").unlink()
+            ppl_sorted = np.asarray(d.ppl)[perm] if d.docs else np.asarray([])
+            group_ppl = []
+            if groups:
+                bounds = groups + [d.docs]
+                group_ppl = [float(np.exp(np.mean(np.log(ppl_sorted[a:b])))) if b > a else None
+                             for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            stream_domains.append({
+                "name": name, "parent": d.parent, "file": f"tokens/{fname}.bin",
+                "docs_file": f"tokens/{fname}.docs.npy", "docs": d.docs, "tokens": int(d.tokens),
+                "sequences": int(d.tokens // seq_len), "eval_docs": len(d.heldout),
+                "curriculum": {"order": order if wants_ppl(name) else ("random" if order != "none" else "none"),
+                               "group_starts": groups, "group_ppl": group_ppl},
+            })
+        available = {s["name"]: s["sequences"] for s in stream_domains}
+        for s in stream_domains:
+            if s["sequences"] == 0:
+                log.warning("domain %s has %d tokens, fewer than one sequence of %d", s["name"], s["tokens"], seq_len)
+
+        # the plan: sequences per stage and domain, capped, interleaved
+        total_seqs = budget // seq_len
+        stage_seqs = allocate(total_seqs, {str(i): f for i, f in enumerate(fractions)})
+        stage_w = [resolve_weights(dict(s.get("weights") or {}), leaves, specs, str(s.get("name", i)))
+                   for i, s in enumerate(stages)]
+        for i, w in enumerate(stage_w):
+            empty = [k for k, v in w.items() if v > 0 and available[k] == 0]
+            if empty:
+                raise CptkitError(f"mix stage {stages[i].get('name', i)!r}: domain {empty[0]!r} has weight but "
+                                  f"fewer than {seq_len} tokens")
+        fill = []
+        if mix.get("fill"):
+            fill = [n for n in available if n == mix["fill"] or n.split("/", 1)[0] == mix["fill"]]
+            if not fill:
+                raise CptkitError(f"mix.fill={mix['fill']!r}: no documents matched that domain")
+        counts, capped = plan_counts([stage_seqs[str(i)] for i in range(len(stages))], stage_w, available,
+                                     float(mix["max_epochs"]), fill)
+        index = {s["name"]: i for i, s in enumerate(stream_domains)}
+        cursor = dict.fromkeys(available, 0)
+        rows = []
+        stage_info = []
+        start = 0
+        for i, (s, c) in enumerate(zip(stages, counts, strict=True)):
+            labels = np.concatenate([np.full(n, index[k], dtype=np.int32) for k, n in c.items() if n > 0]
+                                    or [np.zeros(0, dtype=np.int32)])
+            labels = np.random.default_rng([seed, i]).permutation(labels)
+            seqs = np.empty(len(labels), dtype=np.int64)
+            for k, dom in enumerate(labels):
+                name = stream_domains[dom]["name"]
+                seqs[k] = cursor[name] % available[name]
+                cursor[name] += 1
+            rows.append(np.stack([labels.astype(np.int64), seqs], axis=1))
+            n = int(len(labels))
+            tot_w = sum(stage_w[i].values())
+            stage_info.append({
+                "name": str(s.get("name", f"stage{i}")), "fraction": fractions[i], "start": start, "end": start + n,
+                "weights": {k: v / tot_w for k, v in stage_w[i].items()},
+                "sequences": {k: v for k, v in c.items() if v}, "tokens": {k: v * seq_len for k, v in c.items() if v},
+            })
+            start += n
+        plan = np.concatenate(rows) if rows else np.zeros((0, 2), dtype=np.int64)
+        atomic_write_bytes(job.out / "plan.npy", _npy_bytes(plan.astype(np.int64)))
+        epochs = {k: (cursor[k] / available[k] if available[k] else 0.0) for k in available}
+        for s in stream_domains:
+            s["epochs"] = round(epochs[s["name"]], 4)
+            s["capped"] = bool(capped.get(s["name"]))
+            s["planned_tokens"] = cursor[s["name"]] * seq_len
+        for k in fill:
+            if epochs[k] > float(mix["max_epochs"]):
+                log.warning("fill domain %s is repeated %.2f times (above mix.max_epochs=%g)", k, epochs[k],
+                            float(mix["max_epochs"]))
+
+        # held-out eval documents
+        eval_lines = []
+        for s in stream_domains:
+            for _, _, rec in sorted(leaves[s["name"]].heldout, key=lambda t: (-t[0], t[1])):
+                eval_lines.append(dumps({k: v for k, v in rec.items() if not k.startswith("_")}))
+        atomic_write_bytes(job.out / EVAL, gzip.compress(("\n".join(eval_lines) + "\n").encode(), mtime=0))
+
+        tokens_total = sum(s["tokens"] for s in stream_domains)
+        stream = {
+            "format": "cptkit-stream/1", "seq_len": seq_len, "dtype": dtype_name, "eos_token_id": eos,
+            "vocab_size": vocab, "tokenizer": str(cfg.tokenizer), "mix": mix.get("name") or "",
+            "budget_tokens": budget, "total_sequences": int(len(plan)), "plan": "plan.npy", "eval": EVAL,
+            "domains": stream_domains, "stages": stage_info, "fill": fill, "max_epochs": float(mix["max_epochs"]),
+            "seed": seed,
+        }
+        atomic_write_json(job.out / STREAM, stream)
+        (tmp_dir).rmdir()
+        res = job.results[task.name]
+        res.records_out = sum(s["docs"] for s in stream_domains)
+        res.files += [s["file"] for s in stream_domains] + ["plan.npy", STREAM, EVAL]
+        seconds = time.time() - t0
+        job.complete(task, seconds=seconds)
+        extra: dict[str, Any] = {
+            "domains": len(stream_domains), "unmatched records": unmatched,
+            "tokens tokenized": tokens_total, "tokens in stream": int(len(plan)) * seq_len,
+            "tokenize tokens/s": tokens_total / tokenize_s if tokenize_s else 0.0,
+            "read+tokenize s": read_s,
+        }
+        for s in stream_domains:
+            extra[f"epochs {s['name']}"] = s["epochs"]
+        for st in stage_info:
+            extra[f"stage {st['name']} tokens"] = (st["end"] - st["start"]) * seq_len
+        result = job.finish(extra=extra)
+        manifest = json.loads((job.out / MANIFEST).read_text())
+        manifest["stream"] = {k: v for k, v in stream.items() if k != "domains"} | {"domains": stream_domains}
+        atomic_write_json(job.out / MANIFEST, manifest)
+        return result | {"stream": stream}
+
+
+def _npy_bytes(arr: np.ndarray) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+def load_stream(path: str | Path) -> dict:
+    """Read a stream's ``_stream.json`` (raises CptkitError when ``path`` is not a stream)."""
+    p = Path(path) / STREAM
+    if not p.exists():
+        raise CptkitError(f"{path}: not a build-mix stream (no {STREAM}); run cptkit build-mix first")
+    return json.loads(p.read_text())
+
+
