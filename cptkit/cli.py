@@ -154,6 +154,29 @@ def dedup(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet =
     invoke(ctx, "dedup", io_overrides(inputs, out, quiet, skip_bad), cfg)
 
 
+register("retrieve", "retrieve")
+
+
+@app.command("retrieve", context_settings=CTX,
+             help="BM25 top-k documents for many queries; output: their union with hits, plus _run.tsv (SPEC §2).")
+def retrieve(
+    ctx: typer.Context,
+    queries: Annotated[list[str] | None, typer.Option("--queries", help="Query records (their `text` is searched). Repeatable.")] = None,
+    corpus: Annotated[list[str] | None, typer.Option("--corpus", "-i", help="Corpus shards to index (file, directory, glob). Repeatable.")] = None,
+    index: Annotated[str | None, typer.Option("--index", help="Index directory: reused if finished, else built there from --corpus.")] = None,
+    out: Out = None,
+    quiet: Quiet = False,
+    cfg: Cfg = None,
+    skip_bad: SkipBad = False,
+) -> None:
+    overrides = io_overrides(corpus, out, quiet, skip_bad)
+    if queries:
+        overrides.append("retrieve.queries=[" + ",".join(_q(x) for x in queries) + "]")
+    if index is not None:
+        overrides.append(f"retrieve.index={_q(index)}")
+    invoke(ctx, "retrieve", overrides, cfg)
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and exit code 2."""
     try:

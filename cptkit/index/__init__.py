@@ -1,0 +1,1 @@
+"""BM25 search backends behind one interface (base.Searcher); index directories (store)."""

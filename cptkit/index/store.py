@@ -1,0 +1,147 @@
+"""An index directory: BM25 postings plus the documents themselves, built once and memory-mapped.
+
+``DIR/index.json`` (written last: its presence marks a finished index) holds the format
+version, document/term/posting counts, BM25 parameters, the tokenizer config, the corpus files
+it was built from and the build time. ``DIR/docs.jsonl`` holds every document as one compact
+JSON line and ``DIR/doc_offsets.npy`` (int64, docs + 1) their byte offsets, so a search can
+emit full records from the index alone. The postings are :mod:`cptkit.index.bm25`'s files.
+An index is built in a hidden sibling directory and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cptkit.errors import CptkitError
+from cptkit.index.base import BM25Params, Searcher
+from cptkit.index.bm25 import BM25Builder, BM25Index
+from cptkit.records import Record, dumps
+from cptkit.text.tokenize import Tokenizer
+
+FORMAT = 1
+META = "index.json"
+BACKENDS = ("bm25", "rank_bm25")
+
+
+def is_finished(directory: str | Path) -> bool:
+    return (Path(directory) / META).is_file()
+
+
+def dir_size(directory: Path) -> int:
+    return sum(f.stat().st_size for f in Path(directory).iterdir() if f.is_file())
+
+
+def build_index(records: Iterable[Record], directory: str | Path, tokenizer: Tokenizer, params: BM25Params, *,
+                dtype: str = "float32", text_field: str = "text", sources: list[dict] | None = None,
+                on_record: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Tokenize and store ``records``, build postings, write the index to ``directory`` atomically.
+
+    Holds the postings in memory while building (about 12 bytes per distinct term per document);
+    the documents stream to disk. Returns the index metadata.
+    """
+    final = Path(directory)
+    if final.exists() and any(final.iterdir()) and not is_finished(final):
+        raise CptkitError(f"{final}: exists and is not a cptkit index; refusing to build into it")
+    tmp = final.parent / f".{final.name}.building-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    t0 = time.time()
+    try:
+        builder = BM25Builder()
+        offsets = [0]
+        with open(tmp / "docs.jsonl", "wb") as fh:
+            for rec in records:
+                line = (dumps(rec) + "\n").encode("utf-8")
+                fh.write(line)
+                offsets.append(offsets[-1] + len(line))
+                text = rec.get(text_field)
+                builder.add(tokenizer(text) if isinstance(text, str) else [])
+                if on_record is not None:
+                    on_record()
+        if builder.n_docs == 0:
+            raise CptkitError("the corpus holds no documents")
+        np.save(tmp / "doc_offsets.npy", np.asarray(offsets, dtype=np.int64))
+        index = builder.finish(params, dtype)
+        index.save(tmp)
+        meta = {"format": FORMAT, **index.stats(), "params": params.as_dict(), "tokenizer": tokenizer.config(),
+                "text_field": text_field, "sources": sources or [], "build_seconds": time.time() - t0}
+        meta["size_bytes"] = dir_size(tmp)
+        (tmp / META).write_text(json.dumps(meta, indent=2, ensure_ascii=False))
+        if final.exists():
+            shutil.rmtree(final)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return meta
+
+
+class DocStore:
+    """The stored documents, memory-mapped: ``store.raw(i)`` (bytes) or ``store.record(i)``."""
+
+    def __init__(self, directory: Path):
+        self.offsets = np.load(directory / "doc_offsets.npy", mmap_mode="r")
+        self._fh = open(directory / "docs.jsonl", "rb")  # noqa: SIM115
+        size = os.fstat(self._fh.fileno()).st_size
+        self._mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+
+    def __len__(self) -> int:
+        return int(self.offsets.size - 1)
+
+    def raw(self, i: int) -> bytes:
+        return self._mm[int(self.offsets[i]):int(self.offsets[i + 1])]
+
+    def record(self, i: int) -> Record:
+        return json.loads(self.raw(i))
+
+    def close(self) -> None:
+        if isinstance(self._mm, mmap.mmap):
+            self._mm.close()
+        self._fh.close()
+
+
+class OpenIndex:
+    """A finished index directory opened for search (arrays memory-mapped)."""
+
+    def __init__(self, directory: str | Path, mmap_arrays: bool = True):
+        self.dir = Path(directory)
+        if not is_finished(self.dir):
+            raise CptkitError(f"{self.dir}: no finished index here ({META} missing)")
+        self.meta = json.loads((self.dir / META).read_text())
+        if self.meta.get("format") != FORMAT:
+            raise CptkitError(f"{self.dir}: index format {self.meta.get('format')} is not {FORMAT}; rebuild it")
+        self.tokenizer = Tokenizer(self.meta["tokenizer"])
+        self.bm25 = BM25Index.load(self.dir, mmap=mmap_arrays)
+        self.docs = DocStore(self.dir)
+
+    @property
+    def n_docs(self) -> int:
+        return self.bm25.n_docs
+
+    def searcher(self, backend: str = "bm25", params: BM25Params | None = None) -> Searcher:
+        """The fast backend (scores recomputed if ``params`` differ from the build's) or rank_bm25."""
+        params = params or self.bm25.params
+        if backend == "bm25":
+            return self.bm25.with_params(params)
+        if backend == "rank_bm25":
+            from cptkit.index.rank_bm25_backend import RankBM25Searcher
+
+            field = self.meta.get("text_field", "text")
+            toks = []
+            for i in range(self.n_docs):
+                text = self.docs.record(i).get(field)
+                toks.append(self.tokenizer(text) if isinstance(text, str) else [])
+            return RankBM25Searcher(toks, params)
+        raise CptkitError(f"retrieve.backend must be one of {BACKENDS}, got {backend!r}")
+
+    def close(self) -> None:
+        self.docs.close()

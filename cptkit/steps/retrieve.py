@@ -1,0 +1,217 @@
+"""retrieve (SPEC §2): BM25 top-k documents for many queries; the output is their union.
+
+Two phases: build an index from the corpus shards once (``--corpus``; into ``--index DIR`` or
+``OUT/_index``), then search it with every query record's ``text``. Output: each retrieved
+document once, in corpus order, with all its fields and ``hits: [{query_id, rank, score}]``
+(sorted by query order), plus ``OUT/_run.tsv`` (``query_id  doc_id  rank  score``, by query
+then rank). Ties: score descending, then corpus order. See docs/retrieve.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from cptkit.config import JobConfig, register_step
+from cptkit.errors import CptkitError
+from cptkit.index.base import BM25Params
+from cptkit.index.store import BACKENDS, OpenIndex, build_index, is_finished
+from cptkit.job import Job, Task
+from cptkit.progress import log
+from cptkit.shards import InputFile, iter_records, resolve_inputs
+from cptkit.text.tokenize import Tokenizer, TokenizerConfig
+
+RUN_FILE = "_run.tsv"
+INDEX_SUBDIR = "_index"
+
+
+@dataclass
+class RetrieveConfig:
+    queries: Any = None  # query file(s): path, directory, glob or a list of them (--queries)
+    index: str | None = None  # index directory (--index); default OUT/_index
+    top_k: int = 1000
+    k1: float = 1.5
+    b: float = 0.75
+    idf: str = "lucene"  # lucene | okapi (= rank_bm25.BM25Okapi)
+    epsilon: float = 0.25  # okapi: negative IDFs become epsilon * mean IDF
+    backend: str = "bm25"  # bm25 (fast, numba, mmap) | rank_bm25 (reference, small corpora)
+    dtype: str = "float32"  # stored posting scores: float32 | float64
+    batch_size: int = 256  # queries per search call
+    text_field: str = "text"  # document field indexed
+    query_field: str = "text"  # query field searched
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+
+
+@dataclass
+class RetrieveJob(JobConfig):
+    retrieve: RetrieveConfig = field(default_factory=RetrieveConfig)
+
+
+register_step("retrieve", RetrieveJob)
+
+
+def _specs(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in (OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)]
+
+
+def _sources(inputs: list[InputFile]) -> list[dict]:
+    return [{"path": str(Path(f.path).resolve()), "size": f.size} for f in inputs]
+
+
+def _params(rc: DictConfig) -> BM25Params:
+    try:
+        return BM25Params(k1=float(rc.k1), b=float(rc.b), idf=str(rc.idf), epsilon=float(rc.epsilon))
+    except ValueError as e:
+        raise CptkitError(f"retrieve: {e}") from None
+
+
+def _tokenizer(rc: DictConfig) -> Tokenizer:
+    try:
+        return Tokenizer(OmegaConf.to_container(rc.tokenizer, resolve=True))  # type: ignore[arg-type]
+    except (ValueError, TypeError) as e:
+        raise CptkitError(f"retrieve.tokenizer: {e}") from None
+
+
+def _open_or_build(job: Job, rc: DictConfig, corpus: list[InputFile]) -> tuple[OpenIndex, float]:
+    """The index to search: reuse a finished one, or build it from ``corpus``. Returns (index, build s)."""
+    if job.stdout and not rc.index:
+        raise CptkitError("with --out - pass --index DIR (the index cannot live in the output)")
+    index_dir = Path(str(rc.index)) if rc.index else job.out / INDEX_SUBDIR
+    tokenizer, params = _tokenizer(rc), _params(rc)
+    if rc.dtype not in ("float32", "float64"):
+        raise CptkitError(f"retrieve.dtype must be float32 or float64, got {rc.dtype!r}")
+    build_s = 0.0
+    if is_finished(index_dir):
+        log.info("reusing the index at %s", index_dir)
+        idx = OpenIndex(index_dir)
+        if corpus and idx.meta.get("sources") != _sources(corpus):
+            raise CptkitError(f"{index_dir}: this index was built from other corpus files than --corpus; "
+                              "drop --corpus to reuse it, or pass another --index")
+    else:
+        if not corpus:
+            raise CptkitError(f"no finished index at {index_dir} and no --corpus to build one from")
+        log.info("building the index from %d corpus file(s) into %s", len(corpus), index_dir)
+        advance = job.add_bar("index build (docs)", None)
+        t0 = time.time()
+        build_index(iter_records(corpus, skip_bad=bool(job.cfg.io.skip_bad_lines)), index_dir, tokenizer, params,
+                    dtype=str(rc.dtype), text_field=str(rc.text_field), sources=_sources(corpus), on_record=advance)
+        build_s = time.time() - t0
+        idx = OpenIndex(index_dir)
+    if idx.meta["tokenizer"] != tokenizer.config():
+        raise CptkitError(f"{index_dir}: index tokenizer {idx.meta['tokenizer']} differs from "
+                          f"retrieve.tokenizer {tokenizer.config()}; rebuild the index or match the config")
+    return idx, build_s
+
+
+def run(cfg: DictConfig) -> dict:
+    """Build or reuse the index, search every query, write the union of hits and the run file."""
+    rc = cfg.retrieve
+    if rc.backend not in BACKENDS:
+        raise CptkitError(f"retrieve.backend must be one of {BACKENDS}, got {rc.backend!r}")
+    if int(rc.top_k) < 1:
+        raise CptkitError(f"retrieve.top_k must be >= 1, got {rc.top_k}")
+    q_specs = _specs(rc.queries)
+    if not q_specs:
+        raise CptkitError("no queries given: pass --queries FILE (or retrieve.queries=FILE)")
+    q_inputs = resolve_inputs(q_specs)
+    corpus = resolve_inputs(list(cfg.io.inputs)) if cfg.io.inputs else []
+    params = _params(rc)
+    with Job(cfg, inputs=q_inputs + corpus, tasks=[Task(0, q_inputs)]) as job:
+        extra: dict[str, Any] = {}
+        for task in job.pending():
+            qfield = str(rc.query_field)
+            qids, qtexts = [], []
+            for rec in job.read(task):
+                text = rec.get(qfield)
+                if not isinstance(text, str):
+                    raise CptkitError(f"query {rec['id']!r}: field {qfield!r} is missing or not a string")
+                qids.append(rec["id"])
+                qtexts.append(text)
+            idx, build_s = _open_or_build(job, rc, corpus)
+            try:
+                extra = _search_and_write(job, task, idx, rc, params, qids, qtexts, build_s)
+            finally:
+                idx.close()
+        return job.finish(extra=extra)
+
+
+def _search_and_write(job: Job, task: Task, idx: OpenIndex, rc: DictConfig, params: BM25Params,
+                      qids: list[str], qtexts: list[str], build_s: float) -> dict[str, Any]:
+    t0 = time.time()
+    searcher = idx.searcher(str(rc.backend), params)
+    k, bs = int(rc.top_k), max(int(rc.batch_size), 1)
+    advance = job.add_bar("search (queries)", len(qtexts))
+    parts_q, parts_r, parts_d, parts_s = [], [], [], []
+    for start in range(0, len(qtexts), bs):
+        batch = qtexts[start:start + bs]
+        res = searcher.search([idx.tokenizer(t) for t in batch], k)
+        valid = res.docs >= 0
+        q, r = np.nonzero(valid)
+        parts_q.append((q + start).astype(np.int32))
+        parts_r.append(r.astype(np.int32))
+        parts_d.append(res.docs[valid].astype(np.int64))
+        parts_s.append(res.scores[valid])
+        advance(len(batch))
+    search_s = time.time() - t0
+    def cat(xs: list[np.ndarray], dt: type) -> np.ndarray:
+        return np.concatenate(xs) if xs else np.zeros(0, dt)
+
+    hq, hr, hd, hs = cat(parts_q, np.int32), cat(parts_r, np.int32), cat(parts_d, np.int64), cat(parts_s, np.float64)
+
+    # The union, in corpus order; each document's hits in query order.
+    order = np.lexsort((hr, hq, hd))
+    doc_ids: dict[int, str] = {}
+    with job.writer(task) as w:
+        i, n = 0, order.size
+        while i < n:
+            d = int(hd[order[i]])
+            j = i
+            while j < n and hd[order[j]] == d:
+                j += 1
+            rec = idx.docs.record(d)
+            doc_ids[d] = str(rec["id"])
+            rec["hits"] = [{"query_id": qids[int(hq[o])], "rank": int(hr[o]) + 1, "score": round(float(hs[o]), 6)}
+                           for o in order[i:j]]
+            w.write(rec)
+            i = j
+    run_path = job.out / RUN_FILE
+    if not job.stdout:
+        tmp = run_path.with_name(f".{RUN_FILE}.tmp-{os.getpid()}")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for q, r, d, s in zip(hq.tolist(), hr.tolist(), hd.tolist(), hs.tolist(), strict=True):
+                fh.write(f"{qids[q]}\t{doc_ids[d]}\t{r + 1}\t{s:.6f}\n")
+        os.replace(tmp, run_path)
+    job.complete(task, w, seconds=time.time() - t0)
+    m = idx.meta
+    return {
+        "queries": len(qtexts),
+        "docs retrieved": len(doc_ids),
+        "hits": int(hd.size),
+        "queries/s": len(qtexts) / search_s if search_s > 0 else 0.0,
+        "index build s": build_s,
+        "index reused": build_s == 0.0,
+        "index dir": str(idx.dir),
+        "index docs": m["docs"],
+        "index terms": m["terms"],
+        "index postings": m["postings"],
+        "index avgdl": m["avgdl"],
+        "index MiB": m["size_bytes"] / 2**20,
+        "index dtype": m["dtype"],
+        "k1": params.k1,
+        "b": params.b,
+        "idf": params.idf,
+        "epsilon": params.epsilon,
+        "backend": str(rc.backend),
+        "top_k": int(rc.top_k),
+        "tokenizer": m["tokenizer"],
+    }

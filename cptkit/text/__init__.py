@@ -1,0 +1,1 @@
+"""Text processing: tokenization for BM25, shingling, language id."""

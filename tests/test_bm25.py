@@ -1,0 +1,178 @@
+"""BM25 backends and tokenization: parity with rank_bm25, formulas by hand, CJK, save/load."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from _retrieve_data import chinese_paragraphs, english_paragraphs
+from rank_bm25 import BM25Okapi
+
+from cptkit.index.base import BM25Params, idf_lucene, idf_okapi, topk_dense
+from cptkit.index.bm25 import BM25Index
+from cptkit.index.rank_bm25_backend import RankBM25Searcher
+from cptkit.text.tokenize import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def real():
+    """~700 real paragraphs (English Python docs + Chinese Debian Reference), tokenized."""
+    texts = english_paragraphs(600) + chinese_paragraphs(100)
+    tok = Tokenizer()
+    toks = [tok(t) for t in texts]
+    # Queries: word windows from every 23rd paragraph (both languages), some with unknown words.
+    queries = [t[i % 5: i % 5 + 4 + i % 9] for i, t in enumerate(toks[::23])] + [["zzzunknown", "python"], []]
+    return texts, toks, queries
+
+
+# --- tokenization ------------------------------------------------------------------------
+
+def test_tokenizer_default_rules():
+    tok = Tokenizer()
+    assert tok("Hello, WORLD! foo_bar 3.14 Ünïcode-ß") == ["hello", "world", "foo_bar", "3", "14", "ünïcode", "ß"]
+    assert tok("the The THE") == ["the"] * 3  # no stopwords, no stemming
+    assert tok("running runs") == ["running", "runs"]
+    assert Tokenizer({"stopwords": ["The"], "min_length": 2})("The cat a dog") == ["cat", "dog"]
+    assert Tokenizer({"lowercase": False})("Foo bar") == ["Foo", "bar"]
+
+
+def test_tokenizer_cjk_bigrams():
+    tok = Tokenizer()
+    assert tok("机器学习") == ["机器", "器学", "学习"]
+    assert tok("我") == ["我"]  # a one-character run stays a unigram
+    assert tok("python教程很好。Debian系统") == ["python", "教程", "程很", "很好", "debian", "系统"]
+    assert Tokenizer({"cjk_unigrams": True})("学习") == ["学习", "学", "习"]
+    assert Tokenizer({"cjk": "unigram"})("学习") == ["学", "习"]
+    assert Tokenizer({"cjk": "none"})("机器学习 ok") == ["机器学习", "ok"]
+    assert tok("ひらがなカタカナ한국어") == ["ひら", "らが", "がな", "なカ", "カタ", "タカ", "カナ", "ナ한", "한국", "국어"]
+
+
+def test_cjk_text_is_searchable():
+    zh = chinese_paragraphs(100)
+    tok = Tokenizer()
+    toks = [tok(t) for t in zh]
+    assert all(toks), "no Chinese paragraph may tokenize to nothing"
+    index = BM25Index.build(toks)
+    # A 4-character phrase taken from paragraph 37 retrieves it first.
+    target = 37
+    run = next(w for w in zh[target].split() if len(w) >= 6 and all("\u4e00" <= c <= "\u9fff" for c in w[:6]))
+    res = index.search([tok(run[:6])], 5)
+    assert target in res.docs[0, :res.counts[0]].tolist()
+    assert res.scores[0, 0] > 0
+
+
+# --- formulas -----------------------------------------------------------------------------
+
+def test_lucene_formula_by_hand():
+    """Three documents, scores worked out by hand with k1=1.5, b=0.75."""
+    docs = [["a", "b", "a"], ["b", "c"], ["c", "c", "c", "d"]]
+    index = BM25Index.build(docs, BM25Params(idf="lucene"), dtype="float64")
+    avgdl = 9 / 3
+    idf_a = math.log(1 + (3 - 1 + 0.5) / (1 + 0.5))  # a in 1 doc: log(1 + 2.5/1.5) = 0.98083
+    idf_b = math.log(1 + (3 - 2 + 0.5) / (2 + 0.5))  # b in 2 docs: log(1.6) = 0.47000
+    idf_c = idf_b
+    assert idf_a == pytest.approx(0.9808292530117262)
+    assert idf_b == pytest.approx(0.47000362924573563)
+
+    def w(tf, dl):
+        return tf * 2.5 / (tf + 1.5 * (0.25 + 0.75 * dl / avgdl))
+
+    s = index.get_scores(["a", "c"])
+    assert s[0] == pytest.approx(idf_a * w(2, 3), abs=1e-12)  # 0.98083 * 1.42857 = 1.40118
+    assert s[0] == pytest.approx(1.4011846471596089)
+    assert s[1] == pytest.approx(idf_c * w(1, 2), abs=1e-12)
+    assert s[2] == pytest.approx(idf_c * w(3, 4), abs=1e-12)
+    np.testing.assert_allclose(index.idf(), idf_lucene(np.array([1, 2, 2, 1]), 3))
+    # Ranking: doc 0 (a twice) > doc 2 (c three times, long) > doc 1.
+    res = index.search([["a", "c"]], 10)
+    assert res.docs[0, :3].tolist() == [0, 2, 1] and res.counts[0] == 3
+
+
+def test_okapi_idf_floor_matches_rank_bm25_definition():
+    df = np.array([1, 2, 3, 3])  # N = 4: terms in 3 of 4 docs get a negative raw IDF
+    raw = np.log(4 - df + 0.5) - np.log(df + 0.5)
+    assert raw[2] < 0
+    got = idf_okapi(df, 4, 0.25)
+    assert got[2] == got[3] == pytest.approx(0.25 * raw.mean())
+    assert got[0] == pytest.approx(math.log(3.5 / 1.5))
+
+
+# --- parity with rank_bm25 ----------------------------------------------------------------
+
+def test_okapi_scores_equal_rank_bm25(real):
+    _, toks, queries = real
+    ref = BM25Okapi(toks)
+    ours64 = BM25Index.build(toks, BM25Params(idf="okapi"), dtype="float64")
+    ours32 = ours64.with_params(BM25Params(idf="okapi"))
+    ours32 = BM25Index(ours64.vocab, ours64.indptr, ours64.post_doc, ours64.post_tf, None, ours64.doc_len,
+                       BM25Params(idf="okapi"), "float32")
+    for q in queries:
+        expected = ref.get_scores(q)
+        np.testing.assert_allclose(ours64.get_scores(q), expected, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(ours32.get_scores(q), expected, rtol=1e-6, atol=1e-9)
+    assert max(np.abs(ours64.get_scores(q) - ref.get_scores(q)).max() for q in queries) < 1e-9
+
+
+def test_okapi_topk_equals_rank_bm25(real):
+    _, toks, queries = real
+    ours = BM25Index.build(toks, BM25Params(idf="okapi"), dtype="float64")
+    ref = RankBM25Searcher(toks, BM25Params(idf="okapi"))
+    a, b = ours.search(queries, 50), ref.search(queries, 50)
+    np.testing.assert_array_equal(a.counts, b.counts)
+    np.testing.assert_array_equal(a.docs, b.docs)
+    np.testing.assert_allclose(a.scores, b.scores, atol=1e-6)
+    assert a.counts[-1] == 0 and a.counts[-2] > 0  # empty query: no hits; unknown word ignored
+
+
+def test_lucene_matches_reference_backend_and_bm25s(real):
+    import bm25s
+
+    _, toks, queries = real
+    ours = BM25Index.build(toks, BM25Params(idf="lucene"), dtype="float64")
+    ref = RankBM25Searcher(toks, BM25Params(idf="lucene"))
+    for q in queries[:10]:
+        np.testing.assert_allclose(ours.get_scores(q), ref.get_scores(q), atol=1e-9)
+    # bm25s (method lucene) omits the constant (k1 + 1); with unique query terms scores are ours / 2.5.
+    model = bm25s.BM25(method="lucene", k1=1.5, b=0.75)
+    model.index(bm25s.tokenization.Tokenized(ids=[[ours.vocab[t] for t in d] for d in toks],
+                                             vocab=dict(ours.vocab)), show_progress=False)
+    for q in queries[:10]:
+        uq = list(dict.fromkeys(q))
+        ids = [ours.vocab[t] for t in uq if t in ours.vocab]
+        if ids:
+            theirs = model.get_scores(ids)
+            np.testing.assert_allclose(ours.get_scores(uq) / 2.5, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_ties_broken_by_document_index():
+    docs = [["x", "y"], ["y", "x"], ["x", "y"], ["z"], ["x", "y"]]
+    index = BM25Index.build(docs)
+    res = index.search([["x"]], 3)
+    assert res.docs[0].tolist() == [0, 1, 2]
+    assert res.scores[0, 0] == res.scores[0, 2]
+    d, s = topk_dense(index.get_scores(["x"]), np.array([1, 1, 1, 0, 1], bool), 3)
+    assert d.tolist() == [0, 1, 2]
+
+
+def test_params_rescored_without_rebuild(real):
+    _, toks, queries = real
+    base = BM25Index.build(toks, BM25Params(), dtype="float64")
+    other = BM25Params(k1=0.9, b=0.4, idf="okapi")
+    fresh = BM25Index.build(toks, other, dtype="float64")
+    np.testing.assert_allclose(base.with_params(other).post_score, fresh.post_score)
+
+
+def test_save_load_mmap_equal(real, tmp_path):
+    _, toks, queries = real
+    index = BM25Index.build(toks)
+    index.save(tmp_path / "idx")
+    loaded = BM25Index.load(tmp_path / "idx", mmap=True)
+    assert isinstance(loaded.post_score, np.memmap) and isinstance(loaded.post_doc, np.memmap)
+    assert loaded.vocab == index.vocab and loaded.params == index.params
+    for name in ("indptr", "post_doc", "post_tf", "post_score", "doc_len"):
+        np.testing.assert_array_equal(getattr(loaded, name), getattr(index, name))
+    a, b = index.search(queries, 100), loaded.search(queries, 100)
+    np.testing.assert_array_equal(a.docs, b.docs)
+    np.testing.assert_array_equal(a.scores, b.scores)
+    assert a.counts.sum() > 100
