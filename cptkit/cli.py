@@ -141,17 +141,18 @@ def score_quality_train(ctx: typer.Context, positives: Files = None, negatives: 
     if negatives:
         ov.append("train.negatives=[" + ",".join(_q(p) for p in negatives) + "]")
     invoke(ctx, "score-quality-train", ov, cfg)
+
+
+register("corrupt", "corrupt")
+
+
+@app.command("corrupt", context_settings=CTX,
+             help="Degrade synthetic data at corrupt.ratio: numbers, frequent nouns (co-hyponyms), "
+             "adjectives (antonyms); edits listed per record (SPEC §7, docs/corrupt.md).")
+def corrupt(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+            cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
+    invoke(ctx, "corrupt", io_overrides(inputs, out, quiet, skip_bad), cfg)
 # --- end issue 4 ---
-
-
-register("dedup", "dedup")
-
-
-@app.command("dedup", context_settings=CTX,
-             help="Remove exact and MinHash-LSH near-duplicates across all shards (SPEC §3).")
-def dedup(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
-          cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
-    invoke(ctx, "dedup", io_overrides(inputs, out, quiet, skip_bad), cfg)
 
 
 register("retrieve", "retrieve")
@@ -175,6 +176,111 @@ def retrieve(
     if index is not None:
         overrides.append(f"retrieve.index={_q(index)}")
     invoke(ctx, "retrieve", overrides, cfg)
+
+
+register("demo-corpus", "demo_corpus")
+
+
+@app.command("demo-corpus", context_settings=CTX,
+             help="Build the real-text demo corpus (English + Chinese Debian docs) as JSONL shards; "
+             "packages come from apt-get download into corpus.cache_dir.")
+def demo_corpus(ctx: typer.Context, out: Out = None, quiet: Quiet = False, cfg: Cfg = None) -> None:
+    invoke(ctx, "demo-corpus", io_overrides(None, out, quiet), cfg)
+
+
+register("dedup", "dedup")
+
+
+@app.command("dedup", context_settings=CTX,
+             help="Remove exact and MinHash-LSH near-duplicates across all shards (SPEC §3).")
+def dedup(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+          cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
+    invoke(ctx, "dedup", io_overrides(inputs, out, quiet, skip_bad), cfg)
+
+
+# --- serve-llm / expand-queries / synthesize-qa (issue 3) ---
+register("serve-llm", "serve_llm")
+
+
+@app.command("serve-llm", context_settings=CTX,
+             help="Serve a local model (llm=transformers|vllm) as an OpenAI-compatible HTTP API "
+             "(/v1/chat/completions, /v1/completions, /v1/models) with request batching.")
+def serve_llm(ctx: typer.Context, quiet: Quiet = False, cfg: Cfg = None) -> None:
+    invoke(ctx, "serve-llm", io_overrides(None, None, quiet), cfg)
+
+
+register("build-mix", "build_mix")
+
+
+@app.command("build-mix", context_settings=CTX,
+             help="Tokenize, order and pack curated shards into a mixed training stream by domain "
+             "and stage (SPEC §8). Recipes: mix=demo|synE_stage1|synE_stage2|upsample_tail.")
+def build_mix(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+              cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
+    invoke(ctx, "build-mix", io_overrides(inputs, out, quiet, skip_bad), cfg)
+
+
+register("train", "train")
+
+
+@app.command("train", context_settings=CTX,
+             help="Train a causal LM on a build-mix stream with DeepSpeed (ZeRO-2, bf16) and a static, "
+             "staged or dynamic domain mixture (SPEC §9): train.mixture=static|staged|topic_ppl|velocitune|dbl.")
+def train(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+          cfg: Cfg = None) -> None:
+    invoke(ctx, "train", io_overrides(inputs, out, quiet), cfg)
+
+
+# --- evaluate / evaluate-contamination / evaluate-compare (issue 6) ---
+register("evaluate", "evaluate")
+register("evaluate-contamination", "evaluate_contamination")
+Model = Annotated[str | None, typer.Option("--model", "-m", help="HF model dir, .gguf file, or smollm2.")]
+
+
+@app.command("evaluate", context_settings=CTX,
+             help="Perplexity per group on held-out shards (--in, eval.ppl.group_by=FIELD) and few-shot "
+             "benchmarks (eval.tasks=[...], conf/eval/tasks/*.yaml) scored as lm-evaluation-harness does (SPEC §10).")
+def evaluate(ctx: typer.Context, model: Model = None, inputs: In = None, out: Out = None, quiet: Quiet = False,
+             cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
+    overrides = io_overrides(inputs, out, quiet, skip_bad)
+    if model is not None:
+        overrides.append(f"eval.model={_q(model)}")
+    invoke(ctx, "evaluate", overrides, cfg)
+
+
+@app.command("evaluate-contamination", context_settings=CTX,
+             help="Share of documents with an n-gram overlap (eval.ngram=8) with benchmarks' test items, "
+             "share of test items hit; eval.action=none|flag|drop (SPEC §10, Retrieve-Pile Table 6).")
+def evaluate_contamination(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+                           cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
+    invoke(ctx, "evaluate-contamination", io_overrides(inputs, out, quiet, skip_bad), cfg)
+
+
+@app.command("evaluate-compare", help="Side-by-side table of evaluate outputs (first = baseline) with deltas.")
+def evaluate_compare(
+    runs: Annotated[list[str], typer.Argument(help="evaluate output dirs (or _results.json files); NAME=DIR to label.")],
+    out: Annotated[str | None, typer.Option("--out", "-o", help="Also write the table: .md (markdown) or .json.")] = None,
+    metric: Annotated[str | None, typer.Option("--metric", help="acc | acc_norm | exact_match (default: acc_norm, else exact_match).")] = None,
+) -> None:
+    from pathlib import Path
+
+    from cptkit.eval.compare import compare_table, load_results, print_compare, to_markdown
+    from cptkit.shards import atomic_write_bytes
+
+    loaded = {}
+    for r in runs:
+        name, _, path = r.partition("=") if "=" in r and not Path(r).exists() else (r, "", r)
+        loaded[name] = load_results(path)
+    header, rows = compare_table(loaded, metric)
+    print_compare(header, rows)
+    md = to_markdown(header, rows)
+    if out:
+        import json
+
+        body = json.dumps({"header": header, "rows": rows}, indent=1) if out.endswith(".json") else md
+        atomic_write_bytes(Path(out), body.encode())
+    else:
+        sys.stdout.write(md)
 
 
 def main() -> None:
