@@ -1,0 +1,84 @@
+"""Shared test fixtures: a small slice of the real-text demo corpus, built once and cached.
+
+``corpus_dir`` is a directory of JSONL shards (``part-*.jsonl.gz``) holding the first
+``CORPUS_SLICE`` records of every demo-corpus source (English Python/Maxima docs and GCIDE
+entries; Chinese man pages, Debian Reference and fortunes), fields id/text/source/url/lang/meta.
+It is built with ``cptkit demo-corpus`` under ``~/.cache/cptkit/test-corpus/<key>`` (key = hash
+of the corpus code and config, so edits rebuild it) and reused by later sessions.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS_SLICE = 150
+TEST_CACHE = Path(os.environ.get("CPTKIT_TEST_CACHE", os.path.expanduser("~/.cache/cptkit/test-corpus")))
+
+
+def write_jsonl(path: str | Path, records) -> Path:
+    """Write ``records`` (dicts) as JSON lines to ``path`` (gzip when it ends in ``.gz``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
+    if path.name.endswith(".gz"):
+        data = gzip.compress(data, mtime=0)
+    path.write_bytes(data)
+    return path
+
+
+def read_jsonl_dir(directory: str | Path) -> list[dict]:
+    """All records of a step's output directory, in shard order."""
+    from cptkit.shards import read_records, resolve_inputs
+
+    return [r for inp in resolve_inputs(str(directory)) for r in read_records(inp)]
+
+
+def _corpus_key(limit: int) -> str:
+    h = hashlib.sha256(f"limit={limit}\n".encode())
+    for rel in ("cptkit/corpus.py", "cptkit/steps/demo_corpus.py", "conf/demo_corpus.yaml"):
+        h.update((ROOT / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def build_corpus_slice(limit: int = CORPUS_SLICE, cache: Path = TEST_CACHE) -> Path:
+    """Build (or reuse) the demo-corpus slice of ``limit`` records per source; returns its dir."""
+    from cptkit.config import compose_step
+    from cptkit.steps.demo_corpus import run
+
+    final = cache / f"slice{limit}-{_corpus_key(limit)}"
+    if (final / "_SUCCESS").exists():
+        return final
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cache, prefix=".build-"))
+    try:
+        out = tmp / "corpus"
+        run(compose_step("demo-corpus", [f"io.output={out}", f"corpus.limit_per_source={limit}", "quiet=true"]))
+        try:
+            os.rename(out, final)
+        except OSError:  # a concurrent session finished first: use theirs
+            if not (final / "_SUCCESS").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+@pytest.fixture(scope="session")
+def corpus_dir() -> Path:
+    """Directory of JSONL shards: the first 150 records of each demo-corpus source (900 docs)."""
+    return build_corpus_slice()
+
+
+@pytest.fixture(scope="session")
+def corpus_records(corpus_dir: Path) -> list[dict]:
+    """The records of ``corpus_dir`` as a list of dicts (do not mutate: shared by all tests)."""
+    return read_jsonl_dir(corpus_dir)
