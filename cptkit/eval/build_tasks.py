@@ -1,0 +1,210 @@
+"""Build the small real benchmark tasks shipped with cptkit from data written by others.
+
+* ``gcide_defs`` (multiple choice): a word from the GNU Collaborative International Dictionary
+  of English (Debian ``dict-gcide``, Webster 1913 + additions, GPL) and four definitions of
+  words of the same part of speech; pick the word's own. 500 test items, 50 for few-shot.
+* ``champ_math`` (generative): the CHAMP competition problems (PyPI ``champ-dataset``, MIT)
+  whose final answer is a number, with their step-by-step solutions for few-shot examples.
+
+Both are deterministic (sorted candidates, a fixed seed). The data is not shipped in the
+repository (licences); it is built into ``data_dir`` on first use or by::
+
+    python -m cptkit.eval.build_tasks [--data-dir DIR] [gcide_defs champ_math]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.util
+import json
+import random
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from cptkit.errors import CptkitError
+from cptkit.shards import atomic_write_bytes
+
+GCIDE_DEB = "dict-gcide"
+GCIDE_FILES = ("usr/share/dictd/gcide.index", "usr/share/dictd/gcide.dict.dz")
+_B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+POS = {"n.": "noun", "v. t.": "verb", "v. i.": "verb", "a.": "adjective", "adv.": "adverb"}
+
+
+def _b64(s: str) -> int:
+    v = 0
+    for ch in s:
+        v = v * 64 + _B64.index(ch)
+    return v
+
+
+def gcide_files(cache: Path) -> tuple[Path, Path]:
+    """The dictd index and data of dict-gcide: installed, or fetched with ``apt-get download``."""
+    installed = [Path("/") / f for f in GCIDE_FILES]
+    if all(p.exists() for p in installed):
+        return installed[0], installed[1]
+    local = [cache / "dict-gcide" / f for f in GCIDE_FILES]
+    if all(p.exists() for p in local):
+        return local[0], local[1]
+    if shutil.which("apt-get") is None or shutil.which("dpkg") is None:
+        raise CptkitError("gcide_defs needs the Debian package dict-gcide (apt-get install dict-gcide)")
+    with tempfile.TemporaryDirectory() as tmp:
+        r = subprocess.run(["apt-get", "download", GCIDE_DEB], cwd=tmp, capture_output=True, text=True)
+        debs = list(Path(tmp).glob("dict-gcide_*.deb"))
+        if r.returncode != 0 or not debs:
+            raise CptkitError(f"apt-get download dict-gcide failed: {(r.stderr or r.stdout).strip()[-200:]}")
+        r = subprocess.run(["dpkg", "-x", str(debs[0]), str(Path(tmp) / "x")], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise CptkitError(f"dpkg -x {debs[0].name} failed: {r.stderr.strip()[-200:]}")
+        cache.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(cache / "dict-gcide", ignore_errors=True)
+        shutil.move(str(Path(tmp) / "x"), str(cache / "dict-gcide"))
+    return local[0], local[1]
+
+
+_HEAD = re.compile(r"^(?P<word>[A-Z][a-z]+) \\[^\\]+\\, (?P<pos>n\.|a\.|adv\.|v\. t\.|v\. i\.)\s*")
+
+
+def _strip_brackets(s: str) -> str:
+    """Drop a leading ``[...]`` etymology (nested brackets allowed)."""
+    s = s.lstrip()
+    if not s.startswith("["):
+        return s
+    depth = 0
+    for i, ch in enumerate(s):
+        depth += ch == "["
+        depth -= ch == "]"
+        if depth == 0:
+            return s[i + 1:].lstrip()
+    return ""
+
+
+def parse_gcide_entry(word: str, block: str) -> tuple[str, str] | None:
+    """``(part of speech, first definition)`` of a headword's own entry, or None if unusable."""
+    flat = " ".join(block.split())
+    m = _HEAD.match(flat)
+    if not m or m.group("word") != word:
+        return None
+    body = _strip_brackets(flat[m.end():])
+    body = re.sub(r"^\(?[a-z]\)\s*", "", body)
+    body = re.sub(r"^1\.\s*", "", body)
+    body = re.split(r"\[1913 Webster\]|\[Webster|\[PJC\]|\[WordNet|\s2\.\s", body)[0]
+    body = re.sub(r"--[A-Z][\w. ]*$", "", body.strip())
+    body = re.sub(r"^\((?:[A-Z][a-z]*\.?\s?)+\)\s*", "", body)  # (Zool.) (Law) labels
+    body = re.sub(r"^\([a-z]\)\s*", "", body)
+    body = body.replace("{", "").replace("}", "")
+    body = re.split(r";|\. |\.$", body)[0].strip().rstrip(",:")
+    if not 15 <= len(body) <= 110 or "?" in body or "[" in body or "\\" in body:
+        return None
+    low = body.lower()
+    if word.lower()[:5] in low or low.startswith(("see ", "same as", "obs", "pl.", "of ", "imp.", "p. p.")):
+        return None
+    if not re.fullmatch(r"[A-Za-z ,'()\-]+", body):
+        return None
+    return POS[m.group("pos")], body[0].upper() + body[1:]
+
+
+def iter_gcide(index: Path, data: Path) -> Iterator[tuple[str, str, str]]:
+    """``(word, part of speech, definition)`` for usable single-word entries, in index order."""
+    raw = gzip.open(data).read()
+    seen: set[str] = set()
+    for line in index.read_text(encoding="utf-8", errors="replace").splitlines():
+        parts = line.split("\t")
+        if len(parts) != 3 or not re.fullmatch(r"[A-Z][a-z]{3,13}", parts[0]) or parts[0] in seen:
+            continue
+        seen.add(parts[0])
+        block = raw[_b64(parts[1]):_b64(parts[1]) + _b64(parts[2])].decode("utf-8", "replace")
+        got = parse_gcide_entry(parts[0], block)
+        if got:
+            yield parts[0].lower(), got[0], got[1]
+
+
+def build_gcide_defs(out_dir: Path, n_test: int = 500, n_fewshot: int = 50, seed: int = 20250101) -> dict:
+    """Write ``gcide_defs/{test,validation}.jsonl``: word → 4 same-POS definitions, one correct."""
+    index, data = gcide_files(out_dir / "_cache")
+    entries = sorted(iter_gcide(index, data))
+    by_pos: dict[str, list[tuple[str, str, str]]] = {}
+    for e in entries:
+        by_pos.setdefault(e[1], []).append(e)
+    rnd = random.Random(seed)
+    picked = rnd.sample(entries, n_test + n_fewshot)
+    rows = []
+    for k, (word, pos, definition) in enumerate(picked):
+        pool = by_pos[pos]
+        wrong: list[str] = []
+        while len(wrong) < 3:
+            w, _, d = pool[rnd.randrange(len(pool))]
+            if w != word and d != definition and d not in wrong:
+                wrong.append(d)
+        label = rnd.randrange(4)
+        choices = wrong[:label] + [definition] + wrong[label:]
+        rows.append({"id": f"gcide-{k:04d}", "word": word, "pos": pos, "choices": choices, "label": label})
+    return _write(out_dir / "gcide_defs", {"test": rows[:n_test], "validation": rows[n_test:]},
+                  {"source": "dict-gcide (GNU Collaborative International Dictionary of English), GPL-3.0+",
+                   "candidates": len(entries), "seed": seed})
+
+
+def build_champ_math(out_dir: Path, n_fewshot: int = 8, seed: int = 7) -> dict:
+    """Write ``champ_math/{test,train}.jsonl``: CHAMP problems with a numeric final answer."""
+    spec = importlib.util.find_spec("champ_dataset")
+    if spec is None or not spec.submodule_search_locations:
+        raise CptkitError("champ_math needs the package champ-dataset: pip install champ-dataset")
+    src = Path(list(spec.submodule_search_locations)[0]) / "dataset_files" / "v0.json"
+    problems = json.loads(src.read_text())["problems"]
+    rows = []
+    for pid in sorted(problems):
+        p = problems[pid]
+        ans = p["_answer"].strip()
+        m = re.fullmatch(r"(-?\d+(?:\.\d+)?(?:/\d+)?)", ans) or re.search(r"equivalently (-?\d+(?:/\d+)?)$", ans)
+        if not m:
+            continue
+        steps = " ".join(s["_text"].strip() for s in p["solution"]["steps"])
+        rows.append({"id": pid, "category": p["category"], "problem": p["_text"].strip(),
+                     "solution": f"{steps} The answer is {m.group(1)}.", "answer": m.group(1)})
+    rnd = random.Random(seed)
+    shot_ids = set(rnd.sample([r["id"] for r in rows], n_fewshot))
+    return _write(out_dir / "champ_math", {"test": [r for r in rows if r["id"] not in shot_ids],
+                                           "train": [r for r in rows if r["id"] in shot_ids]},
+                  {"source": "champ-dataset 1.0.0 (CHAMP, MIT)", "seed": seed})
+
+
+def _write(d: Path, splits: dict[str, list[dict]], about: dict) -> dict:
+    d.mkdir(parents=True, exist_ok=True)
+    for split, rows in splits.items():
+        body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        atomic_write_bytes(d / f"{split}.jsonl", body.encode())
+    info = about | {"splits": {k: len(v) for k, v in splits.items()}}
+    atomic_write_bytes(d / "about.json", (json.dumps(info, indent=1) + "\n").encode())
+    return info
+
+
+BUILDERS = {"gcide_defs": build_gcide_defs, "champ_math": build_champ_math}
+
+
+def build(name: str, data_dir: str | Path) -> dict:
+    """Build one task's data under ``data_dir``."""
+    if name not in BUILDERS:
+        raise CptkitError(f"no task builder {name!r} (have: {', '.join(BUILDERS)})")
+    from cptkit.progress import log
+
+    log.info("building eval task data %s in %s", name, data_dir)
+    return BUILDERS[name](Path(data_dir).expanduser())
+
+
+def main(argv: list[str] | None = None) -> None:
+    import os
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data-dir", default=os.environ.get("CPTKIT_EVAL_DATA", "~/.cache/cptkit/eval"))
+    ap.add_argument("tasks", nargs="*", default=list(BUILDERS))
+    args = ap.parse_args(argv)
+    for t in args.tasks:
+        print(t, json.dumps(build(t, args.data_dir)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,455 @@
+"""Benchmark tasks as data: lm-evaluation-harness style YAML, few-shot prompts, scoring.
+
+A task file ``conf/eval/tasks/<name>.yaml`` uses a subset of lm-eval's task keys, with the same
+meaning (see docs/evaluate.md): ``task``, ``version``, ``output_type`` (``multiple_choice`` |
+``generate_until``), ``data_files`` (split -> local file; ``{data_dir}`` is filled in), ``hub``
+(``{path, name}``, used when no local file exists), ``test_split``, ``fewshot_split``,
+``num_fewshot``, ``fewshot_sampler`` (``default`` | ``first_n``), ``doc_to_text``,
+``doc_to_choice``, ``doc_to_target``, ``target_delimiter``, ``fewshot_delimiter``,
+``description``, ``metric_list``, ``generation_kwargs`` (``until``, ``max_gen_toks``); and the
+cptkit additions ``doc_to_gold`` (the reference for generative scoring, default
+``doc_to_target``), ``answer_extraction`` / ``gold_extraction`` (``last_number`` | ``boxed`` |
+``regex:<pattern>`` | ``none``) and ``builder`` (a :mod:`cptkit.eval.build_tasks` builder that
+writes missing local data).
+
+Few-shot sampling reproduces lm-eval's: one ``random.Random(fewshot_seed)`` per task, drawn
+from in test-document order; ``rnd.sample(pool, n)`` (``n + 1`` minus the document itself when
+the few-shot split is the test split).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cptkit.errors import BadInput, CptkitError
+
+MC = "multiple_choice"
+GEN = "generate_until"
+KNOWN_KEYS = {
+    "task", "version", "about", "output_type", "data_files", "hub", "builder", "test_split", "fewshot_split",
+    "num_fewshot", "fewshot_sampler", "doc_to_text", "doc_to_choice", "doc_to_target", "doc_to_gold",
+    "target_delimiter", "fewshot_delimiter", "description", "metric_list", "generation_kwargs",
+    "answer_extraction", "gold_extraction", "id_field",
+}
+
+
+@dataclass
+class EvalTask:
+    """A loaded task definition (the YAML as a dict plus where it came from)."""
+
+    name: str
+    spec: dict[str, Any]
+    path: Path
+    data_dir: Path
+    docs: dict[str, list[dict]] = field(default_factory=dict)
+
+    @property
+    def output_type(self) -> str:
+        return self.spec["output_type"]
+
+    @property
+    def version(self) -> Any:
+        return self.spec.get("version", 0)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = self.spec.get(key)
+        return default if v is None else v
+
+    def data_path(self, split: str) -> Path | None:
+        files = self.spec.get("data_files") or {}
+        if split not in files:
+            return None
+        p = Path(str(files[split]).replace("{data_dir}", str(self.data_dir))).expanduser()
+        return p if p.is_absolute() else (self.path.parent / p)
+
+    def hash(self) -> str:
+        """sha256 of the YAML and of the local data files it reads (first 16 hex digits)."""
+        h = hashlib.sha256(self.path.read_bytes())
+        for split in sorted(self.spec.get("data_files") or {}):
+            p = self.data_path(split)
+            if p is not None and p.is_file():
+                h.update(split.encode())
+                h.update(hashlib.sha256(p.read_bytes()).digest())
+        return h.hexdigest()[:16]
+
+
+# --- loading ------------------------------------------------------------------------------------
+def load_task(name: str, task_dir: str | Path, data_dir: str | Path) -> EvalTask:
+    """Read ``<task_dir>/<name>.yaml`` (or a path to a YAML file) and validate its keys."""
+    path = Path(name) if str(name).endswith((".yaml", ".yml")) else Path(task_dir) / f"{name}.yaml"
+    if not path.is_file():
+        have = sorted(p.stem for p in Path(task_dir).glob("*.yaml")) if Path(task_dir).is_dir() else []
+        raise CptkitError(f"eval task {name!r}: no {path} (tasks in {task_dir}: {', '.join(have) or 'none'})")
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise BadInput(str(path), getattr(getattr(e, "problem_mark", None), "line", -1) + 1, "bad YAML") from None
+    if not isinstance(spec, dict):
+        raise BadInput(str(path), None, "a task file must be a YAML mapping")
+    unknown = sorted(set(spec) - KNOWN_KEYS)
+    if unknown:
+        raise BadInput(str(path), None, f"unknown task keys: {', '.join(unknown)}")
+    for key in ("output_type", "doc_to_text", "doc_to_target", "test_split"):
+        if key not in spec:
+            raise BadInput(str(path), None, f"missing key {key!r}")
+    if spec["output_type"] not in (MC, GEN):
+        raise BadInput(str(path), None, f"output_type {spec['output_type']!r}: use {MC} or {GEN}")
+    if spec["output_type"] == MC and "doc_to_choice" not in spec:
+        raise BadInput(str(path), None, "a multiple_choice task needs doc_to_choice")
+    spec.setdefault("task", path.stem)
+    return EvalTask(name=str(spec["task"]), spec=spec, path=path, data_dir=Path(str(data_dir)).expanduser())
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    import gzip
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    docs = []
+    with opener(path, "rt", encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise BadInput(str(path), n, f"malformed JSON: {e.msg}") from None
+            if not isinstance(obj, dict):
+                raise BadInput(str(path), n, "expected a JSON object")
+            docs.append(obj)
+    return docs
+
+
+def load_docs(task: EvalTask, split: str) -> list[dict]:
+    """The documents of one split: local JSONL/JSON/CSV/Parquet/``save_to_disk`` dir, else the hub."""
+    if split in task.docs:
+        return task.docs[split]
+    p = task.data_path(split)
+    if p is not None and not p.exists() and task.spec.get("builder"):
+        from cptkit.eval.build_tasks import build
+
+        build(str(task.spec["builder"]), task.data_dir)
+    if p is not None and p.exists():
+        name = p.name.removesuffix(".gz")
+        if name.endswith(".jsonl"):
+            docs = _read_jsonl(p)
+        else:
+            import datasets
+
+            if p.is_dir():
+                ds = datasets.load_from_disk(str(p))
+                ds = ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+            else:
+                fmt = {"json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}.get(name.rsplit(".", 1)[-1])
+                if fmt is None:
+                    raise CptkitError(f"eval task {task.name}: cannot read {p} (use .jsonl, .json, .csv, .parquet)")
+                ds = datasets.load_dataset(fmt, data_files={split: str(p)}, split=split)
+            docs = [dict(r) for r in ds]
+    elif task.spec.get("hub"):
+        import datasets
+
+        hub = task.spec["hub"]
+        try:
+            ds = datasets.load_dataset(hub["path"], hub.get("name"), split=split)
+        except Exception as e:  # noqa: BLE001 - any hub failure is a user-facing "no data"
+            raise CptkitError(f"eval task {task.name}: no local file for split {split!r} "
+                              f"({p}) and the hub dataset {hub['path']} failed: {str(e).splitlines()[0]}") from None
+        docs = [dict(r) for r in ds]
+    else:
+        raise CptkitError(f"eval task {task.name}: no data for split {split!r} (expected {p})")
+    if not docs:
+        raise CptkitError(f"eval task {task.name}: split {split!r} is empty ({p})")
+    task.docs[split] = docs
+    return docs
+
+
+# --- templates (lm-eval semantics) --------------------------------------------------------------
+_ENV = None
+
+
+def _jinja():
+    global _ENV
+    if _ENV is None:
+        import jinja2
+
+        _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+        _ENV.filters["regex_replace"] = lambda s, pat, rep: re.sub(pat, rep, s)
+    return _ENV
+
+
+def render(template: Any, doc: dict) -> Any:
+    """A field name gives ``doc[field]``; a string is a Jinja2 template; a list is rendered itemwise."""
+    if isinstance(template, list):
+        return [render(t, doc) for t in template]
+    if isinstance(template, int):
+        return template
+    if isinstance(template, str) and template in doc:
+        return doc[template]
+    try:
+        return _jinja().from_string(str(template)).render(**doc)
+    except Exception as e:  # noqa: BLE001 - jinja raises many types; report as bad task data
+        raise CptkitError(f"template {str(template)[:60]!r}: {e}") from None
+
+
+def doc_to_text(task: EvalTask, doc: dict) -> str:
+    return str(render(task.spec["doc_to_text"], doc))
+
+
+def doc_to_choice(task: EvalTask, doc: dict) -> list[str]:
+    t = task.spec["doc_to_choice"]
+    if isinstance(t, dict):
+        return [str(render(v, doc)) for v in t.values()]
+    v = render(t, doc)
+    if isinstance(v, str):
+        v = ast.literal_eval(v)
+    return [str(c) for c in v]
+
+
+def doc_to_target(task: EvalTask, doc: dict) -> Any:
+    v = render(task.spec["doc_to_target"], doc)
+    if isinstance(v, str) and task.output_type == MC:
+        s = v.strip()
+        if s.isdigit():
+            return int(s)
+        if s.startswith("["):
+            return ast.literal_eval(s)
+    return v
+
+
+def gold_index(task: EvalTask, doc: dict, choices: list[str]) -> int:
+    """The index of the correct choice (target is an index or the choice text)."""
+    t = doc_to_target(task, doc)
+    if isinstance(t, bool) or not isinstance(t, (int, str)):
+        raise CptkitError(f"eval task {task.name}: target {t!r} is neither an index nor a choice")
+    if isinstance(t, int):
+        if not 0 <= t < len(choices):
+            raise CptkitError(f"eval task {task.name}: target index {t} out of range for {len(choices)} choices")
+        return t
+    if t not in choices:
+        raise CptkitError(f"eval task {task.name}: target {t!r} is not among the choices")
+    return choices.index(t)
+
+
+def answer_text(task: EvalTask, doc: dict) -> str:
+    """The answer as shown after a few-shot example."""
+    t = doc_to_target(task, doc)
+    if task.output_type == MC and isinstance(t, int):
+        return doc_to_choice(task, doc)[t]
+    if isinstance(t, list):
+        return str(t[0])
+    return str(t)
+
+
+# --- prompts ------------------------------------------------------------------------------------
+def sample_fewshot(task: EvalTask, rnd: random.Random, n: int, doc: dict, same_split: bool,
+                   pool: list[dict]) -> list[dict]:
+    """lm-eval's ``ContextSampler.sample`` / ``FirstNSampler.sample``."""
+    if n <= 0:
+        return []
+    if task.get("fewshot_sampler", "default") == "first_n":
+        cand = [x for x in pool if x != doc] if same_split else pool
+        if n > len(cand):
+            raise CptkitError(f"eval task {task.name}: {n} shots requested, {len(cand)} few-shot documents")
+        return cand[:n]
+    if (n + 1 if same_split else n) > len(pool):
+        raise CptkitError(f"eval task {task.name}: {n} shots requested, {len(pool)} few-shot documents")
+    if not same_split:
+        return rnd.sample(pool, n)
+    res = [x for x in rnd.sample(pool, n + 1) if x != doc][:n]
+    if len(res) < n:
+        res = rnd.sample([x for x in pool if x != doc], n)
+    return res
+
+
+def build_context(task: EvalTask, doc: dict, shots: list[dict]) -> str:
+    """description + shots (``q + target_delimiter + answer + fewshot_delimiter``) + the question."""
+    tdel = task.get("target_delimiter", " ")
+    fdel = task.get("fewshot_delimiter", "\n\n")
+    parts = []
+    desc = task.spec.get("description")
+    if desc:
+        parts.append(str(render(desc, doc)) + fdel)
+    for s in shots:
+        a = answer_text(task, s)
+        q = doc_to_text(task, s)
+        parts.append(q + (tdel if a != "" else "") + a + fdel)
+    parts.append(doc_to_text(task, doc))
+    return "".join(parts)
+
+
+def contexts(task: EvalTask, docs: list[dict], num_fewshot: int, seed: int) -> list[str]:
+    """Few-shot contexts for ``docs`` in order, sampled as lm-eval does."""
+    rnd = random.Random(seed)
+    if num_fewshot <= 0:
+        return [build_context(task, d, []) for d in docs]
+    fs_split = task.get("fewshot_split") or task.spec["test_split"]
+    pool = load_docs(task, fs_split)
+    same = fs_split == task.spec["test_split"]
+    return [build_context(task, d, sample_fewshot(task, rnd, num_fewshot, d, same, pool)) for d in docs]
+
+
+# --- metrics ------------------------------------------------------------------------------------
+def mc_predictions(lls: list[float], choices: list[str]) -> tuple[int, int]:
+    """``(argmax LL, argmax LL / len(choice))``: lm-eval's ``acc`` and ``acc_norm`` predictions.
+
+    Ties go to the first choice (``numpy.argmax``); the length is in characters of the choice
+    without the target delimiter.
+    """
+    def argmax(xs: list[float]) -> int:
+        best = 0
+        for i, x in enumerate(xs):
+            if x > xs[best]:
+                best = i
+        return best
+
+    return argmax(lls), argmax([ll / float(len(c)) for ll, c in zip(lls, choices, strict=True)])
+
+
+_NUM = re.compile(r"-?[$]?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+
+
+def last_number(text: str) -> str | None:
+    """The last number in ``text`` (GSM8K's flexible extraction): commas, ``$`` and a trailing dot dropped."""
+    found = _NUM.findall(text)
+    if not found:
+        return None
+    return found[-1].replace(",", "").replace("$", "").rstrip(".")
+
+
+def last_boxed(text: str) -> str | None:
+    r"""The content of the last ``\boxed{...}`` (or ``\fbox{...}``), braces balanced."""
+    idx = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if idx < 0:
+        return None
+    i = text.find("{", idx)
+    if i < 0:
+        m = re.match(r"\\boxed ([^\s$]+)", text[idx:])
+        return m.group(1) if m else None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1:j]
+    return None
+
+
+def normalize_math(s: str) -> str:
+    """Light MATH-style normalization: spaces, ``\\left``/``\\right``, ``dfrac``, ``$``, units of degrees."""
+    s = s.strip().strip("$").rstrip(".")
+    for a, b in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("dfrac", "frac"), ("tfrac", "frac"),
+                 ("^\\circ", ""), ("^{\\circ}", ""), ("\\$", ""), ("\\%", ""), ("%", ""), (" ", "")):
+        s = s.replace(a, b)
+    m = re.fullmatch(r"\\frac\{?(-?\d+)\}?\{?(\d+)\}?", s)
+    if m:
+        s = f"{m.group(1)}/{m.group(2)}"
+    return s
+
+
+def extract(text: str, method: str | None) -> str | None:
+    """Answer extraction: ``last_number`` | ``boxed`` | ``regex:<pattern>`` (group 1) | ``none``."""
+    if not method or method == "none":
+        return text.strip()
+    if method == "last_number":
+        return last_number(text)
+    if method == "boxed":
+        b = last_boxed(text)
+        return normalize_math(b) if b is not None else None
+    if method.startswith("regex:"):
+        m = re.findall(method[len("regex:"):], text)
+        if not m:
+            return None
+        last = m[-1]
+        return (last[0] if isinstance(last, tuple) else last).strip()
+    raise CptkitError(f"answer extraction {method!r}: use last_number, boxed, regex:<pattern> or none")
+
+
+def answers_match(pred: str | None, gold: str | None) -> bool:
+    """Exact match after extraction; numbers compare by value (``72.0 == 72``, ``1/2 == 0.5``)."""
+    if pred is None or gold is None:
+        return False
+    if pred == gold:
+        return True
+    try:
+        return Fraction(pred) == Fraction(gold)
+    except (ValueError, ZeroDivisionError):
+        return False
+
+
+# --- running a task -----------------------------------------------------------------------------
+def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, limit: int | None = None,
+             seed: int = 1234, batch_size: int = 8, max_gen_toks: int | None = None,
+             max_length: int | None = None, on_batch=None) -> tuple[dict[str, Any], list[dict]]:
+    """Score ``task``: ``(metrics, per-item records)``. Metrics: acc/acc_norm or exact_match, with stderr."""
+    from cptkit import lm
+
+    shots = int(task.get("num_fewshot", 0)) if num_fewshot is None else int(num_fewshot)
+    test = load_docs(task, task.spec["test_split"])
+    docs = test[:limit] if limit else test
+    ctxs = contexts(task, docs, shots, seed)
+    id_field = task.spec.get("id_field")
+    items: list[dict] = []
+    if task.output_type == MC:
+        reqs, spans = [], []
+        for d, c in zip(docs, ctxs, strict=True):
+            choices = doc_to_choice(task, d)
+            tdel = task.get("target_delimiter", " ")
+            spans.append((len(reqs), choices, gold_index(task, d, choices)))
+            reqs += [(c, tdel + ch) for ch in choices]
+        lls: list[tuple[float, bool]] = []
+        for b in range(0, len(reqs), batch_size * 8):
+            lls += lm.loglikelihood(model, tokenizer, reqs[b:b + batch_size * 8], batch_size=batch_size,
+                                    max_length=max_length)
+            if on_batch:
+                on_batch(len(reqs[b:b + batch_size * 8]))
+        for i, (d, (start, choices, gold)) in enumerate(zip(docs, spans, strict=True)):
+            ll = [x for x, _ in lls[start:start + len(choices)]]
+            pred, pred_norm = mc_predictions(ll, choices)
+            items.append({"doc": i, "id": str(d.get(id_field, i)) if id_field else str(i), "gold": gold,
+                          "pred": pred, "pred_norm": pred_norm, "acc": float(pred == gold),
+                          "acc_norm": float(pred_norm == gold), "lls": ll})
+        metrics = _mean_metrics(items, ["acc", "acc_norm"])
+    else:
+        gk = dict(task.get("generation_kwargs", {}))
+        until = list(gk.get("until", [task.get("fewshot_delimiter", "\n\n")]))
+        mgt = int(max_gen_toks or gk.get("max_gen_toks", 256))
+        outs: list[str] = []
+        for b in range(0, len(ctxs), batch_size):
+            outs += lm.generate_until(model, tokenizer, ctxs[b:b + batch_size], until=until, max_gen_toks=mgt,
+                                      batch_size=batch_size, max_length=max_length)
+            if on_batch:
+                on_batch(len(ctxs[b:b + batch_size]))
+        gold_t = task.spec.get("doc_to_gold", task.spec["doc_to_target"])
+        for i, (d, out) in enumerate(zip(docs, outs, strict=True)):
+            gold = extract(str(render(gold_t, d)), task.spec.get("gold_extraction"))
+            pred = extract(out, task.spec.get("answer_extraction"))
+            items.append({"doc": i, "id": str(d.get(id_field, i)) if id_field else str(i), "gold": gold,
+                          "pred": pred, "output": out, "exact_match": float(answers_match(pred, gold))})
+        metrics = _mean_metrics(items, ["exact_match"])
+    metrics |= {"n": len(items), "num_fewshot": shots}
+    for it, d in zip(items, docs, strict=True):
+        it["question"] = doc_to_text(task, d)
+    return metrics, items
+
+
+def _mean_metrics(items: list[dict], names: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    n = len(items)
+    for m in names:
+        xs = [it[m] for it in items]
+        mean = sum(xs) / n if n else float("nan")
+        var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else 0.0
+        out[m] = mean
+        out[f"{m}_stderr"] = (var / n) ** 0.5 if n else float("nan")
+    return out

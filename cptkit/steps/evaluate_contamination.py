@@ -1,0 +1,134 @@
+"""evaluate-contamination: n-gram overlap of training documents with benchmark test items (SPEC §10).
+
+``cptkit evaluate-contamination --in docs/ --out contam/ eval.tasks=[gcide_defs] eval.ngram=8``
+writes ``OUT/_contamination.json`` (per benchmark: share of documents with an overlap, share of
+test items hit) and, with ``eval.action=flag`` every document with a ``contaminated`` field
+(the benchmarks it overlaps), with ``eval.action=drop`` only the clean documents. One task per
+input shard, so it resumes and splits over ``shard.count`` processes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig
+from rich.table import Table
+
+from cptkit.config import JobConfig, register_step
+from cptkit.errors import CptkitError
+from cptkit.job import Job
+from cptkit.progress import console
+from cptkit.shards import atomic_write_json
+
+REPORT = "_contamination.json"
+ACTIONS = ("none", "flag", "drop")
+
+
+@dataclass
+class ContamConfig:
+    tasks: list[str] = field(default_factory=list)
+    ngram: int = 8  # Retrieve-Pile Table 6; 13 as lm-eval's decontamination
+    action: str = "none"  # none (report only) | flag (add a field) | drop (keep clean documents)
+    flag_field: str = "contaminated"
+    item_text: str = "question+answer"  # what of a test item is matched: question | question+answer
+    limit: int | None = None  # first N test items per task
+    task_dir: str | None = None
+    data_dir: str = "~/.cache/cptkit/eval"
+
+
+@dataclass
+class EvaluateContaminationJob(JobConfig):
+    eval: ContamConfig = field(default_factory=ContamConfig)
+
+
+register_step("evaluate-contamination", EvaluateContaminationJob)
+
+
+def item_texts(task, limit: int | None, mode: str) -> list[str]:
+    """The texts of a task's test items that are matched against documents."""
+    from cptkit.eval import tasks as T
+
+    if mode not in ("question", "question+answer"):
+        raise CptkitError(f"eval.item_text={mode!r}: use question or question+answer")
+    docs = T.load_docs(task, task.spec["test_split"])[: limit or None]
+    if mode == "question":
+        return [T.doc_to_text(task, d) for d in docs]
+    gold_t = task.spec.get("doc_to_gold")
+    out = []
+    for d in docs:
+        ans = str(T.render(gold_t, d)) if gold_t and task.output_type == T.GEN else T.answer_text(task, d)
+        out.append(T.doc_to_text(task, d) + " " + ans)
+    return out
+
+
+def run(cfg: DictConfig) -> dict:
+    from cptkit.eval import tasks as T
+    from cptkit.eval.contamination import TestIndex, contamination_report, ngram_hashes
+    from cptkit.steps.evaluate import task_dir
+
+    ec = cfg.eval
+    if ec.action not in ACTIONS:
+        raise CptkitError(f"eval.action={ec.action!r}: use one of {', '.join(ACTIONS)}")
+    if not ec.tasks:
+        raise CptkitError("no benchmarks given: pass eval.tasks=[name,...] (conf/eval/tasks/*.yaml)")
+    n = int(ec.ngram)
+    if n < 1:
+        raise CptkitError(f"eval.ngram={n}: must be ≥ 1")
+    indexes = {}
+    for name in ec.tasks:
+        t = T.load_task(name, task_dir(ec), ec.data_dir)
+        indexes[t.name] = TestIndex.build(t.name, item_texts(t, ec.limit, str(ec.item_text)), n)
+    with Job(cfg) as job:
+        for task in job.pending():
+            t0 = time.time()
+            docs = 0
+            docs_hit = dict.fromkeys(indexes, 0)
+            items_hit: dict[str, set[int]] = {k: set() for k in indexes}
+            w = job.writer(task) if ec.action != "none" else None
+            try:
+                for rec in job.read(task):
+                    docs += 1
+                    h = ngram_hashes(rec["text"], n)
+                    hit = []
+                    for name, ix in indexes.items():
+                        found = ix.match(h)
+                        if found:
+                            hit.append(name)
+                            docs_hit[name] += 1
+                            items_hit[name] |= found
+                    if ec.action == "flag":
+                        w.write({**rec, str(ec.flag_field): hit})
+                    elif ec.action == "drop" and not hit:
+                        w.write(rec)
+            finally:
+                if w is not None:
+                    w.close()
+            job.complete(task, w, seconds=time.time() - t0, docs=docs, docs_hit=docs_hit,
+                         items_hit={k: sorted(v) for k, v in items_hit.items()})
+        results = job.all_results()
+        extra: dict = {}
+        if len(results) == len(job.tasks) and not job.already_done:
+            total = sum(r["extra"]["docs"] for r in results.values())
+            dh = {k: sum(r["extra"]["docs_hit"].get(k, 0) for r in results.values()) for k in indexes}
+            ih = {k: set().union(*(r["extra"]["items_hit"].get(k, []) for r in results.values())) for k in indexes}
+            report = contamination_report(total, dh, ih, indexes)
+            atomic_write_json(job.out / REPORT, {"ngram": n, "action": ec.action, "item_text": ec.item_text,
+                                                 "benchmarks": report})
+            print_report(report, quiet=job.quiet)
+            for k, v in report.items():
+                extra[f"{k} docs %"] = 100 * v["docs_share"]
+                extra[f"{k} items %"] = 100 * v["test_items_share"]
+        return job.finish(extra=extra)
+
+
+def print_report(report: dict, quiet: bool = False) -> None:
+    if quiet:
+        return
+    t = Table(title="contamination (n-gram overlap)", header_style="bold")
+    for c in ("benchmark", "n", "docs hit", "docs %", "test items hit", "items %"):
+        t.add_column(c, justify="left" if c == "benchmark" else "right")
+    for k, v in report.items():
+        t.add_row(k, str(v["ngram"]), f"{v['docs_contaminated']:,}/{v['docs']:,}", f"{100 * v['docs_share']:.3f}",
+                  f"{v['test_items_hit']}/{v['test_items']}", f"{100 * v['test_items_share']:.2f}")
+    console.print(t)
