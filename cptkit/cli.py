@@ -283,6 +283,58 @@ def evaluate_compare(
         sys.stdout.write(md)
 
 
+# --- evaluate / evaluate-contamination / evaluate-compare (issue 6) ---
+register("evaluate", "evaluate")
+register("evaluate-contamination", "evaluate_contamination")
+Model = Annotated[str | None, typer.Option("--model", "-m", help="HF model dir, .gguf file, or smollm2.")]
+
+
+@app.command("evaluate", context_settings=CTX,
+             help="Perplexity per group on held-out shards (--in, eval.ppl.group_by=FIELD) and few-shot "
+             "benchmarks (eval.tasks=[...], conf/eval/tasks/*.yaml) scored as lm-evaluation-harness does (SPEC §10).")
+def evaluate(ctx: typer.Context, model: Model = None, inputs: In = None, out: Out = None, quiet: Quiet = False,
+             cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
+    overrides = io_overrides(inputs, out, quiet, skip_bad)
+    if model is not None:
+        overrides.append(f"eval.model={_q(model)}")
+    invoke(ctx, "evaluate", overrides, cfg)
+
+
+@app.command("evaluate-contamination", context_settings=CTX,
+             help="Share of documents with an n-gram overlap (eval.ngram=8) with benchmarks' test items, "
+             "share of test items hit; eval.action=none|flag|drop (SPEC §10, Retrieve-Pile Table 6).")
+def evaluate_contamination(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+                           cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
+    invoke(ctx, "evaluate-contamination", io_overrides(inputs, out, quiet, skip_bad), cfg)
+
+
+@app.command("evaluate-compare", help="Side-by-side table of evaluate outputs (first = baseline) with deltas.")
+def evaluate_compare(
+    runs: Annotated[list[str], typer.Argument(help="evaluate output dirs (or _results.json files); NAME=DIR to label.")],
+    out: Annotated[str | None, typer.Option("--out", "-o", help="Also write the table: .md (markdown) or .json.")] = None,
+    metric: Annotated[str | None, typer.Option("--metric", help="acc | acc_norm | exact_match (default: acc_norm, else exact_match).")] = None,
+) -> None:
+    from pathlib import Path
+
+    from cptkit.eval.compare import compare_table, load_results, print_compare, to_markdown
+    from cptkit.shards import atomic_write_bytes
+
+    loaded = {}
+    for r in runs:
+        name, _, path = r.partition("=") if "=" in r and not Path(r).exists() else (r, "", r)
+        loaded[name] = load_results(path)
+    header, rows = compare_table(loaded, metric)
+    print_compare(header, rows)
+    md = to_markdown(header, rows)
+    if out:
+        import json
+
+        body = json.dumps({"header": header, "rows": rows}, indent=1) if out.endswith(".json") else md
+        atomic_write_bytes(Path(out), body.encode())
+    else:
+        sys.stdout.write(md)
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and exit code 2."""
     try:
