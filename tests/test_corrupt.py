@@ -1,0 +1,192 @@
+"""corrupt: pure transformations, realised ratio on real text, determinism across processes."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from classify_realtext import python_docs
+
+from cptkit.config import compose_step
+from cptkit.corruption import (
+    Lexicon,
+    Token,
+    choose_count,
+    corrupt_text,
+    pluralize,
+    random_number_like,
+    rng_for,
+)
+from cptkit.errors import CptkitError
+from cptkit.steps import corrupt
+from cptkit.text import wordnet
+
+
+def write_jsonl(path: Path, recs: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
+    return path
+
+
+def read_out(d: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted(d.glob("part-*.jsonl.gz")) for line in gzip.open(f, "rt")]
+
+
+def test_numbers_keep_their_form():
+    rng = random.Random(0)
+    for s in ["7", "17", "2024", "3.14159", "1,250,000", "0.5", "007", "10"]:
+        for _ in range(200):
+            new = random_number_like(s, rng)
+            assert new != s
+            assert re.sub(r"\d", "9", new) == re.sub(r"\d", "9", s)  # same digits count and separators
+            for old_run, new_run in zip(re.findall(r"\d+", s), re.findall(r"\d+", new), strict=True):
+                if len(old_run) > 1 and old_run[0] != "0":
+                    assert new_run[0] != "0"
+
+
+def test_choose_count_is_unbiased_and_zero_at_zero():
+    rng = random.Random(1)
+    assert all(choose_count(n, 0.0, rng) == 0 for n in range(50))
+    ks = [choose_count(7, 0.3, rng) for _ in range(20000)]
+    assert set(ks) == {2, 3}
+    assert sum(ks) / len(ks) == pytest.approx(2.1, abs=0.02)
+    assert choose_count(5, 1.0, rng) == 5
+
+
+LEX = Lexicon(nouns=lambda w: {"chlorine": ["neon", "oxygen"], "tank": ["box"]}.get(w, []),
+              antonyms=lambda w: {"equal": ["unequal"]}.get(w, []))
+
+
+def toks(text: str, tagged: dict[str, tuple[str, str]]) -> list[Token]:
+    return [Token(m.start(), m.end(), *tagged[m.group()]) for m in re.finditer(r"\w+", text) if m.group() in tagged]
+
+
+def test_corrupt_text_with_a_small_lexicon():
+    text = "Chlorine and chlorine: 2 tanks of equal size hold 17 L. Tanks."
+    tags = {"Chlorine": ("NN", "chlorine"), "chlorine": ("NN", "chlorine"), "tanks": ("NNS", "tank"),
+            "Tanks": ("NNS", "tank"), "equal": ("JJ", "equal"), "size": ("NN", "size")}
+    tokens = toks(text, tags)
+    same, rep = corrupt_text(text, 0.0, random.Random(0), tokens, LEX)
+    assert same == text and rep["changed"] == 0
+    # candidates: numbers 2 and 17, nouns chlorine and tank (twice each; size once, no lexicon entry), adj equal
+    assert rep["candidates"] == 5 and rep["candidates_by_type"] == {"number": 2, "noun": 2, "adj": 1}
+    new, rep = corrupt_text(text, 1.0, random.Random(0), tokens, LEX)
+    assert rep["changed"] == 5
+    assert re.fullmatch(r"(Neon|Oxygen) and (neon|oxygen): \d boxes of unequal size hold \d\d L\. Boxes\.", new), new
+    assert new.count("Neon") + new.count("neon") in (0, 2)  # one replacement per unit, case kept
+    edits = {e["from"]: e for e in rep["edits"]}
+    assert edits["chlorine"]["spans"] == [[0, 8], [13, 21]] and edits["tank"]["count"] == 2
+    # noun_min_count=3: no noun is frequent enough
+    _, rep = corrupt_text(text, 1.0, random.Random(0), tokens, LEX, noun_min_count=3)
+    assert rep["candidates_by_type"]["noun"] == 0
+    # no tokens (non-English): numbers only
+    new, rep = corrupt_text("氯的原子序数是17。", 1.0, random.Random(0))
+    assert rep["candidates"] == 1 and re.fullmatch(r"氯的原子序数是\d\d。", new) and "17" not in new
+
+
+def test_pluralize():
+    assert [pluralize(w) for w in ["box", "city", "neon", "noble gas", "day"]] == \
+        ["boxes", "cities", "neons", "noble gases", "days"]
+
+
+def test_wordnet_is_sorted_and_knows_the_paper_example():
+    wn = wordnet.load_wordnet()
+    co = wordnet.cohyponyms(wn, "chlorine")
+    assert co == sorted(co)
+    names = {name for _, name in co}
+    assert {"neon", "oxygen", "hydrogen", "bromine"} <= names and "chlorine" not in names
+    assert wordnet.antonyms(wn, "equal") == ["unequal"]
+    assert "low" in wordnet.antonyms(wn, "high")
+
+
+def test_wordnet_missing_is_a_clear_error(tmp_path):
+    with pytest.raises(CptkitError, match="not a WordNet 3.0 database"):
+        wordnet.prepare(tmp_path / "cache", source=tmp_path)
+    if not wordnet._complete(wordnet.SYSTEM_DIR):
+        with pytest.raises(CptkitError, match="wordnet-base"):
+            wordnet.prepare(tmp_path / "cache2", fetch=False)
+
+
+@pytest.fixture(scope="module")
+def qa_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("qa")
+    recs = [{**r, "lang": "en"} for r in python_docs(240)]
+    recs.append({"id": "zh-1", "text": "氯气的沸点是-34.04摄氏度，原子序数为17。", "lang": "zh"})
+    recs.append({"id": "nolang", "text": "The equal sides of 3 triangles; triangles are polygons."})
+    recs.append({"id": "empty", "text": ""})
+    write_jsonl(d / "a.jsonl", recs[:120])
+    write_jsonl(d / "b.jsonl", recs[120:])
+    return d
+
+
+def test_ratio_zero_is_identity(qa_dir, tmp_path):
+    corrupt.run(compose_step("corrupt", [f"io.inputs=[{qa_dir}]", f"io.output={tmp_path / 'c0'}",
+                                         "corrupt.ratio=0", "quiet=true"]))
+    src = [json.loads(x) for f in sorted(qa_dir.glob("*.jsonl")) for x in f.read_text().splitlines()]
+    assert read_out(tmp_path / "c0") == src
+
+
+def test_realised_ratio_and_edits(qa_dir, tmp_path):
+    res = corrupt.run(compose_step("corrupt", [f"io.inputs=[{qa_dir}]", f"io.output={tmp_path / 'c3'}",
+                                               "corrupt.ratio=0.3", "corrupt.seed=1", "quiet=true"]))
+    extra = res["extra"]
+    assert extra["candidate units"] > 1000
+    assert extra["realised ratio"] == pytest.approx(0.3, abs=0.03)
+    for kind in ("number", "noun", "adj"):
+        changed, cands = map(int, extra[f"{kind}: changed / candidates"].split(" / "))
+        assert cands > 30 and 0.15 < changed / cands < 0.45, (kind, changed, cands)
+    src = {json.loads(x)["id"]: json.loads(x) for f in sorted(qa_dir.glob("*.jsonl")) for x in f.read_text().splitlines()}
+    out = read_out(tmp_path / "c3")
+    assert len(out) == len(src)
+    for rec in out:
+        c = rec["corruption"]
+        assert c["changed"] == len(c["edits"]) <= c["candidates"]
+        orig = src[rec["id"]]["text"]
+        for e in c["edits"]:  # the spans point at the original words
+            for s, t in e["spans"]:
+                assert orig[s:t].lower().startswith(e["from"][:3].lower()) or e["type"] == "noun"
+        if not c["edits"]:
+            assert rec["text"] == orig
+    by = {r["id"]: r for r in out}
+    assert by["zh-1"]["corruption"]["lang"] == "zh"
+    assert {e["type"] for e in by["zh-1"]["corruption"]["edits"]} <= {"number"}
+    assert by["nolang"]["corruption"]["lang"] == "en"  # detected
+    assert by["empty"]["text"] == "" and by["empty"]["corruption"]["candidates"] == 0
+
+
+@pytest.mark.slow
+def test_same_output_in_other_processes(qa_dir, tmp_path):
+    """Same seed → byte-identical shards, whatever PYTHONHASHSEED (nltk's set order)."""
+    outs = []
+    for hs in ("1", "2"):
+        out = tmp_path / f"p{hs}"
+        env = {**os.environ, "PYTHONHASHSEED": hs}
+        r = subprocess.run([sys.executable, "-m", "cptkit.cli", "corrupt", "--in", str(qa_dir), "--out", str(out),
+                            "-q", "corrupt.ratio=0.5", "corrupt.seed=7"], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        outs.append([gzip.open(f).read() for f in sorted(out.glob("part-*.jsonl.gz"))])
+    assert outs[0] == outs[1]
+    # and in this process too
+    corrupt.run(compose_step("corrupt", [f"io.inputs=[{qa_dir}]", f"io.output={tmp_path / 'here'}",
+                                         "corrupt.ratio=0.5", "corrupt.seed=7", "quiet=true"]))
+    assert [gzip.open(f).read() for f in sorted((tmp_path / "here").glob("part-*.jsonl.gz"))] == outs[0]
+    # another seed changes it
+    assert rng_for(7, "x").random() != rng_for(8, "x").random()
+
+
+def test_bad_config_and_input(qa_dir, tmp_path):
+    with pytest.raises(CptkitError, match="ratio"):
+        corrupt.run(compose_step("corrupt", [f"io.inputs=[{qa_dir}]", f"io.output={tmp_path / 'x'}",
+                                             "corrupt.ratio=1.5"]))
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": "a", "text": "x", "problem": 3}])
+    with pytest.raises(CptkitError, match="'a'.*problem"):
+        corrupt.run(compose_step("corrupt", [f"io.inputs=[{bad}]", f"io.output={tmp_path / 'y'}",
+                                             "corrupt.fields=[text,problem]", "quiet=true"]))
+    assert not (tmp_path / "y").exists()
