@@ -441,6 +441,11 @@ def run(cfg: DictConfig) -> dict:
                 batch = []
         flush(batch)
         for d in leaves.values():
+            if d.docs == 0 and d.heldout:  # a tiny domain: its eval docs must also be trained on
+                log.warning("domain %s has only %d documents: they are both eval and training documents",
+                            d.name, len(d.heldout))
+                for _, _, rec2 in sorted(d.heldout, key=lambda t: (-t[0], t[1])):
+                    emit(d, rec2["id"], rec2["_ids"], rec2["_ppl"])
             d.file.close()
         if not leaves:
             raise CptkitError(f"build-mix: none of the {records_in} records matched a domain filter")

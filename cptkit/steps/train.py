@@ -355,8 +355,10 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
         raise CptkitError(f"model has {model.get_input_embeddings().num_embeddings} embeddings, fewer than the "
                           f"stream's vocabulary ({stream.meta['vocab_size']})")
     if tcfg.gradient_checkpointing:
-        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.x
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     base = OmegaConf.to_container(cfg.deepspeed, resolve=True) or {}
     if tcfg.deepspeed_config:
