@@ -311,6 +311,9 @@ def run(cfg: DictConfig) -> dict:
         root = res["root"]
         for task in job.pending():
             t0 = time.time()
+            if not job.stdout:  # temporary shards of a killed run (the writer only clears finished ones)
+                for stale in job.out.glob(f".part-{task.name}-*.tmp-*"):
+                    stale.unlink()
             base = int(res["offsets"][task.index])
             removed = 0
             with job.writer(task) as w:
