@@ -51,6 +51,14 @@ _CJK = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]|\[[0-9;]*m")
 
 
+_CJK_GAP = re.compile(r"(?<=[\u4e00-\u9fff，。、；：？！）」』]) (?=[\u4e00-\u9fff，。、；：？！（「『])")
+
+
+def join_cjk(text: str) -> str:
+    """Drop single spaces between two Chinese characters (left by line breaks in sources)."""
+    return _CJK_GAP.sub("", text)
+
+
 def has_cjk(text: str) -> bool:
     return _CJK.search(text) is not None
 
@@ -823,9 +831,12 @@ def man_available() -> bool:
         or shutil.which("man") is not None and shutil.which("nroff") is not None
 
 
+_MANWIDTH = 1000  # wide enough that groff never wraps or justifies a normal paragraph
+
+
 def render_man(path: Path) -> str:
     """Render a man page with ``man -l`` and ``col -bx`` (no line wrapping, no justification)."""
-    env = {**os.environ, "MANWIDTH": "1000", "MANPAGER": "cat", "PAGER": "cat", "LC_ALL": "C.UTF-8",
+    env = {**os.environ, "MANWIDTH": str(_MANWIDTH), "MANPAGER": "cat", "PAGER": "cat", "LC_ALL": "C.UTF-8",
            "MAN_DISABLE_SECCOMP": "1", "MANROFFOPT": "-c"}
     man = subprocess.run(["man", "-l", str(path)], env=env, capture_output=True, check=False)
     if man.returncode != 0 or not man.stdout.strip():
@@ -837,11 +848,17 @@ def render_man(path: Path) -> str:
         lines.pop(0)
     if lines:
         lines.pop(0)
-    while lines and not lines[-1].strip():
-        lines.pop()
-    if lines and not lines[-1].startswith(" "):
-        lines.pop()
-    return clean_text("\n".join(lines))
+    while lines and (not lines[-1].strip() or re.search(r"\S {10,}\S|^ {30,}\S", lines[-1])):
+        lines.pop()  # the footer ("1995年3月30日   LS(1)", centred at MANWIDTH)
+    # groff cannot break Chinese text, so an over-long line is filled to MANWIDTH by
+    # stretching its spaces: undo that justification on lines that reach the full width
+    out = []
+    for line in lines:
+        if display_width(line) >= _MANWIDTH - 40:
+            ind = len(line) - len(line.lstrip(" "))
+            line = " " * ind + re.sub(r" {2,}", " ", line.strip())
+        out.append(line)
+    return clean_text("\n".join(out))
 
 
 def split_man(text: str) -> list[Chunk]:
@@ -886,7 +903,7 @@ def manpages_zh_records(root: Path, min_chars: int = 200, renderer: str = "auto"
         if re.match(r"^\.so\s", src.lstrip()):
             continue
         name = path.name[:-3] if path.name.endswith(".gz") else path.name  # ls.1
-        text = render_man(path) if use_man else strip_roff(src)
+        text = join_cjk(render_man(path) if use_man else strip_roff(src))
         page, _, sect = name.rpartition(".")
         for c in merge_short(split_man(text), min_chars):
             yield {

@@ -133,6 +133,11 @@ def test_unwrap_joins_chinese_without_space():
     assert out.splitlines()[2] == "    # apt-get install package_name"
 
 
+def test_join_cjk():
+    assert C.join_cjk("当然它也参与构造Windows的\"网 络邻居”查看 的浏览协议。 nmbd 是") == \
+        "当然它也参与构造Windows的\"网络邻居”查看的浏览协议。 nmbd 是"
+
+
 def test_merge_short_and_split_long():
     chunks = [C.Chunk("a", "A", "x" * 50), C.Chunk("b", "B", "y" * 300), C.Chunk("c", "C", "z" * 20)]
     merged = C.merge_short(chunks, 200)
