@@ -76,8 +76,17 @@ def compose_step(name: str, overrides: list[str] | None = None) -> DictConfig:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name=config_name):
             cfg = compose(config_name=config_name, overrides=list(overrides or []))
     except (HydraException, OmegaConfBaseException) as e:
-        raise CptkitError(one_line(str(e))) from None
+        raise CptkitError(one_line(_message(e))) from None
     return finalize(cfg, name, list(overrides or []))
+
+
+def _message(e: BaseException) -> str:
+    """The first non-empty message along an exception's cause chain."""
+    while e is not None:
+        if str(e).strip():
+            return str(e)
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return "invalid configuration"
 
 
 def finalize(cfg: DictConfig, name: str, overrides: list[str] | None = None) -> DictConfig:
@@ -90,7 +99,7 @@ def finalize(cfg: DictConfig, name: str, overrides: list[str] | None = None) -> 
         OmegaConf.resolve(cfg)
         OmegaConf.set_struct(cfg, True)
     except OmegaConfBaseException as e:
-        raise CptkitError(one_line(str(e))) from None
+        raise CptkitError(one_line(_message(e))) from None
     return cfg
 
 

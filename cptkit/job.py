@@ -243,7 +243,7 @@ class Job:
             "bad lines skipped": sum(r.bad for r in mine.values()),
             **(extra or {}),
             "seconds": seconds,
-            "records/s": here_in / seconds if seconds > 0 else 0.0,
+            "records/s": (here_in or sum(r.records_out for r in mine.values())) / seconds if seconds > 0 else 0.0,
         }
         complete = self.stdout or all(t.name in results for t in self.tasks)
         if complete and not self.stdout:

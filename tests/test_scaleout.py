@@ -1,0 +1,104 @@
+"""Scale-out: Hydra multirun sweeps (basic launcher and a real SLURM cluster) and job arrays."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import slurm_cluster
+from conftest import read_jsonl_dir, write_jsonl
+
+CLI = [sys.executable, "-c", "from cptkit.cli import main; main()"]
+
+
+def cptkit(*args: str, cwd: Path, env=None, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run([*CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    if check and r.returncode != 0:
+        raise AssertionError(f"cptkit {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return r
+
+
+def shard_bytes(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.glob("part-*"))}
+
+
+@pytest.fixture(scope="module")
+def qa(tmp_path_factory, corpus_records) -> Path:
+    """Four shards of English documentation text with numbers (what corrupt acts on)."""
+    d = tmp_path_factory.mktemp("qa")
+    recs = [r for r in corpus_records if r["lang"] == "en"][:80]
+    recs = [{**r, "text": r["text"][:600]} for r in recs]
+    for k in range(4):
+        write_jsonl(d / "qa" / f"s{k}.jsonl", recs[k::4])
+    return d
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    why = slurm_cluster.available()
+    if why:
+        pytest.skip(f"SLURM cluster: {why}")
+    c = slurm_cluster.SlurmCluster(Path(tempfile.mkdtemp(prefix="cptkit-slurm-"))).start()
+    yield c
+    c.stop()
+
+
+@pytest.mark.slow
+def test_sweep_basic_launcher_outputs_never_collide(qa):
+    cptkit("corrupt", "--in", "qa", "--out", "c{corrupt.ratio}", "-q", "-m", "corrupt.ratio=0.0,0.5", cwd=qa)
+    zero, half = read_jsonl_dir(qa / "c0.0"), read_jsonl_dir(qa / "c0.5")
+    src = read_jsonl_dir(qa / "qa")
+    assert [r["text"] for r in zero] == [r["text"] for r in src]  # ratio 0 is the identity
+    changed = sum(a["text"] != b["text"] for a, b in zip(half, src, strict=True))
+    assert changed > len(src) // 4
+    for out, ratio in (("c0.0", "0.0"), ("c0.5", "0.5")):
+        manifest = json.loads((qa / out / "_manifest.json").read_text())
+        assert f"corrupt.ratio={ratio}" in manifest["config"]["overrides"]
+        assert manifest["config"]["corrupt"]["ratio"] == float(ratio)
+    # Without a placeholder, members nest under OUT/<their overrides>.
+    cptkit("corrupt", "--in", "qa", "--out", "nested", "-q", "-m", "corrupt.ratio=0.0,0.3", cwd=qa)
+    assert sorted(p.name for p in (qa / "nested").iterdir()) == ["corrupt.ratio=0.0", "corrupt.ratio=0.3"]
+    assert shard_bytes(qa / "nested" / "corrupt.ratio=0.0") == shard_bytes(qa / "c0.0")
+
+
+@pytest.mark.slow
+def test_sweep_on_slurm_is_a_job_array_with_identical_results(qa, cluster):
+    cptkit("corrupt", "--in", "qa", "--out", "s{corrupt.ratio}", "-q", "-m", "corrupt.ratio=0.0,0.5",
+           "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10",
+           "hydra.sweep.dir=sweep-slurm", cwd=qa, env=cluster.env)
+    logs = list((qa / "sweep-slurm" / ".submitit").glob("*_0/*_log.out")) + \
+        list((qa / "sweep-slurm" / ".submitit").glob("*/*_0_log.out"))
+    assert logs, "submitit left no job-array logs"
+    for ratio in ("0.0", "0.5"):
+        if not (qa / f"c{ratio}").exists():
+            cptkit("corrupt", "--in", "qa", "--out", f"c{ratio}", "-q", f"corrupt.ratio={ratio}", cwd=qa)
+        assert shard_bytes(qa / f"s{ratio}") == shard_bytes(qa / f"c{ratio}")
+
+
+@pytest.mark.slow
+def test_job_array_over_input_shards_and_requeue(qa, cluster):
+    """shard.index/count split the tasks; the last member writes _SUCCESS; a requeue redoes only missing tasks."""
+    whole = qa / "whole"
+    cptkit("corrupt", "--in", "qa", "--out", str(whole), "-q", "corrupt.ratio=0.4", cwd=qa)
+    arr = qa / "arr"
+    script = qa / "array.sh"
+    script.write_text("#!/bin/bash\nset -e\n" + " ".join([*map(str, CLI[:2]), repr(CLI[2])]) +
+                      f" corrupt --in qa --out {arr} -q corrupt.ratio=0.4 shard.index=$SLURM_ARRAY_TASK_ID shard.count=2\n")
+    sub = subprocess.run(["sbatch", "--wait", "--array=0-1", f"--chdir={qa}", f"--output={qa}/arr-%a.log", str(script)],
+                         env=cluster.env, capture_output=True, text=True, timeout=600)
+    assert sub.returncode == 0, sub.stderr + "".join(p.read_text() for p in qa.glob("arr-*.log"))
+    assert (arr / "_SUCCESS").exists()
+    assert shard_bytes(arr) == shard_bytes(whole)
+    # Requeue after losing one task's output: only that task runs again, with the same bytes.
+    before = shard_bytes(arr)
+    (arr / ".cptkit" / "done" / "00001.json").unlink()
+    (arr / "_SUCCESS").unlink()
+    for p in arr.glob("part-00001-*"):
+        p.unlink()
+    r = cptkit("corrupt", "--in", "qa", "--out", str(arr), "corrupt.ratio=0.4", "shard.index=1", "shard.count=2", cwd=qa)
+    assert "records in" in r.stderr and (arr / "_SUCCESS").exists()
+    assert shard_bytes(arr) == before
