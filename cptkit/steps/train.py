@@ -59,7 +59,7 @@ class TopicPPLConfig:
 class VelocituneConfig:
     interval_steps: int = 150  # m
     use_target: bool = True  # false: the ablation V = l_t / l_init
-    targets: dict[str, float] = field(default_factory=dict)  # target loss per domain
+    targets: Any = None  # target loss per domain {domain: loss}
     targets_file: str | None = None  # _velocitune_targets.json of a proxy run
     proxy: bool = False  # run the proxy: train on proxy_fraction with default weights, fit, write targets
     proxy_fraction: float = 0.5

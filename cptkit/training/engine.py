@@ -42,9 +42,13 @@ def init_distributed(backend: str = "auto") -> tuple[int, int]:
     if not on_gpu():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     slurm_env()
-    if "RANK" not in os.environ:
-        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                           "MASTER_PORT": os.environ.get("MASTER_PORT") or str(free_port())})
+    added: list[str] = []
+    single = os.environ.get("WORLD_SIZE", "1") == "1" and "MASTER_PORT" not in os.environ
+    if single and not torch.distributed.is_initialized():  # one process, no launcher
+        added = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(free_port())
     import deepspeed
     import deepspeed.comm  # noqa: F401  (loads deepspeed.comm.torch)
 
@@ -54,8 +58,12 @@ def init_distributed(backend: str = "auto") -> tuple[int, int]:
             mod.build_shm_op = lambda: None  # no g++ JIT build of the shm all-reduce op on CPU
     if backend == "auto":
         backend = "nccl" if on_gpu() else "gloo"
-    if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    try:
+        if not torch.distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    finally:
+        for k in added:  # child processes must not inherit this process's rendezvous port
+            os.environ.pop(k, None)
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 

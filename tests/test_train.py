@@ -1,0 +1,150 @@
+"""train: a tiny Llama with DeepSpeed ZeRO-2 bf16 on CPU, on streams built from real text."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mixdata import TWO_DOMAINS, build_stream, make_tokenizer
+
+from cptkit.config import compose_step
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMON = ["model.hidden=32", "model.layers=2", "model.heads=2", "train.micro_batch=4", "train.threads=1",
+          "train.lr=3e-3", "train.warmup=2", "quiet=true"]
+
+
+@pytest.fixture(scope="module")
+def stream(corpus_dir, corpus_records, tmp_path_factory):
+    base = tmp_path_factory.mktemp("train")
+    tok = make_tokenizer(corpus_records, base / "tok")
+    out = base / "stream"
+    build_stream(corpus_dir, tok, out, [*TWO_DOMAINS, "mix.budget_tokens=40000", "mix.seq_len=64",
+                                        "mix.eval_docs=4"])
+    return out
+
+
+def train(stream: Path, out: Path, *overrides: str) -> dict:
+    from cptkit.steps.train import run
+
+    return run(compose_step("train", [f"io.inputs=['{stream}']", f"io.output='{out}'", *COMMON, *overrides]))
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_loss_goes_down_and_model_loads(stream, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    res = train(stream, tmp_path / "r1", "train.mixture=static", "train.max_steps=30")
+    m = metrics(tmp_path / "r1")
+    assert [r["step"] for r in m] == list(range(1, 31))
+    first, last = sum(r["loss"] for r in m[:3]) / 3, sum(r["loss"] for r in m[-3:]) / 3
+    assert first > 6.0 and last < first - 0.5, (first, last)  # vocab 512: ln 512 = 6.24 at init
+    assert m[0]["lr"] == pytest.approx(1e-7) and m[5]["lr"] == pytest.approx(3e-3)
+    assert m[0]["weights"] == {"en": 0.5, "zh": 0.5}
+    man = json.loads((tmp_path / "r1" / "_manifest.json").read_text())
+    assert man["extra"]["steps"] == 30 and man["config"]["train"]["zero_stage"] == 2
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "r1" / "model")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "r1" / "model")
+    assert model.config.hidden_size == 32 and len(tok) == 512
+    assert res["losses"][-1] == pytest.approx(m[-1]["loss"])
+
+
+@pytest.mark.slow
+def test_velocitune_proxy_targets_and_reweighting(stream, tmp_path):
+    # 1) proxy run: default (token-share) weights, eval checkpoints, scaling-law targets
+    train(stream, tmp_path / "proxy", "train.velocitune.proxy=true", "train.max_steps=16",
+          "train.velocitune.proxy_fraction=0.5", "train.velocitune.proxy_checkpoints=4")
+    tg = json.loads((tmp_path / "proxy" / "_velocitune_targets.json").read_text())
+    assert set(tg["targets"]) == {"en", "zh"} and len(tg["checkpoints"]) == 4
+    assert tg["budget_tokens"] == 16 * 4 * 64
+    for d, law in tg["laws"].items():
+        assert law["beta"] > 0 and law["B"] >= 0 and tg["targets"][d] == pytest.approx(
+            law["E"] + law["B"] / tg["budget_tokens"] ** law["beta"])
+    # 2) velocitune with those targets; weights updated every 4 steps from uniform
+    out = tmp_path / "vt"
+    train(stream, out, "train.mixture=velocitune", "train.velocitune.interval_steps=4", "train.max_steps=16",
+          f"train.velocitune.targets_file='{tmp_path / 'proxy' / '_velocitune_targets.json'}'")
+    traj = [json.loads(x) for x in (out / "weights.jsonl").read_text().splitlines()]
+    assert traj[0]["weights"] == {"en": 0.5, "zh": 0.5}
+    ups = [t for t in traj if "velocity" in t]
+    assert [t["step"] for t in ups] == [4, 8, 12]
+    # every update multiplies by exp(V): weight moves toward the domain with the larger velocity
+    w = {"en": 0.5, "zh": 0.5}
+    for t in ups:
+        v = t["velocity"]
+        slow = max(v, key=v.get)
+        if abs(v["en"] - v["zh"]) > 1e-9:
+            assert t["weights"][slow] > w[slow]
+        w = t["weights"]
+    total_v = {d: sum(t["velocity"][d] for t in ups) for d in w}
+    slowest = max(total_v, key=total_v.get)
+    assert w[slowest] > 0.5
+    assert (out / "avg_weights.json").exists()
+    avg = json.loads((out / "avg_weights.json").read_text())["weights"]
+    assert 0.5 < avg[slowest] < w[slowest] + 1e-9
+    try:
+        import matplotlib  # noqa: F401
+        assert (out / "weights.png").read_bytes()[:4] == b"\x89PNG"
+    except ImportError:
+        pass
+
+
+def _cli(*args: str, env_extra: dict | None = None) -> list[str]:
+    return [sys.executable, "-m", "cptkit.cli", "train", *args]
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_is_exact(stream, tmp_path):
+    ov = ["train.mixture=dbl", "train.dbl.interval_steps=3", "train.velocitune.targets={en:4.0,zh:4.0}",
+          "train.max_steps=24", "train.save_every=3"]
+    train(stream, tmp_path / "ref", *ov)
+    ref = metrics(tmp_path / "ref")
+    out = tmp_path / "killed"
+    args = ["--in", str(stream), "--out", str(out), *COMMON, *ov]
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    p = subprocess.Popen(_cli(*args), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if (out / "metrics.jsonl").exists() and len(metrics(out)) >= 8:
+            break
+        assert p.poll() is None, p.stderr.read().decode()[-2000:]
+        time.sleep(0.02)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    killed_at = len(metrics(out))
+    assert killed_at < 24 and not (out / "_SUCCESS").exists()
+    r = subprocess.run(_cli(*args, "train.resume=true"), cwd=ROOT, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = metrics(out)
+    assert [g["step"] for g in got] == list(range(1, 25))
+    assert [g["loss"] for g in got] == [x["loss"] for x in ref]  # bit-identical
+    assert [g["weights"] for g in got] == [x["weights"] for x in ref]
+    assert (out / "_SUCCESS").exists()
+
+
+@pytest.mark.slow
+def test_two_processes_with_torchrun(stream, tmp_path):
+    # global batch 4 sequences: 1 process × micro 4 == 2 processes × micro 2 (same data, same first loss)
+    train(stream, tmp_path / "one", "train.max_steps=3")
+    out = tmp_path / "two"
+    port = 29500 + os.getpid() % 1000
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+           "-m", "cptkit.cli", "train", "--in", str(stream), "--out", str(out), *COMMON, "train.micro_batch=2",
+           "train.max_steps=3"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    one, two = metrics(tmp_path / "one"), metrics(out)
+    assert json.loads((out / "_manifest.json").read_text())["extra"]["world size"] == 2
+    assert two[0]["loss"] == pytest.approx(one[0]["loss"], abs=2e-2)
+    assert [r["tokens"] for r in two] == [r["tokens"] for r in one]
+    assert (out / "model" / "config.json").exists()
