@@ -18,6 +18,9 @@ from typing import Any
 from cptkit.errors import CptkitError
 
 _WS = re.compile(r"\s+")
+# lid.176 splits Chinese into varieties (classical poems often come out as Cantonese); a
+# pipeline with one Chinese taxonomy wants one code.
+MACRO = {"yue": "zh", "wuu": "zh", "gan": "zh", "hak": "zh", "nan": "zh", "cdo": "zh", "lzh": "zh"}
 
 
 def model_path() -> Path:
@@ -42,8 +45,11 @@ def _model(path: str) -> Any:
     return fasttext.load_model(path)
 
 
-def detect(texts: list[str], max_chars: int = 1000) -> list[tuple[str, float]]:
-    """``(iso code, probability)`` per text (``"und", 0.0`` for empty text). Batched."""
+def detect(texts: list[str], max_chars: int = 1000, macro: bool = True) -> list[tuple[str, float]]:
+    """``(iso code, probability)`` per text (``"und", 0.0`` for empty text). Batched.
+
+    ``macro``: report Chinese varieties (yue, wuu, ...) as ``zh``.
+    """
     model = _model(str(model_path()))
     lines = [_WS.sub(" ", t[:max_chars]).strip() for t in texts]
     idx = [i for i, line in enumerate(lines) if line]
@@ -51,5 +57,6 @@ def detect(texts: list[str], max_chars: int = 1000) -> list[tuple[str, float]]:
     if idx:
         labels, probs = model.predict([lines[i] for i in idx], k=1)
         for i, lab, p in zip(idx, labels, probs, strict=True):
-            out[i] = (lab[0].removeprefix("__label__"), float(min(p[0], 1.0)))
+            code = lab[0].removeprefix("__label__")
+            out[i] = (MACRO.get(code, code) if macro else code, float(min(p[0], 1.0)))
     return out

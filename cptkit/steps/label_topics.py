@@ -1,0 +1,135 @@
+"""label-topics: language ID, then each language's topic classifier (SPEC §5, Llama-3-SynE §4.1.1).
+
+Writes ``lang`` (kept when present unless ``topics.redetect``; else lid.176), ``topic`` (a label
+of that language's taxonomy) and ``topic_score`` (its probability). Records in a language
+without a classifier under ``topics.model`` get ``topic: null`` and are counted.
+Sibling commands: ``label-topics-annotate`` (LLM zero-shot labels) and ``label-topics-train``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from cptkit.classify import CLASSIFIER_JSON, load_classifier
+from cptkit.config import CONF_DIR, JobConfig, register_step
+from cptkit.errors import CptkitError
+from cptkit.job import Job
+from cptkit.records import Record
+from cptkit.topics import Taxonomy, load_taxonomy, taxonomy_path
+
+
+@dataclass
+class TopicsConfig:
+    model: str | None = None  # directory with one classifier per language: <model>/<lang>/
+    languages: list[str] = field(default_factory=lambda: ["en", "zh"])
+    taxonomy: dict[str, str] = field(default_factory=dict)  # lang -> YAML (default conf/topics/<lang>.yaml)
+    lang_field: str = "lang"
+    redetect: bool = False  # detect the language even when the record has one
+    batch_size: int = 512
+
+
+@dataclass
+class LabelTopicsJob(JobConfig):
+    topics: TopicsConfig = field(default_factory=TopicsConfig)
+
+
+register_step("label-topics", LabelTopicsJob)
+
+
+def norm_lang(lang: Any) -> str:
+    return str(lang).lower().replace("_", "-").split("-")[0]
+
+
+def taxonomies(cfg: DictConfig) -> dict[str, Taxonomy]:
+    return {lang: load_taxonomy(taxonomy_path(lang, cfg.topics.taxonomy.get(lang), CONF_DIR))
+            for lang in cfg.topics.languages}
+
+
+def languages_of(batch: list[Record], field_name: str, redetect: bool) -> list[str]:
+    """The language of each record: its field when set (unless ``redetect``), else lid.176."""
+    langs: list[str | None] = [None if redetect or not isinstance(r.get(field_name), str) else norm_lang(r[field_name])
+                               for r in batch]
+    todo = [i for i, lang in enumerate(langs) if lang is None]
+    if todo:
+        from cptkit.text.langid import detect
+
+        for i, (lang, _) in zip(todo, detect([batch[i]["text"] for i in todo]), strict=True):
+            langs[i] = norm_lang(lang)
+    return [str(lang) for lang in langs]
+
+
+def load_models(cfg: DictConfig) -> dict[str, Any]:
+    if not cfg.topics.model:
+        raise CptkitError("label-topics needs topics.model=DIR (train one with cptkit label-topics-train)")
+    root = Path(str(cfg.topics.model))
+    if not root.is_dir():
+        raise CptkitError(f"topics.model={root}: no such directory")
+    taxes = taxonomies(cfg)
+    models = {}
+    for lang in cfg.topics.languages:
+        if (root / lang / CLASSIFIER_JSON).exists():
+            clf = load_classifier(root / lang)
+            unknown = [lab for lab in clf.labels if lab not in taxes[lang].topics]
+            if unknown:
+                raise CptkitError(f"{root / lang}: class {unknown[0]!r} is not in the {lang} taxonomy")
+            models[lang] = clf
+    if not models:
+        raise CptkitError(f"{root}: holds no classifier for any of {list(cfg.topics.languages)} "
+                          "(expected <dir>/<lang>/classifier.json)")
+    return models
+
+
+def label_batch(batch: list[Record], models: dict[str, Any], cfg: DictConfig, stats: Counter) -> list[Record]:
+    langs = languages_of(batch, str(cfg.topics.lang_field), bool(cfg.topics.redetect))
+    for rec, lang in zip(batch, langs, strict=True):
+        rec[str(cfg.topics.lang_field)] = lang
+        rec["topic"], rec["topic_score"] = None, None
+    for lang, clf in models.items():
+        idx = [i for i, la in enumerate(langs) if la == lang]
+        if not idx:
+            continue
+        probs = clf.predict_proba([batch[i]["text"] for i in idx])
+        for i, row in zip(idx, probs, strict=True):
+            j = int(row.argmax())
+            batch[i]["topic"], batch[i]["topic_score"] = clf.labels[j], round(float(row[j]), 6)
+            stats[f"{lang}: {clf.labels[j]}"] += 1
+    for lang in langs:
+        stats["labelled" if lang in models else "no classifier for language"] += 1
+    return batch
+
+
+def run(cfg: DictConfig) -> dict:
+    models = load_models(cfg)
+
+    def mapper(recs: Iterator[Record], stats: Counter) -> Iterator[Record]:
+        batch: list[Record] = []
+        for rec in recs:
+            batch.append(rec)
+            if len(batch) >= int(cfg.topics.batch_size):
+                yield from label_batch(batch, models, cfg, stats)
+                batch = []
+        if batch:
+            yield from label_batch(batch, models, cfg, stats)
+
+    with Job(cfg) as job:
+        for task in job.pending():
+            t0 = time.time()
+            stats: Counter = Counter()
+            with job.writer(task) as w:
+                for rec in mapper(job.read(task), stats):
+                    w.write(rec)
+            job.complete(task, w, seconds=time.time() - t0, topics=dict(stats))
+        total: Counter = Counter()
+        for res in job.all_results().values():
+            total.update(res.get("extra", {}).get("topics", {}))
+        extra = {"labelled": total.pop("labelled", 0),
+                 "no classifier for language": total.pop("no classifier for language", 0)}
+        extra |= dict(sorted(total.items()))
+        return job.finish(extra=extra)

@@ -1,0 +1,76 @@
+"""label-topics-train: one topic classifier per language from labelled records (SPEC §5).
+
+Input: records with ``topic`` (a label of the language's taxonomy, e.g. from
+``label-topics-annotate``) and ``lang`` (detected when missing). Output: ``<out>/<lang>/`` per
+language with at least two topics, each a classifier directory (fastText by default,
+``train.backend=minilm`` for the BERT option) with held-out accuracy, macro-F1 and the
+confusion table (printed, in ``classifier.json`` and in the manifest).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig
+
+from cptkit.classify import TrainParams, save_classifier, train_classifier
+from cptkit.config import JobConfig, register_step
+from cptkit.errors import CptkitError
+from cptkit.job import Job, Task
+from cptkit.progress import log
+from cptkit.shards import resolve_inputs
+from cptkit.steps.label_topics import TopicsConfig, languages_of, taxonomies
+from cptkit.steps.score_quality_train import params_of, report
+
+
+@dataclass
+class TopicTrainParams(TrainParams):
+    label_field: str = "topic"
+
+
+@dataclass
+class LabelTopicsTrainJob(JobConfig):
+    topics: TopicsConfig = field(default_factory=TopicsConfig)
+    train: TopicTrainParams = field(default_factory=TopicTrainParams)
+
+
+register_step("label-topics-train", LabelTopicsTrainJob)
+
+
+def run(cfg: DictConfig) -> dict:
+    taxes = taxonomies(cfg)
+    label_field = str(cfg.train.label_field)
+    inputs = resolve_inputs(list(cfg.io.inputs))
+    with Job(cfg, inputs=inputs, tasks=[Task(0, inputs)]) as job:
+        extra: dict = {}
+        for task in job.pending():
+            t0 = time.time()
+            recs = []
+            for rec in job.read(task):
+                topic = rec.get(label_field)
+                if not isinstance(topic, str):
+                    raise CptkitError(f"record {rec['id']!r}: no string field {label_field!r} (label it first)")
+                recs.append(rec)
+            langs = languages_of(recs, str(cfg.topics.lang_field), bool(cfg.topics.redetect))
+            all_metrics = {}
+            for lang in cfg.topics.languages:
+                sel = [r for r, la in zip(recs, langs, strict=True) if la == lang]
+                for r in sel:
+                    if r[label_field] not in taxes[lang].topics:
+                        raise CptkitError(f"record {r['id']!r}: topic {r[label_field]!r} is not in the {lang} taxonomy")
+                if len({r[label_field] for r in sel}) < 2:
+                    log.warning("%s: %d labelled records in fewer than 2 topics; no classifier trained", lang, len(sel))
+                    continue
+                params: TrainParams = params_of(cfg)
+                res = train_classifier([r["id"] for r in sel], [r["text"] for r in sel],
+                                       [r[label_field] for r in sel], params, int(cfg.seed))
+                save_classifier(res, job.out / lang, params, int(cfg.seed),
+                                extra={"language": lang, "taxonomy": taxes[lang].topics})
+                all_metrics[lang] = res.metrics
+                extra[f"{lang} examples"] = len(sel)
+                extra |= report(res.metrics, lang, bool(cfg.quiet))
+            if not all_metrics:
+                raise CptkitError(f"no language in {list(cfg.topics.languages)} has labelled records in 2+ topics")
+            job.complete(task, None, seconds=time.time() - t0, metrics=all_metrics)
+        return job.finish(extra=extra)

@@ -1,0 +1,100 @@
+"""Topic taxonomies (config, per language), the annotation prompt and answer mapping (pure).
+
+A taxonomy is a YAML file (``conf/topics/<lang>.yaml``): ``topics`` (the labels), optional
+``aliases`` (other answers → a label) and ``prompt`` (with ``{topics}`` and ``{page}``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cptkit.errors import CptkitError
+
+DEFAULT_PROMPT = (
+    "I am categorizing a series of articles according to the following topics. Next, I will give you an "
+    "article, please select only one topic that the article is the most related to:\n[Topics]:\n{topics}\n"
+    "[Article]: {page}\nPlease only return the most related topic:\n"
+)
+
+
+@dataclass
+class Taxonomy:
+    language: str
+    topics: list[str]
+    aliases: dict[str, str] = field(default_factory=dict)
+    prompt: str = DEFAULT_PROMPT
+
+
+def taxonomy_path(lang: str, spec: str | None, conf_dir: Path) -> Path:
+    return Path(spec) if spec else conf_dir / "topics" / f"{lang}.yaml"
+
+
+def load_taxonomy(path: str | Path) -> Taxonomy:
+    """Read and check a taxonomy file (unique topics, aliases pointing at topics)."""
+    path = Path(path)
+    if not path.exists():
+        raise CptkitError(f"{path}: no such taxonomy file")
+    try:
+        data: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise CptkitError(f"{path}: invalid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("topics"), list) or len(data["topics"]) < 2:
+        raise CptkitError(f"{path}: needs a 'topics' list with at least 2 entries")
+    topics = [str(t) for t in data["topics"]]
+    if len(set(topics)) != len(topics):
+        raise CptkitError(f"{path}: duplicate topics")
+    aliases = {str(k).lower(): str(v) for k, v in (data.get("aliases") or {}).items()}
+    bad = sorted(v for v in aliases.values() if v not in topics)
+    if bad:
+        raise CptkitError(f"{path}: alias target {bad[0]!r} is not a topic")
+    prompt = str(data.get("prompt") or DEFAULT_PROMPT)
+    if "{page}" not in prompt or "{topics}" not in prompt:
+        raise CptkitError(f"{path}: the prompt needs {{topics}} and {{page}} placeholders")
+    return Taxonomy(str(data.get("language", path.stem)), topics, aliases, prompt)
+
+
+def build_prompt(tax: Taxonomy, page: str, max_chars: int = 2000) -> str:
+    """The zero-shot annotation prompt (Llama-3-SynE App. B): topic list + the page."""
+    return tax.prompt.replace("{topics}", "\n".join(tax.topics)).replace("{page}", page[:max_chars].strip())
+
+
+_STRIP = re.compile(r"^[\s\"'`*#>\-:.\d)(\[\]]+|[\s\"'`*.。!,，:;]+$")
+
+
+def _norm(s: str) -> str:
+    s = re.sub(r"^(topic|the most related topic|answer|主题|答案)\s*[:：]\s*", "", s.strip(), flags=re.I)
+    return _STRIP.sub("", s).strip().lower()
+
+
+def map_answer(answer: str, tax: Taxonomy, cutoff: float = 0.85) -> str | None:
+    """Map an annotator's answer onto a topic, or None (rejected).
+
+    Tried in order on the first non-empty line: exact topic (case-insensitive, stripped of
+    quotes, numbering and punctuation), alias, exactly one topic named inside the answer,
+    exactly one alias inside it, then a close spelling (difflib ratio ≥ ``cutoff``).
+    """
+    lines = [ln for ln in answer.strip().splitlines() if ln.strip()]
+    if not lines:
+        return None
+    a = _norm(lines[0])
+    lower = {t.lower(): t for t in tax.topics}
+    if a in lower:
+        return lower[a]
+    if a in tax.aliases:
+        return tax.aliases[a]
+    inside = sorted({t for lt, t in lower.items() if lt in a})
+    if len(inside) == 1:
+        return inside[0]
+    if not inside:
+        by_alias = sorted({t for al, t in tax.aliases.items() if re.search(rf"(?<!\w){re.escape(al)}(?!\w)", a)
+                           or (not al.isascii() and al in a)})
+        if len(by_alias) == 1:
+            return by_alias[0]
+    close = difflib.get_close_matches(a, list(lower), n=1, cutoff=cutoff)
+    return lower[close[0]] if close else None
