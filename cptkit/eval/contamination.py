@@ -31,11 +31,11 @@ def ngram_hashes(text: str, n: int) -> np.ndarray:
     if len(ws) < n:
         return np.empty(0, dtype=np.uint64)
     grams = [" ".join(ws[i:i + n]) for i in range(len(ws) - n + 1)]
-    return np.fromiter((xxhash.xxh3_64_intdigest(g) for g in grams), dtype=np.uint64, count=len(grams))
+    return np.fromiter((xxhash.xxh3_64_intdigest(g.encode("utf-8")) for g in grams), dtype=np.uint64, count=len(grams))
 
 
 @dataclass
-class TestIndex:
+class BenchmarkIndex:
     """The n-gram hashes of one benchmark's test items, sorted, with the item of each."""
 
     name: str
@@ -47,7 +47,7 @@ class TestIndex:
     hit_items: set[int] = field(default_factory=set)
 
     @classmethod
-    def build(cls, name: str, texts: list[str], n: int) -> TestIndex:
+    def build(cls, name: str, texts: list[str], n: int) -> BenchmarkIndex:
         hs, its = [], []
         for i, t in enumerate(texts):
             h = np.unique(ngram_hashes(t, n))
@@ -76,7 +76,7 @@ class TestIndex:
 
 
 def contamination_report(docs_total: int, docs_hit: dict[str, int], items_hit: dict[str, set[int]],
-                         indexes: dict[str, TestIndex]) -> dict[str, dict[str, float]]:
+                         indexes: dict[str, BenchmarkIndex]) -> dict[str, dict[str, float]]:
     """Per benchmark: share of documents with an overlap and share of test items hit (Table 6)."""
     out = {}
     for name, ix in indexes.items():

@@ -9,7 +9,8 @@ meaning (see docs/evaluate.md): ``task``, ``version``, ``output_type`` (``multip
 ``description``, ``metric_list``, ``generation_kwargs`` (``until``, ``max_gen_toks``); and the
 cptkit additions ``doc_to_gold`` (the reference for generative scoring, default
 ``doc_to_target``), ``answer_extraction`` / ``gold_extraction`` (``last_number`` | ``boxed`` |
-``regex:<pattern>`` | ``none``) and ``builder`` (a :mod:`cptkit.eval.build_tasks` builder that
+``regex:<pattern>`` | ``none``), ``doc_to_decontamination_query`` (lm-eval's key: the text
+matched by ``evaluate-contamination``; default question + answer) and ``builder`` (a :mod:`cptkit.eval.build_tasks` builder that
 writes missing local data).
 
 Few-shot sampling reproduces lm-eval's: one ``random.Random(fewshot_seed)`` per task, drawn
@@ -39,7 +40,7 @@ KNOWN_KEYS = {
     "task", "version", "about", "output_type", "data_files", "hub", "builder", "test_split", "fewshot_split",
     "num_fewshot", "fewshot_sampler", "doc_to_text", "doc_to_choice", "doc_to_target", "doc_to_gold",
     "target_delimiter", "fewshot_delimiter", "description", "metric_list", "generation_kwargs",
-    "answer_extraction", "gold_extraction", "id_field",
+    "answer_extraction", "gold_extraction", "id_field", "doc_to_decontamination_query", "should_decontaminate",
 }
 
 

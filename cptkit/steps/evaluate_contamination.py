@@ -46,12 +46,19 @@ register_step("evaluate-contamination", EvaluateContaminationJob)
 
 
 def item_texts(task, limit: int | None, mode: str) -> list[str]:
-    """The texts of a task's test items that are matched against documents."""
+    """The texts of a task's test items matched against documents.
+
+    The task's ``doc_to_decontamination_query`` when it has one (lm-eval's key; keeps prompt
+    boilerplate such as "Word:"/"Definition:" out of the n-grams), else the rendered question,
+    plus the answer in ``question+answer`` mode.
+    """
     from cptkit.eval import tasks as T
 
     if mode not in ("question", "question+answer"):
         raise CptkitError(f"eval.item_text={mode!r}: use question or question+answer")
     docs = T.load_docs(task, task.spec["test_split"])[: limit or None]
+    if task.spec.get("doc_to_decontamination_query"):
+        return [str(T.render(task.spec["doc_to_decontamination_query"], d)) for d in docs]
     if mode == "question":
         return [T.doc_to_text(task, d) for d in docs]
     gold_t = task.spec.get("doc_to_gold")
@@ -64,7 +71,7 @@ def item_texts(task, limit: int | None, mode: str) -> list[str]:
 
 def run(cfg: DictConfig) -> dict:
     from cptkit.eval import tasks as T
-    from cptkit.eval.contamination import TestIndex, contamination_report, ngram_hashes
+    from cptkit.eval.contamination import BenchmarkIndex, contamination_report, ngram_hashes
     from cptkit.steps.evaluate import task_dir
 
     ec = cfg.eval
@@ -78,7 +85,7 @@ def run(cfg: DictConfig) -> dict:
     indexes = {}
     for name in ec.tasks:
         t = T.load_task(name, task_dir(ec), ec.data_dir)
-        indexes[t.name] = TestIndex.build(t.name, item_texts(t, ec.limit, str(ec.item_text)), n)
+        indexes[t.name] = BenchmarkIndex.build(t.name, item_texts(t, ec.limit, str(ec.item_text)), n)
     with Job(cfg) as job:
         for task in job.pending():
             t0 = time.time()
