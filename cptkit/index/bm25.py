@@ -11,8 +11,10 @@ Layout of an index directory (all arrays memory-mapped on load):
 * ``doc_len.npy`` (int32): document lengths in tokens. ``bm25.json``: parameters and stats.
 
 Searching a query adds the precomputed scores of its terms' postings into a per-document
-accumulator, then takes the top k of the touched documents with a partial sort (threshold by
-``np.partition``, exact ties resolved by document index). Cost: O(postings of the query terms).
+accumulator and keeps the best k in a bounded heap ordered by (score, then lower document
+index). Queries whose terms have many postings (≥ N/8) accumulate branch-free and scan all N
+documents once; rare-term queries track the touched documents instead, so their cost is
+O(postings) however large N is. Only documents containing a query term are returned.
 """
 
 from __future__ import annotations
@@ -31,67 +33,111 @@ from cptkit.index.base import BM25Params, Searcher, SearchResult, idf, term_weig
 FILES = ("vocab.json", "indptr.npy", "post_doc.npy", "post_tf.npy", "post_score.npy", "doc_len.npy", "bm25.json")
 
 
+@njit(cache=True, inline="always")
+def _worse(s1, d1, s2, d2):  # pragma: no cover - numba
+    return s1 < s2 or (s1 == s2 and d1 > d2)
+
+
+@njit(cache=True, inline="always")
+def _offer(hs, hd, m, k, v, d):  # pragma: no cover - numba
+    """Offer (score v, doc d) to a min-heap of the best ``k``; returns the new heap size."""
+    if m < k:
+        i = m
+        hs[i], hd[i] = v, d
+        while i > 0:
+            p = (i - 1) // 2
+            if _worse(hs[i], hd[i], hs[p], hd[p]):
+                hs[i], hs[p] = hs[p], hs[i]
+                hd[i], hd[p] = hd[p], hd[i]
+                i = p
+            else:
+                break
+        return m + 1
+    if not _worse(hs[0], hd[0], v, d):
+        return m
+    hs[0], hd[0] = v, d
+    i = 0
+    while True:
+        w = 2 * i + 1
+        if w >= m:
+            break
+        if w + 1 < m and _worse(hs[w + 1], hd[w + 1], hs[w], hd[w]):
+            w += 1
+        if _worse(hs[w], hd[w], hs[i], hd[i]):
+            hs[i], hs[w] = hs[w], hs[i]
+            hd[i], hd[w] = hd[w], hd[i]
+            i = w
+        else:
+            break
+    return m
+
+
 @njit(cache=True, nogil=True)
-def _search_batch(q_ptr, q_terms, indptr, post_doc, post_score, n_docs, k):  # pragma: no cover - numba
+def _search_batch(q_ptr, q_terms, indptr, post_doc, post_score, positive, n_docs, k):  # pragma: no cover
+    """Top-k of every query: (docs, scores, counts). See the module docstring."""
     nq = q_ptr.size - 1
     out_docs = np.full((nq, k), -1, np.int64)
     out_scores = np.zeros((nq, k), np.float64)
     counts = np.zeros(nq, np.int64)
-    acc = np.zeros(n_docs, np.float64)
+    acc = np.zeros(n_docs, post_score.dtype)  # float32 postings sum in float32 (like bm25s)
     seen = np.zeros(n_docs, np.bool_)
     touched = np.empty(n_docs, np.int64)
+    hs = np.empty(k, np.float64)
+    hd = np.empty(k, np.int64)
     for qi in range(nq):
-        c = 0
+        n_post = 0
+        all_pos = True
         for j in range(q_ptr[qi], q_ptr[qi + 1]):
             t = q_terms[j]
-            for p in range(indptr[t], indptr[t + 1]):
-                d = post_doc[p]
-                if not seen[d]:
-                    seen[d] = True
-                    touched[c] = d
-                    c += 1
-                acc[d] += post_score[p]
-        if c == 0:
+            n_post += indptr[t + 1] - indptr[t]
+            all_pos = all_pos and positive[t]
+        m = 0
+        if n_post == 0:
             continue
-        cs = np.empty(c, np.float64)
-        for i in range(c):
-            cs[i] = acc[touched[i]]
-        if c > k:
-            th = np.partition(cs, c - k)[c - k]  # the k-th largest score
-            sel = np.empty(k, np.int64)
-            g = 0
-            n_tie = 0
-            for i in range(c):
-                if cs[i] > th:
-                    sel[g] = touched[i]
-                    g += 1
-                elif cs[i] == th:
-                    n_tie += 1
-            ties = np.empty(n_tie, np.int64)
-            n_tie = 0
-            for i in range(c):
-                if cs[i] == th:
-                    ties[n_tie] = touched[i]
-                    n_tie += 1
-            ties.sort()
-            for i in range(k - g):
-                sel[g + i] = ties[i]
-            m = k
+        if all_pos and n_post * 8 >= n_docs:
+            # Dense: branch-free accumulation, then one scan (touched <=> score > 0).
+            for j in range(q_ptr[qi], q_ptr[qi + 1]):
+                t = q_terms[j]
+                for p in range(indptr[t], indptr[t + 1]):
+                    acc[post_doc[p]] += post_score[p]
+            floor = 0.0  # 0 until the heap is full, then its worst score (rarely beaten: no mispredicts)
+            for d in range(n_docs):
+                v = np.float64(acc[d])
+                acc[d] = 0.0
+                if v > floor:  # a later document loses ties, so strictly greater
+                    m = _offer(hs, hd, m, k, v, d)
+                    if m == k:
+                        floor = hs[0]
         else:
-            sel = touched[:c].copy()
-            m = c
-        sel.sort()  # document order, so the stable sort below breaks ties by document index
-        ss = np.empty(m, np.float64)
+            # Sparse: track the touched documents (also exact when some IDF is <= 0).
+            c = 0
+            for j in range(q_ptr[qi], q_ptr[qi + 1]):
+                t = q_terms[j]
+                for p in range(indptr[t], indptr[t + 1]):
+                    d = post_doc[p]
+                    if not seen[d]:
+                        seen[d] = True
+                        touched[c] = d
+                        c += 1
+                    acc[d] += post_score[p]
+            for i in range(c):
+                d = touched[i]
+                fv = np.float64(acc[d])
+                if m < k or fv > hs[0] or (fv == hs[0] and d < hd[0]):
+                    m = _offer(hs, hd, m, k, fv, d)
+                acc[d] = 0.0
+                seen[d] = False
+        docs = hd[:m].copy()
+        order0 = np.argsort(docs)
+        neg = np.empty(m, np.float64)
         for i in range(m):
-            ss[i] = -acc[sel[i]]
-        order = np.argsort(ss, kind="mergesort")
+            neg[i] = -hs[order0[i]]
+        order = np.argsort(neg, kind="mergesort")  # stable: equal scores stay in document order
         for r in range(m):
-            out_docs[qi, r] = sel[order[r]]
-            out_scores[qi, r] = -ss[order[r]]
+            o = order0[order[r]]
+            out_docs[qi, r] = hd[o]
+            out_scores[qi, r] = hs[o]
         counts[qi] = m
-        for i in range(c):
-            acc[touched[i]] = 0.0
-            seen[touched[i]] = False
     return out_docs, out_scores, counts
 
 
@@ -147,6 +193,7 @@ class BM25Index(Searcher):
         self.n_docs = int(doc_len.size)
         self.avgdl = float(doc_len.sum() / self.n_docs) if self.n_docs else 0.0
         self.post_score = post_score if post_score is not None else self.compute_scores(params)
+        self.positive = self.idf() > 0  # terms whose postings all score > 0 (dense search path)
 
     @classmethod
     def build(cls, token_lists: Iterable[list[str]], params: BM25Params | None = None,
@@ -197,7 +244,8 @@ class BM25Index(Searcher):
         np.cumsum([len(x) for x in ids], out=q_ptr[1:])
         q_terms = np.fromiter((t for x in ids for t in x), dtype=np.int64, count=int(q_ptr[-1]))
         docs, scores, counts = _search_batch(q_ptr, q_terms, np.asarray(self.indptr), np.asarray(self.post_doc),
-                                             np.asarray(self.post_score), self.n_docs, max(int(k), 1))
+                                             np.asarray(self.post_score), self.positive, self.n_docs,
+                                             max(int(k), 1))
         return SearchResult(docs, scores, counts)
 
     # -- persistence -----------------------------------------------------------------------
