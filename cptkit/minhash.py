@@ -5,7 +5,8 @@ Pipeline for one batch of documents:
 1. **Normalise and tokenise** (:func:`tokenize`): lower-case; the ``words`` tokenizer takes runs of
    word characters (``[^\\W]``, underscore included) and every CJK/kana/hangul character as a
    token of its own, so Chinese text shingles by characters; ``whitespace`` splits on spaces.
-2. **Hash each distinct word once**: ``xxh3_64(word, seed)``, cached in a vocabulary.
+2. **Hash every word** (:func:`word_hash`): FNV-1a 64 over its UTF-8 bytes, seeded, then
+   murmur3's ``fmix64``, in one compiled pass over the document's token bytes.
 3. **Shingles** are word n-grams (default 13). A shingle's 64-bit hash is the polynomial
    ``sum_k h(w_{i+k}) * M**(n-1-k) mod 2**64`` over its word hashes, computed by a rolling
    update. A document with fewer than ``n`` words has exactly one shingle: the polynomial over
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from itertools import chain
 
 import numba
 import numpy as np
@@ -93,6 +93,66 @@ def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # -- the compiled kernels ----------------------------------------------------------------------
+MASK64_INT = (1 << 64) - 1
+FNV_PRIME = 0x100000001B3
+FNV_BASIS = 0xCBF29CE484222325
+
+
+def word_hash(word: str | bytes, seed: int) -> int:
+    """Reference (pure Python) word hash: FNV-1a 64 over UTF-8 bytes from ``basis ^ seed``, then
+    murmur3's fmix64 finaliser. :func:`_hash_words` computes the same in bulk."""
+    data = word.encode("utf-8") if isinstance(word, str) else word
+    h = FNV_BASIS ^ (seed & MASK64_INT)
+    for byte in data:
+        h = ((h ^ byte) * FNV_PRIME) & MASK64_INT
+    h ^= h >> 33
+    h = (h * 0xFF51AFD7ED558CCD) & MASK64_INT
+    h ^= h >> 33
+    h = (h * 0xC4CEB9FE1A85EC53) & MASK64_INT
+    return h ^ (h >> 33)
+
+
+@numba.njit(cache=True, nogil=True)
+def _hash_words(buf: np.ndarray, doc_starts: np.ndarray, seed: np.uint64, words: np.ndarray,
+                offsets: np.ndarray) -> int:
+    """Hash the tokens of each document (``buf[doc_starts[d]:doc_starts[d+1]]``, tokens separated by
+    ASCII whitespace) into ``words``; ``offsets[d]`` is document d's first word. Returns the count."""
+    prime = np.uint64(0x100000001B3)
+    basis = np.uint64(0xCBF29CE484222325) ^ seed
+    c1, c2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
+    s33 = np.uint64(33)
+    k = 0
+    for d in range(doc_starts.shape[0] - 1):
+        offsets[d] = k
+        inword = False
+        h = basis
+        for i in range(doc_starts[d], doc_starts[d + 1]):
+            c = buf[i]
+            if c == 32 or (9 <= c <= 13):
+                if inword:
+                    h ^= h >> s33
+                    h *= c1
+                    h ^= h >> s33
+                    h *= c2
+                    words[k] = h ^ (h >> s33)
+                    k += 1
+                    inword = False
+            else:
+                if not inword:
+                    h = basis
+                    inword = True
+                h = (h ^ np.uint64(c)) * prime
+        if inword:
+            h ^= h >> s33
+            h *= c1
+            h ^= h >> s33
+            h *= c2
+            words[k] = h ^ (h >> s33)
+            k += 1
+    offsets[doc_starts.shape[0] - 1] = k
+    return k
+
+
 @numba.njit(cache=True, nogil=True)
 def _doc_shingles(words: np.ndarray, n: int, out: np.ndarray) -> int:
     """Write the 64-bit shingle hashes of one document's word hashes into ``out``; return count."""
@@ -168,11 +228,12 @@ def shingle_hashes(word_hashes: np.ndarray, ngram: int) -> np.ndarray:
 class Shingler:
     """Turns texts into word hashes, signatures and shingle sets with one fixed configuration.
 
-    Keeps a vocabulary cache so that every distinct word is hashed once (``max_vocab`` bounds it).
+    Tokens become one whitespace-separated byte string per document (ASCII text through a
+    ``bytes.translate`` table, other text through the regex); a compiled loop hashes the words.
     """
 
     def __init__(self, ngram: int = 13, num_perm: int = 128, seed: int = 42, tokenizer: str = "words",
-                 lowercase: bool = True, max_vocab: int = 2_000_000):
+                 lowercase: bool = True):
         if ngram < 1:
             raise ValueError(f"ngram must be >= 1, got {ngram}")
         if num_perm < 1:
@@ -184,37 +245,26 @@ class Shingler:
         self._findall = TOKEN_PATTERNS[tokenizer].findall
         self._table = _ascii_table(tokenizer, lowercase)
         self.a, self.b = permutations(num_perm, seed)
-        self.max_vocab = max_vocab
-        self._vocab: dict[str | bytes, int] = {}  # ASCII words are bytes, others str
-        self._hashes = np.empty(1024, dtype=np.uint64)
 
     def word_hash(self, word: str) -> int:
-        return xxhash.xxh3_64_intdigest(word.encode(), self.seed)
+        return word_hash(word, self.seed)
+
+    def token_bytes(self, text: str) -> bytes:
+        """The document as UTF-8 tokens separated by whitespace (ASCII: one ``bytes.translate``)."""
+        if text.isascii():
+            return text.encode("ascii").translate(self._table)
+        return " ".join(self._findall(text.lower() if self.lowercase else text)).encode("utf-8")
 
     def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Word hashes of all ``texts`` concatenated, and the ``offsets`` delimiting each text."""
-        findall, low, table = self._findall, self.lowercase, self._table
-        toks = [t.encode("ascii").translate(table).split() if t.isascii()  # bytes tokens
-                else findall(t.lower() if low else t) for t in texts]
-        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, toks), dtype=np.int64, count=len(toks)), out=offsets[1:])
-        flat = list(chain.from_iterable(toks))
-        vocab = self._vocab
-        if len(vocab) > self.max_vocab:
-            vocab.clear()
-        new = [w for w in dict.fromkeys(flat) if w not in vocab]
-        if new:
-            start = len(vocab)
-            need = start + len(new)
-            if need > len(self._hashes):
-                grown = np.empty(max(need, 2 * len(self._hashes)), dtype=np.uint64)
-                grown[:start] = self._hashes[:start]
-                self._hashes = grown
-            seed, h3 = self.seed, xxhash.xxh3_64_intdigest
-            self._hashes[start:need] = np.fromiter((h3(w if isinstance(w, bytes) else w.encode(), seed) for w in new), dtype=np.uint64, count=len(new))
-            vocab.update(zip(new, range(start, need), strict=True))
-        ids = np.fromiter(map(vocab.__getitem__, flat), dtype=np.int64, count=len(flat))
-        return self._hashes[ids], offsets
+        parts = [self.token_bytes(t) for t in texts]
+        starts = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, parts), dtype=np.int64, count=len(parts)), out=starts[1:])
+        buf = np.frombuffer(b"".join(parts), dtype=np.uint8)
+        words = np.empty(len(buf) // 2 + 1, dtype=np.uint64)
+        offsets = np.empty(len(parts) + 1, dtype=np.int64)
+        k = _hash_words(buf, starts, np.uint64(self.seed & MASK64_INT), words, offsets)
+        return words[:k], offsets
 
     def signatures(self, texts: Sequence[str]) -> np.ndarray:
         """MinHash signatures of ``texts`` (``uint32``, len(texts) × num_perm)."""

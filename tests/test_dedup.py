@@ -150,7 +150,7 @@ def test_counts_and_manifest(result):
     assert extra["verified pairs"] >= extra["near duplicates"] and extra["candidate pairs"] >= extra["verified pairs"]
     assert (extra["bands"], extra["rows"]) == (18, 7)
     assert extra["p_candidate_at_threshold"] == pytest.approx(0.9855, abs=1e-4)
-    assert "13-grams" in extra["shingling"] and "xxh3_64" in extra["hashing"] and "seed=42" in extra["hashing"]
+    assert "13-grams" in extra["shingling"] and "FNV-1a" in extra["hashing"] and "PCG64(42)" in extra["hashing"]
     assert result["manifest"]["config"]["dedup"]["ngram"] == 13
 
 

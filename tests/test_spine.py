@@ -103,6 +103,12 @@ def test_stdout_streams_kept_records(shards, tmp_path):
     assert not Path("-").exists()
 
 
+def test_stdin_input_is_refused(tmp_path, capsys):
+    code, _, err = cli(["dedup", "--in", "-", "--out", tmp_path / "o", "-q"], capsys)
+    assert code == 2 and "stdin" in _one_error_line(err)
+    assert not (tmp_path / "o").exists()
+
+
 def test_cfg_job_prints_config(capsys):
     code, out, _ = cli(["dedup", "--cfg", "job", "dedup.ngram=5", "dedup.bands=16", "dedup.rows=8"], capsys)
     assert code == 0

@@ -31,7 +31,7 @@ from cptkit.errors import CptkitError
 from cptkit.job import STATE_DIR, Job, Task
 from cptkit.progress import log
 from cptkit.records import dumps
-from cptkit.shards import ReadStats, atomic_write_bytes, read_records
+from cptkit.shards import STDIO, ReadStats, atomic_write_bytes, open_binary, read_records
 
 KEPT, EXACT, NEAR = 0, 1, 2
 KINDS = {EXACT: "exact", NEAR: "near"}
@@ -105,7 +105,7 @@ def describe(d: DictConfig, bands: int, rows: int) -> dict:
     return {
         "shingling": f"{d.tokenizer} tokens ({tok}){', lower-cased' if d.lowercase else ''}; "
                      f"word {n}-grams; a document of fewer than {n} words is one shingle",
-        "hashing": f"word xxh3_64(utf-8, seed={seed}); shingle sum_k h(w_k)*M^(n-1-k) mod 2^64; "
+        "hashing": f"word FNV-1a 64 of utf-8 from basis^{seed}, murmur3 fmix64; shingle sum_k h(w_k)*M^(n-1-k) mod 2^64; "
                    f"{int(d.num_perm)} permutations ((a*x+b) mod 2^64)>>32 of x = shingle>>32, "
                    f"a|1, b uint64 from numpy PCG64({seed}); uint32 signatures",
         "exact": "xxh3_128 of lower-cased text, whitespace collapsed" if d.exact else "off",
@@ -163,6 +163,23 @@ def _texts(job: Job, task: Task, skip_bad: bool):
             row += 1
 
 
+def _wanted_texts(task: Task, rows: set[int]):
+    """(row, text) of the given rows only, parsing no other line. Valid when every non-blank line
+    is a record (phase 1 read the shard without skipping bad lines)."""
+    row = 0
+    for inp in task.inputs:
+        fh, _ = open_binary(inp.path)
+        try:
+            for raw in fh:
+                if not raw.strip():
+                    continue
+                if row in rows:
+                    yield row, json.loads(raw)["text"]
+                row += 1
+        finally:
+            fh.close()
+
+
 def phase_signatures(job: Job, store: _Store, sh: mh.Shingler, d: DictConfig) -> None:
     """Phase 1: signatures and exact hashes of this slice's shards that have none yet."""
     todo = [t for t in job.mine() if not store.has(t)]
@@ -190,17 +207,23 @@ def phase_signatures(job: Job, store: _Store, sh: mh.Shingler, d: DictConfig) ->
 def _shingle_sets(job: Job, sh: mh.Shingler, offsets: np.ndarray, docs: np.ndarray) -> dict[int, np.ndarray]:
     """Phase 2 helper: re-read the candidate documents ``docs`` (global indices) and shingle them."""
     skip = bool(job.cfg.io.skip_bad_lines)
-    want = set(docs.tolist())
+    want = set(docs.tolist()) if skip else set()
     owner = np.searchsorted(offsets, docs, side="right") - 1
     sets: dict[int, np.ndarray] = {}
     advance = job.add_bar("verify: re-read candidates", len(docs))
     for t in np.unique(owner).tolist():
         base = int(offsets[t])
         idx, texts = [], []
-        for row, rec in _texts(job, job.tasks[t], skip):
-            if base + row in want:
+        if skip:
+            for row, rec in _texts(job, job.tasks[t], skip):
+                if base + row in want:
+                    idx.append(base + row)
+                    texts.append(rec["text"])
+        else:
+            rows = {g - base for g in docs[owner == t].tolist()}
+            for row, text in _wanted_texts(job.tasks[t], rows):
                 idx.append(base + row)
-                texts.append(rec["text"])
+                texts.append(text)
         for i, s in zip(idx, sh.shingle_sets(texts), strict=True):
             sets[i] = s
         advance(len(idx))
@@ -297,6 +320,9 @@ def run(cfg: DictConfig) -> dict:
     bands, rows = banding(d)
     info = describe(d, bands, rows)
     with Job(cfg) as job:
+        if any(f.path == STDIO for f in job.inputs):
+            raise CptkitError("dedup reads its input several times: --in - (stdin) is not supported, "
+                              "pass files")
         if job.already_done:
             return job.finish()
         sh = mh.Shingler(int(d.ngram), int(d.num_perm), int(d.seed), str(d.tokenizer), bool(d.lowercase))
