@@ -238,6 +238,28 @@ def serve_llm(ctx: typer.Context, quiet: Quiet = False, cfg: Cfg = None) -> None
     invoke(ctx, "serve-llm", io_overrides(None, None, quiet), cfg)
 
 
+register("expand-queries", "expand_queries")
+
+
+@app.command("expand-queries", context_settings=CTX,
+             help="LLM query expansion: Question Extension + Thought Generation over expand.rounds, "
+             "cleaning and MinHash near-dup removal each round; llm=transformers|openai|vllm (SPEC §1).")
+def expand_queries(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+                   cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
+    invoke(ctx, "expand-queries", io_overrides(inputs, out, quiet, skip_bad), cfg)
+
+
+register("synthesize-qa", "synthesize_qa")
+
+
+@app.command("synthesize-qa", context_settings=CTX,
+             help="LLM QA synthesis: scientific [Problem]/[Solution] pairs from seed documents selected by "
+             "URL domain per discipline, or synth.mode=code in-context expansion of a problem set (SPEC §6).")
+def synthesize_qa(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+                  cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
+    invoke(ctx, "synthesize-qa", io_overrides(inputs, out, quiet, skip_bad), cfg)
+
+
 register("build-mix", "build_mix")
 
 
@@ -257,6 +279,7 @@ register("train", "train")
              "staged or dynamic domain mixture (SPEC §9): train.mixture=static|staged|topic_ppl|velocitune|dbl.")
 def train(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
           cfg: Cfg = None) -> None:
+    ctx.args[:] = [a for a in ctx.args if not a.startswith("--local_rank")]  # the deepspeed launcher adds it
     invoke(ctx, "train", io_overrides(inputs, out, quiet), cfg)
 
 

@@ -499,6 +499,7 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
                              "final loss": loss_hist[-1] if loss_hist else float("nan"),
                              "tokens/s": (len(loss_hist) * global_seqs * seq_len / run_s) if run_s > 0 else 0.0,
                              "data+mixture share of step time": (data_s + mix_s) / run_s if run_s > 0 else 0.0,
+                             "data loader s": data_s, "mixture eval+update s": mix_s, "run s": run_s,
                              "mixture": "proxy" if proxy else str(tcfg.mixture)}
     if rank == 0:
         avg = normalize(weight_sum) if sum(weight_sum.values()) > 0 else {}
