@@ -148,3 +148,36 @@ def test_two_processes_with_torchrun(stream, tmp_path):
     assert two[0]["loss"] == pytest.approx(one[0]["loss"], abs=2e-2)
     assert [r["tokens"] for r in two] == [r["tokens"] for r in one]
     assert (out / "model" / "config.json").exists()
+
+
+def test_controllers_and_sampler_without_a_model(stream):
+    import math
+
+    import numpy as np
+
+    from cptkit.training.data import Sampler, Stream
+    from cptkit.training.mixture import TopicPPL
+
+    # topic_ppl within parents: topics of one language share that language's mass
+    doms = ["en/a", "en/b", "zh/c"]
+    c = TopicPPL(doms, {"en/a": 0.4, "en/b": 0.4, "zh/c": 0.2}, {d: d.split("/")[0] for d in doms},
+                 round_tokens=100, alpha=0.4)
+    assert c.wants_eval(0, 0)
+    c.update(0, 0, {"en/a": math.log(10), "en/b": math.log(20), "zh/c": math.log(5)})
+    assert c.weights == {"en/a": 0.4, "en/b": 0.4, "zh/c": 0.2} and not c.wants_eval(1, 50) and c.wants_eval(2, 100)
+    c.update(2, 100, {"en/a": math.log(12), "en/b": math.log(18), "zh/c": math.log(4)})
+    # en: Δ = (+2, -2) → δ = (1, -1) → f = (1.4, 0.6) → (0.7, 0.3) of en's 0.8; zh alone keeps 0.2
+    assert c.weights["en/a"] == pytest.approx(0.56) and c.weights["en/b"] == pytest.approx(0.24)
+    assert c.weights["zh/c"] == pytest.approx(0.2)
+    # staged: the sampler follows the stream's plan exactly; weighted draws are seeded and resumable
+    s = Stream(stream)
+    sp = Sampler(s, seed=0)
+    pairs = sp.draw(10, None)
+    assert pairs == [tuple(map(int, row)) for row in s.plan[:10]]
+    a, b = Sampler(s, seed=1), Sampler(s, seed=1)
+    a.draw(7, {"en": 0.5, "zh": 0.5})
+    b.load_state_dict(a.state_dict())
+    x, y = a.draw(5, {"en": 0.9, "zh": 0.1}), b.draw(5, {"en": 0.9, "zh": 0.1})
+    assert x == y
+    batch = a.batch(x)
+    assert batch.shape == (5, 64) and batch.dtype == np.int64
