@@ -188,8 +188,9 @@ class Job:
         """A shard writer for ``task``: ``part-TTTTT-KKKK.jsonl.gz``; stale shards are removed."""
         if self.stdout:
             return ShardWriter(STDIO)
-        for stale in self.out.glob(f"{prefix}-{task.name}-*"):
-            stale.unlink()
+        for pattern in (f"{prefix}-{task.name}-*", f".{prefix}-{task.name}-*.tmp-*"):
+            for stale in self.out.glob(pattern):  # a killed run's shards of this task
+                stale.unlink()
         sc = self.cfg.shard
         return ShardWriter(self.out, f"{prefix}-{task.name}", compression=str(sc.compression),
                            max_bytes=int(sc.max_bytes), max_records=int(sc.max_records))

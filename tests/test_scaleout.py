@@ -102,3 +102,25 @@ def test_job_array_over_input_shards_and_requeue(qa, cluster):
     r = cptkit("corrupt", "--in", "qa", "--out", str(arr), "corrupt.ratio=0.4", "shard.index=1", "shard.count=2", cwd=qa)
     assert "records in" in r.stderr and (arr / "_SUCCESS").exists()
     assert shard_bytes(arr) == before
+
+
+@pytest.mark.slow
+def test_two_task_deepspeed_training_through_srun(corpus_dir, corpus_records, tmp_path, cluster):
+    """`srun -n 2 cptkit train`: 2 DeepSpeed processes (gloo) from SLURM's task variables."""
+    from mixdata import TWO_DOMAINS, build_stream, make_tokenizer
+
+    tok = make_tokenizer(corpus_records, tmp_path / "tok")
+    stream = tmp_path / "stream"
+    build_stream(corpus_dir, tok, stream, [*TWO_DOMAINS, "mix.budget_tokens=20000", "mix.seq_len=64", "mix.eval_docs=4"])
+    out = tmp_path / "run"
+    port = 20000 + __import__("os").getpid() % 5000
+    cmd = ["srun", "-N1", "-n2", f"--chdir={tmp_path}", "--export=ALL,OMP_NUM_THREADS=1,MASTER_PORT=" + str(port),
+           *CLI, "train", "--in", str(stream), "--out", str(out), "model.hidden=32", "model.layers=2",
+           "model.heads=2", "train.micro_batch=2", "train.threads=1", "train.max_steps=3", "quiet=true"]
+    r = subprocess.run(cmd, env=cluster.env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["extra"]["world size"] == 2
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert len(steps) == 3 and all(s["loss"] > 0 for s in steps)
+    assert (out / "model" / "config.json").exists()
