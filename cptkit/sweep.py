@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from cptkit.config import CONF_DIR, finalize
 
 # Keys that say where data lives, not what the member computes.
-NOT_IN_DIRNAME = ["io.inputs", "io.output", "io.overwrite", "io.skip_bad_lines", "quiet"]
+NOT_IN_DIRNAME = ["io.inputs", "io.output", "io.overwrite", "io.skip_bad_lines", "quiet", "sweep"]
 
 
 def member_output(out: str | None, override_dirname: str, num: int) -> str | None:

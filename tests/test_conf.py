@@ -1,0 +1,49 @@
+"""Every shipped config composes: each step's conf/<step>.yaml and each sweep in conf/sweep/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cptkit.cli import MODULES, step_module
+from cptkit.config import CONF_DIR, compose_step
+from cptkit.errors import CptkitError
+
+SWEEPS = {  # sweep -> (step, extra overrides it is meant to be used with)
+    "corrupt_ratio": ("corrupt", []),
+    "synthetic_ratio": ("build-mix", ["mix=synE_stage2"]),
+    "upsample_duration": ("build-mix", ["mix=upsample_tail"]),
+    "ppl_curriculum": ("build-mix", ["mix=demo"]),
+    "mixture_controller": ("train", []),
+    "topic_alpha": ("train", ["train.mixture=topic_ppl"]),
+    "learning_rate": ("train", ["recipe=synE_cpt"]),
+}
+
+
+@pytest.mark.parametrize("step", sorted(MODULES))
+def test_every_step_config_composes(step):
+    step_module(step)
+    cfg = compose_step(step, ["io.output=/tmp/x"])
+    assert cfg.step == step and cfg.io.output == "/tmp/x"
+    with pytest.raises(CptkitError, match="no_such_key"):
+        compose_step(step, ["no_such_key.x=1"])
+
+
+def test_every_sweep_is_listed():
+    assert sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml")) == sorted(SWEEPS)
+
+
+@pytest.mark.parametrize("sweep", sorted(SWEEPS))
+def test_sweep_values_compose(sweep):
+    step, extra = SWEEPS[sweep]
+    step_module(step)
+    params = yaml.safe_load(Path(CONF_DIR / "sweep" / f"{sweep}.yaml").read_text())["hydra"]["sweeper"]["params"]
+    for key, values in params.items():
+        for value in str(values).split(","):
+            cfg = compose_step(step, [*extra, f"{key}={value}", f"+sweep={sweep}"])
+            got = cfg
+            for part in key.split("."):
+                got = got[int(part)] if part.isdigit() else got[part]
+            assert str(got) == value.strip() or float(got) == float(value)
