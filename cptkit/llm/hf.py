@@ -167,9 +167,9 @@ class TransformersGenerator(Generator):
                 if t in self.eos_ids:
                     n, reason = j + 1, "stop"
                     break
-                if t == self.tok.pad_token_id:  # padding after a stop string ended this row
-                    n, reason = j, "stop"
-                    break
+            if params.stop and reason == "length":  # a stop string ended the row: padding follows
+                while n and row[n - 1] == self.tok.pad_token_id:
+                    n -= 1
             ids = [t for t in row[:n] if t not in self.eos_ids]
             text, cut = apply_stop(self.tok.decode(ids, skip_special_tokens=True), params.stop)
             comps.append(Completion(text=text.strip(), prompt_tokens=int(plen), completion_tokens=n,

@@ -1,0 +1,46 @@
+"""Prompts as configuration: ``conf/prompts/*.yaml`` files of this schema (docs/prompts.md)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from cptkit.errors import CptkitError
+
+
+@dataclass
+class PromptConfig:
+    """One prompt: a template with ``{placeholder}`` fields and its generation settings."""
+
+    name: str = ""
+    system: str | None = None  # optional system message (chat models)
+    template: str = ""
+    max_new_tokens: int = 256
+    temperature: float | None = None  # None: llm.temperature
+
+
+_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def placeholders(template: str) -> set[str]:
+    return set(_FIELD.findall(template))
+
+
+def render(prompt: Any, **fields: str) -> str | list[dict[str, str]]:
+    """Fill ``{name}`` placeholders of ``prompt.template`` (other braces, e.g. LaTeX, stay).
+
+    Returns a plain string, or chat messages when the prompt has a system message.
+    """
+    text = _FIELD.sub(lambda m: str(fields[m.group(1)]) if m.group(1) in fields else m.group(0), str(prompt.template))
+    if prompt.get("system"):
+        return [{"role": "system", "content": str(prompt.system)}, {"role": "user", "content": text}]
+    return text
+
+
+def check(prompt: Any, required: set[str], where: str) -> None:
+    """A prompt must use every required placeholder (else the model never sees the input)."""
+    missing = required - placeholders(str(prompt.template))
+    if missing:
+        raise CptkitError(f"{where}: prompt {prompt.get('name') or ''!r} lacks placeholder(s) "
+                          + ", ".join("{" + m + "}" for m in sorted(missing)))

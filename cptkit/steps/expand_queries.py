@@ -1,0 +1,296 @@
+"""expand-queries: Question Extension + Thought Generation over rounds (SPEC §1; Retrieve-from-CC
+§3.2, App. E).
+
+Round r expands the *frontier* (the seeds in round 1, then the questions kept in round r-1):
+each item gets ``questions_per_seed`` new questions (keyword seeds use the keyword prompt), each
+new question gets an answer and a chain of thought. After every generation stage the outputs are
+cleaned (incomplete / non-natural-language / too short ... dropped and counted) and near-duplicates
+of anything already in the pool are removed with MinHash-LSH (cptkit.minhash, verified Jaccard).
+Seeds, questions, answers and thoughts are all written as queries, with provenance.
+
+One global task (the pool is global); resume comes from the LLM cache: a killed run reruns
+without regenerating and writes the same output.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig
+
+from cptkit.config import JobConfig, register_step
+from cptkit.errors import CptkitError
+from cptkit.job import Job, Task
+from cptkit.llm.config import LLMConfig
+from cptkit.llm.prompts import PromptConfig, check, render
+from cptkit.progress import log
+from cptkit.records import Record
+from cptkit.shards import atomic_write_json, resolve_inputs
+from cptkit.synthesis import clean_text, parse_question, parse_thought
+
+
+@dataclass
+class CleanConfig:
+    """Post-processing of generated text (see cptkit.synthesis.clean_text)."""
+
+    min_words: int = 3
+    max_words: int = 400
+    min_alpha_ratio: float = 0.6
+    min_unique_ratio: float = 0.3
+    trim_truncated: bool = True  # keep the complete sentences of a truncated output
+
+
+@dataclass
+class QueryDedupConfig:
+    """MinHash-LSH near-duplicate removal of the query pool (cptkit.minhash)."""
+
+    enabled: bool = True
+    threshold: float = 0.8
+    num_perm: int = 128
+    ngram: int = 3  # word n-grams; queries are short (13-grams would reduce to exact matching)
+    target_recall: float = 0.95
+    seed: int = 42
+
+
+@dataclass
+class ExpandConfig:
+    rounds: int = 2
+    questions_per_seed: int = 2  # new questions per frontier item and round (distinct sample seeds)
+    thoughts: bool = True  # Thought Generation: answer + chain of thought per new question
+    max_frontier: int = 0  # expand at most this many items per round (seeded sample; 0 = all)
+    domain_fields: list[str] = field(default_factory=lambda: ["domain", "category"])
+    question_prompt: PromptConfig = field(default_factory=PromptConfig)
+    keyword_prompt: PromptConfig = field(default_factory=PromptConfig)
+    thought_prompt: PromptConfig = field(default_factory=PromptConfig)
+    clean: CleanConfig = field(default_factory=CleanConfig)
+    dedup: QueryDedupConfig = field(default_factory=QueryDedupConfig)
+
+
+@dataclass
+class ExpandQueriesJob(JobConfig):
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    expand: ExpandConfig = field(default_factory=ExpandConfig)
+
+
+register_step("expand-queries", ExpandQueriesJob)
+
+
+def seed_type(rec: Record) -> str:
+    """``keyword`` or ``question``: the record's ``seed_type`` field, else guessed from its text."""
+    st = rec.get("seed_type")
+    if st in ("keyword", "question"):
+        return st
+    text = str(rec["text"]).strip()
+    return "question" if text.endswith(("?", "？")) or len(text.split()) > 6 else "keyword"
+
+
+class QueryPool:
+    """The growing query pool with incremental MinHash signatures for near-duplicate removal."""
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.records: list[Record] = []
+        self.enabled = bool(cfg.enabled)
+        if self.enabled:
+            from cptkit.minhash import Shingler, lsh_params
+
+            self.sh = Shingler(ngram=int(cfg.ngram), num_perm=int(cfg.num_perm), seed=int(cfg.seed))
+            self.bands, self.rows = lsh_params(float(cfg.threshold), int(cfg.num_perm), float(cfg.target_recall))
+            self.sig = np.empty((0, int(cfg.num_perm)), dtype=np.uint32)
+            self.sets: list[np.ndarray] = []
+
+    def seed(self, records: list[Record]) -> None:
+        """Add the seeds unconditionally (they are the user's input, never dropped)."""
+        self.records += records
+        if self.enabled and records:
+            texts = [r["text"] for r in records]
+            self.sig = np.vstack([self.sig, self.sh.signatures(texts)])
+            self.sets += self.sh.shingle_sets(texts)
+
+    def add(self, candidates: list[Record]) -> tuple[list[Record], int]:
+        """Add candidates that are not near-duplicates of the pool (or of earlier candidates)."""
+        if not candidates:
+            return [], 0
+        if not self.enabled:
+            self.records += candidates
+            return candidates, 0
+        from cptkit.minhash import band_keys, candidate_pairs, jaccard_sorted, union_find_roots
+
+        texts = [r["text"] for r in candidates]
+        sig = np.vstack([self.sig, self.sh.signatures(texts)])
+        sets = self.sets + self.sh.shingle_sets(texts)
+        n_old = len(self.records)
+        pairs = candidate_pairs(band_keys(sig, self.bands, self.rows, int(self.cfg.seed)))
+        if len(pairs):
+            pairs = pairs[pairs[:, 1] >= n_old]  # pairs among old records were resolved before
+            ok = [jaccard_sorted(sets[i], sets[j]) >= float(self.cfg.threshold) for i, j in pairs]
+            pairs = pairs[np.asarray(ok, dtype=bool)] if len(pairs) else pairs
+        roots = union_find_roots(len(sets), pairs)
+        keep = [k for k in range(len(candidates)) if roots[n_old + k] == n_old + k]
+        kept = [candidates[k] for k in keep]
+        idx = list(range(n_old)) + [n_old + k for k in keep]
+        self.sig = sig[idx]
+        self.sets = [sets[i] for i in idx]
+        self.records += kept
+        return kept, len(candidates) - len(kept)
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    ex = cfg.expand
+    if int(ex.rounds) < 0 or int(ex.questions_per_seed) < 1:
+        raise CptkitError("expand.rounds must be >= 0 and expand.questions_per_seed >= 1")
+    check(ex.question_prompt, {"question"}, "expand.question_prompt")
+    check(ex.keyword_prompt, {"keyword"}, "expand.keyword_prompt")
+    check(ex.thought_prompt, {"question"}, "expand.thought_prompt")
+    inputs = resolve_inputs(list(cfg.io.inputs))
+    task = Task(0, inputs)
+    with Job(cfg, inputs=inputs, tasks=[task]) as job:
+        for t in job.pending():
+            t0 = time.time()
+            records, stats = expand(cfg, job, t)
+            with job.writer(t) as w:
+                for rec in records:
+                    w.write(rec)
+            job.complete(t, w, seconds=time.time() - t0, **stats)
+        done = job.all_results().get(task.name, {}).get("extra", {}) if not job.stdout else stats
+        if not job.stdout and done:
+            atomic_write_json(job.out / "_expand_stats.json", done)
+        job.finish(extra=summary_rows(done))
+        return {"output": str(job.out), **done}
+
+
+def summary_rows(st: dict[str, Any]) -> dict[str, Any]:
+    """Flat rows for the summary table and the manifest's ``extra`` (details: _expand_stats.json)."""
+    if not st:
+        return {}
+    rows: dict[str, Any] = {"model": st["generator"]["model"], "rounds": st["rounds"]}
+    rows |= {f"{k}s": v for k, v in st["kept"].items()}
+    rows |= {f"dropped {k}": v for k, v in st["dropped"].items()}
+    llm = st["llm"]
+    rows |= {"llm requests": llm["requests"], "llm cache hits": llm["cache_hits"],
+             "llm prompt tokens": llm["prompt_tokens"], "llm completion tokens": llm["completion_tokens"],
+             "llm generated tokens": llm["generated_tokens"], "llm tokens/s": llm["tokens_per_s"]}
+    return rows
+
+
+def expand(cfg: DictConfig, job: Job, task: Task) -> tuple[list[Record], dict[str, Any]]:
+    """Run all rounds; returns the query records in pool order and the statistics."""
+    from cptkit.llm import load_generator
+
+    ex = cfg.expand
+    seeds = list(job.read(task))
+    ids = [r["id"] for r in seeds]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise CptkitError(f"{task.inputs[0].name}: seed id {dup!r} appears more than once")
+    gen = load_generator(cfg.llm)
+    model = gen.model_id
+    pool = QueryPool(ex.dedup)
+    dropped: dict[str, int] = {}
+    kept = {"seed": 0, "question": 0, "answer": 0, "thought": 0}
+    per_round = []
+
+    def domain_of(rec: Record) -> str:
+        return next((str(rec[f]) for f in ex.domain_fields if rec.get(f)), "general")
+
+    seed_recs = []
+    for s in seeds:
+        st = seed_type(s)
+        seed_recs.append({**s, "kind": "seed", "seed_type": st, "parent": None, "round": 0,
+                          "domain": domain_of(s), "seed_id": s["id"], "model": None})
+    pool.seed(seed_recs)
+    kept["seed"] = len(seed_recs)
+    frontier = list(seed_recs)
+    cl = dict(ex.clean)
+    k = int(ex.questions_per_seed)
+    rng = random.Random(int(cfg.seed))
+
+    def drop(reason: str | None, n: int = 1) -> None:
+        if reason:
+            dropped[reason] = dropped.get(reason, 0) + n
+
+    for rnd in range(1, int(ex.rounds) + 1):
+        if int(ex.max_frontier) and len(frontier) > int(ex.max_frontier):
+            frontier = [frontier[i] for i in sorted(rng.sample(range(len(frontier)), int(ex.max_frontier)))]
+        if not frontier:
+            log.info("round %d: nothing left to expand", rnd)
+            break
+        # -- Question Extension ------------------------------------------------------------------
+        reqs, parents, seeds_ = [], [], []
+        for item in frontier:
+            is_kw = item["kind"] == "seed" and item["seed_type"] == "keyword"
+            prompt = ex.keyword_prompt if is_kw else ex.question_prompt
+            text = render(prompt, keyword=item["text"], question=item["text"], domain=item["domain"])
+            for j in range(k):
+                reqs.append(text)
+                parents.append((item, j, prompt))
+                seeds_.append(int(cfg.llm.seed) * 1_000_003 + j)
+        outs = _generate_grouped(gen, reqs, [p[2] for p in parents], seeds_,
+                                 job.add_bar(f"round {rnd}: questions", len(reqs)))
+        cands = []
+        for (item, j, _), c in zip(parents, outs, strict=True):
+            q, why = clean_text(parse_question(c.text), c.finish_reason, **cl)
+            if why:
+                drop(why)
+                continue
+            cands.append({"id": f"{item['id']}.q{rnd}{j}", "text": q, "kind": "question", "parent": item["id"],
+                          "round": rnd, "domain": item["domain"], "seed_id": item["seed_id"], "model": model})
+        new_q, n_dup = pool.add(cands)
+        drop("near_duplicate" if n_dup else None, n_dup)
+        kept["question"] += len(new_q)
+        # -- Thought Generation ----------------------------------------------------------------
+        n_ans = n_cot = 0
+        if ex.thoughts and new_q:
+            treqs = [render(ex.thought_prompt, question=q["text"], domain=q["domain"]) for q in new_q]
+            touts = _generate_grouped(gen, treqs, [ex.thought_prompt] * len(treqs), [int(cfg.llm.seed)] * len(treqs),
+                                      job.add_bar(f"round {rnd}: thoughts", len(treqs)))
+            tc = []
+            for q, c in zip(new_q, touts, strict=True):
+                answer, cot = parse_thought(c.text)
+                # the answer precedes the chain of thought: it is complete unless nothing follows it
+                a_reason = "stop" if cot or c.finish_reason == "stop" else c.finish_reason
+                for kind, text, fr in (("answer", answer, a_reason), ("thought", cot, c.finish_reason)):
+                    if kind == "thought" and not text:
+                        drop("no_thought")
+                        continue
+                    t, why = clean_text(text, fr, **cl)
+                    if why:
+                        drop(why)
+                        continue
+                    tc.append({"id": f"{q['id']}.{kind[0]}", "text": t, "kind": kind, "parent": q["id"], "round": rnd,
+                               "domain": q["domain"], "seed_id": q["seed_id"], "model": model})
+            new_t, n_dup = pool.add(tc)
+            drop("near_duplicate" if n_dup else None, n_dup)
+            n_ans = sum(r["kind"] == "answer" for r in new_t)
+            n_cot = len(new_t) - n_ans
+            kept["answer"] += n_ans
+            kept["thought"] += n_cot
+        per_round.append({"round": rnd, "expanded": len(frontier), "question_requests": len(reqs),
+                          "questions": len(new_q), "answers": n_ans, "thoughts": n_cot, "pool": len(pool.records)})
+        log.info("round %d: %d questions, %d answers, %d thoughts kept; pool %d", rnd, len(new_q), n_ans, n_cot,
+                 len(pool.records))
+        frontier = new_q
+    stats = {"rounds": len(per_round), "per_round": per_round, "kept": kept, "dropped": dict(sorted(dropped.items())),
+             "generator": gen.describe(), "llm": gen.stats.as_dict(),
+             "dedup": {"bands": pool.bands, "rows": pool.rows} if pool.enabled else None,
+             "prompts": {n: str(ex[n].name) for n in ("question_prompt", "keyword_prompt", "thought_prompt")}}
+    gen.close()
+    return pool.records, stats
+
+
+def _generate_grouped(gen: Any, reqs: list, prompts: list, seeds: list[int], advance: Any) -> list:
+    """Generate requests whose prompts may differ in max_new_tokens / temperature, in order."""
+    out: list = [None] * len(reqs)
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault((int(p.max_new_tokens), p.get("temperature")), []).append(i)
+    for (mx, temp), idx in groups.items():
+        params = gen.params(max_new_tokens=mx, temperature=temp)
+        for i, c in zip(idx, gen.generate([reqs[i] for i in idx], params, seeds=[seeds[i] for i in idx],
+                                          progress=advance), strict=True):
+            out[i] = c
+    return out

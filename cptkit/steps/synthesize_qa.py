@@ -1,0 +1,319 @@
+"""synthesize-qa: LLM-written QA pairs for CPT (SPEC §6; Llama-3-SynE §4.2, App. A, D).
+
+* ``synth.mode=scientific``: a seed document belongs to a discipline through its explicit
+  ``discipline`` field or its URL's host (longest match in ``synth.domains``); a snippet of it
+  fills the [Problem]/[Solution] prompt; outputs are parsed, and rejected (counted per reason)
+  when truncated, malformed, or out of the solution length bounds (target 250–350 words).
+  One task per input shard (resumable per shard; completions cached per request).
+* ``synth.mode=code``: in-context expansion of a seed problem set (LeetCode in the paper):
+  ``synth.code.demos`` random seed problems → a new problem → its solution; one global task.
+
+Each output: ``problem``, ``solution``, ``text`` (problem + blank line + solution: the training
+text), ``discipline``, ``seed_id``, ``model``, ``gen`` (generation parameters).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig
+
+from cptkit.config import JobConfig, register_step
+from cptkit.errors import CptkitError
+from cptkit.job import Job, Task
+from cptkit.llm.config import LLMConfig
+from cptkit.llm.prompts import PromptConfig, check, render
+from cptkit.records import Record
+from cptkit.shards import atomic_write_json, resolve_inputs
+from cptkit.synthesis import (
+    count_words,
+    discipline_of,
+    normalize_space,
+    parse_problem,
+    parse_problem_solution,
+    parse_solution,
+    sample_demos,
+    snippet,
+)
+
+DISCIPLINES = ("mathematics", "physics", "chemistry", "biology", "astronomy", "earth_science",
+               "medical_science", "computer_science", "general_education")
+
+
+@dataclass
+class SnippetConfig:
+    max_words: int = 400  # snippet budget (whole paragraphs where possible)
+    min_words: int = 40  # seed documents shorter than this are skipped (counted: short_seed)
+    position: str = "start"  # start | random (a seeded random starting paragraph)
+    per_doc: int = 1  # snippets per seed document (position=random draws different ones)
+
+
+@dataclass
+class CodeConfig:
+    num_problems: int = 100  # new problems to synthesize
+    demos: int = 3  # random seed problems shown per new problem
+    problem_field: str = "problem"  # seed field holding the problem (falls back to text)
+    discipline: str = "programming"  # {discipline} in the code prompts, and the output's discipline
+    min_problem_words: int = 10
+    min_solution_words: int = 20
+    max_solution_words: int = 0  # 0 = no upper bound
+
+
+@dataclass
+class SynthConfig:
+    mode: str = "scientific"  # scientific | code
+    disciplines: list[str] = field(default_factory=list)  # restrict to these ([] = all in domains)
+    domains: dict[str, list[str]] = field(default_factory=dict)  # discipline -> URL domains
+    discipline_field: str = "discipline"  # an explicit field wins over the URL
+    samples_per_snippet: int = 1
+    min_problem_words: int = 8
+    min_solution_words: int = 250
+    max_solution_words: int = 350  # 0 = no upper bound
+    snippet: SnippetConfig = field(default_factory=SnippetConfig)
+    code: CodeConfig = field(default_factory=CodeConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    problem_prompt: PromptConfig = field(default_factory=PromptConfig)
+    solution_prompt: PromptConfig = field(default_factory=PromptConfig)
+
+
+@dataclass
+class SynthesizeQAJob(JobConfig):
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    synth: SynthConfig = field(default_factory=SynthConfig)
+
+
+register_step("synthesize-qa", SynthesizeQAJob)
+
+
+def norm_discipline(name: Any) -> str:
+    return str(name).strip().lower().replace(" ", "_").replace("-", "_")
+
+
+def _stable_int(*parts: Any) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
+
+
+def _gen_params(gen: Any, prompt: Any) -> Any:
+    return gen.params(max_new_tokens=int(prompt.max_new_tokens), temperature=prompt.get("temperature"))
+
+
+def _gen_record(params: Any) -> dict[str, Any]:
+    return {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
+            "repetition_penalty": params.repetition_penalty, "seed": params.seed}
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    sy = cfg.synth
+    mode = str(sy.mode)
+    if mode not in ("scientific", "code"):
+        raise CptkitError(f"synth.mode={mode}: expected scientific or code")
+    inputs = resolve_inputs(list(cfg.io.inputs))
+    if mode == "scientific":
+        check(sy.prompt, {"snippet"}, "synth.prompt")
+        domains = {norm_discipline(k): list(v) for k, v in sy.domains.items()}
+        active = [norm_discipline(d) for d in sy.disciplines] or list(domains)
+        unknown = [d for d in active if d not in domains]
+        if unknown:
+            raise CptkitError(f"synth.disciplines: {unknown[0]!r} has no domain list in synth.domains "
+                              f"(known: {', '.join(domains)})")
+        job_kw: dict[str, Any] = {"inputs": inputs}
+    else:
+        check(sy.problem_prompt, {"demos"}, "synth.problem_prompt")
+        check(sy.solution_prompt, {"problem"}, "synth.solution_prompt")
+        job_kw = {"inputs": inputs, "tasks": [Task(0, inputs)]}
+    with Job(cfg, **job_kw) as job:
+        gen = None
+        task_stats: dict[str, dict[str, Any]] = {}
+        for task in job.pending():
+            if gen is None:
+                from cptkit.llm import load_generator
+
+                gen = load_generator(cfg.llm)
+            t0 = time.time()
+            before = gen.stats.as_dict()
+            with job.writer(task) as w:
+                if mode == "scientific":
+                    stats = scientific_task(cfg, job, task, gen, domains, set(active), w.write)
+                else:
+                    stats = code_task(cfg, job, task, gen, w.write)
+            after = gen.stats.as_dict()
+            stats["llm"] = {k: after[k] - before[k] for k in after if k != "tokens_per_s"}
+            task_stats[task.name] = stats
+            job.complete(task, w, seconds=time.time() - t0, **stats)
+        if gen is not None:
+            gen.close()
+        results = job.all_results() if not job.stdout else {k: {"extra": v} for k, v in task_stats.items()}
+        total = aggregate([r.get("extra", {}) for r in results.values()])
+        if not job.stdout and results:
+            atomic_write_json(job.out / "_synth_stats.json", total)
+        rows = summary_rows(total, gen.model_id if gen is not None else None)
+        job.finish(extra=rows)
+        return {"output": str(job.out), **total}
+
+
+def aggregate(extras: list[dict[str, Any]]) -> dict[str, Any]:
+    """Sum the per-task counters (nested dicts of numbers)."""
+
+    def add(dst: dict[str, Any], src: dict[str, Any]) -> None:
+        for k, v in src.items():
+            if isinstance(v, dict):
+                add(dst.setdefault(k, {}), v)
+            elif isinstance(v, (int, float)) and not isinstance(v, bool) and k != "seconds":
+                dst[k] = dst.get(k, 0) + v
+            elif k not in dst:
+                dst[k] = v
+
+    out: dict[str, Any] = {}
+    for e in extras:
+        add(out, e)
+    llm = out.get("llm", {})
+    if llm:
+        llm["tokens_per_s"] = round(llm["generated_tokens"] / llm["generation_seconds"], 3) if llm.get("generation_seconds") else 0.0
+    out["rejected"] = dict(sorted(out.get("rejected", {}).items()))
+    return out
+
+
+def summary_rows(st: dict[str, Any], model: str | None) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    if model:
+        rows["model"] = model
+    rows |= {"seed documents used": st.get("seeds_used", 0), "prompts": st.get("prompts", 0), "QA pairs kept": st.get("kept", 0)}
+    rows |= {f"per discipline: {k}": v for k, v in sorted(st.get("per_discipline", {}).items())}
+    rows |= {f"skipped {k}": v for k, v in sorted(st.get("skipped", {}).items())}
+    rows |= {f"rejected {k}": v for k, v in st.get("rejected", {}).items()}
+    llm = st.get("llm", {})
+    if llm:
+        rows |= {"llm requests": llm["requests"], "llm cache hits": llm["cache_hits"],
+                 "llm prompt tokens": llm["prompt_tokens"], "llm completion tokens": llm["completion_tokens"],
+                 "llm generated tokens": llm["generated_tokens"], "llm tokens/s": llm["tokens_per_s"]}
+    return rows
+
+
+def _bump(d: dict[str, int], key: str, n: int = 1) -> None:
+    d[key] = d.get(key, 0) + n
+
+
+def scientific_task(cfg: DictConfig, job: Job, task: Task, gen: Any, domains: dict[str, list[str]],
+                    active: set[str], write: Any) -> dict[str, Any]:
+    """Select seed documents of one shard, build prompts, generate, parse and filter."""
+    sy, sn = cfg.synth, cfg.synth.snippet
+    if str(sn.position) not in ("start", "random"):
+        raise CptkitError(f"synth.snippet.position={sn.position}: expected start or random")
+    skipped: dict[str, int] = {}
+    jobs: list[tuple[Record, str, str, int, int]] = []
+    field_name = str(sy.discipline_field)
+    for rec in job.read(task):
+        explicit = rec.get(field_name)
+        disc = norm_discipline(explicit) if explicit else discipline_of(rec.get("url"), domains)
+        if disc is None:
+            _bump(skipped, "no_discipline")
+            continue
+        if disc not in active:
+            _bump(skipped, "other_discipline" if disc in domains else "unknown_discipline")
+            continue
+        if count_words(rec["text"]) < int(sn.min_words):
+            _bump(skipped, "short_seed")
+            continue
+        for s in range(int(sn.per_doc)):
+            rng = random.Random(_stable_int(int(cfg.seed), rec["id"], s)) if sn.position == "random" else None
+            snip = snippet(str(rec["text"]), int(sn.max_words), rng)
+            for j in range(int(sy.samples_per_snippet)):
+                jobs.append((rec, disc, snip, s, j))
+    params = _gen_params(gen, sy.prompt)
+    reqs = [render(sy.prompt, discipline=disc.replace("_", " "), snippet=snip) for _, disc, snip, _, _ in jobs]
+    outs = gen.generate(reqs, params, seeds=[params.seed * 1_000_003 + j for *_, j in jobs],
+                        progress=job.add_bar(f"{task.name}: QA", len(reqs)))
+    rejected: dict[str, int] = {}
+    per_disc: dict[str, int] = {}
+    kept = 0
+    lo, hi = int(sy.min_solution_words), int(sy.max_solution_words)
+    for (rec, disc, snip, s, j), c in zip(jobs, outs, strict=True):
+        reason, qa = judge_qa(c.text, c.finish_reason, int(sy.min_problem_words), lo, hi)
+        if reason:
+            _bump(rejected, reason)
+            continue
+        problem, solution = qa  # type: ignore[misc]
+        write({"id": f"{rec['id']}.qa{s}{j}", "text": f"{problem}\n\n{solution}", "problem": problem,
+               "solution": solution, "discipline": disc, "seed_id": rec["id"], "url": rec.get("url"),
+               "snippet": snip, "model": gen.model_id, "gen": _gen_record(params) | {"sample": j},
+               "source": "synthesize-qa"})
+        kept += 1
+        _bump(per_disc, disc)
+    return {"seeds_used": len({j[0]["id"] for j in jobs}), "prompts": len(jobs), "kept": kept,
+            "per_discipline": per_disc, "skipped": skipped, "rejected": rejected}
+
+
+def judge_qa(text: str, finish_reason: str, min_problem: int, lo: int, hi: int) -> tuple[str | None, tuple[str, str] | None]:
+    """Accept or reject one generation: truncated, malformed, short_problem, too_short, too_long."""
+    if finish_reason == "length":
+        return "truncated", None
+    qa = parse_problem_solution(text)
+    if qa is None:
+        return "malformed", None
+    problem, solution = qa
+    if count_words(problem) < min_problem:
+        return "short_problem", None
+    n = count_words(solution)
+    if n < lo:
+        return "too_short", None
+    if hi and n > hi:
+        return "too_long", None
+    return None, qa
+
+
+def code_task(cfg: DictConfig, job: Job, task: Task, gen: Any, write: Any) -> dict[str, Any]:
+    """In-context expansion: random demonstrations → new problem → solution."""
+    sy, cc = cfg.synth, cfg.synth.code
+    seeds = [(r["id"], normalize_space(str(r.get(str(cc.problem_field)) or r["text"]))) for r in job.read(task)]
+    if not seeds:
+        raise CptkitError("synth.mode=code: the seed problem set is empty")
+    n, k = int(cc.num_problems), int(cc.demos)
+    if n < 0 or k < 1:
+        raise CptkitError("synth.code.num_problems must be >= 0 and synth.code.demos >= 1")
+    disc = str(cc.discipline)
+    demo_sets = [sample_demos(len(seeds), k, random.Random(_stable_int(int(cfg.seed), "demos", i))) for i in range(n)]
+    preqs = [render(sy.problem_prompt, discipline=disc,
+                    demos="\n\n".join(f"[Problem {m + 1}]\n{seeds[d][1]}" for m, d in enumerate(ds))) for ds in demo_sets]
+    pparams = _gen_params(gen, sy.problem_prompt)
+    pouts = gen.generate(preqs, pparams, seeds=[pparams.seed * 1_000_003 + i for i in range(n)],
+                         progress=job.add_bar("new problems", n))
+    rejected: dict[str, int] = {}
+    seen = {p.lower() for _, p in seeds}
+    problems: list[tuple[int, str]] = []
+    for i, c in enumerate(pouts):
+        prob = parse_problem(c.text)
+        if c.finish_reason == "length":
+            _bump(rejected, "truncated_problem")
+        elif count_words(prob) < int(cc.min_problem_words):
+            _bump(rejected, "malformed_problem")
+        elif prob.lower() in seen:
+            _bump(rejected, "duplicate_problem")
+        else:
+            seen.add(prob.lower())
+            problems.append((i, prob))
+    sparams = _gen_params(gen, sy.solution_prompt)
+    souts = gen.generate([render(sy.solution_prompt, discipline=disc, problem=p) for _, p in problems], sparams,
+                         progress=job.add_bar("solutions", len(problems)))
+    kept = 0
+    for (i, prob), c in zip(problems, souts, strict=True):
+        sol = parse_solution(c.text)
+        nw = count_words(sol)
+        if c.finish_reason == "length":
+            _bump(rejected, "truncated")
+        elif nw < int(cc.min_solution_words):
+            _bump(rejected, "too_short")
+        elif int(cc.max_solution_words) and nw > int(cc.max_solution_words):
+            _bump(rejected, "too_long")
+        else:
+            demo_ids = [seeds[d][0] for d in demo_sets[i]]
+            write({"id": f"code-{i:06d}", "text": f"{prob}\n\n{sol}", "problem": prob, "solution": sol,
+                   "discipline": disc, "seed_id": demo_ids[0], "demo_ids": demo_ids, "model": gen.model_id,
+                   "gen": {"problem": _gen_record(pparams), "solution": _gen_record(sparams)},
+                   "source": "synthesize-qa"})
+            kept += 1
+    return {"seeds_used": len(seeds), "prompts": n, "kept": kept, "per_discipline": {disc: kept},
+            "skipped": {}, "rejected": rejected}
