@@ -30,7 +30,15 @@ from cptkit.config import redact, to_dict
 from cptkit.errors import CptkitError
 from cptkit.progress import log, make_progress, print_summary, setup_logging
 from cptkit.records import Record
-from cptkit.shards import STDIO, InputFile, ReadStats, ShardWriter, atomic_write_json, read_records, resolve_inputs
+from cptkit.shards import (
+    STDIO,
+    InputFile,
+    ReadStats,
+    ShardWriter,
+    atomic_write_json,
+    read_records,
+    resolve_inputs,
+)
 
 STATE_DIR = ".cptkit"
 SUCCESS = "_SUCCESS"

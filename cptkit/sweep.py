@@ -16,20 +16,47 @@ from omegaconf import DictConfig, OmegaConf
 
 from cptkit.config import CONF_DIR, finalize
 
-# Keys that say where data lives, not what the member computes.
-NOT_IN_DIRNAME = ["io.inputs", "io.output", "io.overwrite", "io.skip_bad_lines", "quiet", "sweep"]
+# Keys that never name a member's output: where data lives, and job-array slices.
+# shard.index is left out too: the members of a job array over input shards share one output.
+NOT_IN_DIRNAME = ["io.inputs", "io.output", "io.overwrite", "io.skip_bad_lines", "quiet", "sweep", "shard.index"]
 
 
-def member_output(out: str | None, override_dirname: str, num: int) -> str | None:
+def swept_keys(overrides: list[str]) -> set[str]:
+    """Keys that take several values in a sweep (``a=1,2``, ``b=range(0,4)``, ``c=choice(x,y)``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    keys = {o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()}
+    for o in parsed:  # +sweep=NAME: the keys of conf/sweep/NAME.yaml's sweeper params
+        if o.get_key_element().lstrip("+~") in ("sweep", "hydra.sweeper.params"):
+            path = CONF_DIR / "sweep" / f"{o.value()}.yaml"
+            if path.exists():
+                params = OmegaConf.select(OmegaConf.load(path), "hydra.sweeper.params") or {}
+                keys |= {str(k) for k in params}
+    return keys
+
+
+def member_dirname(task_overrides: list[str], swept: set[str]) -> str:
+    """``key=value`` of a member's swept keys (the ones that distinguish it), sorted, comma-joined."""
+    parts = []
+    for ov in task_overrides:
+        key = ov.split("=", 1)[0].lstrip("+~")
+        if key in swept and key not in NOT_IN_DIRNAME:
+            parts.append(ov.lstrip("+~").replace("/", "_"))
+    return ",".join(sorted(parts))
+
+
+def member_output(out: str | None, override_dirname: str) -> str | None:
     """Output directory of one sweep member (placeholders are filled later by the step)."""
-    if out is None or out == "-" or "{" in str(out):
+    if out is None or out == "-" or "{" in str(out) or not override_dirname:
         return out
-    return f"{str(out).rstrip('/')}/{override_dirname or num}"
+    return f"{str(out).rstrip('/')}/{override_dirname}"
 
 
 def multirun(step: str, overrides: list[str]) -> None:
     """Run ``step`` as a Hydra multirun over ``overrides`` (sweeps like ``a=1,2,3``)."""
     config_name = step.replace("-", "_")
+    swept = swept_keys(overrides)
 
     @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name=config_name)
     def _main(cfg: DictConfig) -> None:
@@ -41,13 +68,12 @@ def multirun(step: str, overrides: list[str]) -> None:
         cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
         cfg = finalize(cfg, step, list(hc.overrides.task))
         OmegaConf.set_struct(cfg, False)
-        cfg.io.output = member_output(cfg.io.output, hc.job.override_dirname, hc.job.num)
+        cfg.io.output = member_output(cfg.io.output, member_dirname(list(hc.overrides.task), swept))
         OmegaConf.set_struct(cfg, True)
         return execute(step, cfg)
 
-    exclude = "hydra.job.config.override_dirname.exclude_keys=[" + ",".join(NOT_IN_DIRNAME) + "]"
     argv = sys.argv
-    sys.argv = [f"cptkit-{step}", "-m", exclude, *overrides]
+    sys.argv = [f"cptkit-{step}", "-m", *overrides]
     try:
         _main()
     finally:

@@ -124,3 +124,13 @@ def test_two_task_deepspeed_training_through_srun(corpus_dir, corpus_records, tm
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert len(steps) == 3 and all(s["loss"] > 0 for s in steps)
     assert (out / "model" / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_job_array_as_a_hydra_sweep_shares_one_output(qa):
+    cptkit("corrupt", "--in", "qa", "--out", "arr_sweep", "-q", "corrupt.ratio=0.4", "shard.count=2",
+           "-m", "shard.index=0,1", cwd=qa)
+    whole = qa / "whole_sweep"
+    cptkit("corrupt", "--in", "qa", "--out", str(whole), "-q", "corrupt.ratio=0.4", cwd=qa)
+    assert (qa / "arr_sweep" / "_SUCCESS").exists()
+    assert shard_bytes(qa / "arr_sweep") == shard_bytes(whole)
