@@ -31,10 +31,10 @@ app = typer.Typer(
 # Step name -> module under cptkit/steps (imported lazily so --help stays fast).
 MODULES: dict[str, str] = {}
 
-In = Annotated[list[str] | None, typer.Option("--in", "-i", help="Input: file, directory of shards, glob, or - (stdin). Repeatable.")]
-Out = Annotated[str | None, typer.Option("--out", "-o", help="Output directory (or - for stdout). {key} placeholders are filled from the config.")]
+In = Annotated[list[str] | None, typer.Option("--in", "-i", metavar="PATH", help="Input: file, directory of shards, glob, or - (stdin). Repeatable.")]
+Out = Annotated[str | None, typer.Option("--out", "-o", metavar="PATH", help="Output directory (or - for stdout). {key} placeholders are filled from the config.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no summary table.")]
-Cfg = Annotated[str | None, typer.Option("--cfg", help="'job': print the resolved config and exit.")]
+Cfg = Annotated[str | None, typer.Option("--cfg", metavar="job", help="'job': print the resolved config and exit.")]
 SkipBad = Annotated[bool, typer.Option("--skip-bad-lines", help="Skip and count malformed input lines instead of failing.")]
 
 
@@ -118,7 +118,7 @@ def _root(
 # --- score-quality / label-topics / corrupt (issue 4) ---
 register("score-quality", "score_quality")
 register("score-quality-train", "score_quality_train")
-Files = Annotated[list[str] | None, typer.Option(help="JSONL file, directory or glob. Repeatable.")]
+Files = Annotated[list[str] | None, typer.Option(metavar="PATH", help="JSONL file, directory or glob. Repeatable.")]
 
 
 @app.command("score-quality", context_settings=CTX,
@@ -191,9 +191,9 @@ register("retrieve", "retrieve")
              help="BM25 top-k documents for many queries; output: their union with hits, plus _run.tsv (SPEC §2).")
 def retrieve(
     ctx: typer.Context,
-    queries: Annotated[list[str] | None, typer.Option("--queries", help="Query records (their `text` is searched). Repeatable.")] = None,
-    corpus: Annotated[list[str] | None, typer.Option("--corpus", "-i", help="Corpus shards to index (file, directory, glob). Repeatable.")] = None,
-    index: Annotated[str | None, typer.Option("--index", help="Index directory: reused if finished, else built there from --corpus.")] = None,
+    queries: Annotated[list[str] | None, typer.Option("--queries", metavar="PATH", help="Query records (their `text` is searched). Repeatable.")] = None,
+    corpus: Annotated[list[str] | None, typer.Option("--corpus", "-i", metavar="PATH", help="Corpus shards to index (file, directory, glob). Repeatable.")] = None,
+    index: Annotated[str | None, typer.Option("--index", metavar="PATH", help="Index directory: reused if finished, else built there from --corpus.")] = None,
     out: Out = None,
     quiet: Quiet = False,
     cfg: Cfg = None,
@@ -286,7 +286,7 @@ def train(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet =
 # --- evaluate / evaluate-contamination / evaluate-compare (issue 6) ---
 register("evaluate", "evaluate")
 register("evaluate-contamination", "evaluate_contamination")
-Model = Annotated[str | None, typer.Option("--model", "-m", help="HF model dir, .gguf file, or smollm2.")]
+Model = Annotated[str | None, typer.Option("--model", metavar="MODEL", help="HF model dir, .gguf file, or smollm2.")]
 
 
 @app.command("evaluate", context_settings=CTX,
@@ -311,7 +311,7 @@ def evaluate_contamination(ctx: typer.Context, inputs: In = None, out: Out = Non
 @app.command("evaluate-compare", help="Side-by-side table of evaluate outputs (first = baseline) with deltas.")
 def evaluate_compare(
     runs: Annotated[list[str], typer.Argument(help="evaluate output dirs (or _results.json files); NAME=DIR to label.")],
-    out: Annotated[str | None, typer.Option("--out", "-o", help="Also write the table: .md (markdown) or .json.")] = None,
+    out: Annotated[str | None, typer.Option("--out", "-o", metavar="PATH", help="Also write the table: .md (markdown) or .json.")] = None,
     metric: Annotated[str | None, typer.Option("--metric", help="acc | acc_norm | exact_match (default: acc_norm, else exact_match).")] = None,
 ) -> None:
     from pathlib import Path
