@@ -374,6 +374,89 @@ def candidate_pairs(keys: np.ndarray, ids: np.ndarray | None = None, all_pairs_m
                      (packed & np.uint64(0xFFFFFFFF)).astype(np.int64)], axis=1)
 
 
+# -- distributed banding: buckets split by key partition, pairs merged later --------------------
+def partition_of(keys: np.ndarray, partitions: int) -> np.ndarray:
+    """The partition (``0 .. partitions-1``) of 64-bit hash keys: ``fmix64(key) % partitions``."""
+    h = np.asarray(keys, dtype=np.uint64).copy()
+    with np.errstate(over="ignore"):
+        h ^= h >> np.uint64(33)
+        h *= np.uint64(0xFF51AFD7ED558CCD)
+        h ^= h >> np.uint64(33)
+        h *= np.uint64(0xC4CEB9FE1A85EC53)
+        h ^= h >> np.uint64(33)
+    return (h % np.uint64(partitions)).astype(np.int64)
+
+
+def bucket_candidates(bands: np.ndarray, keys: np.ndarray, docs: np.ndarray, all_pairs_max: int = 16
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Group entries ``(band, key, doc)`` into buckets; the reduce step of distributed LSH.
+
+    Returns ``(pairs, big_members, big_sizes)``: the distinct packed pairs ``i << 32 | j`` of every
+    bucket of 2 .. ``all_pairs_max`` members, and the members (increasing) of each bigger bucket,
+    concatenated, with their sizes. :func:`merge_candidates` turns these, once the exact duplicates
+    are known, into exactly the pairs of :func:`candidate_pairs` over the remaining documents.
+    """
+    docs = np.asarray(docs, dtype=np.int64)
+    if len(docs) and docs.max() >= 2**32:
+        raise ValueError("at most 2**32 documents per clustering")
+    order = np.lexsort((docs, keys, bands))  # by band, then key, then document
+    sb, sk, sd = bands[order], keys[order], docs[order]
+    n = len(order)
+    edge = np.flatnonzero((sk[1:] != sk[:-1]) | (sb[1:] != sb[:-1])) + 1
+    starts = np.concatenate(([0], edge, [n])).astype(np.int64)
+    sizes = np.diff(starts)
+    group = np.repeat(np.arange(len(sizes)), sizes)
+    small = (sizes > 1) & (sizes <= all_pairs_max)
+    big = sizes > all_pairs_max
+    members = sd[small[group]]
+    pairs = _bucket_pairs(members, np.concatenate(([0], np.cumsum(sizes[small]))).astype(np.int64),
+                          int(all_pairs_max)) if small.any() else np.empty(0, dtype=np.uint64)
+    return np.unique(pairs), sd[big[group]], sizes[big].astype(np.int64)
+
+
+def merge_candidates(pairs: Sequence[np.ndarray], big_members: Sequence[np.ndarray], big_sizes: Sequence[np.ndarray],
+                     keep: np.ndarray, all_pairs_max: int = 16) -> np.ndarray:
+    """Candidate pairs (n × 2, int64) from the outputs of :func:`bucket_candidates` of every partition.
+
+    ``keep`` (bool per document) drops exact duplicates: pairs of small buckets touching a dropped
+    document go; big buckets lose the dropped members and are paired again, so the result equals
+    :func:`candidate_pairs` over the kept documents only.
+    """
+    parts = []
+    for p in pairs:
+        if len(p):
+            i, j = (p >> np.uint64(32)).astype(np.int64), (p & np.uint64(0xFFFFFFFF)).astype(np.int64)
+            parts.append(p[keep[i] & keep[j]])
+    for members, sizes in zip(big_members, big_sizes, strict=True):
+        if not len(sizes):
+            continue
+        ok = keep[members]
+        new_sizes = np.add.reduceat(ok.astype(np.int64), np.concatenate(([0], np.cumsum(sizes)[:-1])))
+        multi = new_sizes > 1
+        group = np.repeat(np.arange(len(sizes)), sizes)
+        sel = ok & multi[group]
+        starts = np.concatenate(([0], np.cumsum(new_sizes[multi]))).astype(np.int64)
+        parts.append(_bucket_pairs(members[sel], starts, int(all_pairs_max)))
+    if not parts:
+        return np.empty((0, 2), dtype=np.int64)
+    packed = np.unique(np.concatenate(parts))
+    return np.stack([(packed >> np.uint64(32)).astype(np.int64),
+                     (packed & np.uint64(0xFFFFFFFF)).astype(np.int64)], axis=1)
+
+
+def exact_groups(hashes: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    """``(doc, first)`` rows (int64) for every document whose 128-bit hash (n × 2) an earlier one has."""
+    if not len(docs):
+        return np.empty((0, 2), dtype=np.int64)
+    docs = np.asarray(docs, dtype=np.int64)
+    order = np.lexsort((docs, hashes[:, 1], hashes[:, 0]))
+    sh, sd = hashes[order], docs[order]
+    new = np.ones(len(sd), dtype=bool)
+    new[1:] = (sh[1:] != sh[:-1]).any(axis=1)
+    first = sd[np.flatnonzero(new)][np.cumsum(new) - 1]
+    return np.stack([sd[~new], first[~new]], axis=1)
+
+
 # -- verification and clustering --------------------------------------------------------------
 def estimated_jaccard(sig: np.ndarray, pairs: np.ndarray, chunk: int = 65536) -> np.ndarray:
     """Share of equal signature values for each pair (rows of ``pairs`` index rows of ``sig``)."""

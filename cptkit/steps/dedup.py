@@ -13,10 +13,16 @@ Three resumable phases (docs/dedup.md):
    every removed id with ``duplicate_of`` (the kept id), ``kind`` (exact|near), ``similarity``.
 
 Memory holds the signatures (``num_perm * 4`` bytes per document), not the texts.
+
+``dedup.cluster=mapreduce|redis`` replaces phase 2 by a bucket map/reduce that never holds all
+signatures (:mod:`cptkit.dedup_scale`): map per shard, reduce per partition, then verification and
+union-find over the candidate pairs; ``dedup.phase=map|reduce|final`` runs one phase (job arrays).
+The output is identical to the in-memory clustering.
 """
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import time
@@ -25,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from omegaconf import DictConfig
 
+from cptkit import dedup_scale as scale
 from cptkit import minhash as mh
 from cptkit.config import JobConfig, register_step
 from cptkit.errors import CptkitError
@@ -55,6 +62,13 @@ class DedupConfig:
     verify: str = "exact"  # exact (Jaccard of shingle sets) | estimate (signatures) | none
     bucket_all_pairs_max: int = 16  # bigger buckets give a star + chain of pairs, not all pairs
     batch_docs: int = 4096  # documents per signature batch
+    cluster: str = "memory"  # memory (all signatures on one node) | mapreduce (bucket files) | redis
+    phase: str = "all"  # all | map | reduce | final: run one phase (job arrays); not part of the run's identity
+    partitions: int = 16  # mapreduce/redis: bucket partitions, the reduce tasks
+    redis_url: str = "redis://127.0.0.1:6379/0"  # cluster=redis
+    redis_namespace: str | None = None  # key prefix; null: cptkit:dedup:<hash of config, output, inputs>
+    redis_batch: int = 4096  # bucket entries per pipelined Redis script call
+    cleanup: bool = True  # mapreduce/redis: drop the bucket files / Redis keys once the output is complete
 
 
 @dataclass
@@ -95,6 +109,16 @@ def check_config(d: DictConfig) -> None:
         raise CptkitError(f"dedup.tokenizer must be one of {', '.join(mh.TOKEN_PATTERNS)}, got {d.tokenizer!r}")
     if int(d.batch_docs) < 1:
         raise CptkitError(f"dedup.batch_docs must be >= 1, got {d.batch_docs}")
+    if str(d.cluster) not in scale.CLUSTER:
+        raise CptkitError(f"dedup.cluster must be one of {', '.join(scale.CLUSTER)}, got {d.cluster!r}")
+    if str(d.phase) not in scale.PHASES:
+        raise CptkitError(f"dedup.phase must be one of {', '.join(scale.PHASES)}, got {d.phase!r}")
+    if str(d.phase) == "reduce" and str(d.cluster) == "memory":
+        raise CptkitError("dedup.phase=reduce needs dedup.cluster=mapreduce or redis (memory has map and final)")
+    if not 1 <= int(d.partitions) <= 9999:
+        raise CptkitError(f"dedup.partitions must be in [1, 9999], got {d.partitions}")
+    if int(d.redis_batch) < 1:
+        raise CptkitError(f"dedup.redis_batch must be >= 1, got {d.redis_batch}")
 
 
 def describe(d: DictConfig, bands: int, rows: int) -> dict:
@@ -147,6 +171,12 @@ class _Store:
 
     def exact(self, task: Task) -> np.ndarray:
         return self.mem[task.name][1] if self.dir is None else np.load(self.dir / f"exact-{task.name}.npy")
+
+    def sig_rows(self, task: Task, rows: np.ndarray) -> np.ndarray:
+        """Some rows of a task's signatures, without loading the others (memory-mapped)."""
+        if self.dir is None:
+            return self.mem[task.name][0][rows]
+        return np.asarray(np.load(self.dir / f"sig-{task.name}.npy", mmap_mode="r")[rows])
 
     def ids(self, task: Task) -> list[str]:
         if self.dir is None:
@@ -231,7 +261,7 @@ def _shingle_sets(job: Job, sh: mh.Shingler, offsets: np.ndarray, docs: np.ndarr
 
 
 def phase_cluster(job: Job, store: _Store, sh: mh.Shingler, d: DictConfig, bands: int, rows: int) -> dict:
-    """Phase 2: exact duplicates, LSH candidates, verification, union-find (global)."""
+    """Phase 2 in memory: exact duplicates and LSH candidates over all signatures, then clusters."""
     sigs = [store.sig(t) for t in job.tasks]
     offsets = np.zeros(len(sigs) + 1, dtype=np.int64)
     np.cumsum([len(s) for s in sigs], out=offsets[1:])
@@ -246,13 +276,43 @@ def phase_cluster(job: Job, store: _Store, sh: mh.Shingler, d: DictConfig, bands
     keys = mh.band_keys(sig[uniq], bands, rows, int(d.seed))
     pairs = mh.candidate_pairs(keys, uniq, int(d.bucket_all_pairs_max))
     del keys
+    return cluster_candidates(job, sh, d, offsets, exact_first, pairs, lambda docs: sig[docs])
+
+
+def phase_cluster_scaled(job: Job, store: _Store, sh: mh.Shingler, d: DictConfig, backend: scale.Backend) -> dict:
+    """Phase 2 after a bucket map/reduce: candidates from the partitions' pair files, then clusters.
+
+    Only the signature rows of candidate documents are read (``verify=estimate``)."""
+    offsets, exact_first, pairs = scale.candidates(backend)
+
+    def sig_rows(docs: np.ndarray) -> np.ndarray:
+        owner = np.searchsorted(offsets, docs, side="right") - 1
+        parts = [store.sig_rows(job.tasks[t], docs[owner == t] - offsets[t]) for t in np.unique(owner).tolist()]
+        return np.concatenate(parts) if parts else np.empty((0, int(d.num_perm)), dtype=np.uint32)
+
+    return cluster_candidates(job, sh, d, offsets, exact_first, pairs, sig_rows)
+
+
+def cluster_candidates(job: Job, sh: mh.Shingler, d: DictConfig, offsets: np.ndarray, exact_first: np.ndarray,
+                       pairs: np.ndarray, sig_rows) -> dict:
+    """Verify candidate ``pairs`` (global indices), union-find them, attach exact duplicates.
+
+    ``sig_rows(docs)`` returns the signatures of the sorted documents ``docs`` (``verify=estimate``)."""
+    n = int(offsets[-1])
     threshold = float(d.threshold)
+    docs = np.unique(pairs)
     sets: dict[int, np.ndarray] = {}
     if d.verify == "exact" and len(pairs):
-        sets = _shingle_sets(job, sh, offsets, np.unique(pairs))
-        sim = np.array([mh.jaccard_sorted(sets[i], sets[j]) for i, j in pairs.tolist()], dtype=np.float64)
+        sets = _shingle_sets(job, sh, offsets, docs)
+
+        def sim_of(p: np.ndarray) -> np.ndarray:
+            return np.array([mh.jaccard_sorted(sets[i], sets[j]) for i, j in p.tolist()], dtype=np.float64)
     else:
-        sim = mh.estimated_jaccard(sig, pairs)
+        sub = sig_rows(docs)
+
+        def sim_of(p: np.ndarray) -> np.ndarray:
+            return mh.estimated_jaccard(sub, np.searchsorted(docs, p)) if len(p) else np.empty(0)
+    sim = sim_of(pairs)
     ok = sim >= threshold if d.verify != "none" else np.ones(len(pairs), dtype=bool)
     verified = pairs[ok]
     near_root = mh.union_find_roots(n, verified)
@@ -265,11 +325,7 @@ def phase_cluster(job: Job, store: _Store, sh: mh.Shingler, d: DictConfig, bands
     src = exact_first[removed]
     need = src != root[removed]
     a, b = src[need], root[removed][need]
-    if d.verify == "exact":
-        vals = [mh.jaccard_sorted(sets[i], sets[j]) for i, j in zip(a.tolist(), b.tolist(), strict=True)]
-    else:
-        vals = mh.estimated_jaccard(sig, np.stack([a, b], axis=1)).tolist() if len(a) else []
-    similarity[removed[need]] = vals
+    similarity[removed[need]] = sim_of(np.stack([a, b], axis=1))
     counts = {
         "docs in": n,
         "docs out": int(n - len(removed)),
@@ -282,13 +338,14 @@ def phase_cluster(job: Job, store: _Store, sh: mh.Shingler, d: DictConfig, bands
     return {"offsets": offsets, "root": root, "kind": kind, "similarity": similarity, "counts": counts}
 
 
-def _load_or_cluster(job: Job, store: _Store, sh: mh.Shingler, d: DictConfig, bands: int, rows: int) -> dict:
+def _load_or_cluster(job: Job, compute) -> dict:
+    """The clustering, from ``OUT/.cptkit/clusters.npz`` or ``compute()`` (then cached there)."""
     path = None if job.stdout else job.out / STATE_DIR / "clusters.npz"
     if path is not None and path.exists():
         z = np.load(path)
         return {k: z[k] for k in ("offsets", "root", "kind", "similarity")} | {
             "counts": json.loads(str(z["counts"]))}
-    res = phase_cluster(job, store, sh, d, bands, rows)
+    res = compute()
     if path is not None:
         buf = io.BytesIO()
         np.savez(buf, offsets=res["offsets"], root=res["root"], kind=res["kind"], similarity=res["similarity"],
@@ -313,13 +370,34 @@ def write_removed(job: Job, store: _Store, res: dict) -> None:
     atomic_write_bytes(job.out / "_removed.jsonl", "".join(lines).encode("utf-8"))
 
 
+def _job_config(cfg: DictConfig) -> DictConfig:
+    """The config the Job records: every phase of one run shares its hash (``dedup.phase`` is
+    reset), and a password in ``dedup.redis_url`` is masked."""
+    out = copy.deepcopy(cfg)
+    out.dedup.phase = "all"
+    out.dedup.redis_url = scale.mask_url(str(cfg.dedup.redis_url))
+    return out
+
+
+def _not_ready(job: Job, phase: str, what: str, missing: list, next_phase: str, extra: dict) -> dict:
+    """An earlier phase is unfinished: ``phase=all`` stops quietly (other slices are still at
+    work), an explicit phase is an error."""
+    if phase != "all":
+        raise CptkitError(f"dedup.phase={phase}: {what} of {len(missing)} items is unfinished (first: "
+                          f"{missing[0]}); run dedup.phase={next_phase} for every shard.index first")
+    log.info("this slice is done; %s of %d items is unfinished (other slices): rerun once every slice "
+             "has finished it", what, len(missing))
+    return job.finish(extra=extra)
+
+
 def run(cfg: DictConfig) -> dict:
     """Remove exact and near duplicates; keep the first document of every cluster."""
     d = cfg.dedup
     check_config(d)
     bands, rows = banding(d)
     info = describe(d, bands, rows)
-    with Job(cfg) as job:
+    phase, cluster = str(d.phase), str(d.cluster)
+    with Job(_job_config(cfg)) as job:
         if any(f.path == STDIO for f in job.inputs):
             raise CptkitError("dedup reads its input several times: --in - (stdin) is not supported, "
                               "pass files")
@@ -327,13 +405,39 @@ def run(cfg: DictConfig) -> dict:
             return job.finish()
         sh = mh.Shingler(int(d.ngram), int(d.num_perm), int(d.seed), str(d.tokenizer), bool(d.lowercase))
         store = _Store(job)
-        phase_signatures(job, store, sh, d)
-        missing = [t.name for t in job.tasks if not store.has(t)]
-        if missing:
-            log.info("signatures of this slice are done; %d shards still lack them (other slices): "
-                     "rerun once every slice has finished phase 1 to cluster and write", len(missing))
-            return job.finish(extra={"phase": "signatures"} | info)
-        res = _load_or_cluster(job, store, sh, d, bands, rows)
+        backend = scale.make_backend(job, d, bands)
+        if cluster != "memory":
+            info = info | {"cluster": f"{cluster}, {backend.partitions} partitions"}
+        if phase in ("all", "map"):
+            phase_signatures(job, store, sh, d)
+            if backend is not None:
+                backend.map(store, bands, rows)
+        if phase == "map":
+            return job.finish(extra={"phase": "map"} | info)
+        if backend is None:
+            missing = [t.name for t in job.tasks if not store.has(t)]
+            if missing:
+                return _not_ready(job, phase, "the signatures (map)", missing, "map",
+                                  {"phase": "signatures"} | info)
+
+            def compute() -> dict:
+                return phase_cluster(job, store, sh, d, bands, rows)
+        else:
+            missing = backend.missing_maps()
+            if missing:
+                return _not_ready(job, phase, "the map", missing, "map", {"phase": "map"} | info)
+            if phase in ("all", "reduce"):
+                backend.reduce()
+            if phase == "reduce":
+                return job.finish(extra={"phase": "reduce"} | info)
+            missing = backend.missing_reduces()
+            if missing:
+                return _not_ready(job, phase, "the reduce", [f"p-{p:04d}" for p in missing], "reduce",
+                                  {"phase": "reduce"} | info)
+
+            def compute() -> dict:
+                return phase_cluster_scaled(job, store, sh, d, backend)
+        res = _load_or_cluster(job, compute)
         root = res["root"]
         for task in job.pending():
             t0 = time.time()
@@ -353,5 +457,7 @@ def run(cfg: DictConfig) -> dict:
             log.info("--out -: the list of removed ids (_removed.jsonl) is not written")
         elif all(job.is_done(t) for t in job.tasks):
             write_removed(job, store, res)
+            if backend is not None and d.cleanup:
+                backend.cleanup()
         counts = res["counts"]
         return job.finish(extra=counts | info)
