@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -64,7 +65,7 @@ def summary_table(title: str, rows: Mapping[str, Any]) -> Table:
             value = f"{value:,.2f}" if abs(value) < 1e6 else f"{value:,.0f}"
         elif isinstance(value, int):
             value = f"{value:,}"
-        table.add_row(str(key), str(value))
+        table.add_row(escape(str(key)), escape(str(value)))
     return table
 
 

@@ -101,6 +101,7 @@ class TrainOptions:
     save_every: int = 0  # optimizer steps between checkpoints (0: only at the end)
     keep_last: int = 2
     resume: bool = False
+    save_initial: bool = False  # also save the model before training as OUT/model_init (HF format)
     eval_docs: int = 8  # held-out docs per domain used for eval losses
     eval_max_tokens: int = 256
     eval_every: int = 0  # log per-domain eval losses every N steps (0: off)
@@ -359,6 +360,13 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
             model.activation_checkpointing_enable({"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if tcfg.save_initial and rank == 0 and not (out / "model_init").exists():
+        # The "base" of a from-scratch demo run, for evaluate-compare against the trained model.
+        tmp = out / ".model_init.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        os.replace(tmp, out / "model_init")
     model.train()
     base = OmegaConf.to_container(cfg.deepspeed, resolve=True) or {}
     if tcfg.deepspeed_config:
