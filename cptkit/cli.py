@@ -335,6 +335,23 @@ def evaluate_compare(
         sys.stdout.write(md)
 
 
+register("retrieve-index", "retrieve_index")
+
+
+@app.command("retrieve-index", context_settings=CTX,
+             help="Build BM25 index shards (shard.index=I shard.count=N per array job, or retrieve.shards=N); "
+             "retrieve --index DIR then searches all shards with global statistics (docs/retrieve.md).")
+def retrieve_index(
+    ctx: typer.Context,
+    corpus: Annotated[list[str] | None, typer.Option("--corpus", "-i", help="Corpus shards to index (file, directory, glob). Repeatable.")] = None,
+    out: Out = None,
+    quiet: Quiet = False,
+    cfg: Cfg = None,
+    skip_bad: SkipBad = False,
+) -> None:
+    invoke(ctx, "retrieve-index", io_overrides(corpus, out, quiet, skip_bad), cfg)
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and exit code 2."""
     try:

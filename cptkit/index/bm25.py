@@ -10,11 +10,15 @@ Layout of an index directory (all arrays memory-mapped on load):
   ``IDF(t) · tf (k1 + 1) / (tf + k1 (1 − b + b |d| / avgdl))``.
 * ``doc_len.npy`` (int32): document lengths in tokens. ``bm25.json``: parameters and stats.
 
-Searching a query adds the precomputed scores of its terms' postings into a per-document
-accumulator and keeps the best k in a bounded heap ordered by (score, then lower document
-index). Queries whose terms have many postings (≥ N/8) accumulate branch-free and scan all N
-documents once; rare-term queries track the touched documents instead, so their cost is
-O(postings) however large N is. Only documents containing a query term are returned.
+Searching is pure gather-add: each distinct query term adds its postings' precomputed scores
+(times the term's count in the query) into a reused dense per-document accumulator (float32
+for float32 postings, like bm25s). Queries whose terms have many postings (≥ N/8) accumulate
+branch-free and scan all N documents once, appending those above a floor to a candidate
+buffer that a partial selection (quickselect, an ``np.argpartition`` equivalent) cuts back to
+k whenever it fills, raising the floor; rare-term queries collect the touched documents
+instead, so their cost is O(postings) however large N is. Only the k selected are sorted, by
+score descending, then lower document index. A whole batch of queries runs inside one numba
+call. Only documents containing a query term are returned.
 """
 
 from __future__ import annotations
@@ -33,47 +37,74 @@ from cptkit.index.base import BM25Params, Searcher, SearchResult, idf, term_weig
 FILES = ("vocab.json", "indptr.npy", "post_doc.npy", "post_tf.npy", "post_score.npy", "doc_len.npy", "bm25.json")
 
 
-@njit(cache=True, inline="always")
-def _worse(s1, d1, s2, d2):  # pragma: no cover - numba
-    return s1 < s2 or (s1 == s2 and d1 > d2)
-
-
-@njit(cache=True, inline="always")
-def _offer(hs, hd, m, k, v, d):  # pragma: no cover - numba
-    """Offer (score v, doc d) to a min-heap of the best ``k``; returns the new heap size."""
-    if m < k:
-        i = m
-        hs[i], hd[i] = v, d
-        while i > 0:
-            p = (i - 1) // 2
-            if _worse(hs[i], hd[i], hs[p], hd[p]):
-                hs[i], hs[p] = hs[p], hs[i]
-                hd[i], hd[p] = hd[p], hd[i]
-                i = p
-            else:
-                break
-        return m + 1
-    if not _worse(hs[0], hd[0], v, d):
-        return m
-    hs[0], hd[0] = v, d
-    i = 0
-    while True:
-        w = 2 * i + 1
-        if w >= m:
-            break
-        if w + 1 < m and _worse(hs[w + 1], hd[w + 1], hs[w], hd[w]):
-            w += 1
-        if _worse(hs[w], hd[w], hs[i], hd[i]):
-            hs[i], hs[w] = hs[w], hs[i]
-            hd[i], hd[w] = hd[w], hd[i]
-            i = w
+@njit(cache=True)
+def _kth_largest(vals, n, k):  # pragma: no cover - numba
+    """The ``k``-th largest of ``vals[:n]`` (1 <= k <= n); reorders ``vals[:n]`` (quickselect)."""
+    lo, hi, target = 0, n - 1, n - k  # ascending position of the k-th largest
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        a, b, c = vals[lo], vals[mid], vals[hi]  # median of three as pivot
+        pivot = b if (a <= b <= c or c <= b <= a) else (a if (b <= a <= c or c <= a <= b) else c)
+        i, j = lo, hi
+        while i <= j:
+            while vals[i] < pivot:
+                i += 1
+            while vals[j] > pivot:
+                j -= 1
+            if i <= j:
+                vals[i], vals[j] = vals[j], vals[i]
+                i += 1
+                j -= 1
+        if target <= j:
+            hi = j
+        elif target >= i:
+            lo = i
         else:
             break
-    return m
+    return vals[target]
+
+
+@njit(cache=True)
+def _select(cs, cd, n, k, scratch):  # pragma: no cover - numba
+    """Keep the best ``k`` of the candidates ``(cs[:n], cd[:n])`` in place, by score desc then doc asc.
+
+    Partial selection (an ``np.argpartition`` equivalent): the k-th largest score ``t`` by
+    quickselect, then every candidate above ``t`` and the lowest-index documents tied at ``t``.
+    The kept candidates stay in their relative order. Returns ``(m, t)``: count kept, threshold.
+    """
+    if n <= k:
+        return n, -np.inf
+    for i in range(n):
+        scratch[i] = cs[i]
+    t = _kth_largest(scratch, n, k)
+    above = 0
+    for i in range(n):
+        above += cs[i] > t
+    need = k - above  # >= 1 candidates tied at t to keep: the lowest document indices
+    dmax = np.iinfo(np.int64).max
+    n_tied = 0
+    for i in range(n):
+        n_tied += cs[i] == t
+    if n_tied > need:
+        tied = np.empty(n_tied, np.int64)
+        j = 0
+        for i in range(n):
+            if cs[i] == t:
+                tied[j] = cd[i]
+                j += 1
+        tied.sort()
+        dmax = tied[need - 1]
+    m = 0
+    for i in range(n):
+        v = cs[i]
+        if v > t or (v == t and cd[i] <= dmax):
+            cs[m], cd[m] = v, cd[i]
+            m += 1
+    return m, t
 
 
 @njit(cache=True, nogil=True)
-def _search_batch(q_ptr, q_terms, indptr, post_doc, post_score, positive, n_docs, k):  # pragma: no cover
+def _search_batch(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, positive, n_docs, k):  # pragma: no cover
     """Top-k of every query: (docs, scores, counts). See the module docstring."""
     nq = q_ptr.size - 1
     out_docs = np.full((nq, k), -1, np.int64)
@@ -81,9 +112,10 @@ def _search_batch(q_ptr, q_terms, indptr, post_doc, post_score, positive, n_docs
     counts = np.zeros(nq, np.int64)
     acc = np.zeros(n_docs, post_score.dtype)  # float32 postings sum in float32 (like bm25s)
     seen = np.zeros(n_docs, np.bool_)
-    touched = np.empty(n_docs, np.int64)
-    hs = np.empty(k, np.float64)
-    hd = np.empty(k, np.int64)
+    cap = min(n_docs, max(4 * k, 4096))  # dense path: candidate buffer, compacted to k when full
+    cs = np.empty(n_docs, np.float64)
+    cd = np.empty(n_docs, np.int64)
+    scratch = np.empty(n_docs, np.float64)
     for qi in range(nq):
         n_post = 0
         all_pos = True
@@ -91,52 +123,55 @@ def _search_batch(q_ptr, q_terms, indptr, post_doc, post_score, positive, n_docs
             t = q_terms[j]
             n_post += indptr[t + 1] - indptr[t]
             all_pos = all_pos and positive[t]
-        m = 0
         if n_post == 0:
             continue
+        n = 0
         if all_pos and n_post * 8 >= n_docs:
-            # Dense: branch-free accumulation, then one scan (touched <=> score > 0).
+            # Dense: branch-free gather-add, then one scan of all documents (touched <=> score > 0).
             for j in range(q_ptr[qi], q_ptr[qi + 1]):
                 t = q_terms[j]
-                for p in range(indptr[t], indptr[t + 1]):
-                    acc[post_doc[p]] += post_score[p]
-            floor = 0.0  # 0 until the heap is full, then its worst score (rarely beaten: no mispredicts)
+                w = q_weight[j]
+                if w == 1:
+                    for p in range(indptr[t], indptr[t + 1]):
+                        acc[post_doc[p]] += post_score[p]
+                else:
+                    for p in range(indptr[t], indptr[t + 1]):
+                        acc[post_doc[p]] += post_score[p] * w
+            floor = 0.0  # documents come in index order: a later one loses ties, so strictly greater
             for d in range(n_docs):
                 v = np.float64(acc[d])
                 acc[d] = 0.0
-                if v > floor:  # a later document loses ties, so strictly greater
-                    m = _offer(hs, hd, m, k, v, d)
-                    if m == k:
-                        floor = hs[0]
+                if v > floor:
+                    cs[n], cd[n] = v, d
+                    n += 1
+                    if n == cap:
+                        n, floor = _select(cs, cd, n, k, scratch)
         else:
-            # Sparse: track the touched documents (also exact when some IDF is <= 0).
+            # Sparse: collect the touched documents (also exact when some IDF is <= 0).
             c = 0
             for j in range(q_ptr[qi], q_ptr[qi + 1]):
                 t = q_terms[j]
+                w = q_weight[j]
                 for p in range(indptr[t], indptr[t + 1]):
                     d = post_doc[p]
                     if not seen[d]:
                         seen[d] = True
-                        touched[c] = d
+                        cd[c] = d
                         c += 1
-                    acc[d] += post_score[p]
+                    acc[d] += post_score[p] * w
+            cd[:c].sort()  # index order, so that ties keep the lower document
             for i in range(c):
-                d = touched[i]
-                fv = np.float64(acc[d])
-                if m < k or fv > hs[0] or (fv == hs[0] and d < hd[0]):
-                    m = _offer(hs, hd, m, k, fv, d)
+                d = cd[i]
+                cs[i] = np.float64(acc[d])
                 acc[d] = 0.0
                 seen[d] = False
-        docs = hd[:m].copy()
-        order0 = np.argsort(docs)
-        neg = np.empty(m, np.float64)
-        for i in range(m):
-            neg[i] = -hs[order0[i]]
-        order = np.argsort(neg, kind="mergesort")  # stable: equal scores stay in document order
+            n = c
+        m, _ = _select(cs, cd, n, k, scratch)
+        order = np.argsort(-cs[:m], kind="mergesort")  # stable: candidates are in document order
         for r in range(m):
-            o = order0[order[r]]
-            out_docs[qi, r] = hd[o]
-            out_scores[qi, r] = hs[o]
+            o = order[r]
+            out_docs[qi, r] = cd[o]
+            out_scores[qi, r] = cs[o]
         counts[qi] = m
     return out_docs, out_scores, counts
 
@@ -238,14 +273,24 @@ class BM25Index(Searcher):
             acc[self.post_doc[s:e]] += self.post_score[s:e]
         return acc
 
-    def search(self, queries: list[list[str]], k: int) -> SearchResult:
-        ids = [self.term_ids(q) for q in queries]
+    def query_arrays(self, queries: list[list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """CSR form of a batch of queries: ``(q_ptr, term ids, weights)``, each term once per query.
+
+        A term's weight is its count in the query (in the postings' dtype): a repeated query term
+        adds its postings' scores times the count instead of once per occurrence."""
+        ids = [Counter(self.term_ids(q)) for q in queries]
         q_ptr = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum([len(x) for x in ids], out=q_ptr[1:])
-        q_terms = np.fromiter((t for x in ids for t in x), dtype=np.int64, count=int(q_ptr[-1]))
-        docs, scores, counts = _search_batch(q_ptr, q_terms, np.asarray(self.indptr), np.asarray(self.post_doc),
-                                             np.asarray(self.post_score), self.positive, self.n_docs,
-                                             max(int(k), 1))
+        n = int(q_ptr[-1])
+        q_terms = np.fromiter((t for x in ids for t in x), dtype=np.int64, count=n)
+        q_weight = np.fromiter((c for x in ids for c in x.values()), dtype=self.post_score.dtype, count=n)
+        return q_ptr, q_terms, q_weight
+
+    def search(self, queries: list[list[str]], k: int) -> SearchResult:
+        q_ptr, q_terms, q_weight = self.query_arrays(queries)
+        docs, scores, counts = _search_batch(q_ptr, q_terms, q_weight, np.asarray(self.indptr),
+                                             np.asarray(self.post_doc), np.asarray(self.post_score),
+                                             self.positive, self.n_docs, max(int(k), 1))
         return SearchResult(docs, scores, counts)
 
     # -- persistence -----------------------------------------------------------------------

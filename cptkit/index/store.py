@@ -42,7 +42,7 @@ def dir_size(directory: Path) -> int:
 
 def build_index(records: Iterable[Record], directory: str | Path, tokenizer: Tokenizer, params: BM25Params, *,
                 dtype: str = "float32", text_field: str = "text", sources: list[dict] | None = None,
-                on_record: Callable[[], None] | None = None) -> dict[str, Any]:
+                on_record: Callable[[], None] | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Tokenize and store ``records``, build postings, write the index to ``directory`` atomically.
 
     Holds the postings in memory while building (about 12 bytes per distinct term per document);
@@ -73,7 +73,8 @@ def build_index(records: Iterable[Record], directory: str | Path, tokenizer: Tok
         index = builder.finish(params, dtype)
         index.save(tmp)
         meta = {"format": FORMAT, **index.stats(), "params": params.as_dict(), "tokenizer": tokenizer.config(),
-                "text_field": text_field, "sources": sources or [], "build_seconds": time.time() - t0}
+                "text_field": text_field, "sources": sources or [], "build_seconds": time.time() - t0,
+                **(extra or {})}
         meta["size_bytes"] = dir_size(tmp)
         (tmp / META).write_text(json.dumps(meta, indent=2, ensure_ascii=False))
         if final.exists():

@@ -21,6 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from cptkit.config import JobConfig, register_step
 from cptkit.errors import CptkitError
 from cptkit.index.base import BM25Params
+from cptkit.index.elasticsearch import EsConfig, EsIndex
+from cptkit.index.sharded import OpenShardedIndex, is_sharded
 from cptkit.index.store import BACKENDS, OpenIndex, build_index, is_finished
 from cptkit.job import Job, Task
 from cptkit.progress import log
@@ -40,12 +42,15 @@ class RetrieveConfig:
     b: float = 0.75
     idf: str = "lucene"  # lucene | okapi (= rank_bm25.BM25Okapi)
     epsilon: float = 0.25  # okapi: negative IDFs become epsilon * mean IDF
-    backend: str = "bm25"  # bm25 (fast, numba, mmap) | rank_bm25 (reference, small corpora)
+    backend: str = "bm25"  # bm25 (fast, numba, mmap) | rank_bm25 (reference) | elasticsearch
+    shards: int = 0  # retrieve-index: index shards to build (0: shard.count)
+    threads: int = 1  # sharded index: shards searched in parallel
     dtype: str = "float32"  # stored posting scores: float32 | float64
     batch_size: int = 256  # queries per search call
     text_field: str = "text"  # document field indexed
     query_field: str = "text"  # query field searched
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    es: EsConfig = field(default_factory=EsConfig)
 
 
 @dataclass
@@ -82,8 +87,14 @@ def _tokenizer(rc: DictConfig) -> Tokenizer:
         raise CptkitError(f"retrieve.tokenizer: {e}") from None
 
 
-def _open_or_build(job: Job, rc: DictConfig, corpus: list[InputFile]) -> tuple[OpenIndex, float]:
+def _same_sources(meta: dict, corpus: list[InputFile]) -> bool:
+    return [{"path": s["path"], "size": s["size"]} for s in meta.get("sources", [])] == _sources(corpus)
+
+
+def _open_or_build(job: Job, rc: DictConfig, corpus: list[InputFile]) -> tuple[Any, float]:
     """The index to search: reuse a finished one, or build it from ``corpus``. Returns (index, build s)."""
+    if str(rc.backend) == "elasticsearch":
+        return _open_es(job, rc, corpus)
     if job.stdout and not rc.index:
         raise CptkitError("with --out - pass --index DIR (the index cannot live in the output)")
     index_dir = Path(str(rc.index)) if rc.index else job.out / INDEX_SUBDIR
@@ -91,10 +102,16 @@ def _open_or_build(job: Job, rc: DictConfig, corpus: list[InputFile]) -> tuple[O
     if rc.dtype not in ("float32", "float64"):
         raise CptkitError(f"retrieve.dtype must be float32 or float64, got {rc.dtype!r}")
     build_s = 0.0
-    if is_finished(index_dir):
+    if is_sharded(index_dir):
+        log.info("opening the sharded index at %s (merging term statistics)", index_dir)
+        idx: Any = OpenShardedIndex(index_dir, threads=int(rc.threads))
+        if corpus and not _same_sources(idx.meta, corpus):
+            raise CptkitError(f"{index_dir}: these index shards were built from other corpus files than --corpus; "
+                              "drop --corpus to reuse them, or pass another --index")
+    elif is_finished(index_dir):
         log.info("reusing the index at %s", index_dir)
         idx = OpenIndex(index_dir)
-        if corpus and idx.meta.get("sources") != _sources(corpus):
+        if corpus and not _same_sources(idx.meta, corpus):
             raise CptkitError(f"{index_dir}: this index was built from other corpus files than --corpus; "
                               "drop --corpus to reuse it, or pass another --index")
     else:
@@ -113,11 +130,29 @@ def _open_or_build(job: Job, rc: DictConfig, corpus: list[InputFile]) -> tuple[O
     return idx, build_s
 
 
+def _open_es(job: Job, rc: DictConfig, corpus: list[InputFile]) -> tuple[EsIndex, float]:
+    """The Elasticsearch/OpenSearch index: reuse it, or bulk-index ``corpus`` into it."""
+    tokenizer, params = _tokenizer(rc), _params(rc)
+    es_cfg = OmegaConf.to_container(rc.es, resolve=True)
+    idx = EsIndex(EsConfig(**es_cfg), tokenizer, params, text_field=str(rc.text_field))  # type: ignore[arg-type]
+    t0 = time.time()
+    if idx.ready(_sources(corpus) if corpus else None):
+        log.info("reusing the elasticsearch index %s at %s", idx.cfg.index, idx.cfg.url)
+        return idx, 0.0
+    if not corpus:
+        raise CptkitError(f"no finished elasticsearch index {idx.cfg.index!r} at {idx.cfg.url} and no --corpus "
+                          "to build one from")
+    log.info("bulk-indexing %d corpus file(s) into %s/%s", len(corpus), idx.cfg.url, idx.cfg.index)
+    advance = job.add_bar("index build (docs)", None)
+    idx.build(iter_records(corpus, skip_bad=bool(job.cfg.io.skip_bad_lines)), _sources(corpus), on_record=advance)
+    return idx, time.time() - t0
+
+
 def run(cfg: DictConfig) -> dict:
     """Build or reuse the index, search every query, write the union of hits and the run file."""
     rc = cfg.retrieve
-    if rc.backend not in BACKENDS:
-        raise CptkitError(f"retrieve.backend must be one of {BACKENDS}, got {rc.backend!r}")
+    if rc.backend not in (*BACKENDS, "elasticsearch"):
+        raise CptkitError(f"retrieve.backend must be one of {(*BACKENDS, 'elasticsearch')}, got {rc.backend!r}")
     if int(rc.top_k) < 1:
         raise CptkitError(f"retrieve.top_k must be >= 1, got {rc.top_k}")
     q_specs = _specs(rc.queries)
@@ -145,7 +180,7 @@ def run(cfg: DictConfig) -> dict:
         return job.finish(extra=extra)
 
 
-def _search_and_write(job: Job, task: Task, idx: OpenIndex, rc: DictConfig, params: BM25Params,
+def _search_and_write(job: Job, task: Task, idx: Any, rc: DictConfig, params: BM25Params,
                       qids: list[str], qtexts: list[str], build_s: float) -> dict[str, Any]:
     t0 = time.time()
     searcher = idx.searcher(str(rc.backend), params)
@@ -201,6 +236,7 @@ def _search_and_write(job: Job, task: Task, idx: OpenIndex, rc: DictConfig, para
         "index build s": build_s,
         "index reused": build_s == 0.0,
         "index dir": str(idx.dir),
+        "index shards": m.get("shards", 1),
         "index docs": m["docs"],
         "index terms": m["terms"],
         "index postings": m["postings"],

@@ -1,0 +1,74 @@
+"""retrieve-index: build one shard of a sharded BM25 index (docs/retrieve.md, "Sharded mode").
+
+``cptkit retrieve-index --corpus corpus/ --out idx/ shard.index=I shard.count=N`` builds
+``idx/shard-IIIII-of-NNNNN/`` from the corpus files ``f`` with ``f % N == I`` — one job of a
+SLURM array per shard, or all shards in one process with ``shard.count=1 retrieve.shards=N``.
+Shards keep their own statistics; ``cptkit retrieve --index idx/`` merges them (global df,
+N, avgdl) before scoring, so results equal one index over the whole corpus.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from cptkit.config import register_step
+from cptkit.errors import CptkitError
+from cptkit.index.sharded import shard_dir, shard_files
+from cptkit.index.store import build_index
+from cptkit.job import Job, Task
+from cptkit.records import Record
+from cptkit.shards import resolve_inputs
+from cptkit.steps.retrieve import RetrieveJob, _params, _tokenizer
+
+register_step("retrieve-index", RetrieveJob)
+
+
+def run(cfg: DictConfig) -> dict:
+    """Build this slice's index shards (resumable: finished shards are kept)."""
+    rc = cfg.retrieve
+    if not cfg.io.inputs:
+        raise CptkitError("no corpus given: pass --corpus DIR (files, directories or globs)")
+    corpus = resolve_inputs(list(cfg.io.inputs))
+    n_shards = int(rc.shards) or int(cfg.shard.count)
+    if n_shards < 1:
+        raise CptkitError(f"retrieve.shards must be >= 1, got {rc.shards}")
+    if n_shards > len(corpus):
+        raise CptkitError(f"{len(corpus)} corpus file(s) cannot make {n_shards} index shards; "
+                          "split the corpus into more files or use fewer shards")
+    if rc.dtype not in ("float32", "float64"):
+        raise CptkitError(f"retrieve.dtype must be float32 or float64, got {rc.dtype!r}")
+    tokenizer, params = _tokenizer(rc), _params(rc)
+    position = {f.path: i for i, f in enumerate(corpus)}
+    tasks = [Task(i, [corpus[f] for f in shard_files(len(corpus), i, n_shards)]) for i in range(n_shards)]
+    with Job(cfg, inputs=corpus, tasks=tasks) as job:
+        built = []
+        for task in job.pending():
+            t0 = time.time()
+            sources = [{"path": str(Path(f.path).resolve()), "size": f.size, "file_index": position[f.path],
+                        "docs": 0} for f in task.inputs]
+
+            def records(task: Task = task, sources: list[dict] = sources) -> Iterator[Record]:
+                for src, inp in zip(sources, task.inputs, strict=True):
+                    for rec in job.read(Task(task.index, [inp])):
+                        src["docs"] += 1
+                        yield rec
+
+            out = shard_dir(job.out, task.index, n_shards)
+            meta = build_index(records(), out, tokenizer, params, dtype=str(rc.dtype), text_field=str(rc.text_field),
+                               sources=sources, extra={"shard": {"index": task.index, "count": n_shards,
+                                                                 "files": len(corpus)}})
+            built.append(meta)
+            job.complete(task, seconds=time.time() - t0, docs=meta["docs"], postings=meta["postings"])
+        results = job.all_results()
+        return job.finish(extra={
+            "shards": n_shards,
+            "shards built here": len(built),
+            "shards finished": len(results),
+            "docs (finished shards)": sum(r.get("extra", {}).get("docs", 0) for r in results.values()),
+            "postings (finished shards)": sum(r.get("extra", {}).get("postings", 0) for r in results.values()),
+            "index dir": str(job.out),
+        })
