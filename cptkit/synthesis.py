@@ -96,8 +96,8 @@ def parse_question(text: str) -> str:
     """
     body = _after(text, _CREATED)
     body = _until_marker(body if body is not None else text).strip()
-    body = _LEAD.sub("", body, count=1).strip().strip('"“”').strip()
-    return body.split("\n\n")[0].strip()
+    body = _LEAD.sub("", body, count=1).strip().split("\n\n")[0].strip()
+    return body.strip('"“”').strip()
 
 
 def parse_thought(text: str) -> tuple[str, str]:

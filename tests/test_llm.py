@@ -14,7 +14,7 @@ import pytest
 from cptkit.errors import CptkitError
 from cptkit.llm import GenParams, load_generator
 from cptkit.llm.base import apply_stop, request_seed
-from tests._tiny_llm import build_tiny_model, llm_cfg
+from tests._tiny_llm import cached_tiny_model, llm_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["What is meiosis?", "Name a prime number.", "Tell me about Paris and the Seine river in France.",
@@ -23,8 +23,8 @@ PROMPTS = ["What is meiosis?", "Name a prime number.", "Tell me about Paris and 
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+def tiny_dir() -> Path:
+    return cached_tiny_model()
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def _free_port() -> int:
 def server(tiny_dir, tmp_path_factory):
     """`cptkit serve-llm` on the tiny model, as a real subprocess on 127.0.0.1."""
     ready = tmp_path_factory.mktemp("srv") / "url"
-    proc = subprocess.Popen([sys.executable, "-m", "cptkit.cli", "serve-llm", f"llm.model={tiny_dir}", "llm.device=cpu",
+    proc = subprocess.Popen([sys.executable, "-m", "cptkit.cli", "serve-llm", f"llm.model={tiny_dir}", "llm.device=cpu", "llm.num_threads=1",
                              "serve.port=0", f"serve.ready_file={ready}", "serve.max_batch=8", "quiet=true"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

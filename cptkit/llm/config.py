@@ -37,6 +37,7 @@ class LLMConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16
     batch_size: int = 8
+    num_threads: int = 0  # CPU threads for local generation (0 = torch's default); 1 helps on busy machines
     trust_remote_code: bool = False
     # cache of completions keyed by (model, request, params, seed)
     cache: bool = True

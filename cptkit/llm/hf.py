@@ -100,6 +100,8 @@ class TransformersGenerator(Generator):
         """Load ``cfg.model``; or wrap an already loaded ``model`` and ``tokenizer``."""
         super().__init__(cfg)
         self.device = pick_device(str(cfg.device))
+        if int(cfg.get("num_threads") or 0) > 0:
+            torch.set_num_threads(int(cfg.num_threads))
         if model is None:
             from transformers import AutoModelForCausalLM, AutoTokenizer
 

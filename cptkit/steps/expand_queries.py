@@ -237,7 +237,7 @@ def expand(cfg: DictConfig, job: Job, task: Task) -> tuple[list[Record], dict[st
             if why:
                 drop(why)
                 continue
-            cands.append({"id": f"{item['id']}.q{rnd}{j}", "text": q, "kind": "question", "parent": item["id"],
+            cands.append({"id": f"{item['id']}.r{rnd}q{j}", "text": q, "kind": "question", "parent": item["id"],
                           "round": rnd, "domain": item["domain"], "seed_id": item["seed_id"], "model": model})
         new_q, n_dup = pool.add(cands)
         drop("near_duplicate" if n_dup else None, n_dup)
