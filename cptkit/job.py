@@ -35,6 +35,7 @@ from cptkit.shards import (
     InputFile,
     ReadStats,
     ShardWriter,
+    atomic_write_bytes,
     atomic_write_json,
     read_records,
     resolve_inputs,
@@ -144,7 +145,8 @@ class Job:
                                   "pass io.overwrite=true or choose another --out")
             shutil.rmtree(self.out)
             (state / "done").mkdir(parents=True)
-        hash_file.write_text(self.hash)
+        if not hash_file.exists():  # never rewritten in place: array members read it concurrently
+            atomic_write_bytes(hash_file, self.hash.encode())
 
     # -- tasks -----------------------------------------------------------------------------
     def mine(self) -> list[Task]:
