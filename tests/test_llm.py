@@ -162,9 +162,8 @@ def test_openai_backend_against_real_server(server, tiny_dir, tmp_path):
 def test_openai_unreachable_is_one_clear_error():
     port = _free_port()
     cfg = llm_cfg("m", backend="openai", base_url=f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_s=0.01)
-    g = load_generator(cfg)
     with pytest.raises(CptkitError, match=f"llm.base_url=http://127.0.0.1:{port}/v1: server unreachable .*2 tries"):
-        g.generate(["hi"])
+        load_generator(cfg)  # probed once (GET /models) before any concurrent request
 
 
 def test_api_key_read_from_env_and_never_stored(server, tiny_dir, tmp_path, monkeypatch):

@@ -36,8 +36,11 @@ class OpenAIGenerator(Generator):
         self.concurrency = max(1, int(cfg.concurrency))
         self.batch_size = max(self.batch_size, 4 * self.concurrency)  # cache commit granularity
         self._key = os.environ.get(str(cfg.api_key_env)) if cfg.api_key_env else None
+        models = self._models()  # one probe before any concurrent traffic: an unreachable server fails here, once
         if not self.model_id:
-            self.model_id = self._first_model()
+            if not models:
+                raise CptkitError(f"llm.base_url={self.base_url}: /models lists no model; set llm.model")
+            self.model_id = models[0]
 
     def _headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json"}
@@ -70,11 +73,15 @@ class OpenAIGenerator(Generator):
         raise CptkitError(f"llm.base_url={self.base_url}: server unreachable or failing after "
                           f"{self.retries + 1} tries ({last}); is an OpenAI-compatible server running there?")
 
-    def _first_model(self) -> str:
-        models = self._call("GET", "/models").get("data") or []
-        if not models:
-            raise CptkitError(f"llm.base_url={self.base_url}: /models lists no model; set llm.model")
-        return str(models[0]["id"])
+    def _models(self) -> list[str]:
+        """Model ids listed by ``GET /models`` ([] when the server has no such route)."""
+        try:
+            data = self._call("GET", "/models").get("data") or []
+        except CptkitError as e:
+            if "HTTP 404" in str(e) or "HTTP 405" in str(e):
+                return []
+            raise
+        return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
 
     def _one(self, request: Request, params: GenParams, seed: int) -> Completion:
         body: dict[str, Any] = {"model": self.model_id, "max_tokens": int(params.max_new_tokens),

@@ -148,7 +148,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             gen.close()
         results = job.all_results() if not job.stdout else {k: {"extra": v} for k, v in task_stats.items()}
         total = aggregate([r.get("extra", {}) for r in results.values()])
-        if not job.stdout and results:
+        if not job.stdout and results and not job.already_done:
             atomic_write_json(job.out / "_synth_stats.json", total)
         rows = summary_rows(total, gen.model_id if gen is not None else None)
         job.finish(extra=rows)
