@@ -7,6 +7,7 @@ A taxonomy is a YAML file (``conf/topics/<lang>.yaml``): ``topics`` (the labels)
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,3 +99,53 @@ def map_answer(answer: str, tax: Taxonomy, cutoff: float = 0.85) -> str | None:
             return by_alias[0]
     close = difflib.get_close_matches(a, list(lower), n=1, cutoff=cutoff)
     return lower[close[0]] if close else None
+
+
+NORMS = ("chars", "tokens", "none")
+
+
+def pick_topic(topics: list[str], lls: list[float], n_tokens: list[int], norm: str = "chars",
+               baseline: list[float] | None = None) -> tuple[int, list[float]]:
+    """Argmax topic and the softmax over the topics of their scores (loglikelihood annotation).
+
+    ``lls`` are ``log p(topic | prompt)`` summed over the topic's tokens. With ``baseline``
+    (``log p(topic | same prompt, content-free page)``) the score starts from ``lls - baseline``
+    (contextual calibration, Zhao et al. 2021: removes the model's prior for a topic, e.g. for
+    the first one listed). It is then divided by the topic's length in characters (``chars``:
+    lm-eval's ``acc_norm``), in tokens (``tokens``), or not at all (``none``: lm-eval's ``acc``;
+    uncalibrated, the softmax is the model's probability of each topic restricted to the
+    taxonomy). Ties go to the first topic. Returns ``(index, probabilities)``.
+    """
+    if norm not in NORMS:
+        raise CptkitError(f"topics.norm={norm}: expected one of {', '.join(NORMS)}")
+    if not topics or len(topics) != len(lls) or len(lls) != len(n_tokens):
+        raise CptkitError("pick_topic: topics, log-likelihoods and token counts differ in length")
+    if baseline is not None:
+        if len(baseline) != len(lls):
+            raise CptkitError("pick_topic: the calibration baseline has a different number of topics")
+        lls = [ll - b for ll, b in zip(lls, baseline, strict=True)]
+    if norm == "chars":
+        scores = [ll / max(len(t), 1) for t, ll in zip(topics, lls, strict=True)]
+    elif norm == "tokens":
+        scores = [ll / max(n, 1) for ll, n in zip(lls, n_tokens, strict=True)]
+    else:
+        scores = list(lls)
+    best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+    top = scores[best]
+    exps = [math.exp(s - top) for s in scores]
+    z = sum(exps)
+    return best, [e / z for e in exps]
+
+
+def truncate_tokens(tokenizer: Any, text: str, max_tokens: int) -> str:
+    """The longest prefix of ``text`` that is at most ``max_tokens`` tokens (cut at a token boundary)."""
+    if max_tokens <= 0:
+        return text
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    except NotImplementedError:  # slow (Python) tokenizers have no offsets: decode the kept ids
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        return text if len(ids) <= max_tokens else tokenizer.decode(ids[:max_tokens])
+    if len(enc["input_ids"]) <= max_tokens:
+        return text
+    return text[:enc["offset_mapping"][max_tokens - 1][1]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from cptkit.config import CONF_DIR, compose_step
 from cptkit.errors import CptkitError
 from cptkit.steps import label_topics, label_topics_annotate
 from cptkit.text.langid import detect
-from cptkit.topics import build_prompt, load_taxonomy, map_answer
+from cptkit.topics import build_prompt, load_taxonomy, map_answer, pick_topic, truncate_tokens
 
 runner = CliRunner()
 EN = load_taxonomy(CONF_DIR / "topics" / "en.yaml")
@@ -145,7 +146,7 @@ def test_annotate_with_the_embedded_llm(tmp_path):
     out = tmp_path / "labels"
     res = label_topics_annotate.run(compose_step("label-topics-annotate", [
         f"io.inputs=[{tmp_path / 'corpus'}]", f"io.output={out}", "topics.sample=4", "topics.max_chars=300",
-        "topics.max_new_tokens=10", "llm.cache=false", "quiet=true"]))
+        "topics.max_new_tokens=10", "topics.annotate_mode=generate", "llm.cache=false", "quiet=true"]))
     stats = res["extra"]
     assert stats["sampled"] == 4
     mapped = sum(v for k, v in stats.items() if k.endswith(" mapped"))
@@ -155,6 +156,7 @@ def test_annotate_with_the_embedded_llm(tmp_path):
     assert len(recs) == mapped
     for r in recs:
         assert r["topic"] in (EN.topics if r["lang"] == "en" else ZH.topics) and r["topic_answer"]
+        assert r["topic_annotate_mode"] == "generate"
     rej = [json.loads(x) for x in (out / "_rejected.jsonl").read_text().splitlines()]
     assert len(rej) == rejected
 
@@ -166,3 +168,94 @@ def test_sample_is_order_free():
     assert [r["id"] for r in a] == [r["id"] for r in b] and len(a) == 50
     assert [r["id"] for r in label_topics_annotate.bottom_k(recs, 50, seed=4)] != [r["id"] for r in a]
     assert len(label_topics_annotate.bottom_k(recs[:10], 50, seed=3)) == 10
+
+
+# --- annotate_mode=loglikelihood -----------------------------------------------------------------
+def test_pick_topic_norms_and_calibration():
+    topics, lls, ntok = ["A", "Bbbb"], [-2.0, -4.0], [1, 2]
+    best, p = pick_topic(topics, lls, ntok, "none")  # acc: raw sums
+    assert best == 0 and p[0] == pytest.approx(1 / (1 + math.exp(-2.0))) and sum(p) == pytest.approx(1.0)
+    best, p = pick_topic(topics, lls, ntok, "chars")  # acc_norm: -2/1 vs -4/4
+    assert best == 1 and p[1] == pytest.approx(1 / (1 + math.exp(-1.0)))
+    assert pick_topic(topics, lls, ntok, "tokens")[0] == 0  # -2/1 vs -4/2
+    best, p = pick_topic(topics, lls, ntok, "none", baseline=[-1.0, -5.0])  # -1 vs +1
+    assert best == 1 and p[1] == pytest.approx(1 / (1 + math.exp(-2.0)))
+    assert pick_topic(["x", "y"], [-1.0, -1.0], [1, 1], "none") == (0, [0.5, 0.5])  # tie: first
+    with pytest.raises(CptkitError, match="topics.norm=bytes"):
+        pick_topic(topics, lls, ntok, "bytes")
+
+
+@pytest.fixture(scope="module")
+def tiny_chat_model(tmp_path_factory):
+    """A real byte-level BPE tokenizer trained on real pages + a seeded random Llama, saved as a model dir."""
+    from cptkit.lm import tiny_llama, train_bpe_tokenizer
+
+    d = tmp_path_factory.mktemp("tiny-annotator")
+    texts = [r["text"] for r in python_docs(80) + poems_zh(80)] + [build_prompt(EN, ""), build_prompt(ZH, "")]
+    tok = train_bpe_tokenizer(texts, vocab_size=600)
+    tok.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}assistant:{% endif %}")
+    tiny_llama(tok, hidden=32, layers=2, heads=2, max_position=2048, seed=0).save_pretrained(str(d))
+    tok.save_pretrained(str(d))
+    return d
+
+
+def test_shared_context_scores_equal_lm_loglikelihood(tiny_chat_model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cptkit.lm import loglikelihood
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_chat_model))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_chat_model)).eval()
+    page = python_docs(10)[3]["text"]
+    assert truncate_tokens(tok, page, 0) == page and truncate_tokens(tok, "short", 50) == "short"
+    cut = truncate_tokens(tok, page, 40)
+    assert page.startswith(cut) and len(tok.encode(cut, add_special_tokens=False)) == 40
+    for tax in (EN, ZH):
+        context = tok.apply_chat_template([{"role": "user", "content": build_prompt(tax, cut)}],
+                                          add_generation_prompt=True, tokenize=False)
+        got = label_topics_annotate.topic_loglikelihoods(model, tok, context, tax.topics, batch_size=4)
+        ref = loglikelihood(model, tok, [(context, t) for t in tax.topics], batch_size=5)
+        assert [n for _, n in got] == [len(tok.encode(context + t)) - len(tok.encode(context)) for t in tax.topics]
+        assert [ll for ll, _ in got] == pytest.approx([ll for ll, _ in ref], abs=1e-4)
+        assert all(ll < 0 for ll, _ in got)
+
+
+def test_annotate_loglikelihood_maps_every_page(tiny_chat_model, tmp_path):
+    pages = python_docs(40)[::4] + poems_zh(40)[::4] + [
+        {"id": "fr", "text": "Le chat dort sur la table toute la journée et ne se réveille que pour manger."}]
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", pages[::2])
+    write_jsonl(tmp_path / "corpus" / "b.jsonl", pages[1::2])
+    args = [f"io.inputs=[{tmp_path / 'corpus'}]", "topics.sample=15", "topics.max_page_tokens=64",
+            f"llm.model={tiny_chat_model}", "llm.device=cpu", "llm.batch_size=4", "quiet=true"]
+    res = label_topics_annotate.run(compose_step("label-topics-annotate", args + [f"io.output={tmp_path / 'out'}"]))
+    stats = res["extra"]
+    recs = read_out(tmp_path / "out")
+    assert stats["sampled"] == 15 and len(recs) == 15 - stats["no taxonomy for language"]
+    assert stats["en mapped"] + stats["zh mapped"] == len(recs) >= 13
+    assert sum(v for k, v in stats.items() if k.endswith(" rejected")) == 0
+    assert sum(v for k, v in stats.items() if k.startswith(("en: ", "zh: "))) == len(recs)
+    assert (tmp_path / "out" / "_rejected.jsonl").read_text() == ""
+    for r in recs:
+        tax = EN if r["lang"] == "en" else ZH
+        assert r["topic"] in tax.topics and 1 / len(tax.topics) <= r["topic_score"] <= 1.0
+        assert r["topic_annotate_mode"] == "loglikelihood" and r["topic_annotator"] == str(tiny_chat_model)
+    manifest = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+    assert manifest["extra"]["annotate mode"] == "loglikelihood" and manifest["extra"]["annotate pages/s"] > 0
+    again = label_topics_annotate.run(compose_step("label-topics-annotate", args + [f"io.output={tmp_path / 'again'}"]))
+    assert again["extra"]["sampled"] == 15
+    assert [(r["id"], r["topic"], r["topic_score"]) for r in read_out(tmp_path / "again")] == \
+        [(r["id"], r["topic"], r["topic_score"]) for r in recs]  # deterministic
+
+
+def test_loglikelihood_needs_a_local_model(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "text": "x", "lang": "en"}])
+    base = [f"io.inputs=[{tmp_path / 'in.jsonl'}]", f"io.output={tmp_path / 'o'}"]
+    with pytest.raises(CptkitError, match="needs llm.backend=transformers, not openai; use topics.annotate_mode=generate"):
+        label_topics_annotate.run(compose_step("label-topics-annotate", base + ["llm=openai"]))
+    with pytest.raises(CptkitError, match="topics.annotate_mode=vote"):
+        label_topics_annotate.run(compose_step("label-topics-annotate", base + ["topics.annotate_mode=vote"]))
+    assert not (tmp_path / "o").exists()  # nothing half-written
+    r = runner.invoke(app, ["label-topics-annotate", "--in", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o"),
+                            "llm=openai", "-q"])
+    assert r.exit_code != 0

@@ -3,13 +3,20 @@
 The sample is the ``topics.sample`` records with the smallest hash of ``(seed, id)`` over all
 inputs: the same pages whatever the sharding or order. Each page's language is detected (or
 taken from ``lang``); pages in a language with a taxonomy get the prompt "topic list + page"
-(``prompt`` of ``conf/topics/<lang>.yaml``), generated greedily through the ``llm`` config group
-(``cptkit.llm``). Answers are mapped onto the taxonomy (:func:`cptkit.topics.map_answer`) or
-rejected; rejected answers are counted and kept in ``_rejected.jsonl``.
+(``prompt`` of ``conf/topics/<lang>.yaml``). Two modes (``topics.annotate_mode``):
+
+* ``loglikelihood`` (default): every topic name is scored as the continuation of the prompt
+  (lm-eval ``loglikelihood`` conventions, :func:`cptkit.lm.encode_pair`); the topic with the
+  highest length-normalised log-likelihood wins (:func:`cptkit.topics.pick_topic`), so every
+  page maps onto the taxonomy. Needs a local model (``llm.backend=transformers``).
+* ``generate``: the answer is generated greedily through the ``llm`` config group (any
+  backend) and mapped onto the taxonomy (:func:`cptkit.topics.map_answer`) or rejected;
+  rejected answers are counted and kept in ``_rejected.jsonl``.
 """
 
 from __future__ import annotations
 
+import copy
 import heapq
 import json
 import time
@@ -21,18 +28,26 @@ from omegaconf import DictConfig
 
 from cptkit.classify import unit_hash
 from cptkit.config import JobConfig, register_step
+from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.llm.config import LLMConfig
 from cptkit.records import Record
 from cptkit.shards import atomic_write_bytes, resolve_inputs
 from cptkit.steps.label_topics import TopicsConfig, languages_of, taxonomies
-from cptkit.topics import build_prompt, map_answer
+from cptkit.topics import NORMS, build_prompt, map_answer, pick_topic, truncate_tokens
+
+MODES = ("loglikelihood", "generate")
 
 
 @dataclass
 class AnnotateConfig(TopicsConfig):
     sample: int = 5000  # pages to annotate (paper: 5,000)
+    annotate_mode: str = "loglikelihood"  # loglikelihood (score every topic) | generate (map the answer)
     max_chars: int = 2000  # characters of the page put into the prompt
+    max_page_tokens: int = 256  # loglikelihood: page tokens kept in the prompt (prefill cost); 0 = all
+    norm: str = "chars"  # loglikelihood: chars (lm-eval acc_norm) | tokens | none (acc)
+    calibrate: bool = True  # loglikelihood: subtract each topic's log-likelihood given a content-free page
+    content_free: str = "N/A"  # the content-free page of the calibration prompt
     max_new_tokens: int = 16
     temperature: float = 0.0  # greedy
     fuzzy_cutoff: float = 0.85  # difflib ratio for near-miss spellings
@@ -59,9 +74,122 @@ def bottom_k(records: Iterable[Record], k: int, seed: int) -> list[Record]:
     return [rec for _, _, rec in sorted(heap, key=lambda x: (-x[0], x[1]))]
 
 
+def topic_loglikelihoods(model, tokenizer, context: str, topics: list[str], batch_size: int = 16,
+                         max_length: int | None = None) -> list[tuple[float, int]]:
+    """``(sum log p(topic | context), topic tokens)`` for each topic, in order.
+
+    The numbers of :func:`cptkit.lm.loglikelihood` on ``[(context, t) for t in topics]``
+    (lm-eval tokenization via :func:`cptkit.lm.encode_pair`: the context is encoded alone, so it
+    is the same token sequence for every topic), but the shared context is run through the model
+    once and its KV cache is reused by batches of ``batch_size`` continuations (right-padded).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from cptkit.lm import encode_pair, model_max_length
+
+    pairs = [encode_pair(tokenizer, context, t) for t in topics]
+    ctx = pairs[0][0]
+    conts = [cont for _, cont in pairs]
+    for t, cont in zip(topics, conts, strict=True):
+        if not cont:
+            raise CptkitError(f"topic {t!r} has no tokens after the prompt")
+    limit = max_length or model_max_length(model, tokenizer)
+    need = len(ctx) + max(len(c) for c in conts) - 1
+    if need > limit:
+        raise CptkitError(f"annotation prompt of {len(ctx)} tokens + topic exceeds the model's {limit} tokens; "
+                          "lower topics.max_page_tokens")
+    try:
+        device = next(model.parameters()).device
+    except StopIteration:
+        device = torch.device("cpu")
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([ctx], device=device), use_cache=True)
+        first = F.log_softmax(out.logits[0, -1].float(), dim=-1)
+        lls = [float(first[c[0]]) for c in conts]
+        rest = [i for i, c in enumerate(conts) if len(c) > 1]
+        for b in range(0, len(rest), max(int(batch_size), 1)):
+            idx = rest[b:b + max(int(batch_size), 1)]
+            width = max(len(conts[i]) - 1 for i in idx)
+            inp = torch.zeros((len(idx), width), dtype=torch.long)
+            for r, i in enumerate(idx):
+                inp[r, :len(conts[i]) - 1] = torch.tensor(conts[i][:-1])
+            cache = copy.deepcopy(out.past_key_values)
+            cache.batch_repeat_interleave(len(idx))
+            logp = F.log_softmax(model(input_ids=inp.to(device), past_key_values=cache, use_cache=True).logits.float(),
+                                 dim=-1)
+            for r, i in enumerate(idx):
+                target = torch.tensor(conts[i][1:], device=logp.device)
+                lls[i] += float(logp[r, :len(target)].gather(1, target[:, None]).sum())
+    return [(ll, len(c)) for ll, c in zip(lls, conts, strict=True)]
+
+
+def check_mode(cfg: DictConfig) -> str:
+    """The annotation mode, after checking that the ``llm`` backend supports it."""
+    mode = str(cfg.topics.annotate_mode)
+    if mode not in MODES:
+        raise CptkitError(f"topics.annotate_mode={mode}: expected one of {', '.join(MODES)}")
+    if mode == "loglikelihood":
+        if str(cfg.llm.backend) != "transformers":
+            raise CptkitError(f"topics.annotate_mode=loglikelihood scores topics with a local model's log-probabilities "
+                              f"and needs llm.backend=transformers, not {cfg.llm.backend}; "
+                              "use topics.annotate_mode=generate with this backend")
+        if str(cfg.topics.norm) not in NORMS:
+            raise CptkitError(f"topics.norm={cfg.topics.norm}: expected one of {', '.join(NORMS)}")
+    return mode
+
+
+def annotate_generate(gen, todo: list[tuple[Record, str]], taxes: dict, cfg: DictConfig, job: Job,
+                      stats: Counter) -> tuple[list[Record], list[dict]]:
+    """Generate an answer per page and map it onto the taxonomy: (labelled records, rejected answers)."""
+    a = cfg.topics
+    prompts = [build_prompt(taxes[lang], rec["text"], int(a.max_chars)) for rec, lang in todo]
+    advance = job.add_bar("annotate", len(prompts))
+    outs = gen.generate(prompts, gen.params(max_new_tokens=int(a.max_new_tokens), temperature=float(a.temperature)),
+                        progress=advance)
+    labelled, rejected = [], []
+    for (rec, lang), out in zip(todo, outs, strict=True):
+        topic = map_answer(out.text, taxes[lang], float(a.fuzzy_cutoff))
+        if topic is None:
+            stats[f"{lang} rejected"] += 1
+            rejected.append({"id": rec["id"], "lang": lang, "answer": out.text})
+            continue
+        stats[f"{lang} mapped"] += 1
+        labelled.append({**rec, str(a.lang_field): lang, "topic": topic, "topic_answer": out.text.strip(),
+                         "topic_annotator": str(cfg.llm.model), "topic_annotate_mode": "generate"})
+    return labelled, rejected
+
+
+def annotate_loglikelihood(gen, todo: list[tuple[Record, str]], taxes: dict, cfg: DictConfig, job: Job,
+                           stats: Counter) -> list[Record]:
+    """Score every topic of the page's taxonomy as the prompt's continuation; argmax (normalised)."""
+    a = cfg.topics
+    bs = int(cfg.llm.batch_size)
+    baselines: dict[str, list[float] | None] = {}
+    for lang in sorted({lang for _, lang in todo}):
+        baselines[lang] = None if not a.calibrate else [ll for ll, _ in topic_loglikelihoods(
+            gen.model, gen.tok, gen.render(build_prompt(taxes[lang], str(a.content_free))), taxes[lang].topics, bs)]
+    advance = job.add_bar("annotate", len(todo))
+    labelled = []
+    for rec, lang in todo:
+        tax = taxes[lang]
+        page = truncate_tokens(gen.tok, rec["text"][:int(a.max_chars)], int(a.max_page_tokens))
+        context = gen.render(build_prompt(tax, page, int(a.max_chars)))
+        scored = topic_loglikelihoods(gen.model, gen.tok, context, tax.topics, batch_size=bs)
+        best, probs = pick_topic(tax.topics, [ll for ll, _ in scored], [n for _, n in scored], str(a.norm),
+                                 baselines[lang])
+        stats[f"{lang} mapped"] += 1
+        stats[f"{lang}: {tax.topics[best]}"] += 1
+        labelled.append({**rec, str(a.lang_field): lang, "topic": tax.topics[best], "topic_score": round(probs[best], 6),
+                         "topic_annotator": str(cfg.llm.model), "topic_annotate_mode": "loglikelihood"})
+        advance(1)
+    return labelled
+
+
 def run(cfg: DictConfig) -> dict:
     from cptkit.llm import load_generator
 
+    mode = check_mode(cfg)
     taxes = taxonomies(cfg)
     a = cfg.topics
     inputs = resolve_inputs(list(cfg.io.inputs))
@@ -70,27 +198,25 @@ def run(cfg: DictConfig) -> dict:
         for task in job.pending():
             t0 = time.time()
             sample = bottom_k(job.read(task), int(a.sample), int(cfg.seed))
-            langs = languages_of(sample, str(cfg.topics.lang_field), bool(cfg.topics.redetect))
+            langs = languages_of(sample, str(a.lang_field), bool(a.redetect))
             todo = [(rec, lang) for rec, lang in zip(sample, langs, strict=True) if lang in taxes]
             stats: Counter = Counter(sampled=len(sample), **{"no taxonomy for language": len(sample) - len(todo)})
             gen = load_generator(cfg.llm)
-            prompts = [build_prompt(taxes[lang], rec["text"], int(a.max_chars)) for rec, lang in todo]
-            advance = job.add_bar("annotate", len(prompts))
-            outs = gen.generate(prompts, gen.params(max_new_tokens=int(a.max_new_tokens),
-                                                    temperature=float(a.temperature)), progress=advance)
-            rejected = []
+            t1 = time.time()
+            if mode == "generate":
+                labelled, rejected = annotate_generate(gen, todo, taxes, cfg, job, stats)
+            else:
+                labelled, rejected = annotate_loglikelihood(gen, todo, taxes, cfg, job, stats), []
+            secs = time.time() - t1
             with job.writer(task) as w:
-                for (rec, lang), out in zip(todo, outs, strict=True):
-                    topic = map_answer(out.text, taxes[lang], float(a.fuzzy_cutoff))
-                    if topic is None:
-                        stats[f"{lang} rejected"] += 1
-                        rejected.append({"id": rec["id"], "lang": lang, "answer": out.text})
-                        continue
-                    stats[f"{lang} mapped"] += 1
-                    w.write({**rec, str(cfg.topics.lang_field): lang, "topic": topic,
-                             "topic_answer": out.text.strip(), "topic_annotator": str(cfg.llm.model)})
+                for rec in labelled:
+                    w.write(rec)
             atomic_write_bytes(job.out / "_rejected.jsonl",
                                "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejected).encode())
-            job.complete(task, w, seconds=time.time() - t0, annotate=dict(stats), llm=gen.stats.as_dict())
-            extra = dict(stats)
+            timing = {"mode": mode, "pages": len(todo), "seconds": round(secs, 3),
+                      **({"norm": str(a.norm), "calibrate": bool(a.calibrate)} if mode == "loglikelihood" else {}),
+                      "pages_per_s": round(len(todo) / secs, 3) if secs > 0 else None}
+            job.complete(task, w, seconds=time.time() - t0, annotate=dict(stats), timing=timing,
+                         llm=gen.stats.as_dict())
+            extra = {"annotate mode": mode} | dict(stats) | {"annotate pages/s": timing["pages_per_s"]}
         return job.finish(extra=extra)
