@@ -38,15 +38,130 @@ test: install
 lint: install
 	$(BIN)/ruff check cptkit tests bench
 
-# --- demo ------------------------------------------------------------------------------------
-$(DATA)/corpus/_SUCCESS: | install
+# --- the pipeline ---------------------------------------------------------------------------
+# Each target is a step's _SUCCESS marker, so make reruns only what changed. Override any
+# variable on the command line or in a CONFIG file: make -j2 pipeline CONFIG=my.mk
+-include $(CONFIG)
+CORPUS      ?= $(DATA)/corpus
+SEEDS       ?= examples/seeds.jsonl
+N_SEEDS     ?= 4
+LLM         ?=
+EXPAND_ARGS ?= expand.rounds=1 expand.questions_per_seed=1 llm.max_new_tokens=64
+TOP_K       ?= 200
+POSITIVES   ?= '$(CORPUS)/part-0000[01]-*'
+NEGATIVES   ?= '$(CORPUS)/part-00002-*'
+TOPIC_SAMPLE ?= 48
+SYNTH_ARGS  ?= synth.disciplines=[mathematics,computer_science] synth.max_docs_per_shard=2 \
+               synth.snippet.max_words=120 synth.min_solution_words=30 llm.max_new_tokens=160
+MIX         ?= demo_cpt
+MIX_ARGS    ?= mix.budget_tokens=6e5
+TOKENIZER   ?= smollm2
+MODEL       ?= model=tiny_llama model.hidden=128 model.layers=2 model.heads=4
+TRAIN_ARGS  ?= train.micro_batch=8 train.lr=3e-3 train.warmup=0.05 train.threads=2
+PROXY_STEPS ?= 60
+TRAIN_STEPS ?= 240
+EVAL_TASKS  ?= [gcide_defs]
+EVAL_ARGS   ?= eval.limit=100 eval.shots=0
+
+.PHONY: corpus pipeline queries retrieved deduped scored labelled qa corrupted stream trained evaluated
+
+$(DATA)/corpus/_SUCCESS:
 	$(CPTKIT) demo-corpus --out $(DATA)/corpus
 
-corpus: $(DATA)/corpus/_SUCCESS
+$(DATA)/seeds.jsonl: $(SEEDS)
+	@mkdir -p $(@D) && head -n $(N_SEEDS) $< > $@
 
-demo: $(DATA)/corpus/_SUCCESS
+$(DATA)/queries/_SUCCESS: $(DATA)/seeds.jsonl
+	$(CPTKIT) expand-queries --in $< --out $(@D) $(EXPAND_ARGS) $(LLM)
+
+$(DATA)/retrieved/_SUCCESS: $(DATA)/queries/_SUCCESS $(CORPUS)/_SUCCESS
+	$(CPTKIT) retrieve --queries $(DATA)/queries --corpus $(CORPUS) --index $(DATA)/index --out $(@D) retrieve.top_k=$(TOP_K)
+
+$(DATA)/deduped/_SUCCESS: $(DATA)/retrieved/_SUCCESS
+	$(CPTKIT) dedup --in $(DATA)/retrieved --out $(@D)
+
+# Quality classifier: documentation (python + maxima shards) vs dictionary entries, from the corpus.
+$(DATA)/models/quality/_SUCCESS: $(CORPUS)/_SUCCESS
+	$(CPTKIT) score-quality-train --positives $(POSITIVES) --negatives $(NEGATIVES) --out $(@D)
+
+$(DATA)/scored/_SUCCESS: $(DATA)/deduped/_SUCCESS $(DATA)/models/quality/_SUCCESS
+	$(CPTKIT) score-quality --in $(DATA)/deduped --out $(@D) quality.model=$(DATA)/models/quality
+
+$(DATA)/topic_labels/_SUCCESS: $(DATA)/scored/_SUCCESS
+	$(CPTKIT) label-topics-annotate --in $(DATA)/scored --out $(@D) topics.sample=$(TOPIC_SAMPLE) $(LLM)
+
+$(DATA)/models/topics/_SUCCESS: $(DATA)/topic_labels/_SUCCESS
+	$(CPTKIT) label-topics-train --in $(DATA)/topic_labels --out $(@D)
+
+$(DATA)/labelled/_SUCCESS: $(DATA)/scored/_SUCCESS $(DATA)/models/topics/_SUCCESS
+	$(CPTKIT) label-topics --in $(DATA)/scored --out $(@D) topics.model=$(DATA)/models/topics
+
+$(DATA)/qa/_SUCCESS: $(DATA)/scored/_SUCCESS
+	$(CPTKIT) synthesize-qa --in $(DATA)/scored --out $(@D) $(SYNTH_ARGS) $(LLM)
+
+$(DATA)/qa_c30/_SUCCESS: $(DATA)/qa/_SUCCESS
+	$(CPTKIT) corrupt --in $(DATA)/qa --out $(@D) corrupt.ratio=0.3 corrupt.seed=1
+
+$(DATA)/stream/_SUCCESS: $(DATA)/labelled/_SUCCESS $(DATA)/qa/_SUCCESS $(CORPUS)/_SUCCESS
+	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(DATA)/qa --in $(CORPUS) --out $(@D) \
+	    mix=$(MIX) $(MIX_ARGS) tokenizer=$(TOKENIZER)
+
+# Velocitune: a short proxy run fits the per-domain scaling laws that give the target losses.
+$(DATA)/runs/proxy/_SUCCESS: $(DATA)/stream/_SUCCESS
+	$(CPTKIT) train --in $(DATA)/stream --out $(@D) $(MODEL) $(TRAIN_ARGS) \
+	    train.max_steps=$(PROXY_STEPS) train.velocitune.proxy=true
+
+$(DATA)/runs/velocitune/_SUCCESS: $(DATA)/runs/proxy/_SUCCESS
+	$(CPTKIT) train --in $(DATA)/stream --out $(@D) $(MODEL) $(TRAIN_ARGS) train.max_steps=$(TRAIN_STEPS) \
+	    train.mixture=velocitune train.velocitune.interval_steps=20 train.save_initial=true \
+	    train.velocitune.targets_file=$(DATA)/runs/proxy/_velocitune_targets.json
+
+$(DATA)/eval/%/_SUCCESS: $(DATA)/runs/velocitune/_SUCCESS
+	$(CPTKIT) evaluate --model $(DATA)/runs/velocitune/$(if $(filter base,$*),model_init,model) \
+	    --in $(DATA)/stream/_eval.jsonl.gz --out $(@D) eval.ppl.group_by=domain \
+	    eval.tasks=$(EVAL_TASKS) $(EVAL_ARGS)
+
+$(DATA)/eval/compare.md: $(DATA)/eval/base/_SUCCESS $(DATA)/eval/trained/_SUCCESS
+	$(CPTKIT) evaluate-compare base=$(DATA)/eval/base trained=$(DATA)/eval/trained --out $@
+
+STEP_TARGETS := $(DATA)/corpus/_SUCCESS $(DATA)/queries/_SUCCESS $(DATA)/retrieved/_SUCCESS \
+    $(DATA)/deduped/_SUCCESS $(DATA)/models/quality/_SUCCESS $(DATA)/scored/_SUCCESS \
+    $(DATA)/topic_labels/_SUCCESS $(DATA)/models/topics/_SUCCESS $(DATA)/labelled/_SUCCESS \
+    $(DATA)/qa/_SUCCESS $(DATA)/qa_c30/_SUCCESS $(DATA)/stream/_SUCCESS $(DATA)/runs/proxy/_SUCCESS \
+    $(DATA)/runs/velocitune/_SUCCESS $(DATA)/eval/base/_SUCCESS $(DATA)/eval/trained/_SUCCESS
+$(STEP_TARGETS): | $(VENV)/.installed
+
+corpus: $(DATA)/corpus/_SUCCESS
+queries: $(DATA)/queries/_SUCCESS
+retrieved: $(DATA)/retrieved/_SUCCESS
+deduped: $(DATA)/deduped/_SUCCESS
+scored: $(DATA)/scored/_SUCCESS
+labelled: $(DATA)/labelled/_SUCCESS
+qa: $(DATA)/qa/_SUCCESS
+corrupted: $(DATA)/qa_c30/_SUCCESS
+stream: $(DATA)/stream/_SUCCESS
+trained: $(DATA)/runs/velocitune/_SUCCESS
+evaluated: $(DATA)/eval/compare.md
+
+pipeline: $(DATA)/eval/compare.md $(DATA)/qa_c30/_SUCCESS
+	@echo
+	@echo "seed queries      $(DATA)/queries"
+	@echo "retrieved         $(DATA)/retrieved   (per-query ranks: $(DATA)/retrieved/_run.tsv)"
+	@echo "deduplicated      $(DATA)/deduped     (removed ids: $(DATA)/deduped/_removed.jsonl)"
+	@echo "scored, labelled  $(DATA)/scored $(DATA)/labelled"
+	@echo "synthetic QA      $(DATA)/qa   corrupted copy: $(DATA)/qa_c30"
+	@echo "training stream   $(DATA)/stream"
+	@echo "trained model     $(DATA)/runs/velocitune/model   (weights: $(DATA)/runs/velocitune/weights.png)"
+	@echo "evaluation        $(DATA)/eval/compare.md"
+	@cat $(DATA)/eval/compare.md
+
+demo: pipeline
 
 clean-demo:
 	rm -rf $(DATA)
 
-bench: install
+# --- benchmarks (each rewrites its section of docs/benchmarks.md) ----------------------------
+BENCHES := dedup dedup_scale retrieve generate classify train evaluate
+bench: install $(addprefix bench-,$(BENCHES))
+bench-%: install
+	nice $(BIN)/python bench/$*.py

@@ -70,6 +70,7 @@ class SynthConfig:
     domains: dict[str, list[str]] = field(default_factory=dict)  # discipline -> URL domains
     discipline_field: str = "discipline"  # an explicit field wins over the URL
     samples_per_snippet: int = 1
+    max_docs_per_shard: int = 0  # seed documents used per input shard, first in input order (0: all)
     min_problem_words: int = 8
     min_solution_words: int = 250
     max_solution_words: int = 350  # 0 = no upper bound
@@ -206,6 +207,7 @@ def scientific_task(cfg: DictConfig, job: Job, task: Task, gen: Any, domains: di
     skipped: dict[str, int] = {}
     jobs: list[tuple[Record, str, str, int, int]] = []
     field_name = str(sy.discipline_field)
+    used: set[str] = set()
     for rec in job.read(task):
         explicit = rec.get(field_name)
         disc = norm_discipline(explicit) if explicit else discipline_of(rec.get("url"), domains)
@@ -218,6 +220,10 @@ def scientific_task(cfg: DictConfig, job: Job, task: Task, gen: Any, domains: di
         if count_words(rec["text"]) < int(sn.min_words):
             _bump(skipped, "short_seed")
             continue
+        if int(sy.max_docs_per_shard) and len(used) >= int(sy.max_docs_per_shard):
+            _bump(skipped, "over_max_docs")
+            continue
+        used.add(rec["id"])
         for s in range(int(sn.per_doc)):
             rng = random.Random(_stable_int(int(cfg.seed), rec["id"], s)) if sn.position == "random" else None
             snip = snippet(str(rec["text"]), int(sn.max_words), rng)
