@@ -227,7 +227,7 @@ def test_annotate_loglikelihood_maps_every_page(tiny_chat_model, tmp_path):
     write_jsonl(tmp_path / "corpus" / "a.jsonl", pages[::2])
     write_jsonl(tmp_path / "corpus" / "b.jsonl", pages[1::2])
     args = [f"io.inputs=[{tmp_path / 'corpus'}]", "topics.sample=15", "topics.max_page_tokens=64",
-            f"llm.model={tiny_chat_model}", "llm.device=cpu", "llm.batch_size=4", "quiet=true"]
+            f"llm.model={tiny_chat_model}", "llm.device=cpu", "topics.topic_batch_size=4", "quiet=true"]
     res = label_topics_annotate.run(compose_step("label-topics-annotate", args + [f"io.output={tmp_path / 'out'}"]))
     stats = res["extra"]
     recs = read_out(tmp_path / "out")
@@ -259,3 +259,26 @@ def test_loglikelihood_needs_a_local_model(tmp_path):
     r = runner.invoke(app, ["label-topics-annotate", "--in", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o"),
                             "llm=openai", "-q"])
     assert r.exit_code != 0
+
+
+@pytest.mark.slow
+def test_annotate_loglikelihood_with_the_embedded_llm(tmp_path):
+    """SmolLM2-135M, zero-shot, calibrated: Python docs are Computer Science more often than Tang poems.
+
+    Observed (24 source-labelled pages, default settings): 6/24 match the source's topic, every
+    page mapped; generate mode on the same pages: 2/24 mapped, 0 correct. The model is weak, so
+    only the contrast between code and poetry is asserted.
+    """
+    py = [{**r, "lang": "en"} for r in python_docs(60)[::12][:4]]
+    po = [{**r, "lang": "zh"} for r in poems_zh(60)[::10][:4]]
+    write_jsonl(tmp_path / "corpus" / "c.jsonl", py + po)
+    res = label_topics_annotate.run(compose_step("label-topics-annotate", [
+        f"io.inputs=[{tmp_path / 'corpus'}]", f"io.output={tmp_path / 'out'}", "topics.sample=8", "quiet=true"]))
+    assert res["extra"]["en mapped"] == 4 and res["extra"]["zh mapped"] == 4
+    out = {r["id"]: r for r in read_out(tmp_path / "out")}
+    assert len(out) == 8 and all(r["topic_annotator"] == "smollm2" for r in out.values())
+    cs = "Computer Science and Engineering"
+    py_cs = sum(out[r["id"]]["topic"] == cs for r in py)
+    po_cs = sum(out[r["id"]]["topic"] == cs for r in po)
+    assert py_cs >= 2 and po_cs == 0, {k: r["topic"] for k, r in out.items()}
+    assert out["python-docs-00012"]["topic"] == cs  # the Python API page of the sample

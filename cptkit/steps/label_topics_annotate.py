@@ -48,6 +48,7 @@ class AnnotateConfig(TopicsConfig):
     norm: str = "chars"  # loglikelihood: chars (lm-eval acc_norm) | tokens | none (acc)
     calibrate: bool = True  # loglikelihood: subtract each topic's log-likelihood given a content-free page
     content_free: str = "N/A"  # the content-free page of the calibration prompt
+    topic_batch_size: int = 16  # loglikelihood: topic continuations per forward pass over the shared context
     max_new_tokens: int = 16
     temperature: float = 0.0  # greedy
     fuzzy_cutoff: float = 0.85  # difflib ratio for near-miss spellings
@@ -164,7 +165,7 @@ def annotate_loglikelihood(gen, todo: list[tuple[Record, str]], taxes: dict, cfg
                            stats: Counter) -> list[Record]:
     """Score every topic of the page's taxonomy as the prompt's continuation; argmax (normalised)."""
     a = cfg.topics
-    bs = int(cfg.llm.batch_size)
+    bs = int(a.topic_batch_size)
     baselines: dict[str, list[float] | None] = {}
     for lang in sorted({lang for _, lang in todo}):
         baselines[lang] = None if not a.calibrate else [ll for ll, _ in topic_loglikelihoods(
