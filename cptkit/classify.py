@@ -81,8 +81,12 @@ def unit_hash(seed: int, key: str) -> float:
 
 
 def split_heldout(ids: list[str], fraction: float, seed: int) -> np.ndarray:
-    """Boolean mask of held-out examples: ``unit_hash(seed, id) < fraction``."""
-    return np.array([unit_hash(seed, i) < fraction for i in ids], dtype=bool)
+    """Boolean mask of held-out examples: ``unit_hash(seed, "heldout/" + id) < fraction``.
+
+    The salt keeps the split independent of other hash-of-id choices, such as the annotation
+    sample (the records with the smallest ``unit_hash(seed, id)``), which would all land in it.
+    """
+    return np.array([unit_hash(seed, "heldout/" + i) < fraction for i in ids], dtype=bool)
 
 
 # --- metrics (pure) -------------------------------------------------------------------------
@@ -171,10 +175,21 @@ class FastTextClassifier:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 for t, lab in zip(texts, labels, strict=True):
                     f.write(f"__label__{lab} {fasttext_line(t, max_chars)}\n")
-            model = fasttext.train_supervised(
-                input=path, epoch=p.epoch, lr=p.lr, wordNgrams=p.word_ngrams, dim=p.dim,
-                minCount=p.min_count, bucket=p.bucket, minn=p.minn, maxn=p.maxn, thread=p.thread,
-                seed=seed, verbose=0, loss="softmax")
+            lr = p.lr
+            for attempt in range(4):  # fastText diverges ("Encountered NaN") when lr is too high
+                try:
+                    model = fasttext.train_supervised(
+                        input=path, epoch=p.epoch, lr=lr, wordNgrams=p.word_ngrams, dim=p.dim,
+                        minCount=p.min_count, bucket=p.bucket, minn=p.minn, maxn=p.maxn, thread=p.thread,
+                        seed=seed, verbose=0, loss="softmax")
+                    break
+                except RuntimeError as e:
+                    if "NaN" not in str(e) or attempt == 3:
+                        raise
+                    from cptkit.progress import log
+
+                    log.warning("fastText diverged at lr=%g; retrying at lr=%g", lr, lr / 2)
+                    lr /= 2
         finally:
             os.unlink(path)
         return cls(model, classes, {"backend": "fasttext", "max_chars": max_chars})

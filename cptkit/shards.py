@@ -45,7 +45,8 @@ def is_data_file(path: Path) -> bool:
 def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
     """Expand files, directories (their data files, recursively) and globs into input shards.
 
-    The order is sorted and therefore stable. A spec that matches nothing is an error.
+    The order is sorted and therefore stable. A spec that matches nothing is an error, except
+    a step's finished output that holds no records (``_SUCCESS`` and no shards): it is empty.
     """
     if isinstance(specs, str):
         specs = [specs]
@@ -61,6 +62,8 @@ def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
         if p.is_dir():
             files = sorted(f for f in p.rglob("*") if is_data_file(f)
                            and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts[:-1]))
+            if not files and (p / "_SUCCESS").exists():
+                continue  # the finished, empty output of a step (everything was filtered out)
             if not files:
                 raise CptkitError(f"{spec}: directory holds no .jsonl/.jsonl.gz/.jsonl.zst shards")
         elif p.is_file():

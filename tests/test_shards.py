@@ -92,3 +92,10 @@ def test_writer_abort_leaves_no_partial_shard(tmp_path):
             w.write(RECS[0])
             raise RuntimeError("crash")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_finished_empty_output_is_an_empty_input(tmp_path):
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "_SUCCESS").write_text("")
+    (tmp_path / "done" / "_manifest.json").write_text("{}")
+    assert resolve_inputs(str(tmp_path / "done")) == []

@@ -61,6 +61,7 @@ class MixConfig:
     seq_len: int = 512  # tokens per packed sequence
     max_epochs: float = 4.0  # cap on passes over a domain; the excess goes to `fill`
     fill: str | None = None  # domain (or parent) that absorbs capped demand
+    empty_domains: str = "error"  # a weighted domain without documents: error | drop (from its stages)
     eval_docs: int = 8  # held-out documents per domain for per-domain eval losses
     tail_fraction: float = 0.1  # last share of the budget for an upsampling tail (recipes use it)
     domains: list[Any] = field(default_factory=list)  # {name, filter, exclude, split_by, split_weights}
@@ -225,8 +226,12 @@ class Router:
 
 
 def resolve_weights(weights: dict[str, float], leaves: dict[str, Domain], specs: list[dict],
-                    stage: str) -> dict[str, float]:
-    """Stage weights over leaf domains: a parent's weight is split by ``split_weights`` or tokens."""
+                    stage: str, empty: str = "error") -> dict[str, float]:
+    """Stage weights over leaf domains: a parent's weight is split by ``split_weights`` or tokens.
+
+    A weighted domain that matched no document is an error, or with ``empty="drop"`` is left out
+    of the stage (the other weights keep their ratios).
+    """
     by_parent: dict[str, list[Domain]] = {}
     for d in leaves.values():
         by_parent.setdefault(d.parent, []).append(d)
@@ -253,7 +258,9 @@ def resolve_weights(weights: dict[str, float], leaves: dict[str, Domain], specs:
             for name, s in share.items():
                 out[name] = out.get(name, 0.0) + w * s / tot
         elif key in spec_of:
-            if w > 0:
+            if w > 0 and empty == "drop":
+                log.warning("mix stage %r: domain %r matched no documents; its weight %g is dropped", stage, key, w)
+            elif w > 0:
                 raise CptkitError(f"mix stage {stage!r}: domain {key!r} has weight {w:g} but no documents "
                                   "matched its filter")
         else:
@@ -494,8 +501,8 @@ def run(cfg: DictConfig) -> dict:
         # the plan: sequences per stage and domain, capped, interleaved
         total_seqs = budget // seq_len
         stage_seqs = allocate(total_seqs, {str(i): f for i, f in enumerate(fractions)})
-        stage_w = [resolve_weights(dict(s.get("weights") or {}), leaves, specs, str(s.get("name", i)))
-                   for i, s in enumerate(stages)]
+        stage_w = [resolve_weights(dict(s.get("weights") or {}), leaves, specs, str(s.get("name", i)),
+                                   str(mix.get("empty_domains", "error"))) for i, s in enumerate(stages)]
         for i, w in enumerate(stage_w):
             empty = [k for k, v in w.items() if v > 0 and available[k] == 0]
             if empty:

@@ -35,6 +35,8 @@ class LabelTopicsTrainJob(JobConfig):
     train: TopicTrainParams = field(default_factory=TopicTrainParams)
 
 
+MIN_EXAMPLES = 10  # fewer labelled records in a language: no classifier for it (too few to split)
+
 register_step("label-topics-train", LabelTopicsTrainJob)
 
 
@@ -59,8 +61,9 @@ def run(cfg: DictConfig) -> dict:
                 for r in sel:
                     if r[label_field] not in taxes[lang].topics:
                         raise CptkitError(f"record {r['id']!r}: topic {r[label_field]!r} is not in the {lang} taxonomy")
-                if len({r[label_field] for r in sel}) < 2:
-                    log.warning("%s: %d labelled records in fewer than 2 topics; no classifier trained", lang, len(sel))
+                if len({r[label_field] for r in sel}) < 2 or len(sel) < MIN_EXAMPLES:
+                    log.warning("%s: %d labelled records in %d topics (need %d+ in 2+); no classifier trained",
+                                lang, len(sel), len({r[label_field] for r in sel}), MIN_EXAMPLES)
                     continue
                 params: TrainParams = params_of(cfg)
                 res = train_classifier([r["id"] for r in sel], [r["text"] for r in sel],
