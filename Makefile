@@ -50,7 +50,7 @@ EXPAND_ARGS ?= expand.rounds=1 expand.questions_per_seed=1 llm.max_new_tokens=64
 TOP_K       ?= 200
 POSITIVES   ?= '$(CORPUS)/part-0000[01]-*'
 NEGATIVES   ?= '$(CORPUS)/part-00002-*'
-TOPIC_SAMPLE ?= 48
+TOPIC_SAMPLE ?= 32
 SYNTH_ARGS  ?= synth.disciplines=[mathematics,computer_science] synth.max_docs_per_shard=2 \
                synth.snippet.max_words=120 synth.min_solution_words=30 llm.max_new_tokens=160
 MIX         ?= demo_cpt
@@ -59,7 +59,7 @@ TOKENIZER   ?= smollm2
 MODEL       ?= model=tiny_llama model.hidden=128 model.layers=2 model.heads=4
 TRAIN_ARGS  ?= train.micro_batch=8 train.lr=3e-3 train.warmup=0.05 train.threads=2
 PROXY_STEPS ?= 60
-TRAIN_STEPS ?= 240
+TRAIN_STEPS ?= 160
 EVAL_TASKS  ?= [gcide_defs]
 EVAL_ARGS   ?= eval.limit=100 eval.shots=0
 
