@@ -63,6 +63,9 @@ TRAIN_STEPS ?= 160
 EVAL_TASKS  ?= [gcide_defs]
 EVAL_ARGS   ?= eval.limit=100 eval.shots=0
 
+# Your own corpus needs no marker; the demo corpus is built by its own target.
+CORPUS_DEP  := $(if $(filter $(DATA)/corpus,$(CORPUS)),$(CORPUS)/_SUCCESS,$(wildcard $(CORPUS)/_SUCCESS))
+
 .PHONY: corpus pipeline queries retrieved deduped scored labelled qa corrupted stream trained evaluated
 
 $(DATA)/corpus/_SUCCESS:
@@ -74,14 +77,14 @@ $(DATA)/seeds.jsonl: $(SEEDS)
 $(DATA)/queries/_SUCCESS: $(DATA)/seeds.jsonl
 	$(CPTKIT) expand-queries --in $< --out $(@D) $(EXPAND_ARGS) $(LLM)
 
-$(DATA)/retrieved/_SUCCESS: $(DATA)/queries/_SUCCESS $(CORPUS)/_SUCCESS
+$(DATA)/retrieved/_SUCCESS: $(DATA)/queries/_SUCCESS $(CORPUS_DEP)
 	$(CPTKIT) retrieve --queries $(DATA)/queries --corpus $(CORPUS) --index $(DATA)/index --out $(@D) retrieve.top_k=$(TOP_K)
 
 $(DATA)/deduped/_SUCCESS: $(DATA)/retrieved/_SUCCESS
 	$(CPTKIT) dedup --in $(DATA)/retrieved --out $(@D)
 
 # Quality classifier: documentation (python + maxima shards) vs dictionary entries, from the corpus.
-$(DATA)/models/quality/_SUCCESS: $(CORPUS)/_SUCCESS
+$(DATA)/models/quality/_SUCCESS: $(CORPUS_DEP)
 	$(CPTKIT) score-quality-train --positives $(POSITIVES) --negatives $(NEGATIVES) --out $(@D)
 
 $(DATA)/scored/_SUCCESS: $(DATA)/deduped/_SUCCESS $(DATA)/models/quality/_SUCCESS
@@ -102,7 +105,7 @@ $(DATA)/qa/_SUCCESS: $(DATA)/scored/_SUCCESS
 $(DATA)/qa_c30/_SUCCESS: $(DATA)/qa/_SUCCESS
 	$(CPTKIT) corrupt --in $(DATA)/qa --out $(@D) corrupt.ratio=0.3 corrupt.seed=1
 
-$(DATA)/stream/_SUCCESS: $(DATA)/labelled/_SUCCESS $(DATA)/qa/_SUCCESS $(CORPUS)/_SUCCESS
+$(DATA)/stream/_SUCCESS: $(DATA)/labelled/_SUCCESS $(DATA)/qa/_SUCCESS $(CORPUS_DEP)
 	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(DATA)/qa --in $(CORPUS) --out $(@D) \
 	    mix=$(MIX) $(MIX_ARGS) tokenizer=$(TOKENIZER)
 
