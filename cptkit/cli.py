@@ -109,102 +109,26 @@ def _root(
         raise typer.Exit()
 
 
-# --- steps ---------------------------------------------------------------------------------
-# Each command: map its own options to overrides, then invoke(). Keep them thin.
-
-# (steps are added below by their modules' authors, one block each)
-
-
-# --- score-quality / label-topics / corrupt (issue 4) ---
-register("score-quality", "score_quality")
-register("score-quality-train", "score_quality_train")
+# --- steps, in pipeline order (the order of `cptkit --help`) -------------------------------
 Files = Annotated[list[str] | None, typer.Option(metavar="PATH", help="JSONL file, directory or glob. Repeatable.")]
+Corpus = Annotated[list[str] | None, typer.Option("--corpus", "-i", metavar="PATH", help="Corpus shards to index (file, directory, glob). Repeatable.")]
+Model = Annotated[str | None, typer.Option("--model", metavar="MODEL", help="HF model dir, .gguf file, or smollm2.")]
 
 
-@app.command("score-quality", context_settings=CTX,
-             help="Score documents with trained classifiers: quality=P(high quality), edu_score in [0,2]; "
-             "filter only with quality.min_score / edu.min_score (SPEC §4).")
-def score_quality(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
-                  cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
-    invoke(ctx, "score-quality", io_overrides(inputs, out, quiet, skip_bad), cfg)
+def data_step(name: str, module: str, help: str) -> None:
+    """Register the usual command: --in/--out/--quiet/--cfg/--skip-bad-lines + overrides."""
+    register(name, module)
+
+    def command(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+                cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
+        invoke(ctx, name, io_overrides(inputs, out, quiet, skip_bad), cfg)
+
+    command.__name__ = command.__qualname__ = name.replace("-", "_")
+    app.command(name, context_settings=CTX, help=help)(command)
 
 
-@app.command("score-quality-train", context_settings=CTX,
-             help="Train a quality classifier from --positives/--negatives (or --in with "
-             "train.label_field=FIELD); prints held-out accuracy/F1 (SPEC §4).")
-def score_quality_train(ctx: typer.Context, positives: Files = None, negatives: Files = None,
-                        inputs: In = None, out: Out = None, quiet: Quiet = False, cfg: Cfg = None,
-                        skip_bad: SkipBad = False) -> None:
-    ov = io_overrides(inputs, out, quiet, skip_bad)
-    if positives:
-        ov.append("train.positives=[" + ",".join(_q(p) for p in positives) + "]")
-    if negatives:
-        ov.append("train.negatives=[" + ",".join(_q(p) for p in negatives) + "]")
-    invoke(ctx, "score-quality-train", ov, cfg)
-
-
-register("corrupt", "corrupt")
-
-
-@app.command("corrupt", context_settings=CTX,
-             help="Degrade synthetic data at corrupt.ratio: numbers, frequent nouns (co-hyponyms), "
-             "adjectives (antonyms); edits listed per record (SPEC §7, docs/corrupt.md).")
-def corrupt(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
-            cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
-    invoke(ctx, "corrupt", io_overrides(inputs, out, quiet, skip_bad), cfg)
-
-
-register("label-topics", "label_topics")
-register("label-topics-train", "label_topics_train")
-register("label-topics-annotate", "label_topics_annotate")
-
-
-@app.command("label-topics", context_settings=CTX,
-             help="Detect the language, then label topic/topic_score with that language's classifier "
-             "(topics.model=DIR; SPEC §5).")
-def label_topics(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
-                 cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
-    invoke(ctx, "label-topics", io_overrides(inputs, out, quiet, skip_bad), cfg)
-
-
-@app.command("label-topics-train", context_settings=CTX,
-             help="Train one topic classifier per language from labelled records; prints held-out "
-             "accuracy, macro-F1 and the confusion table (SPEC §5).")
-def label_topics_train(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
-                       cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
-    invoke(ctx, "label-topics-train", io_overrides(inputs, out, quiet, skip_bad), cfg)
-
-
-@app.command("label-topics-annotate", context_settings=CTX,
-             help="LLM zero-shot topic labels for a sample (topics.sample=N) via the llm config group; "
-             "unmappable answers are rejected and counted (SPEC §5).")
-def label_topics_annotate(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
-                          cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
-    invoke(ctx, "label-topics-annotate", io_overrides(inputs, out, quiet, skip_bad), cfg)
-# --- end issue 4 ---
-
-
-register("retrieve", "retrieve")
-
-
-@app.command("retrieve", context_settings=CTX,
-             help="BM25 top-k documents for many queries; output: their union with hits, plus _run.tsv (SPEC §2).")
-def retrieve(
-    ctx: typer.Context,
-    queries: Annotated[list[str] | None, typer.Option("--queries", metavar="PATH", help="Query records (their `text` is searched). Repeatable.")] = None,
-    corpus: Annotated[list[str] | None, typer.Option("--corpus", "-i", metavar="PATH", help="Corpus shards to index (file, directory, glob). Repeatable.")] = None,
-    index: Annotated[str | None, typer.Option("--index", metavar="PATH", help="Index directory: reused if finished, else built there from --corpus.")] = None,
-    out: Out = None,
-    quiet: Quiet = False,
-    cfg: Cfg = None,
-    skip_bad: SkipBad = False,
-) -> None:
-    overrides = io_overrides(corpus, out, quiet, skip_bad)
-    if queries:
-        overrides.append("retrieve.queries=[" + ",".join(_q(x) for x in queries) + "]")
-    if index is not None:
-        overrides.append(f"retrieve.index={_q(index)}")
-    invoke(ctx, "retrieve", overrides, cfg)
+def _list(key: str, values: list[str]) -> str:
+    return f"{key}=[" + ",".join(_q(v) for v in values) + "]"
 
 
 register("demo-corpus", "demo_corpus")
@@ -217,59 +141,84 @@ def demo_corpus(ctx: typer.Context, out: Out = None, quiet: Quiet = False, cfg: 
     invoke(ctx, "demo-corpus", io_overrides(None, out, quiet), cfg)
 
 
-register("dedup", "dedup")
+data_step("expand-queries", "expand_queries",
+          "LLM query expansion: Question Extension + Thought Generation over expand.rounds, "
+          "cleaning and MinHash near-dup removal each round; llm=transformers|openai|vllm (SPEC §1).")
+
+register("retrieve-index", "retrieve_index")
 
 
-@app.command("dedup", context_settings=CTX,
-             help="Remove exact and MinHash-LSH near-duplicates across all shards (SPEC §3).")
-def dedup(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
-          cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
-    invoke(ctx, "dedup", io_overrides(inputs, out, quiet, skip_bad), cfg)
-
-
-# --- serve-llm / expand-queries / synthesize-qa (issue 3) ---
-register("serve-llm", "serve_llm")
-
-
-@app.command("serve-llm", context_settings=CTX,
-             help="Serve a local model (llm=transformers|vllm) as an OpenAI-compatible HTTP API "
-             "(/v1/chat/completions, /v1/completions, /v1/models) with request batching.")
-def serve_llm(ctx: typer.Context, quiet: Quiet = False, cfg: Cfg = None) -> None:
-    invoke(ctx, "serve-llm", io_overrides(None, None, quiet), cfg)
-
-
-register("expand-queries", "expand_queries")
-
-
-@app.command("expand-queries", context_settings=CTX,
-             help="LLM query expansion: Question Extension + Thought Generation over expand.rounds, "
-             "cleaning and MinHash near-dup removal each round; llm=transformers|openai|vllm (SPEC §1).")
-def expand_queries(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+@app.command("retrieve-index", context_settings=CTX,
+             help="Build BM25 index shards (shard.index=I shard.count=N per array job, or retrieve.shards=N); "
+             "retrieve --index DIR then searches all shards with global statistics (docs/retrieve.md).")
+def retrieve_index(ctx: typer.Context, corpus: Corpus = None, out: Out = None, quiet: Quiet = False,
                    cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
-    invoke(ctx, "expand-queries", io_overrides(inputs, out, quiet, skip_bad), cfg)
+    invoke(ctx, "retrieve-index", io_overrides(corpus, out, quiet, skip_bad), cfg)
 
 
-register("synthesize-qa", "synthesize_qa")
+register("retrieve", "retrieve")
 
 
-@app.command("synthesize-qa", context_settings=CTX,
-             help="LLM QA synthesis: scientific [Problem]/[Solution] pairs from seed documents selected by "
-             "URL domain per discipline, or synth.mode=code in-context expansion of a problem set (SPEC §6).")
-def synthesize_qa(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
-                  cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
-    invoke(ctx, "synthesize-qa", io_overrides(inputs, out, quiet, skip_bad), cfg)
+@app.command("retrieve", context_settings=CTX,
+             help="BM25 top-k documents for many queries; output: their union with hits, plus _run.tsv (SPEC §2).")
+def retrieve(
+    ctx: typer.Context,
+    queries: Annotated[list[str] | None, typer.Option("--queries", metavar="PATH", help="Query records (their `text` is searched). Repeatable.")] = None,
+    corpus: Corpus = None,
+    index: Annotated[str | None, typer.Option("--index", metavar="PATH", help="Index directory: reused if finished, else built there from --corpus.")] = None,
+    out: Out = None,
+    quiet: Quiet = False,
+    cfg: Cfg = None,
+    skip_bad: SkipBad = False,
+) -> None:
+    overrides = io_overrides(corpus, out, quiet, skip_bad)
+    if queries:
+        overrides.append(_list("retrieve.queries", queries))
+    if index is not None:
+        overrides.append(f"retrieve.index={_q(index)}")
+    invoke(ctx, "retrieve", overrides, cfg)
 
 
-register("build-mix", "build_mix")
+data_step("dedup", "dedup", "Remove exact and MinHash-LSH near-duplicates across all shards (SPEC §3).")
+
+register("score-quality-train", "score_quality_train")
 
 
-@app.command("build-mix", context_settings=CTX,
-             help="Tokenize, order and pack curated shards into a mixed training stream by domain "
-             "and stage (SPEC §8). Recipes: mix=demo|synE_stage1|synE_stage2|upsample_tail.")
-def build_mix(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
-              cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
-    invoke(ctx, "build-mix", io_overrides(inputs, out, quiet, skip_bad), cfg)
+@app.command("score-quality-train", context_settings=CTX,
+             help="Train a quality classifier from --positives/--negatives (or --in with "
+             "train.label_field=FIELD); prints held-out accuracy/F1 (SPEC §4).")
+def score_quality_train(ctx: typer.Context, positives: Files = None, negatives: Files = None,
+                        inputs: In = None, out: Out = None, quiet: Quiet = False, cfg: Cfg = None,
+                        skip_bad: SkipBad = False) -> None:
+    ov = io_overrides(inputs, out, quiet, skip_bad)
+    if positives:
+        ov.append(_list("train.positives", positives))
+    if negatives:
+        ov.append(_list("train.negatives", negatives))
+    invoke(ctx, "score-quality-train", ov, cfg)
 
+
+data_step("score-quality", "score_quality",
+          "Score documents with trained classifiers: quality=P(high quality), edu_score in [0,2]; "
+          "filter only with quality.min_score / edu.min_score (SPEC §4).")
+data_step("label-topics-annotate", "label_topics_annotate",
+          "LLM zero-shot topic labels for a sample (topics.sample=N): every topic name scored by "
+          "log-likelihood, or topics.annotate_mode=generate (SPEC §5).")
+data_step("label-topics-train", "label_topics_train",
+          "Train one topic classifier per language from labelled records; prints held-out "
+          "accuracy, macro-F1 and the confusion table (SPEC §5).")
+data_step("label-topics", "label_topics",
+          "Detect the language, then label topic/topic_score with that language's classifier "
+          "(topics.model=DIR; SPEC §5).")
+data_step("synthesize-qa", "synthesize_qa",
+          "LLM QA synthesis: scientific [Problem]/[Solution] pairs from seed documents selected by "
+          "URL domain per discipline, or synth.mode=code in-context expansion of a problem set (SPEC §6).")
+data_step("corrupt", "corrupt",
+          "Degrade synthetic data at corrupt.ratio: numbers, frequent nouns (co-hyponyms), "
+          "adjectives (antonyms); edits listed per record (SPEC §7, docs/corrupt.md).")
+data_step("build-mix", "build_mix",
+          "Tokenize, order and pack curated shards into a mixed training stream by domain "
+          "and stage (SPEC §8). Recipes: mix=demo|demo_cpt|synE_stage1|synE_stage2|upsample_tail.")
 
 register("train", "train")
 
@@ -283,10 +232,7 @@ def train(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet =
     invoke(ctx, "train", io_overrides(inputs, out, quiet), cfg)
 
 
-# --- evaluate / evaluate-contamination / evaluate-compare (issue 6) ---
 register("evaluate", "evaluate")
-register("evaluate-contamination", "evaluate_contamination")
-Model = Annotated[str | None, typer.Option("--model", metavar="MODEL", help="HF model dir, .gguf file, or smollm2.")]
 
 
 @app.command("evaluate", context_settings=CTX,
@@ -300,12 +246,9 @@ def evaluate(ctx: typer.Context, model: Model = None, inputs: In = None, out: Ou
     invoke(ctx, "evaluate", overrides, cfg)
 
 
-@app.command("evaluate-contamination", context_settings=CTX,
-             help="Share of documents with an n-gram overlap (eval.ngram=8) with benchmarks' test items, "
-             "share of test items hit; eval.action=none|flag|drop (SPEC §10, Retrieve-Pile Table 6).")
-def evaluate_contamination(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
-                           cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
-    invoke(ctx, "evaluate-contamination", io_overrides(inputs, out, quiet, skip_bad), cfg)
+data_step("evaluate-contamination", "evaluate_contamination",
+          "Share of documents with an n-gram overlap (eval.ngram=8) with benchmarks' test items, "
+          "share of test items hit; eval.action=none|flag|drop (SPEC §10, Retrieve-Pile Table 6).")
 
 
 @app.command("evaluate-compare", help="Side-by-side table of evaluate outputs (first = baseline) with deltas.")
@@ -314,6 +257,7 @@ def evaluate_compare(
     out: Annotated[str | None, typer.Option("--out", "-o", metavar="PATH", help="Also write the table: .md (markdown) or .json.")] = None,
     metric: Annotated[str | None, typer.Option("--metric", help="acc | acc_norm | exact_match (default: acc_norm, else exact_match).")] = None,
 ) -> None:
+    import json
     from pathlib import Path
 
     from cptkit.eval.compare import compare_table, load_results, print_compare, to_markdown
@@ -327,29 +271,20 @@ def evaluate_compare(
     print_compare(header, rows)
     md = to_markdown(header, rows)
     if out:
-        import json
-
         body = json.dumps({"header": header, "rows": rows}, indent=1) if out.endswith(".json") else md
         atomic_write_bytes(Path(out), body.encode())
     else:
         sys.stdout.write(md)
 
 
-register("retrieve-index", "retrieve_index")
+register("serve-llm", "serve_llm")
 
 
-@app.command("retrieve-index", context_settings=CTX,
-             help="Build BM25 index shards (shard.index=I shard.count=N per array job, or retrieve.shards=N); "
-             "retrieve --index DIR then searches all shards with global statistics (docs/retrieve.md).")
-def retrieve_index(
-    ctx: typer.Context,
-    corpus: Annotated[list[str] | None, typer.Option("--corpus", "-i", help="Corpus shards to index (file, directory, glob). Repeatable.")] = None,
-    out: Out = None,
-    quiet: Quiet = False,
-    cfg: Cfg = None,
-    skip_bad: SkipBad = False,
-) -> None:
-    invoke(ctx, "retrieve-index", io_overrides(corpus, out, quiet, skip_bad), cfg)
+@app.command("serve-llm", context_settings=CTX,
+             help="Serve a local model (llm=transformers|vllm) as an OpenAI-compatible HTTP API "
+             "(/v1/chat/completions, /v1/completions, /v1/models) with request batching.")
+def serve_llm(ctx: typer.Context, quiet: Quiet = False, cfg: Cfg = None) -> None:
+    invoke(ctx, "serve-llm", io_overrides(None, None, quiet), cfg)
 
 
 def main() -> None:

@@ -47,3 +47,10 @@ def test_sweep_values_compose(sweep):
             for part in key.split("."):
                 got = got[int(part)] if part.isdigit() else got[part]
             assert str(got) == value.strip() or float(got) == float(value)
+
+
+def test_every_step_module_has_a_command():
+    """cptkit/steps/<m>.py <-> a registered command (the CLI and the steps stay in sync)."""
+    steps_dir = Path(__file__).resolve().parent.parent / "cptkit" / "steps"
+    modules = {p.stem for p in steps_dir.glob("*.py") if not p.stem.startswith("_")}
+    assert modules == set(MODULES.values())
