@@ -26,6 +26,11 @@ log = logging.getLogger("cptkit")
 
 
 def setup_logging(quiet: bool = False) -> None:
+    if quiet:  # libraries' own tqdm bars (model loading, GGUF conversion) honour --quiet too
+        import os
+
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+        os.environ["TQDM_DISABLE"] = "1"
     if not log.handlers:
         handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
         log.addHandler(handler)
