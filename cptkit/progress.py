@@ -26,11 +26,11 @@ log = logging.getLogger("cptkit")
 
 
 def setup_logging(quiet: bool = False) -> None:
-    if quiet:  # libraries' own tqdm bars (model loading, GGUF conversion) honour --quiet too
-        import os
+    import os
 
-        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-        os.environ["TQDM_DISABLE"] = "1"
+    # Libraries' own tqdm bars (model loading, GGUF conversion) would interleave with ours.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")
     if not log.handlers:
         handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
         log.addHandler(handler)
