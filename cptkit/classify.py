@@ -157,6 +157,36 @@ class Classifier(Protocol):
     def predict_proba(self, texts: list[str]) -> np.ndarray: ...
 
 
+def _fasttext_worker(path: str, params: dict[str, Any], seed: int) -> None:
+    import fasttext
+
+    lr = params.pop("lr")
+    for attempt in range(4):  # fastText diverges ("Encountered NaN") when lr is too high
+        try:
+            model = fasttext.train_supervised(input=path, lr=lr, seed=seed, verbose=0, loss="softmax", **params)
+            break
+        except RuntimeError as e:
+            if "NaN" not in str(e) or attempt == 3:
+                raise
+            lr /= 2
+    model.save_model(path + ".bin")
+
+
+def _train_fasttext_isolated(path: str, p: FastTextParams, seed: int) -> str:
+    """Train in a fresh process: fastText's training diverged ("Encountered NaN") in processes whose
+    floating-point state other libraries had changed, never in a clean one. Returns the model path."""
+    import multiprocessing as mp
+
+    params = {"epoch": p.epoch, "lr": p.lr, "wordNgrams": p.word_ngrams, "dim": p.dim, "minCount": p.min_count,
+              "bucket": p.bucket, "minn": p.minn, "maxn": p.maxn, "thread": p.thread}
+    proc = mp.get_context("spawn").Process(target=_fasttext_worker, args=(path, params, seed))
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+        raise RuntimeError(f"fastText training failed (exit code {proc.exitcode}); see the error above")
+    return path + ".bin"
+
+
 class FastTextClassifier:
     """A fastText supervised model; probabilities for every class, columns in ``labels`` order."""
 
@@ -175,23 +205,11 @@ class FastTextClassifier:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 for t, lab in zip(texts, labels, strict=True):
                     f.write(f"__label__{lab} {fasttext_line(t, max_chars)}\n")
-            lr = p.lr
-            for attempt in range(4):  # fastText diverges ("Encountered NaN") when lr is too high
-                try:
-                    model = fasttext.train_supervised(
-                        input=path, epoch=p.epoch, lr=lr, wordNgrams=p.word_ngrams, dim=p.dim,
-                        minCount=p.min_count, bucket=p.bucket, minn=p.minn, maxn=p.maxn, thread=p.thread,
-                        seed=seed, verbose=0, loss="softmax")
-                    break
-                except RuntimeError as e:
-                    if "NaN" not in str(e) or attempt == 3:
-                        raise
-                    from cptkit.progress import log
-
-                    log.warning("fastText diverged at lr=%g; retrying at lr=%g", lr, lr / 2)
-                    lr /= 2
+            model = fasttext.load_model(_train_fasttext_isolated(path, p, seed))
         finally:
             os.unlink(path)
+            if os.path.exists(path + ".bin"):
+                os.unlink(path + ".bin")
         return cls(model, classes, {"backend": "fasttext", "max_chars": max_chars})
 
     def predict_proba(self, texts: list[str]) -> np.ndarray:
