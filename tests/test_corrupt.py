@@ -9,10 +9,11 @@ import random
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from classify_realtext import python_docs
+from conftest import read_jsonl_dir as read_out
+from conftest import write_jsonl
 
 from cptkit.config import compose_step
 from cptkit.corruption import (
@@ -27,16 +28,6 @@ from cptkit.corruption import (
 from cptkit.errors import CptkitError
 from cptkit.steps import corrupt
 from cptkit.text import wordnet
-
-
-def write_jsonl(path: Path, recs: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
-    return path
-
-
-def read_out(d: Path) -> list[dict]:
-    return [json.loads(line) for f in sorted(d.glob("part-*.jsonl.gz")) for line in gzip.open(f, "rt")]
 
 
 def test_numbers_keep_their_form():

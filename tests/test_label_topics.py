@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
-from pathlib import Path
 
 import pytest
 from classify_realtext import fortunes_en, manpages_zh, maxima_docs, poems_zh, python_docs
+from conftest import read_jsonl_dir as read_out
+from conftest import write_jsonl
 from typer.testing import CliRunner
 
 from cptkit.cli import app
@@ -21,16 +21,6 @@ from cptkit.topics import build_prompt, load_taxonomy, map_answer, pick_topic, t
 runner = CliRunner()
 EN = load_taxonomy(CONF_DIR / "topics" / "en.yaml")
 ZH = load_taxonomy(CONF_DIR / "topics" / "zh.yaml")
-
-
-def write_jsonl(path: Path, recs: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
-    return path
-
-
-def read_out(d: Path) -> list[dict]:
-    return [json.loads(line) for f in sorted(d.glob("part-*.jsonl.gz")) for line in gzip.open(f, "rt")]
 
 
 def test_taxonomies_from_the_paper():
