@@ -61,3 +61,17 @@ def write_corpus(directory: Path, n_en: int = 600, n_zh: int = 150, shards: int 
             for r in recs[s * per:(s + 1) * per]:
                 fh.write(json.dumps(r, ensure_ascii=False) + "\n")
     return recs
+
+
+def queries_from(recs: list[dict], every: int, en_words: slice, zh_chars: slice, extra: dict) -> list[dict]:
+    """Queries cut from every ``every``-th document (words for English, characters for Chinese) + ``extra``."""
+    queries = []
+    for i, r in enumerate(recs[::every]):
+        text = " ".join(r["text"].split()[en_words]) if r["lang"] == "en" else r["text"][zh_chars]
+        queries.append({"id": f"q{i:03d}", "text": text})
+    return [*queries, extra]
+
+
+def write_queries(path, queries: list[dict]):
+    path.write_text("".join(json.dumps(q, ensure_ascii=False) + "\n" for q in queries), encoding="utf-8")
+    return path

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _retrieve_data import write_corpus
+from _retrieve_data import queries_from, write_corpus, write_queries
 from typer.testing import CliRunner
 
 from cptkit.cli import app
@@ -24,13 +24,8 @@ def data(tmp_path_factory):
     """A two-shard real-text corpus (English + Chinese) and 40 queries taken from its documents."""
     root = tmp_path_factory.mktemp("retrieve")
     recs = write_corpus(root / "corpus", n_en=500, n_zh=120, shards=2)
-    queries = []
-    for i, r in enumerate(recs[::16]):
-        words = r["text"].split()
-        queries.append({"id": f"q{i:03d}", "text": " ".join(words[3:12]) if r["lang"] == "en" else r["text"][10:24]})
-    queries.append({"id": "q-none", "text": "zzzqqq xxyyzz"})  # matches nothing
-    qfile = root / "queries.jsonl"
-    qfile.write_text("".join(json.dumps(q, ensure_ascii=False) + "\n" for q in queries), encoding="utf-8")
+    queries = queries_from(recs, 16, slice(3, 12), slice(10, 24), {"id": "q-none", "text": "zzzqqq xxyyzz"})
+    qfile = write_queries(root / "queries.jsonl", queries)
     return root, recs, queries, qfile
 
 

@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from _retrieve_data import write_corpus
+from _retrieve_data import queries_from, write_corpus, write_queries
 from typer.testing import CliRunner
 
 from cptkit.cli import app
@@ -28,13 +28,9 @@ def data(tmp_path_factory):
     """A 5-file real-text corpus (English + Chinese), 30 queries from its documents, one index shards dir."""
     root = tmp_path_factory.mktemp("sharded")
     recs = write_corpus(root / "corpus", n_en=400, n_zh=100, shards=5)
-    queries = []
-    for i, r in enumerate(recs[::17]):
-        words = r["text"].split()
-        queries.append({"id": f"q{i:03d}", "text": " ".join(words[2:14]) if r["lang"] == "en" else r["text"][5:20]})
-    queries.append({"id": "q-rep", "text": "the the module module module file"})  # repeated terms
-    qfile = root / "queries.jsonl"
-    qfile.write_text("".join(json.dumps(q, ensure_ascii=False) + "\n" for q in queries), encoding="utf-8")
+    queries = queries_from(recs, 17, slice(2, 14), slice(5, 20),
+                           {"id": "q-rep", "text": "the the module module module file"})  # repeated terms
+    qfile = write_queries(root / "queries.jsonl", queries)
     sidx = root / "sidx"
     for i in range(3):  # three "array jobs": shard.index=i shard.count=3 (files 0,3 | 1,4 | 2)
         r = runner.invoke(app, ["retrieve-index", "-q", "--corpus", str(root / "corpus"), "--out", str(sidx),
