@@ -112,6 +112,17 @@ def word_hash(word: str | bytes, seed: int) -> int:
     return h ^ (h >> 33)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _fmix64(h: np.uint64) -> np.uint64:
+    """murmur3's 64-bit finaliser (the end of :func:`word_hash`)."""
+    s33 = np.uint64(33)
+    h ^= h >> s33
+    h *= np.uint64(0xFF51AFD7ED558CCD)
+    h ^= h >> s33
+    h *= np.uint64(0xC4CEB9FE1A85EC53)
+    return h ^ (h >> s33)
+
+
 @numba.njit(cache=True, nogil=True)
 def _hash_words(buf: np.ndarray, doc_starts: np.ndarray, seed: np.uint64, words: np.ndarray,
                 offsets: np.ndarray) -> int:
@@ -119,8 +130,6 @@ def _hash_words(buf: np.ndarray, doc_starts: np.ndarray, seed: np.uint64, words:
     ASCII whitespace) into ``words``; ``offsets[d]`` is document d's first word. Returns the count."""
     prime = np.uint64(0x100000001B3)
     basis = np.uint64(0xCBF29CE484222325) ^ seed
-    c1, c2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
-    s33 = np.uint64(33)
     k = 0
     for d in range(doc_starts.shape[0] - 1):
         offsets[d] = k
@@ -130,11 +139,7 @@ def _hash_words(buf: np.ndarray, doc_starts: np.ndarray, seed: np.uint64, words:
             c = buf[i]
             if c == 32 or (9 <= c <= 13):
                 if inword:
-                    h ^= h >> s33
-                    h *= c1
-                    h ^= h >> s33
-                    h *= c2
-                    words[k] = h ^ (h >> s33)
+                    words[k] = _fmix64(h)
                     k += 1
                     inword = False
             else:
@@ -143,11 +148,7 @@ def _hash_words(buf: np.ndarray, doc_starts: np.ndarray, seed: np.uint64, words:
                     inword = True
                 h = (h ^ np.uint64(c)) * prime
         if inword:
-            h ^= h >> s33
-            h *= c1
-            h ^= h >> s33
-            h *= c2
-            words[k] = h ^ (h >> s33)
+            words[k] = _fmix64(h)
             k += 1
     offsets[doc_starts.shape[0] - 1] = k
     return k
