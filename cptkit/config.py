@@ -22,7 +22,16 @@ from omegaconf.errors import OmegaConfBaseException
 
 from cptkit.errors import CptkitError
 
-CONF_DIR = Path(os.environ.get("CPTKIT_CONF_DIR", Path(__file__).resolve().parent.parent / "conf"))
+
+def _conf_dir() -> Path:
+    """``$CPTKIT_CONF_DIR``, else the configs inside an installed wheel, else the checkout's ``conf/``."""
+    if os.environ.get("CPTKIT_CONF_DIR"):
+        return Path(os.environ["CPTKIT_CONF_DIR"])
+    packaged = Path(__file__).resolve().parent / "conf"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "conf"
+
+
+CONF_DIR = _conf_dir()
 
 
 @dataclass
