@@ -78,6 +78,9 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
     if unknown:
         raise CptkitError(f"unknown option {unknown[0]} for 'cptkit {step}' (see cptkit {step} --help)")
     step_module(step)  # registers the schema
+    from cptkit.executor import split_executor_args
+
+    executor, extra = split_executor_args(extra)
     if "-m" in extra or "--multirun" in extra:
         from cptkit.sweep import multirun
 
@@ -90,6 +93,11 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
         if show_cfg != "job":
             raise CptkitError(f"--cfg {show_cfg!r}: only 'job' is supported")
         sys.stdout.write(OmegaConf.to_yaml(cfg))
+        return
+    if executor.kind == "ray":
+        from cptkit.executor import run_ray
+
+        run_ray(step, overrides + extra, cfg, executor)
         return
     execute(step, cfg)
 

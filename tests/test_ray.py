@@ -1,0 +1,100 @@
+"""``executor=ray``: a step's shard tasks as Ray tasks on a real local Ray cluster (``ray start``).
+
+The outputs must be byte-identical to a local run: score-quality (one wave of slices) and dedup,
+both with in-memory clustering and with the map/reduce backend (map, reduce, final waves).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import write_jsonl
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A one-node Ray cluster with 2 CPUs, started and stopped by the test."""
+    tmp = tmp_path_factory.mktemp("ray")
+    port = _port()
+    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
+    subprocess.run([str(BIN / "ray"), "start", "--head", f"--port={port}", "--num-cpus=2",
+                    "--include-dashboard=false", f"--temp-dir={tmp}", "--disable-usage-stats"],
+                   check=True, capture_output=True, env=env)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, env=env)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cptkit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "cptkit"), *args, "--quiet"], capture_output=True, text=True)
+
+
+def tree(out: Path) -> dict[str, bytes]:
+    """Data shards and side outputs (not the manifest, which records timings)."""
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file() and p.name != "_manifest.json"}
+
+
+@pytest.fixture(scope="module")
+def shards(corpus_dir: Path, tmp_path_factory) -> Path:
+    """Six input shards (so that slices really split the work), with some exact duplicates."""
+    from tests.conftest import read_jsonl_dir
+
+    recs = read_jsonl_dir(corpus_dir)[:600]
+    recs += [dict(r, id=r["id"] + "-copy") for r in recs[:60]]
+    d = tmp_path_factory.mktemp("shards")
+    for i in range(6):
+        write_jsonl(d / f"part-{i}.jsonl", recs[i::6])
+    return d
+
+
+@pytest.mark.parametrize("cluster_kind", ["memory", "mapreduce"])
+def test_dedup_on_ray_equals_local(cluster: str, shards: Path, tmp_path: Path, cluster_kind: str):
+    opts = [f"dedup.cluster={cluster_kind}"]
+    local = cptkit("dedup", "--in", str(shards), "--out", str(tmp_path / "local"), *opts)
+    assert local.returncode == 0, local.stderr
+    on_ray = cptkit("dedup", "--in", str(shards), "--out", str(tmp_path / "ray"), *opts,
+                    "executor=ray", f"executor.address={cluster}", "executor.workers=3")
+    assert on_ray.returncode == 0, on_ray.stderr
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+    assert (tmp_path / "ray" / "_removed.jsonl").read_text().count("\n") >= 60
+
+
+def test_score_quality_on_ray_equals_local(cluster: str, shards: Path, corpus_dir: Path, tmp_path: Path):
+    model = tmp_path / "quality"
+    pos, neg = str(corpus_dir / "part-00000-*"), str(corpus_dir / "part-00002-*")
+    trained = cptkit("score-quality-train", "--positives", pos, "--negatives", neg, "--out", str(model))
+    assert trained.returncode == 0, trained.stderr
+    args = ["score-quality", "--in", str(shards), f"quality.model={model}"]
+    assert cptkit(*args, "--out", str(tmp_path / "local")).returncode == 0
+    on_ray = cptkit(*args, "--out", str(tmp_path / "ray"), "executor=ray", f"executor.address={cluster}",
+                    "executor.workers=4")
+    assert on_ray.returncode == 0, on_ray.stderr
+    assert tree(tmp_path / "ray") == tree(tmp_path / "local")
+    assert len([n for n in tree(tmp_path / "ray") if n.startswith("part-")]) == 6
+
+
+def test_executor_errors_are_one_line(tmp_path: Path, shards: Path):
+    res = cptkit("dedup", "--in", str(shards), "--out", str(tmp_path / "o"), "executor=spark")
+    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "executor='spark'" in res.stderr
+    res = cptkit("dedup", "--in", str(shards), "--out", str(tmp_path / "o"), "executor=ray", "executor.workers=0")
+    assert res.returncode == 2 and "executor.workers" in res.stderr
+    assert not (tmp_path / "o").exists()
