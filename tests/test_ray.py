@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,10 @@ from tests.conftest import write_jsonl
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
+# The cluster and its clients share a HOME of their own: a ~/.ray/auth_token left by an earlier
+# ray.init() would make `ray start` demand a token that a client started with another HOME lacks.
+RAY_HOME = Path(tempfile.mkdtemp(prefix="cptkit-ray-home-"))
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "HOME": str(RAY_HOME)}
 
 
 def _port() -> int:
@@ -33,8 +38,9 @@ def cluster(tmp_path_factory):
     """A one-node Ray cluster with 2 CPUs, started and stopped by the test."""
     tmp = tmp_path_factory.mktemp("ray")
     port = _port()
-    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
-    subprocess.run([str(BIN / "ray"), "start", "--head", f"--port={port}", "--num-cpus=2",
+    env = RAY_ENV | {"HOME": str(RAY_HOME)}
+    subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+                    "--num-cpus=2",
                     "--include-dashboard=false", f"--temp-dir={tmp}", "--disable-usage-stats"],
                    check=True, capture_output=True, env=env)
     try:
@@ -42,10 +48,12 @@ def cluster(tmp_path_factory):
     finally:
         subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, env=env)
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(RAY_HOME, ignore_errors=True)
 
 
 def cptkit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "cptkit"), *args, "--quiet"], capture_output=True, text=True)
+    return subprocess.run([str(BIN / "cptkit"), *args, "--quiet"], capture_output=True, text=True,
+                          env=os.environ | RAY_ENV)
 
 
 def tree(out: Path) -> dict[str, bytes]:
