@@ -175,7 +175,7 @@ def main() -> None:
     queries.write_text("".join(json.dumps({"id": f"q{i}", "text": t}, ensure_ascii=False) + "\n"
                                for i, t in enumerate(qtexts)))
     global BASE_MIB
-    BASE_MIB = timed(cptkit_cmd() + ["--version"])[1]
+    BASE_MIB = timed([sys.executable, "-c", "import cptkit.cli"])[1]
     results: dict[int, dict] = {}
     for n in ns:
         sub = work / f"docs{n}"
