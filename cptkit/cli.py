@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from cptkit.errors import CptkitError
 
@@ -34,7 +35,9 @@ MODULES: dict[str, str] = {}
 In = Annotated[list[str] | None, typer.Option("--in", "-i", metavar="PATH", help="Input: file, directory of shards, glob, or - (stdin). Repeatable.")]
 Out = Annotated[str | None, typer.Option("--out", "-o", metavar="PATH", help="Output directory (or - for stdout). {key} placeholders are filled from the config.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no summary table.")]
-Cfg = Annotated[str | None, typer.Option("--cfg", metavar="job", help="'job': print the resolved config and exit.")]
+Cfg = Annotated[str | None, typer.Option("--cfg", "-c", metavar="job|hydra|all", help="Print the config (job: the step's, hydra: Hydra's, all: both) and exit; secrets are redacted.")]
+Resolve = Annotated[bool, typer.Option("--resolve", help="With --cfg: resolve ${...} interpolations before printing.")]
+Info = Annotated[bool, typer.Option("--info", help="Print the config search path, the defaults list and the overrides, then exit.")]
 SkipBad = Annotated[bool, typer.Option("--skip-bad-lines", help="Skip and count malformed input lines instead of failing.")]
 
 
@@ -74,6 +77,9 @@ def execute(step: str, cfg) -> Any:
 def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | None = None) -> None:
     """Compose the step's config from option-derived and trailing overrides and run it."""
     extra = list(ctx.args)
+    resolve = "--resolve" in extra
+    info = "--info" in extra
+    extra = [a for a in extra if a not in ("--resolve", "--info")]
     unknown = [a for a in extra if a.startswith("--") and "=" not in a]
     if unknown:
         raise CptkitError(f"unknown option {unknown[0]} for 'cptkit {step}' (see cptkit {step} --help)")
@@ -85,13 +91,51 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
         return
     from cptkit.config import compose_step
 
-    cfg = compose_step(step, overrides + extra)
-    if show_cfg is not None:
-        if show_cfg != "job":
-            raise CptkitError(f"--cfg {show_cfg!r}: only 'job' is supported")
-        sys.stdout.write(OmegaConf.to_yaml(cfg))
+    if info:
+        sys.stdout.write(hydra_info(step, overrides + extra))
         return
-    execute(step, cfg)
+    if show_cfg is not None:
+        sys.stdout.write(show_config(step, overrides + extra, show_cfg, resolve))
+        return
+    execute(step, compose_step(step, overrides + extra))
+
+
+def show_config(step: str, overrides: list[str], which: str, resolve: bool) -> str:
+    """``--cfg job|hydra|all`` as YAML, secrets redacted (``--resolve``: interpolations resolved)."""
+    from cptkit.config import compose_step
+    from cptkit.redact import redact
+
+    if which not in ("job", "hydra", "all"):
+        raise CptkitError(f"--cfg {which!r}: use job, hydra or all")
+    compose_step(step, overrides)  # validates: a bad value fails here as it would in a run
+    if which == "job":
+        cfg = compose_step(step, overrides, resolve=resolve)
+    else:
+        cfg = compose_step(step, overrides, hydra_node=True, resolve=False)
+        if which == "hydra":
+            cfg = OmegaConf.masked_copy(cfg, ["hydra"])
+    try:
+        container = OmegaConf.to_container(cfg, resolve=resolve)
+    except OmegaConfBaseException:  # hydra.* values only a running Hydra app fills (job.num, ...)
+        container = OmegaConf.to_container(cfg, resolve=False)
+    return OmegaConf.to_yaml(OmegaConf.create(redact(container)))
+
+
+def hydra_info(step: str, overrides: list[str]) -> str:
+    """``--info``: where the config comes from (search path, defaults list, overrides)."""
+    from cptkit.config import CONF_DIR, compose_step
+    from cptkit.redact import redact_text
+
+    cfg = compose_step(step, overrides, hydra_node=True, resolve=False)
+    name = step.replace("-", "_")
+    lines = [f"cptkit {step}", f"config: {CONF_DIR / (name + '.yaml')}", "config search path:",
+             f"  file://{CONF_DIR}", "  pkg://hydra.conf (Hydra's own defaults)", "defaults list:",
+             f"  _schema_{name} (the dataclass schema, cptkit.steps.{MODULES[step]})"]
+    lines += [f"  {group}: {choice}" for group, choice in cfg.hydra.runtime.choices.items()
+              if not str(group).startswith("hydra/")]
+    lines += [f"  {name} (conf/{name}.yaml)", "overrides:"]
+    lines += [f"  {redact_text(o)}" for o in overrides] or ["  (none)"]
+    return "\n".join(lines) + "\n"
 
 
 def register(step: str, module: str):
@@ -288,16 +332,24 @@ def serve_llm(ctx: typer.Context, quiet: Quiet = False, cfg: Cfg = None) -> None
 
 
 def main() -> None:
-    """Console entry point: user errors become one line on stderr and exit code 2."""
+    """Console entry point: user errors become one line on stderr and exit code 2 (secrets
+    masked); Ctrl-C says what was kept and exits 130."""
     try:
         app()
     except CptkitError as e:
         from rich.text import Text
 
         from cptkit.progress import console
+        from cptkit.redact import redact_text
 
-        console.print(Text.assemble(("error: ", "bold red"), str(e)), soft_wrap=True)
+        console.print(Text.assemble(("error: ", "bold red"), redact_text(str(e).replace("\n", " "))), soft_wrap=True)
         sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        from cptkit.job import interrupted_message
+        from cptkit.progress import console
+
+        console.print(interrupted_message(), soft_wrap=True, markup=False, highlight=False)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -397,7 +397,7 @@ def run(cfg: DictConfig) -> dict:
     bands, rows = banding(d)
     info = describe(d, bands, rows)
     phase, cluster = str(d.phase), str(d.cluster)
-    with Job(_job_config(cfg)) as job:
+    with Job(_job_config(cfg), independent_tasks=False) as job:
         if any(f.path == STDIO for f in job.inputs):
             raise CptkitError("dedup reads its input several times: --in - (stdin) is not supported, "
                               "pass files")
