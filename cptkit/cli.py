@@ -14,8 +14,30 @@ from typing import Annotated, Any
 import typer
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from typer.core import TyperCommand
 
 from cptkit.errors import CptkitError
+
+
+class StepCommand(TyperCommand):
+    """A command whose listing shows its whole description and whose ``--help`` ends with the
+    step's config keys, defaults and help (generated from the typed schema)."""
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        return " ".join((self.short_help or self.help or "").split())
+
+    def format_epilog(self, ctx: Any, formatter: Any) -> None:
+        super().format_epilog(ctx, formatter)
+        if self.name in MODULES:
+            from cptkit.cli_help import config_help
+
+            formatter.write("\n" + config_help(self.name))
+
+
+def command(name: str, **kw: Any):
+    """``app.command`` with :class:`StepCommand` (full descriptions, config keys in --help)."""
+    return app.command(name, cls=StepCommand, **kw)
+
 
 CTX = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["-h", "--help"]}
 app = typer.Typer(
@@ -142,15 +164,20 @@ def register(step: str, module: str):
     MODULES[step] = module
 
 
-@app.callback()
-def _root(
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
-) -> None:
-    if version:
+def _print_version(value: bool) -> None:
+    if value:
         from cptkit import __version__
 
-        typer.echo(__version__)
+        typer.echo(f"cptkit {__version__}")
         raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", "-V", help="Print the version and exit.",
+                                          callback=_print_version, is_eager=True)] = False,
+) -> None:
+    """Composable steps for continual pre-training."""
 
 
 # --- steps, in pipeline order (the order of `cptkit --help`) -------------------------------
@@ -163,12 +190,12 @@ def data_step(name: str, module: str, help: str) -> None:
     """Register the usual command: --in/--out/--quiet/--cfg/--skip-bad-lines + overrides."""
     register(name, module)
 
-    def command(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+    def run_step(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
                 cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
         invoke(ctx, name, io_overrides(inputs, out, quiet, skip_bad), cfg)
 
-    command.__name__ = command.__qualname__ = name.replace("-", "_")
-    app.command(name, context_settings=CTX, help=help)(command)
+    run_step.__name__ = run_step.__qualname__ = name.replace("-", "_")
+    command(name, context_settings=CTX, help=help)(run_step)
 
 
 def _list(key: str, values: list[str]) -> str:
@@ -178,7 +205,7 @@ def _list(key: str, values: list[str]) -> str:
 register("demo-corpus", "demo_corpus")
 
 
-@app.command("demo-corpus", context_settings=CTX,
+@command("demo-corpus", context_settings=CTX,
              help="Build the real-text demo corpus (English + Chinese Debian docs) as JSONL shards; "
              "packages come from apt-get download into corpus.cache_dir.")
 def demo_corpus(ctx: typer.Context, out: Out = None, quiet: Quiet = False, cfg: Cfg = None) -> None:
@@ -192,7 +219,7 @@ data_step("expand-queries", "expand_queries",
 register("retrieve-index", "retrieve_index")
 
 
-@app.command("retrieve-index", context_settings=CTX,
+@command("retrieve-index", context_settings=CTX,
              help="Build BM25 index shards (shard.index=I shard.count=N per array job, or retrieve.shards=N); "
              "retrieve --index DIR then searches all shards with global statistics (docs/retrieve.md).")
 def retrieve_index(ctx: typer.Context, corpus: Corpus = None, out: Out = None, quiet: Quiet = False,
@@ -203,7 +230,7 @@ def retrieve_index(ctx: typer.Context, corpus: Corpus = None, out: Out = None, q
 register("retrieve", "retrieve")
 
 
-@app.command("retrieve", context_settings=CTX,
+@command("retrieve", context_settings=CTX,
              help="BM25 top-k documents for many queries; output: their union with hits, plus _run.tsv (SPEC §2).")
 def retrieve(
     ctx: typer.Context,
@@ -228,7 +255,7 @@ data_step("dedup", "dedup", "Remove exact and MinHash-LSH near-duplicates across
 register("score-quality-train", "score_quality_train")
 
 
-@app.command("score-quality-train", context_settings=CTX,
+@command("score-quality-train", context_settings=CTX,
              help="Train a quality classifier from --positives/--negatives (or --in with "
              "train.label_field=FIELD); prints held-out accuracy/F1 (SPEC §4).")
 def score_quality_train(ctx: typer.Context, positives: Files = None, negatives: Files = None,
@@ -267,7 +294,7 @@ data_step("build-mix", "build_mix",
 register("train", "train")
 
 
-@app.command("train", context_settings=CTX,
+@command("train", context_settings=CTX,
              help="Train a causal LM on a build-mix stream with DeepSpeed (ZeRO-2, bf16) and a static, "
              "staged or dynamic domain mixture (SPEC §9): train.mixture=static|staged|topic_ppl|velocitune|dbl.")
 def train(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
@@ -279,7 +306,7 @@ def train(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet =
 register("evaluate", "evaluate")
 
 
-@app.command("evaluate", context_settings=CTX,
+@command("evaluate", context_settings=CTX,
              help="Perplexity per group on held-out shards (--in, eval.ppl.group_by=FIELD) and few-shot "
              "benchmarks (eval.tasks=[...], conf/eval/tasks/*.yaml) scored as lm-evaluation-harness does (SPEC §10).")
 def evaluate(ctx: typer.Context, model: Model = None, inputs: In = None, out: Out = None, quiet: Quiet = False,
@@ -295,7 +322,7 @@ data_step("evaluate-contamination", "evaluate_contamination",
           "share of test items hit; eval.action=none|flag|drop (SPEC §10, Retrieve-Pile Table 6).")
 
 
-@app.command("evaluate-compare", help="Side-by-side table of evaluate outputs (first = baseline) with deltas.")
+@command("evaluate-compare", help="Side-by-side table of evaluate outputs (first = baseline) with deltas.")
 def evaluate_compare(
     runs: Annotated[list[str], typer.Argument(help="evaluate output dirs (or _results.json files); NAME=DIR to label.")],
     out: Annotated[str | None, typer.Option("--out", "-o", metavar="PATH", help="Also write the table: .md (markdown) or .json.")] = None,
@@ -324,7 +351,7 @@ def evaluate_compare(
 register("serve-llm", "serve_llm")
 
 
-@app.command("serve-llm", context_settings=CTX,
+@command("serve-llm", context_settings=CTX,
              help="Serve a local model (llm=transformers|vllm) as an OpenAI-compatible HTTP API "
              "(/v1/chat/completions, /v1/completions, /v1/models) with request batching.")
 def serve_llm(ctx: typer.Context, quiet: Quiet = False, cfg: Cfg = None) -> None:

@@ -47,8 +47,8 @@ OVERSIZE = ("error", "skip", "truncate")
 class IOConfig:
     """Where a step reads and writes. Set by ``--in``/``--out``; overridable as ``io.*``."""
 
-    inputs: list[str] = field(default_factory=list)
-    output: str | None = None
+    inputs: list[str] = field(default_factory=list)  # --in: files, directories, globs, - (stdin); parquet, save_to_disk
+    output: str | None = None  # --out: a directory, or - (stdout); {key} placeholders filled from the config
     skip_bad_lines: bool = False  # count and skip malformed lines instead of failing
     overwrite: bool = False  # replace an existing output (finished, or of another config or input set)
     lock_wait_s: float = 0.0  # another run holds --out: 0 refuses at once, >0 waits up to this many seconds
