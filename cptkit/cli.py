@@ -371,12 +371,20 @@ def main() -> None:
 
         console.print(Text.assemble(("error: ", "bold red"), redact_text(str(e).replace("\n", " "))), soft_wrap=True)
         sys.exit(e.exit_code)
+    except SystemExit as e:
+        if e.code == 130:  # Typer turns Ctrl-C (KeyboardInterrupt) into exit 130
+            _interrupted()
+        raise
     except KeyboardInterrupt:
-        from cptkit.job import interrupted_message
-        from cptkit.progress import console
-
-        console.print(interrupted_message(), soft_wrap=True, markup=False, highlight=False)
+        _interrupted()
         sys.exit(130)
+
+
+def _interrupted() -> None:
+    from cptkit.job import interrupted_message
+    from cptkit.progress import console
+
+    console.print(interrupted_message(), soft_wrap=True, markup=False, highlight=False)
 
 
 if __name__ == "__main__":

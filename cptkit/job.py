@@ -306,16 +306,20 @@ class Job:
         try:
             if exc_type is None or self.stdout:
                 return
-            for tmp in self.out.glob(".*.tmp-*"):
-                tmp.unlink(missing_ok=True)
+            for pattern in (".*.tmp-*", f"{STATE_DIR}/**/.*.tmp-{os.getpid()}"):
+                for tmp in self.out.glob(pattern):
+                    tmp.unlink(missing_ok=True)
             if issubclass(exc_type, CptkitError) and self.created and self.shard_count == 1:
-                self._clear(keep_dir=not self._made_dir)
+                self._release()
                 if self._made_dir:
                     shutil.rmtree(self.out, ignore_errors=True)
+                else:  # it was empty: leave it empty
+                    self._clear()
+                    shutil.rmtree(self.out / STATE_DIR, ignore_errors=True)
         finally:
             self._release()
 
-    def _clear(self, keep_dir: bool = True) -> None:
+    def _clear(self) -> None:
         """Empty OUT, keeping the directory and the live locks in ``.cptkit``."""
         if not self.out.is_dir():
             return
@@ -328,8 +332,6 @@ class Job:
                 shutil.rmtree(p)
             else:
                 p.unlink(missing_ok=True)
-        if not keep_dir and self.lock is not None:
-            self.lock.release()
 
     def _prepare_output(self) -> None:
         out, state = self.out, self.out / STATE_DIR
@@ -568,7 +570,7 @@ def write_card(out: Path, step: str, files: list[str]) -> None:
     suffixes = sorted({f[f.index("."):] for f in files if f.startswith("part-") and "." in f})
     if not suffixes:
         return
-    patterns = "".join(f"      - \"part-*{s}\"\n" for s in suffixes)
+    patterns = "".join(f"          - \"part-*{s}\"\n" for s in suffixes)
     card = ("---\nconfigs:\n  - config_name: default\n    data_files:\n      - split: train\n        path:\n"
             f"{patterns}---\n\n# cptkit {step} output\n\nJSON Lines records (`id`, `text`, ...) in `part-*` shards; "
             "`_manifest.json` holds the config, inputs and counts (docs/records.md).\n\n"
