@@ -536,3 +536,33 @@ def test_progress_logged_when_stderr_is_not_a_terminal(shards, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert any(ln.split("INFO")[-1].strip().startswith("signatures:") and "elapsed" in ln
                for ln in proc.stderr.splitlines()), proc.stderr
+
+
+@pytest.mark.slow
+def test_sigkill_then_edited_input_rerun_equals_a_fresh_run(corpus_records, tmp_path):
+    """Kill after the first finished task, shrink one input shard, rerun: the output is that of
+    the edited inputs (not 'resumed' with stale shards of the old content)."""
+    recs = [{k: r[k] for k in ("id", "text")} for r in corpus_records]
+    inp = tmp_path / "in"
+    for k in range(40):
+        write_jsonl(inp / f"s{k:02d}.jsonl.gz", recs[k::40])
+    args = ["dedup", "--in", str(inp), "-q", "shard.max_records=3"]
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*CLI, *args, "--out", str(out)])
+    done = out / ".cptkit" / "done"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if done.exists() and any(done.glob("*.json")):
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.002)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    write_jsonl(inp / "s00.jsonl.gz", recs[0::40][:3])  # task 00000 is done: its shards are stale now
+    rerun = subprocess.run([*CLI, *args, "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "s00.jsonl.gz changed" in " ".join(rerun.stderr.split())
+    fresh = tmp_path / "fresh"
+    subprocess.run([*CLI, *args, "--out", str(fresh)], check=True, timeout=300)
+    assert tree(out) == tree(fresh)
+    assert json.loads((out / "_manifest.json").read_text())["counts"]["records_in"] == len(recs) - len(recs[0::40]) + 3
