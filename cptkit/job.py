@@ -275,7 +275,7 @@ class Job:
         self.progress = make_progress(self.quiet)
         self._bar: Any = None
         self._ids: set[int] = set()
-        self._read_tasks: set[str] = set()
+        self._read_tasks: set[tuple[str, ...]] = set()
         self._fps = self._fingerprints()
 
     def _fingerprints(self) -> list[dict]:
@@ -447,8 +447,9 @@ class Job:
         res = self.results.setdefault(task.name, TaskResult())
         io_cfg = self.cfg.io
         skip = bool(io_cfg.skip_bad_lines)
-        check_ids = bool(io_cfg.get("unique_ids", True)) and task.name not in self._read_tasks
-        self._read_tasks.add(task.name)
+        key = (task.name, *(f.path for f in task.inputs))
+        check_ids = bool(io_cfg.get("unique_ids", True)) and key not in self._read_tasks
+        self._read_tasks.add(key)
         ids = self._ids
         for inp in task.inputs:
             st = stats or ReadStats()

@@ -151,7 +151,7 @@ def _check_record(obj: object, raw: bytes | None, max_chars: int, oversize: str)
     if err is not None:
         return err, False
     assert isinstance(obj, dict)
-    if raw is None or _SURROGATE_ESCAPE.search(raw):
+    if raw is not None and _SURROGATE_ESCAPE.search(raw):  # (Arrow strings are valid UTF-8 already)
         try:
             dumps(obj).encode("utf-8")
         except UnicodeEncodeError as e:
@@ -251,6 +251,21 @@ def read_records(
         raise BadInput(inp.name, None, "input is empty")
 
 
+def _json_types(schema) -> bool:
+    """True when every column of an Arrow schema maps onto JSON values as is."""
+    import pyarrow as pa
+
+    def ok(t) -> bool:
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return ok(t.value_type)
+        if pa.types.is_struct(t):
+            return all(ok(t.field(i).type) for i in range(t.num_fields))
+        return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
+                or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t))
+
+    return all(ok(f.type) for f in schema)
+
+
 def _read_table(inp: InputFile, skip_bad: bool, stats: ReadStats, validate_records: bool, max_chars: int,
                 oversize: str) -> Iterator[Record]:
     """Records of a Parquet file or a ``save_to_disk`` Arrow file, row by row in batches."""
@@ -271,7 +286,10 @@ def _read_table(inp: InputFile, skip_bad: bool, stats: ReadStats, validate_recor
                 batches = iter(pa.ipc.open_file(src).to_batches())
         row = 0
         for batch in batches:
-            for obj in batch.to_pylist():
+            rows = batch.to_pylist()
+            if not _json_types(batch.schema):  # timestamps, bytes, decimals: as JSON would write them
+                rows = [json.loads(json.dumps(r, ensure_ascii=False, default=str)) for r in rows]
+            for obj in rows:
                 row += 1
                 err, truncated = _check_record(obj, None, max_chars, oversize) if validate_records else (None, False)
                 if err is None:

@@ -486,6 +486,14 @@ def test_parquet_and_save_to_disk_inputs(shards, tmp_path, capsys):
     assert read_jsonl_dir(outs["parquet"]) == read_jsonl_dir(outs["jsonl"]) == read_jsonl_dir(outs["saved"])
     assert len(read_jsonl_dir(outs["jsonl"])) == 240
 
+    import datetime
+
+    typed = tmp_path / "typed.parquet"  # columns JSON has no type for are written as strings
+    datasets.Dataset.from_list([{"id": "a", "text": "x", "when": datetime.datetime(2024, 1, 2)}]).to_parquet(str(typed))
+    code, _, err = cli(dedup(typed, tmp_path / "o-typed"), capsys)
+    assert code == 0, err
+    assert read_jsonl_dir(tmp_path / "o-typed") == [{"id": "a", "text": "x", "when": "2024-01-02 00:00:00"}]
+
     bad = tmp_path / "bad.parquet"
     datasets.Dataset.from_list([{"id": "a", "text": "x"}, {"id": "b", "text": None}]).to_parquet(str(bad))
     code, _, err = cli(dedup(bad, tmp_path / "o-bad"), capsys)
