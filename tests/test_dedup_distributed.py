@@ -251,6 +251,6 @@ def test_redis_unreachable_is_one_clear_error(corpus, tmp_path):
     p = cli(corpus, tmp_path / "o", "dedup.cluster=redis", f"dedup.redis_url={url}")
     _, err = p.communicate(timeout=60)
     assert p.returncode != 0
-    assert f"dedup.redis_url=redis://:***@127.0.0.1:{url.rsplit(':', 1)[1]}: cannot reach Redis" in err
+    assert f"dedup.redis_url=redis://:<redacted>@127.0.0.1:{url.rsplit(':', 1)[1]}: cannot reach Redis" in err
     assert "hunter2" not in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
