@@ -65,7 +65,8 @@ def saved_dataset_files(p: Path) -> list[Path] | None:
 def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
     """Expand files, directories (their data files, recursively) and globs into input shards.
 
-    The order is sorted and therefore stable. A spec that matches nothing is an error, except
+    The order is sorted and therefore stable; a file named twice is read once. A spec that
+    matches nothing is an error, except
     a step's finished output that holds no records (``_SUCCESS`` and no shards): it is empty.
     A ``save_to_disk`` folder gives its Arrow files, in their order.
     """
@@ -98,7 +99,14 @@ def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
         else:
             raise CptkitError(f"{spec}: no such file or directory")
         found.extend(InputFile(str(f), f.stat().st_size) for f in files)
-    return found
+    seen: set[str] = set()
+    unique = []
+    for f in found:  # a file named twice (a directory and a glob inside it) is read once
+        key = f.path if f.path == STDIO else os.path.realpath(f.path)
+        if key not in seen or f.path == STDIO:
+            seen.add(key)
+            unique.append(f)
+    return unique
 
 
 class _CountingReader(io.RawIOBase):

@@ -247,6 +247,10 @@ def test_planted_secrets_are_never_written_or_printed(shards, tmp_path, capsys, 
     code, so, se = cli(["dedup", "--in", shards, "--out", tmp_path / "x", f"+llm.api_key={SECRETS['llm']}"], capsys)
     assert code == 2
     printed += [so, se]
+    code, so, se = cli(["evaluate", "--cfg", "job", f"+eval.hf_token={SECRETS['llm']}"], capsys)
+    assert code == 2 and "unknown config key eval.hf_token for evaluate" in one_error(se)
+    printed += [so, se]
+    assert not (tmp_path / "x").exists()
 
     written = [p for d in (out, rout) for p in d.rglob("*") if p.is_file()]
     assert any(p.name == "_manifest.json" for p in written) and any(p.suffix == ".npy" for p in written)
