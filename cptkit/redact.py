@@ -38,9 +38,17 @@ def is_secret_key(key: Any) -> bool:
     return bool(_KEY.search(k) or _BARE_KEY.match(k.rsplit(".", 1)[-1]))
 
 
+_NOT_SECRET = re.compile(r"^(?:true|false|null|none|[-+]?\d+(?:\.\d*)?|\$\{.*\}|<redacted>)$", re.IGNORECASE)
+
+
+def _plausible(value: Any) -> bool:
+    """A string that can be a secret (not a flag, a number, an interpolation or already masked)."""
+    return isinstance(value, str) and bool(value) and not _NOT_SECRET.match(value)
+
+
 def remember(value: Any) -> None:
-    """Mask ``value`` wherever it appears in later text (values of at least 4 characters)."""
-    if isinstance(value, str) and len(value) >= 4:
+    """Mask ``value`` wherever it appears in later text (plausible secrets of 6+ characters)."""
+    if _plausible(value) and len(value) >= 6:
         _seen.add(value)
 
 
@@ -52,7 +60,7 @@ def _env_secrets() -> None:
 def redact_url(url: str) -> str:
     """``scheme://user:PW@host`` -> ``scheme://user:<redacted>@host``."""
     def sub(m: re.Match) -> str:
-        if m.group("pw"):
+        if m.group("pw") and m.group("pw") != MASK:
             remember(m.group("pw"))
             return f"{m.group('scheme')}{m.group('user')}:{MASK}@"
         return m.group(0)
@@ -68,7 +76,7 @@ def redact_text(text: str) -> str:
     text = redact_url(text)
 
     def kv(m: re.Match) -> str:
-        if m.group("val") == MASK or m.group("key").lower().endswith(("_env", "-env")):
+        if not _plausible(m.group("val")):
             return m.group(0)
         remember(m.group("val"))
         return f"{m.group('key')}{m.group('sep')}{MASK}"
@@ -85,8 +93,8 @@ def redact(obj: Any) -> Any:
     if isinstance(obj, dict):
         out = {}
         for k, v in obj.items():
-            if is_secret_key(k) and v not in (None, "", MASK) and not isinstance(v, (dict, list)):
-                remember(str(v))
+            if is_secret_key(k) and _plausible(v):
+                remember(v)
                 out[k] = MASK
             else:
                 out[k] = redact(v)

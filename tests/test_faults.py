@@ -278,6 +278,10 @@ def test_redaction_rules():
     assert got["overrides"] == ["+eval.hf_token=<redacted>", "a=1"]
     assert redact_text("connect redis://:pw5678@h:6379/0 failed; pw5678 again") == \
         "connect redis://:<redacted>@h:6379/0 failed; <redacted> again"
+    # flags and numbers under secret-like names are not secrets, and are never masked elsewhere
+    assert redact({"use_auth_token": True, "token": "true", "max_token": 5}) == \
+        {"use_auth_token": True, "token": "true", "max_token": 5}
+    assert redact_text("hf.token=true lowercase: true") == "hf.token=true lowercase: true"
 
 
 # -- 4. every user error: one line, exit 2, nothing left behind ------------------------------------------
