@@ -386,6 +386,7 @@ class Job:
                                       "pass io.overwrite=true to redo it, or choose another --out")
                 self._redo(changed, why)
         if finished:
+            log.info("%s: already complete (same config and inputs): nothing to do", out)
             self.already_done = True
             return
         if old_hash is None:  # never rewritten in place: array members read it concurrently
@@ -429,7 +430,6 @@ class Job:
     def pending(self) -> list[Task]:
         """Tasks of this slice that still need work; finished ones are reported and skipped."""
         if self.already_done:
-            log.info("%s: already complete, nothing to do", self.out)
             return []
         mine = self.mine()
         todo = [t for t in mine if not self.is_done(t)]

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -183,6 +184,22 @@ def test_two_concurrent_runs_one_refuses_one_valid_output(corpus_records, tmp_pa
     assert f"another cptkit run is writing this output (pid {first.pid} on {socket.gethostname()}" in line
     assert (out / "_SUCCESS").exists() and not lock.exists()
     assert tree(out) == tree(ref)
+
+
+def test_second_run_waits_with_lock_wait_s(shards, tmp_path, capsys):
+    """io.lock_wait_s: a run waits while the holder lives, then takes the lock and runs."""
+    out = tmp_path / "out"
+    (out / ".cptkit").mkdir(parents=True)
+    holder = subprocess.Popen(["sleep", "6"])  # outlives the imports of the run below
+    threading.Thread(target=holder.wait, daemon=True).start()  # reaped at exit: then its pid is dead
+    (out / ".cptkit" / "lock-00000-of-00001").write_text(
+        json.dumps({"pid": holder.pid, "host": socket.gethostname(), "started": time.time(), "index": 0, "count": 1}))
+    code, _, err = cli(["dedup", "--in", shards, "--out", out, "io.lock_wait_s=120"], capsys)
+    assert code == 0, err
+    assert f"waiting for pid {holder.pid} on {socket.gethostname()}" in " ".join(err.split())
+    assert (out / "_SUCCESS").exists() and len(read_jsonl_dir(out)) == 240
+    code, _, err = cli(["dedup", "--in", shards, "--out", out], capsys)
+    assert code == 0 and "already complete" in err
 
 
 def test_stale_lock_is_taken_over_live_foreign_lock_refuses(shards, tmp_path, capsys):
