@@ -250,13 +250,18 @@ class Job:
         self.quiet = bool(cfg.get("quiet", False))
         setup_logging(self.quiet)
         self.config = redact(to_dict(cfg))  # what the manifest and results record: never a secret
+        out = cfg.io.output
         if inputs is None and needs_inputs:
             inputs = resolve_inputs(list(cfg.io.inputs))
+            if out is not None and str(out) != STDIO:  # --out inside an --in directory: never read our own shards
+                own = os.path.realpath(str(out)) + os.sep
+                inputs = [f for f in inputs if f.path == STDIO or not os.path.realpath(f.path).startswith(own)]
+                if not inputs:
+                    raise CptkitError(f"--in {' '.join(map(str, cfg.io.inputs))}: holds no data files outside --out {out}")
         self.inputs = inputs or []
         self.tasks = tasks if tasks is not None else [Task(i, [f]) for i, f in enumerate(self.inputs)]
         if any(f.path == STDIO for f in self.inputs) and len(self.tasks) > 1:
             raise CptkitError("stdin (-) cannot be combined with other inputs")
-        out = cfg.io.output
         if out is None:
             raise CptkitError("no output given: pass --out PATH (a directory, or - for stdout)")
         self.stdout = str(out) == STDIO

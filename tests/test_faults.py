@@ -599,3 +599,11 @@ def test_sigkill_then_edited_input_rerun_equals_a_fresh_run(corpus_records, tmp_
     subprocess.run([*CLI, *args, "--out", str(fresh)], check=True, timeout=300)
     assert tree(out) == tree(fresh)
     assert json.loads((out / "_manifest.json").read_text())["counts"]["records_in"] == len(recs) - len(recs[0::40]) + 3
+
+
+def test_out_inside_in_directory_is_not_read_back(shards, tmp_path, capsys):
+    out = shards / "dedup"  # --out inside the --in directory
+    assert cli(dedup(shards, out), capsys)[0] == 0
+    code, _, err = cli(["dedup", "--in", shards, "--out", out], capsys)  # its own shards are not inputs
+    assert code == 0 and "already complete" in err
+    assert json.loads((out / "_manifest.json").read_text())["counts"]["records_in"] == 241
