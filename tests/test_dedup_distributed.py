@@ -75,14 +75,10 @@ def cli(inp: Path, out: Path, *overrides: str) -> subprocess.Popen:
 
 
 def array(inp: Path, out: Path, *overrides: str, count: int = 2) -> None:
-    """Run ``count`` members of a job array (``shard.index=i``) at the same time; all must succeed.
-
-    Members start 1 s apart: Job._prepare_output rewrites OUT/.cptkit/config_hash non-atomically,
-    so a member starting in the same instant can read it half-written (reported upstream)."""
+    """Run ``count`` members of a job array (``shard.index=i``) at the same instant; all must succeed
+    (each holds its own slice's lock; run state is written atomically)."""
     procs = []
     for i in range(count):
-        if i:
-            time.sleep(1.0)
         procs.append(cli(inp, out, *overrides, f"shard.count={count}", f"shard.index={i}"))
     for p in procs:
         _, err = p.communicate(timeout=120)
