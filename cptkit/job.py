@@ -369,7 +369,10 @@ class Job:
         out = self.out
         hash_file, inputs_file = state / "config_hash", state / INPUTS
         old_hash = hash_file.read_text() if hash_file.exists() else None
-        old_fps = json.loads(inputs_file.read_text()) if inputs_file.exists() else None
+        try:
+            old_fps = json.loads(inputs_file.read_text()) if inputs_file.exists() else None
+        except ValueError:  # unreadable run state: nothing to compare with, the markers still are
+            old_fps = None
         finished = (out / SUCCESS).exists()
         if finished and old_hash is None and (out / MANIFEST).exists():
             old_hash = json.loads((out / MANIFEST).read_text()).get("config_hash")
@@ -394,9 +397,9 @@ class Job:
             log.info("%s: already complete (same config and inputs): nothing to do", out)
             self.already_done = True
             return
-        if old_hash is None:  # never rewritten in place: array members read it concurrently
+        if not hash_file.exists():  # never rewritten in place: array members read it concurrently
             atomic_write_bytes(hash_file, self.hash.encode())
-        if old_fps != self._fps:
+        if old_fps != self._fps or not inputs_file.exists():
             atomic_write_json(inputs_file, self._fps)
 
     def _redo(self, changed: list[str], why: str) -> None:

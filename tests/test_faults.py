@@ -117,6 +117,7 @@ def test_unfinished_output_edited_input_is_redone(shards, tmp_path, capsys):
     assert code == 0, err
     err = " ".join(err.split())
     assert "s0.jsonl changed" in err and "redoing the whole unfinished output" in err
+    assert (out / ".cptkit" / "config_hash").exists() and (out / ".cptkit" / "inputs.json").exists()
     fresh = tmp_path / "fresh"
     assert cli(dedup(shards, fresh), capsys)[0] == 0
     assert tree(out) == tree(fresh)
