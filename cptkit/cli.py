@@ -57,9 +57,7 @@ MODULES: dict[str, str] = {}
 In = Annotated[list[str] | None, typer.Option("--in", "-i", metavar="PATH", help="Input: file, directory of shards, glob, or - (stdin). Repeatable.")]
 Out = Annotated[str | None, typer.Option("--out", "-o", metavar="PATH", help="Output directory (or - for stdout). {key} placeholders are filled from the config.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no summary table.")]
-Cfg = Annotated[str | None, typer.Option("--cfg", "-c", metavar="job|hydra|all", help="Print the config (job: the step's, hydra: Hydra's, all: both) and exit; secrets are redacted.")]
-Resolve = Annotated[bool, typer.Option("--resolve", help="With --cfg: resolve ${...} interpolations before printing.")]
-Info = Annotated[bool, typer.Option("--info", help="Print the config search path, the defaults list and the overrides, then exit.")]
+Cfg = Annotated[str | None, typer.Option("--cfg", "-c", metavar="job|hydra|all", help="Print the config (job: the step's, hydra: Hydra's, all: both) and exit; secrets are redacted. Add --resolve to resolve ${...} interpolations; --info prints the config search path and defaults list instead.")]
 SkipBad = Annotated[bool, typer.Option("--skip-bad-lines", help="Skip and count malformed input lines instead of failing.")]
 
 
