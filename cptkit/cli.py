@@ -180,7 +180,7 @@ def _root(
 
 # --- steps, in pipeline order (the order of `cptkit --help`) -------------------------------
 Files = Annotated[list[str] | None, typer.Option(metavar="PATH", help="JSONL file, directory or glob. Repeatable.")]
-Corpus = Annotated[list[str] | None, typer.Option("--corpus", "-i", metavar="PATH", help="Corpus shards to index (file, directory, glob). Repeatable.")]
+Corpus = Annotated[list[str] | None, typer.Option("--corpus", "--in", "-i", metavar="PATH", help="Corpus shards to index (file, directory, glob); --in and -i name it as in every other step. Repeatable.")]
 Model = Annotated[str | None, typer.Option("--model", metavar="MODEL", help="HF model dir, .gguf file, or smollm2.")]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import signal
 import socket
@@ -608,3 +609,17 @@ def test_out_inside_in_directory_is_not_read_back(shards, tmp_path, capsys):
     code, _, err = cli(["dedup", "--in", shards, "--out", out], capsys)  # its own shards are not inputs
     assert code == 0 and "already complete" in err
     assert json.loads((out / "_manifest.json").read_text())["counts"]["records_in"] == 241
+
+
+def test_in_and_i_name_the_corpus_of_retrieve(tmp_path, capsys):
+    """-i/--in mean the step's input everywhere; for retrieve and retrieve-index that is the corpus."""
+    q = write_jsonl(tmp_path / "q.jsonl", [{"id": "q1", "text": "alpha"}])
+    c = write_jsonl(tmp_path / "c.jsonl", [{"id": "d1", "text": "alpha beta"}, {"id": "d2", "text": "gamma"}])
+    bm25 = ["retrieve.k1=1.5", "retrieve.b=0.75", "retrieve.idf=lucene"]
+    code, _, err = cli(["retrieve", "--queries", q, "-i", c, "--out", tmp_path / "a", "-q", *bm25], capsys)
+    assert code == 0, err
+    code, _, err = cli(["retrieve", "--queries", q, "--in", c, "--out", tmp_path / "b", "-q", *bm25], capsys)
+    assert code == 0, err
+    # by hand: idf = ln(1 + (2 - 1 + 0.5) / (1 + 0.5)) = ln 2; tf 1, |d1| = 2, avgdl = 1.5
+    score = math.log(2) * (1.5 + 1) / (1 + 1.5 * (1 - 0.75 + 0.75 * 2 / 1.5))
+    assert (tmp_path / "a" / "_run.tsv").read_text() == (tmp_path / "b" / "_run.tsv").read_text() == f"q1\td1\t1\t{score:.6f}\n"
