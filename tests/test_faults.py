@@ -172,17 +172,24 @@ def test_two_concurrent_runs_one_refuses_one_valid_output(corpus_records, tmp_pa
     ref = tmp_path / "ref"
     subprocess.run([*CLI, *dedup(inp, ref)], check=True, timeout=300)
     out = tmp_path / "out"
+    go = tmp_path / "go"
+    # the second CLI process imports everything first and starts its run the moment `go` appears
+    preloaded = [sys.executable, "-c", "import sys, time, pathlib; import cptkit.steps.dedup; "
+                 "from cptkit.cli import main; p = pathlib.Path(sys.argv[1]); sys.argv = sys.argv[1:]\n"
+                 "while not p.exists(): time.sleep(0.001)\nmain()", str(go)]
+    second = subprocess.Popen([*preloaded, *map(str, dedup(inp, out))], stderr=subprocess.PIPE, text=True)
     first = subprocess.Popen([*CLI, *map(str, dedup(inp, out))], stderr=subprocess.PIPE, text=True)
     lock = out / ".cptkit" / "lock-00000-of-00001"
     deadline = time.time() + 60
     while not lock.exists() and first.poll() is None and time.time() < deadline:
-        time.sleep(0.005)
+        time.sleep(0.001)
     assert lock.exists(), "the first run finished before the second could start"
-    second = subprocess.run([*CLI, *map(str, dedup(inp, out))], capture_output=True, text=True, timeout=120)
+    go.write_text("")
+    second_err = second.communicate(timeout=120)[1]
     first_err = first.communicate(timeout=300)[1]
     assert first.returncode == 0, first_err
-    assert second.returncode == 2, second.stderr
-    line = one_error(second.stderr)
+    assert second.returncode == 2, second_err
+    line = one_error(second_err)
     assert f"another cptkit run is writing this output (pid {first.pid} on {socket.gethostname()}" in line
     assert (out / "_SUCCESS").exists() and not lock.exists()
     assert tree(out) == tree(ref)
