@@ -7,7 +7,6 @@ With ``-m`` the same step function runs under ``@hydra.main`` as a multirun (swe
 
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import Annotated, Any
 
@@ -17,6 +16,9 @@ from omegaconf.errors import OmegaConfBaseException
 from typer.core import TyperCommand
 
 from cptkit.errors import CptkitError
+from cptkit.steps import execute, step_module
+
+__all__ = ["app", "execute", "main", "step_module", "MODULES"]
 
 
 class StepCommand(TyperCommand):
@@ -78,20 +80,6 @@ def io_overrides(inputs: list[str] | None = None, out: str | None = None, quiet:
     if skip_bad:
         ov.append("io.skip_bad_lines=true")
     return ov
-
-
-def step_module(step: str):
-    return importlib.import_module(f"cptkit.steps.{MODULES[step]}")
-
-
-def execute(step: str, cfg) -> Any:
-    """Run a step on a composed config (the code path shared by single runs and sweeps)."""
-    from cptkit.config import format_path
-
-    OmegaConf.set_struct(cfg, False)
-    cfg.io.output = format_path(cfg.io.output, cfg)
-    OmegaConf.set_struct(cfg, True)
-    return step_module(step).run(cfg)
 
 
 def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | None = None) -> None:

@@ -80,8 +80,8 @@ def config_rows(cfg: DictConfig) -> list[tuple[str, str, str]]:
 
 def config_help(step: str) -> str:
     """The text block listing ``step``'s config keys (for ``cptkit STEP --help``)."""
-    from cptkit.cli import step_module
     from cptkit.config import compose_step
+    from cptkit.steps import step_module
 
     step_module(step)
     cfg = compose_step(step)

@@ -31,7 +31,9 @@ log = logging.getLogger("cptkit")
 
 
 def setup_logging(quiet: bool = False) -> None:
-    from cptkit.redact import RedactingFilter
+    from cptkit.redact import RedactingFilter, install_log_redaction
+
+    install_log_redaction()
 
     # Libraries' own tqdm bars (model loading, GGUF conversion) would interleave with ours.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -106,15 +106,33 @@ def redact(obj: Any) -> Any:
     return obj
 
 
+def _scrub(record: logging.LogRecord) -> logging.LogRecord:
+    try:
+        msg = record.getMessage()
+    except Exception:  # noqa: BLE001 - a malformed record is logged as is
+        return record
+    clean = redact_text(msg)
+    if clean != msg:
+        record.msg, record.args = clean, None
+    return record
+
+
 class RedactingFilter(logging.Filter):
     """A logging filter that masks secrets in every record's rendered message."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            msg = record.getMessage()
-        except Exception:  # noqa: BLE001 - a malformed record is logged as is
-            return True
-        clean = redact_text(msg)
-        if clean != msg:
-            record.msg, record.args = clean, None
+        _scrub(record)
         return True
+
+
+def install_log_redaction() -> None:
+    """Mask secrets in every log record of every logger (Hydra's launcher lines included), once."""
+    old = logging.getLogRecordFactory()
+    if getattr(old, "_cptkit_redacts", False):
+        return
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        return _scrub(old(*args, **kwargs))
+
+    factory._cptkit_redacts = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)

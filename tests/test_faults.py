@@ -278,6 +278,12 @@ def test_planted_secrets_are_never_written_or_printed(shards, tmp_path, capsys, 
     printed += [so, se]
     assert not (tmp_path / "x").exists()
 
+    code, so, se = cli(["dedup", "--in", shards, "--out", tmp_path / "sw", "-m", "dedup.ngram=5,7",
+                        f"dedup.redis_url=redis://:{SECRETS['redis']}@h/0"], capsys)
+    assert code == 2 and "-m: dedup.redis_url=redis://:<redacted>@h/0 carries a secret" in one_error(se)
+    assert not (tmp_path / "sw").exists() and not Path("multirun").exists()
+    printed += [so, se]
+
     written = [p for d in (out, rout) for p in d.rglob("*") if p.is_file()]
     assert any(p.name == "_manifest.json" for p in written) and any(p.suffix == ".npy" for p in written)
     for p in written:
