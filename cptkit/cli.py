@@ -7,14 +7,39 @@ With ``-m`` the same step function runs under ``@hydra.main`` as a multirun (swe
 
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import Annotated, Any
 
 import typer
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from typer.core import TyperCommand
 
 from cptkit.errors import CptkitError
+from cptkit.steps import execute, step_module
+
+__all__ = ["app", "execute", "main", "step_module", "MODULES"]
+
+
+class StepCommand(TyperCommand):
+    """A command whose listing shows its whole description and whose ``--help`` ends with the
+    step's config keys, defaults and help (generated from the typed schema)."""
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        return " ".join((self.short_help or self.help or "").split())
+
+    def format_epilog(self, ctx: Any, formatter: Any) -> None:
+        super().format_epilog(ctx, formatter)
+        if self.name in MODULES:
+            from cptkit.cli_help import config_help
+
+            formatter.write("\n" + config_help(self.name))
+
+
+def command(name: str, **kw: Any):
+    """``app.command`` with :class:`StepCommand` (full descriptions, config keys in --help)."""
+    return app.command(name, cls=StepCommand, **kw)
+
 
 CTX = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["-h", "--help"]}
 app = typer.Typer(
@@ -34,7 +59,7 @@ MODULES: dict[str, str] = {}
 In = Annotated[list[str] | None, typer.Option("--in", "-i", metavar="PATH", help="Input: file, directory of shards, glob, or - (stdin). Repeatable.")]
 Out = Annotated[str | None, typer.Option("--out", "-o", metavar="PATH", help="Output directory (or - for stdout). {key} placeholders are filled from the config.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no summary table.")]
-Cfg = Annotated[str | None, typer.Option("--cfg", metavar="job", help="'job': print the resolved config and exit.")]
+Cfg = Annotated[str | None, typer.Option("--cfg", "-c", metavar="job|hydra|all", help="Print the config (job: the step's, hydra: Hydra's, all: both) and exit; secrets are redacted. Add --resolve to resolve ${...} interpolations; --info prints the config search path and defaults list instead.")]
 SkipBad = Annotated[bool, typer.Option("--skip-bad-lines", help="Skip and count malformed input lines instead of failing.")]
 
 
@@ -57,23 +82,12 @@ def io_overrides(inputs: list[str] | None = None, out: str | None = None, quiet:
     return ov
 
 
-def step_module(step: str):
-    return importlib.import_module(f"cptkit.steps.{MODULES[step]}")
-
-
-def execute(step: str, cfg) -> Any:
-    """Run a step on a composed config (the code path shared by single runs and sweeps)."""
-    from cptkit.config import format_path
-
-    OmegaConf.set_struct(cfg, False)
-    cfg.io.output = format_path(cfg.io.output, cfg)
-    OmegaConf.set_struct(cfg, True)
-    return step_module(step).run(cfg)
-
-
 def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | None = None) -> None:
     """Compose the step's config from option-derived and trailing overrides and run it."""
     extra = list(ctx.args)
+    resolve = "--resolve" in extra
+    info = "--info" in extra
+    extra = [a for a in extra if a not in ("--resolve", "--info")]
     unknown = [a for a in extra if a.startswith("--") and "=" not in a]
     if unknown:
         raise CptkitError(f"unknown option {unknown[0]} for 'cptkit {step}' (see cptkit {step} --help)")
@@ -88,12 +102,13 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
         return
     from cptkit.config import compose_step
 
-    cfg = compose_step(step, overrides + extra)
-    if show_cfg is not None:
-        if show_cfg != "job":
-            raise CptkitError(f"--cfg {show_cfg!r}: only 'job' is supported")
-        sys.stdout.write(OmegaConf.to_yaml(cfg))
+    if info:
+        sys.stdout.write(hydra_info(step, overrides + extra))
         return
+    if show_cfg is not None:
+        sys.stdout.write(show_config(step, overrides + extra, show_cfg, resolve))
+        return
+    cfg = compose_step(step, overrides + extra)
     if executor.kind == "ray":
         from cptkit.executor import run_ray
 
@@ -102,24 +117,67 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
     execute(step, cfg)
 
 
+def show_config(step: str, overrides: list[str], which: str, resolve: bool) -> str:
+    """``--cfg job|hydra|all`` as YAML, secrets redacted (``--resolve``: interpolations resolved)."""
+    from cptkit.config import compose_step
+    from cptkit.redact import redact
+
+    if which not in ("job", "hydra", "all"):
+        raise CptkitError(f"--cfg {which!r}: use job, hydra or all")
+    compose_step(step, overrides)  # validates: a bad value fails here as it would in a run
+    if which == "job":
+        cfg = compose_step(step, overrides, resolve=resolve)
+    else:
+        cfg = compose_step(step, overrides, hydra_node=True, resolve=False)
+        if which == "hydra":
+            cfg = OmegaConf.masked_copy(cfg, ["hydra"])
+    try:
+        container = OmegaConf.to_container(cfg, resolve=resolve)
+    except OmegaConfBaseException:  # hydra.* values only a running Hydra app fills (job.num, ...)
+        container = OmegaConf.to_container(cfg, resolve=False)
+    return OmegaConf.to_yaml(OmegaConf.create(redact(container)))
+
+
+def hydra_info(step: str, overrides: list[str]) -> str:
+    """``--info``: where the config comes from (search path, defaults list, overrides)."""
+    from cptkit.config import CONF_DIR, compose_step
+    from cptkit.redact import redact_text
+
+    cfg = compose_step(step, overrides, hydra_node=True, resolve=False)
+    name = step.replace("-", "_")
+    lines = [f"cptkit {step}", f"config: {CONF_DIR / (name + '.yaml')}", "config search path:",
+             f"  file://{CONF_DIR}", "  pkg://hydra.conf (Hydra's own defaults)", "defaults list:",
+             f"  _schema_{name} (the dataclass schema, cptkit.steps.{MODULES[step]})"]
+    lines += [f"  {group}: {choice}" for group, choice in cfg.hydra.runtime.choices.items()
+              if not str(group).startswith("hydra/")]
+    lines += [f"  {name} (conf/{name}.yaml)", "overrides:"]
+    lines += [f"  {redact_text(o)}" for o in overrides] or ["  (none)"]
+    return "\n".join(lines) + "\n"
+
+
 def register(step: str, module: str):
     MODULES[step] = module
 
 
-@app.callback()
-def _root(
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
-) -> None:
-    if version:
+def _print_version(value: bool) -> None:
+    if value:
         from cptkit import __version__
 
-        typer.echo(__version__)
+        typer.echo(f"cptkit {__version__}")
         raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", "-V", help="Print the version and exit.",
+                                          callback=_print_version, is_eager=True)] = False,
+) -> None:
+    """Composable steps for continual pre-training."""
 
 
 # --- steps, in pipeline order (the order of `cptkit --help`) -------------------------------
 Files = Annotated[list[str] | None, typer.Option(metavar="PATH", help="JSONL file, directory or glob. Repeatable.")]
-Corpus = Annotated[list[str] | None, typer.Option("--corpus", "-i", metavar="PATH", help="Corpus shards to index (file, directory, glob). Repeatable.")]
+Corpus = Annotated[list[str] | None, typer.Option("--corpus", "--in", "-i", metavar="PATH", help="Corpus shards to index (file, directory, glob); --in and -i name it as in every other step. Repeatable.")]
 Model = Annotated[str | None, typer.Option("--model", metavar="MODEL", help="HF model dir, .gguf file, or smollm2.")]
 
 
@@ -127,12 +185,12 @@ def data_step(name: str, module: str, help: str) -> None:
     """Register the usual command: --in/--out/--quiet/--cfg/--skip-bad-lines + overrides."""
     register(name, module)
 
-    def command(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
+    def run_step(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
                 cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
         invoke(ctx, name, io_overrides(inputs, out, quiet, skip_bad), cfg)
 
-    command.__name__ = command.__qualname__ = name.replace("-", "_")
-    app.command(name, context_settings=CTX, help=help)(command)
+    run_step.__name__ = run_step.__qualname__ = name.replace("-", "_")
+    command(name, context_settings=CTX, help=help)(run_step)
 
 
 def _list(key: str, values: list[str]) -> str:
@@ -142,7 +200,7 @@ def _list(key: str, values: list[str]) -> str:
 register("demo-corpus", "demo_corpus")
 
 
-@app.command("demo-corpus", context_settings=CTX,
+@command("demo-corpus", context_settings=CTX,
              help="Build the real-text demo corpus (English + Chinese Debian docs) as JSONL shards; "
              "packages come from apt-get download into corpus.cache_dir.")
 def demo_corpus(ctx: typer.Context, out: Out = None, quiet: Quiet = False, cfg: Cfg = None) -> None:
@@ -156,7 +214,7 @@ data_step("expand-queries", "expand_queries",
 register("retrieve-index", "retrieve_index")
 
 
-@app.command("retrieve-index", context_settings=CTX,
+@command("retrieve-index", context_settings=CTX,
              help="Build BM25 index shards (shard.index=I shard.count=N per array job, or retrieve.shards=N); "
              "retrieve --index DIR then searches all shards with global statistics (docs/retrieve.md).")
 def retrieve_index(ctx: typer.Context, corpus: Corpus = None, out: Out = None, quiet: Quiet = False,
@@ -167,7 +225,7 @@ def retrieve_index(ctx: typer.Context, corpus: Corpus = None, out: Out = None, q
 register("retrieve", "retrieve")
 
 
-@app.command("retrieve", context_settings=CTX,
+@command("retrieve", context_settings=CTX,
              help="BM25 top-k documents for many queries; output: their union with hits, plus _run.tsv (SPEC §2).")
 def retrieve(
     ctx: typer.Context,
@@ -192,7 +250,7 @@ data_step("dedup", "dedup", "Remove exact and MinHash-LSH near-duplicates across
 register("score-quality-train", "score_quality_train")
 
 
-@app.command("score-quality-train", context_settings=CTX,
+@command("score-quality-train", context_settings=CTX,
              help="Train a quality classifier from --positives/--negatives (or --in with "
              "train.label_field=FIELD); prints held-out accuracy/F1 (SPEC §4).")
 def score_quality_train(ctx: typer.Context, positives: Files = None, negatives: Files = None,
@@ -231,7 +289,7 @@ data_step("build-mix", "build_mix",
 register("train", "train")
 
 
-@app.command("train", context_settings=CTX,
+@command("train", context_settings=CTX,
              help="Train a causal LM on a build-mix stream with DeepSpeed (ZeRO-2, bf16) and a static, "
              "staged or dynamic domain mixture (SPEC §9): train.mixture=static|staged|topic_ppl|velocitune|dbl.")
 def train(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
@@ -243,7 +301,7 @@ def train(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet =
 register("evaluate", "evaluate")
 
 
-@app.command("evaluate", context_settings=CTX,
+@command("evaluate", context_settings=CTX,
              help="Perplexity per group on held-out shards (--in, eval.ppl.group_by=FIELD) and few-shot "
              "benchmarks (eval.tasks=[...], conf/eval/tasks/*.yaml) scored as lm-evaluation-harness does (SPEC §10).")
 def evaluate(ctx: typer.Context, model: Model = None, inputs: In = None, out: Out = None, quiet: Quiet = False,
@@ -259,7 +317,7 @@ data_step("evaluate-contamination", "evaluate_contamination",
           "share of test items hit; eval.action=none|flag|drop (SPEC §10, Retrieve-Pile Table 6).")
 
 
-@app.command("evaluate-compare", help="Side-by-side table of evaluate outputs (first = baseline) with deltas.")
+@command("evaluate-compare", help="Side-by-side table of evaluate outputs (first = baseline) with deltas.")
 def evaluate_compare(
     runs: Annotated[list[str], typer.Argument(help="evaluate output dirs (or _results.json files); NAME=DIR to label.")],
     out: Annotated[str | None, typer.Option("--out", "-o", metavar="PATH", help="Also write the table: .md (markdown) or .json.")] = None,
@@ -288,7 +346,7 @@ def evaluate_compare(
 register("serve-llm", "serve_llm")
 
 
-@app.command("serve-llm", context_settings=CTX,
+@command("serve-llm", context_settings=CTX,
              help="Serve a local model (llm=transformers|vllm) as an OpenAI-compatible HTTP API "
              "(/v1/chat/completions, /v1/completions, /v1/models) with request batching.")
 def serve_llm(ctx: typer.Context, quiet: Quiet = False, cfg: Cfg = None) -> None:
@@ -296,16 +354,32 @@ def serve_llm(ctx: typer.Context, quiet: Quiet = False, cfg: Cfg = None) -> None
 
 
 def main() -> None:
-    """Console entry point: user errors become one line on stderr and exit code 2."""
+    """Console entry point: user errors become one line on stderr and exit code 2 (secrets
+    masked); Ctrl-C says what was kept and exits 130."""
     try:
         app()
     except CptkitError as e:
         from rich.text import Text
 
         from cptkit.progress import console
+        from cptkit.redact import redact_text
 
-        console.print(Text.assemble(("error: ", "bold red"), str(e)), soft_wrap=True)
+        console.print(Text.assemble(("error: ", "bold red"), redact_text(str(e).replace("\n", " "))), soft_wrap=True)
         sys.exit(e.exit_code)
+    except SystemExit as e:
+        if e.code == 130:  # Typer turns Ctrl-C (KeyboardInterrupt) into exit 130
+            _interrupted()
+        raise
+    except KeyboardInterrupt:
+        _interrupted()
+        sys.exit(130)
+
+
+def _interrupted() -> None:
+    from cptkit.job import interrupted_message
+    from cptkit.progress import console
+
+    console.print(interrupted_message(), soft_wrap=True, markup=False, highlight=False)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ function runs under the compose API (a single run) and under ``@hydra.main`` (``
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
 import re
 from dataclasses import dataclass, field
@@ -21,6 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from cptkit.errors import CptkitError
+from cptkit.redact import redact, redact_text
+
+__all__ = ["redact", "redact_text", "check", "compose_step", "finalize", "register_step", "validate"]
 
 
 def _conf_dir() -> Path:
@@ -34,14 +39,36 @@ def _conf_dir() -> Path:
 CONF_DIR = _conf_dir()
 
 
+class ConfigValueError(ValueError):
+    """An invalid config value, raised by a schema's ``__post_init__`` (see :func:`check`)."""
+
+
+def check(ok: bool, key: str, value: Any, why: str) -> None:
+    """Raise :class:`ConfigValueError` ``key=value: why`` unless ``ok`` (for ``__post_init__``)."""
+    if not ok:
+        raise ConfigValueError(f"{key}={value}: {why}")
+
+
+OVERSIZE = ("error", "skip", "truncate")
+
+
 @dataclass
 class IOConfig:
     """Where a step reads and writes. Set by ``--in``/``--out``; overridable as ``io.*``."""
 
-    inputs: list[str] = field(default_factory=list)
-    output: str | None = None
+    inputs: list[str] = field(default_factory=list)  # --in: files, directories, globs, - (stdin); parquet, save_to_disk
+    output: str | None = None  # --out: a directory, or - (stdout); {key} placeholders filled from the config
     skip_bad_lines: bool = False  # count and skip malformed lines instead of failing
-    overwrite: bool = False  # delete an existing finished output instead of refusing
+    overwrite: bool = False  # replace an existing output (finished, or of another config or input set)
+    lock_wait_s: float = 0.0  # another run holds --out: 0 refuses at once, >0 waits up to this many seconds
+    unique_ids: bool = True  # a record id read twice in one run is an error (file:line)
+    max_record_chars: int = 5_000_000  # longest record text read (bounds memory); 0: no limit
+    oversize: str = "error"  # a longer record: error | skip (counted as bad) | truncate (its text)
+
+    def __post_init__(self) -> None:
+        check(self.lock_wait_s >= 0, "lock_wait_s", self.lock_wait_s, "must be >= 0 seconds")
+        check(self.max_record_chars >= 0, "max_record_chars", self.max_record_chars, "must be >= 0 (0: no limit)")
+        check(self.oversize in OVERSIZE, "oversize", self.oversize, f"must be one of {', '.join(OVERSIZE)}")
 
 
 @dataclass
@@ -49,10 +76,17 @@ class ShardConfig:
     """Output sharding and the slice of the inputs this process handles (job arrays)."""
 
     index: int = 0  # this process handles tasks t with t % count == index
-    count: int = 1
-    max_bytes: int = 256 * 2**20  # roll over to a new output shard past this many bytes
+    count: int = 1  # processes in the job array
+    max_bytes: int = 256 * 2**20  # roll over to a new output shard past this many bytes (0: no limit)
     max_records: int = 0  # ... or this many records (0: no limit)
     compression: str = "gz"  # gz | zst | none
+
+    def __post_init__(self) -> None:
+        check(self.count >= 1, "count", self.count, "must be >= 1 (processes in the job array)")
+        check(0 <= self.index < self.count, "index", self.index, f"must be in [0, shard.count={self.count})")
+        check(self.max_bytes >= 0, "max_bytes", self.max_bytes, "must be >= 0 (0: no limit)")
+        check(self.max_records >= 0, "max_records", self.max_records, "must be >= 0 (0: no limit)")
+        check(self.compression in ("gz", "zst", "none"), "compression", self.compression, "must be gz, zst or none")
 
 
 @dataclass
@@ -60,9 +94,9 @@ class JobConfig:
     """Fields every step shares."""
 
     step: str = ""
-    seed: int = 0
+    seed: int = 0  # every random choice of the step derives from it
     overrides: list[str] = field(default_factory=list)  # filled in: the command-line overrides
-    quiet: bool = False
+    quiet: bool = False  # no progress bar, no summary table
     io: IOConfig = field(default_factory=IOConfig)
     shard: ShardConfig = field(default_factory=ShardConfig)
 
@@ -76,17 +110,99 @@ def register_step(name: str, schema: type) -> None:
     ConfigStore.instance().store(name=f"_schema_{name.replace('-', '_')}", node=schema)
 
 
-def compose_step(name: str, overrides: list[str] | None = None) -> DictConfig:
-    """Compose ``conf/<name>.yaml`` with command-line overrides into a resolved config."""
+def compose_step(name: str, overrides: list[str] | None = None, *, hydra_node: bool = False,
+                 resolve: bool = True) -> DictConfig:
+    """Compose ``conf/<name>.yaml`` with command-line overrides into a resolved, validated config.
+
+    ``hydra_node`` keeps Hydra's own ``hydra:`` node (``--cfg hydra|all``); ``resolve=False``
+    leaves interpolations as written (``--cfg job`` without ``--resolve``)."""
     config_name = name.replace("-", "_")
+    overrides = list(overrides or [])
     if not (CONF_DIR / f"{config_name}.yaml").exists():
         raise CptkitError(f"no config for step {name!r}: {CONF_DIR / (config_name + '.yaml')} is missing")
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name=config_name):
-            cfg = compose(config_name=config_name, overrides=list(overrides or []))
+            cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra_node)
     except (HydraException, OmegaConfBaseException) as e:
-        raise CptkitError(one_line(_message(e))) from None
-    return finalize(cfg, name, list(overrides or []))
+        raise CptkitError(redact_text(explain(e, name))) from None
+    check_additions(name, overrides)
+    if hydra_node or not resolve:
+        return cfg
+    return finalize(cfg, name, overrides)
+
+
+def schema_of(name: str) -> type | None:
+    """The root dataclass a step registered (None before its module is imported)."""
+    return _SCHEMAS.get(name)
+
+
+def _config_group(key: str) -> bool:
+    return key.startswith("hydra") or (CONF_DIR / key.replace(".", "/")).is_dir()
+
+
+def check_additions(name: str, overrides: list[str]) -> None:
+    """``+key=value`` may only add a key the step's schema declares (or one under an open ``dict``
+    field): a mistyped key is an error instead of a silently ignored setting."""
+    schema = _SCHEMAS.get(name)
+    if schema is None:
+        return
+    root = OmegaConf.structured(schema)
+    for ov in overrides:
+        if not ov.startswith("+") or "=" not in ov:
+            continue
+        key = ov.lstrip("+").split("=", 1)[0]
+        if _config_group(key):
+            continue
+        node: Any = root
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            if not isinstance(node, DictConfig):
+                break  # below an Any-typed field
+            if part in node:
+                node = node._get_node(part)
+                continue
+            if not dataclasses.is_dataclass(OmegaConf.get_type(node)):
+                break  # an open dict field: any key may be added
+            where = ".".join(parts[:i])
+            raise CptkitError(redact_text(_unknown(name, key, [f"{where}.{k}" if where else str(k) for k in node])))
+
+
+def _unknown(step: str, key: str, siblings: list[str]) -> str:
+    near = difflib.get_close_matches(key, siblings, n=1, cutoff=0.6)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    return f"unknown config key {key} for {step}{hint}; 'cptkit {step} --help' lists the keys"
+
+
+_TYPES = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}
+
+
+def explain(e: BaseException, step: str) -> str:
+    """One line saying what is wrong with an override, and why."""
+    msg = _message(e)
+    m = re.search(r"Could not override '([^']+)'", msg)
+    if m:
+        key = m.group(1)
+        siblings: list[str] = []
+        schema = _SCHEMAS.get(step)
+        if schema is not None:
+            parent = key.rsplit(".", 1)[0] if "." in key else ""
+            root = OmegaConf.structured(schema)
+            node = OmegaConf.select(root, parent) if parent else root
+            if isinstance(node, DictConfig):
+                siblings = [f"{parent}.{k}" if parent else str(k) for k in node]
+        return _unknown(step, key, siblings)
+    cause: BaseException | None = e
+    while cause is not None and "full_key:" not in str(cause):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None:
+        text = str(cause)
+        key = re.search(r"full_key: (\S+)", text).group(1)  # type: ignore[union-attr]
+        conv = re.search(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", text)
+        if conv:
+            want = _TYPES.get(conv.group(3), conv.group(3))
+            return f"{key}={conv.group(1)}: expected {want}, got {conv.group(2)} {conv.group(1)!r}"
+        return f"{key}: {one_line(text.split(chr(10))[0])}"
+    return one_line(msg)
 
 
 def _message(e: BaseException) -> str:
@@ -99,17 +215,42 @@ def _message(e: BaseException) -> str:
 
 
 def finalize(cfg: DictConfig, name: str, overrides: list[str] | None = None) -> DictConfig:
-    """Resolve interpolations and fill ``step``; errors become one-line user errors."""
+    """Resolve interpolations, fill ``step`` and validate; errors become one-line user errors."""
     try:
         OmegaConf.set_struct(cfg, False)
         cfg.step = name
         if overrides is not None:
-            cfg.overrides = [o for o in overrides if not o.startswith(("io.", "quiet="))]
+            cfg.overrides = [redact_text(o) for o in overrides if not o.startswith(("io.", "quiet="))]
         OmegaConf.resolve(cfg)
         OmegaConf.set_struct(cfg, True)
     except OmegaConfBaseException as e:
-        raise CptkitError(one_line(_message(e))) from None
+        raise CptkitError(redact_text(one_line(_message(e)))) from None
+    validate(cfg)
     return cfg
+
+
+def validate(cfg: DictConfig) -> None:
+    """Run every typed schema's ``__post_init__`` (innermost first) on ``cfg``'s values.
+
+    A :class:`ConfigValueError` ``key=value: why`` becomes ``section.key=value: why``."""
+
+    def walk(node: DictConfig, prefix: str) -> None:
+        for key in node.keys():
+            child = node._get_node(key)
+            if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+                walk(child, f"{prefix}{key}.")
+        if not dataclasses.is_dataclass(OmegaConf.get_type(node)):
+            return
+        try:
+            OmegaConf.to_object(node)
+        except ConfigValueError as e:
+            raise CptkitError(redact_text(f"{prefix}{e}")) from None
+        except (ValueError, TypeError) as e:
+            raise CptkitError(redact_text(f"{prefix.rstrip('.') or 'config'}: {e}")) from None
+        except OmegaConfBaseException:
+            return  # a mandatory value (???) the step fills in itself
+
+    walk(cfg, "")
 
 
 def one_line(msg: str) -> str:
@@ -137,13 +278,3 @@ def format_path(template: str | None, cfg: DictConfig) -> str | None:
 
 def to_dict(cfg: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-
-
-def redact(obj: Any) -> Any:
-    """Drop secrets (keys named like api_key/token/password) before writing a manifest."""
-    if isinstance(obj, dict):
-        return {k: ("<redacted>" if re.search(r"(api_key|secret|password|token)$", str(k)) and v else redact(v))
-                for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [redact(v) for v in obj]
-    return obj

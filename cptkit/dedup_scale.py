@@ -27,7 +27,6 @@ import io
 import json
 import shutil
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 from omegaconf import DictConfig
@@ -55,13 +54,10 @@ def to_global(packed: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 
 def mask_url(url: str) -> str:
-    """A Redis URL without its password (for logs, errors and the manifest)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    """A Redis URL without its password (for logs, errors and the manifest): ``cptkit.redact``'s rule."""
+    from cptkit.redact import redact_url
+
+    return redact_url(url)
 
 
 def _npz(**arrays: np.ndarray) -> bytes:

@@ -1,22 +1,30 @@
-"""One run of a step: its tasks, its output directory, resume markers, progress and manifest.
+"""One run of a step: its tasks, its output directory, resume markers, lock, progress and manifest.
 
 The output protocol (docs/records.md):
 
 * ``OUT/part-TTTTT-KKKK.jsonl.gz``: data shards; task ``T`` writes shards ``K = 0, 1, ...``.
-* ``OUT/.cptkit/done/TTTTT.json``: a task's completion marker (counts, files, seconds).
-* ``OUT/_manifest.json`` and ``OUT/_SUCCESS``: written once every task is done.
+* ``OUT/.cptkit/done/TTTTT.json``: a task's completion marker (counts, files, seconds, and what the
+  task read: each input's path, size and mtime_ns).
+* ``OUT/.cptkit/inputs.json``: every input of the run (path, size, mtime_ns); ``config_hash``.
+* ``OUT/.cptkit/lock-IIIII-of-NNNNN``: the lock of the run writing slice ``I`` (pid, host).
+* ``OUT/_manifest.json``, ``OUT/README.md`` (a data card) and ``OUT/_SUCCESS``: written once
+  every task is done.
 * Other ``OUT/_*`` files are a step's side outputs (removed ids, run files, indexes).
 
 A rerun skips tasks that have a marker and redoes the others from scratch, so a killed run
-resumes to byte-identical output. If a run fails on bad input and created ``OUT`` itself, it
-removes ``OUT``: nothing half-written is left behind.
+resumes to byte-identical output. A rerun whose inputs changed redoes the tasks that read a
+changed file (or the whole output when the step's tasks share state), and refuses, naming the
+file, when the input set changed or the output is finished. If a run fails on bad input and
+created ``OUT`` (or found it empty), it empties it again: nothing half-written is left behind.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,10 +34,11 @@ from typing import Any
 from omegaconf import DictConfig
 
 from cptkit import __version__
-from cptkit.config import redact, to_dict
-from cptkit.errors import CptkitError
+from cptkit.config import IOConfig, to_dict
+from cptkit.errors import BadInput, CptkitError
 from cptkit.progress import log, make_progress, print_summary, setup_logging
 from cptkit.records import Record
+from cptkit.redact import redact
 from cptkit.shards import (
     STDIO,
     InputFile,
@@ -44,6 +53,8 @@ from cptkit.shards import (
 STATE_DIR = ".cptkit"
 SUCCESS = "_SUCCESS"
 MANIFEST = "_manifest.json"
+INPUTS = "inputs.json"
+CARD = "README.md"
 
 
 @dataclass
@@ -71,26 +82,186 @@ def config_hash(cfg: dict) -> str:
     """Hash of the config that determines the output (not I/O locations or verbosity)."""
     keep = {k: v for k, v in cfg.items() if k not in ("io", "quiet", "overrides")}
     keep["shard"] = {k: v for k, v in cfg.get("shard", {}).items() if k not in ("index", "count")}
+    io = cfg.get("io", {})
+    for key in ("max_record_chars", "oversize"):  # they change what is read
+        if key in io and io[key] != IO_DEFAULTS.get(key):
+            keep[f"io.{key}"] = io[key]
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+IO_DEFAULTS = {"max_record_chars": IOConfig().max_record_chars, "oversize": IOConfig().oversize}
+
+
+def fingerprint(inp: InputFile) -> dict[str, Any]:
+    """What a task read from one input: absolute path, size and modification time (ns)."""
+    if inp.path == STDIO:
+        return {"path": STDIO}
+    p = Path(inp.path)
+    try:
+        st = p.stat()
+    except OSError:
+        return {"path": str(p.resolve()), "size": None, "mtime_ns": None}
+    return {"path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _short(path: str) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return path
+
+
+def input_changes(old: list[dict], new: list[dict]) -> tuple[list[str], list[str]]:
+    """(why the input SET differs, which same-path files changed) between two fingerprint lists."""
+    o, n = {f["path"]: f for f in old}, {f["path"]: f for f in new}
+    set_diff = [f"{_short(p)} is a new input" for p in n if p not in o]
+    set_diff += [f"{_short(p)} is no longer an input" for p in o if p not in n]
+    changed = [p for p in n if p in o and (p == STDIO or {k: o[p].get(k) for k in ("size", "mtime_ns")}
+                                            != {k: n[p].get(k) for k in ("size", "mtime_ns")})]
+    return set_diff, changed
+
+
+def _describe_change(path: str, old: dict | None, new: dict) -> str:
+    if path == STDIO:
+        return "stdin (-) cannot be compared with what an earlier run read"
+    if old is not None and old.get("size") != new.get("size"):
+        return f"{_short(path)} changed (size {old.get('size')} -> {new.get('size')} bytes)"
+    return f"{_short(path)} changed (modified since the earlier run read it)"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class OutputLock:
+    """``OUT/.cptkit/lock-IIIII-of-NNNNN``: one writer per output slice (pid and host inside).
+
+    Created atomically (a hard link of a complete temporary file). A lock whose process is dead
+    on this host is stale and taken over; a live one makes the second run wait (``wait_s``) or
+    refuse naming the holder. Runs with another ``shard.count`` conflict with every slice."""
+
+    def __init__(self, out: Path, index: int, count: int, wait_s: float = 0.0):
+        self.out, self.index, self.count, self.wait_s = out, index, count, wait_s
+        self.dir = out / STATE_DIR
+        self.path = self.dir / f"lock-{index:05d}-of-{count:05d}"
+        self.host = socket.gethostname()
+        self.held = False
+
+    def _read(self, path: Path) -> dict | None:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _stale(self, info: dict) -> bool:
+        return info.get("host") == self.host and (info.get("pid") == os.getpid() or not _alive(int(info.get("pid", 0))))
+
+    def _holder(self) -> dict | None:
+        """The live holder blocking us, or None once the lock is ours."""
+        for other in self.dir.glob("lock-*"):
+            if other == self.path or other.name.endswith(".tmp"):
+                continue
+            info = self._read(other)
+            if info is None:
+                continue
+            if self._stale(info):
+                other.unlink(missing_ok=True)
+            elif int(info.get("count", 0)) != self.count:
+                return info
+        me = {"pid": os.getpid(), "host": self.host, "started": time.time(), "index": self.index,
+              "count": self.count}
+        tmp = self.dir / f".{self.path.name}.{self.host}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(me))
+        try:
+            for _ in range(3):
+                try:
+                    os.link(tmp, self.path)
+                    self.held = True
+                    return None
+                except FileExistsError:
+                    info = self._read(self.path)
+                    if info is None:  # being written this instant: let the writer finish
+                        time.sleep(0.05)
+                        info = self._read(self.path)
+                    if info is not None and not self._stale(info):
+                        return info
+                    self.path.unlink(missing_ok=True)  # stale: its process is gone
+            return self._read(self.path) or {"pid": "?", "host": "?"}
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def acquire(self) -> None:
+        deadline = time.monotonic() + self.wait_s
+        announced = False
+        while True:
+            holder = self._holder()
+            if holder is None:
+                return
+            if time.monotonic() >= deadline:
+                since = time.strftime("%H:%M:%S", time.localtime(float(holder.get("started", 0))))
+                raise CptkitError(f"{self.out}: another cptkit run is writing this output (pid {holder.get('pid')} "
+                                  f"on {holder.get('host')}, since {since}); wait for it to end, or pass "
+                                  "io.lock_wait_s=SECONDS to wait")
+            if not announced:
+                log.warning("%s: waiting for pid %s on %s to release the output", self.out, holder.get("pid"),
+                            holder.get("host"))
+                announced = True
+            time.sleep(min(0.2, max(deadline - time.monotonic(), 0.01)))
+
+    def release(self) -> None:
+        if self.held:
+            info = self._read(self.path)
+            if info is not None and info.get("pid") == os.getpid() and info.get("host") == self.host:
+                self.path.unlink(missing_ok=True)
+            self.held = False
+
+
+_LAST: list[Job] = []  # the job this process entered last (for the Ctrl-C message)
+
+
+def interrupted_message() -> str:
+    """What a SIGINT left on disk and how to resume (for the CLI's exit 130)."""
+    job = _LAST[0] if _LAST else None
+    if job is None or job.stdout:
+        return "interrupted"
+    if not (job.out / STATE_DIR / "done").is_dir():
+        return f"interrupted: nothing was kept in {job.out}"
+    done = len(list((job.out / STATE_DIR / "done").glob("*.json")))
+    return (f"interrupted: {done} of {len(job.tasks)} tasks of {job.out} are finished and kept; "
+            "rerun the same command to resume")
+
+
 class Job:
-    """Context manager around a step run. Use :meth:`pending` / :meth:`read` / :meth:`writer`."""
+    """Context manager around a step run. Use :meth:`pending` / :meth:`read` / :meth:`writer`.
+
+    ``independent_tasks=False`` says the tasks share state (a global phase, caches): then any
+    changed input redoes the whole unfinished output instead of the tasks that read it."""
 
     def __init__(self, cfg: DictConfig, *, inputs: list[InputFile] | None = None, tasks: list[Task] | None = None,
-                 needs_inputs: bool = True):
+                 needs_inputs: bool = True, independent_tasks: bool = True):
         self.cfg = cfg
         self.step = str(cfg.step)
         self.quiet = bool(cfg.get("quiet", False))
         setup_logging(self.quiet)
-        self.config = to_dict(cfg)
+        self.config = redact(to_dict(cfg))  # what the manifest and results record: never a secret
+        out = cfg.io.output
         if inputs is None and needs_inputs:
             inputs = resolve_inputs(list(cfg.io.inputs))
+            if out is not None and str(out) != STDIO:  # --out inside an --in directory: never read our own shards
+                own = os.path.realpath(str(out)) + os.sep
+                inputs = [f for f in inputs if f.path == STDIO or not os.path.realpath(f.path).startswith(own)]
+                if not inputs:
+                    raise CptkitError(f"--in {' '.join(map(str, cfg.io.inputs))}: holds no data files outside --out {out}")
         self.inputs = inputs or []
         self.tasks = tasks if tasks is not None else [Task(i, [f]) for i, f in enumerate(self.inputs)]
         if any(f.path == STDIO for f in self.inputs) and len(self.tasks) > 1:
             raise CptkitError("stdin (-) cannot be combined with other inputs")
-        out = cfg.io.output
         if out is None:
             raise CptkitError("no output given: pass --out PATH (a directory, or - for stdout)")
         self.stdout = str(out) == STDIO
@@ -98,55 +269,154 @@ class Job:
         self.shard_index, self.shard_count = int(cfg.shard.index), int(cfg.shard.count)
         if not 0 <= self.shard_index < self.shard_count:
             raise CptkitError(f"shard.index={self.shard_index} must be in [0, shard.count={self.shard_count})")
+        self.independent = independent_tasks
         self.hash = config_hash(self.config)
-        self.created = False
+        self.created = False  # this run made OUT (or found it empty): bad input empties it again
+        self._made_dir = False
         self.already_done = False
+        self.lock: OutputLock | None = None
         self.t0 = time.time()
         self.results: dict[str, TaskResult] = {}
         self.progress = make_progress(self.quiet)
         self._bar: Any = None
+        self._ids: set[int] = set()
+        self._read_tasks: set[tuple[str, ...]] = set()
+        self._fps = self._fingerprints()
+
+    def _fingerprints(self) -> list[dict]:
+        seen: dict[str, dict] = {}
+        for f in [*self.inputs, *(f for t in self.tasks for f in t.inputs)]:
+            fp = fingerprint(f)
+            seen.setdefault(fp["path"], fp)
+        return list(seen.values())
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> Job:
-        if not self.stdout:
-            self._prepare_output()
-        self.progress.start()
+        _LAST[:] = [self]
+        try:
+            if not self.stdout:
+                self._prepare_output()
+            self.progress.start()
+        except BaseException:
+            self._release()
+            raise
         return self
+
+    def _release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.progress.stop()
-        if exc_type is None or self.stdout:
+        try:
+            if exc_type is None or self.stdout:
+                return
+            for pattern in (".*.tmp-*", f"{STATE_DIR}/**/.*.tmp-{os.getpid()}"):
+                for tmp in self.out.glob(pattern):
+                    tmp.unlink(missing_ok=True)
+            if issubclass(exc_type, CptkitError) and self.created and self.shard_count == 1:
+                self._release()
+                if self._made_dir:
+                    shutil.rmtree(self.out, ignore_errors=True)
+                else:  # it was empty: leave it empty
+                    self._clear()
+                    shutil.rmtree(self.out / STATE_DIR, ignore_errors=True)
+        finally:
+            self._release()
+
+    def _clear(self) -> None:
+        """Empty OUT, keeping the directory and the live locks in ``.cptkit``."""
+        if not self.out.is_dir():
             return
-        for tmp in self.out.glob(".*.tmp-*"):
-            tmp.unlink(missing_ok=True)
-        if issubclass(exc_type, CptkitError) and self.created and self.shard_count == 1:
-            shutil.rmtree(self.out, ignore_errors=True)
+        for p in self.out.iterdir():
+            if p.name == STATE_DIR:
+                for q in p.iterdir():
+                    if not q.name.startswith("lock-"):
+                        shutil.rmtree(q) if q.is_dir() and not q.is_symlink() else q.unlink(missing_ok=True)
+            elif p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
 
     def _prepare_output(self) -> None:
-        state = self.out / STATE_DIR
-        if (self.out / SUCCESS).exists():
-            if self.config["io"].get("overwrite"):
-                shutil.rmtree(self.out)
-            else:
-                old = json.loads((self.out / MANIFEST).read_text()).get("config_hash")
-                if old != self.hash:
-                    raise CptkitError(f"{self.out}: holds a finished output of another config; "
-                                      "pass io.overwrite=true or choose another --out")
-                self.already_done = True
-                return
-        if self.out.exists() and not state.exists() and any(self.out.iterdir()):
-            raise CptkitError(f"{self.out}: exists and is not a cptkit output; refusing to write into it")
-        self.created = not self.out.exists()
-        (state / "done").mkdir(parents=True, exist_ok=True)
-        hash_file = state / "config_hash"
-        if hash_file.exists() and hash_file.read_text() != self.hash:
-            if not self.config["io"].get("overwrite"):
-                raise CptkitError(f"{self.out}: an unfinished run with another config is here; "
-                                  "pass io.overwrite=true or choose another --out")
-            shutil.rmtree(self.out)
-            (state / "done").mkdir(parents=True)
+        out, state = self.out, self.out / STATE_DIR
+        overwrite = bool(self.cfg.io.get("overwrite", False))
+        if out.exists() and not out.is_dir():
+            raise CptkitError(f"--out {out}: is an existing file, not a directory; pass a directory (or - for stdout)")
+        try:
+            out.mkdir(parents=True)
+            self.created = self._made_dir = True
+        except FileExistsError:
+            if not state.exists() and not (out / SUCCESS).exists():
+                if any(out.iterdir()):
+                    raise CptkitError(f"{out}: exists and is not a cptkit output; refusing to write into it "
+                                      "(pass another --out)") from None
+                self.created = True  # an empty directory: ours to fill
+        state.mkdir(exist_ok=True)
+        self.lock = OutputLock(out, self.shard_index, self.shard_count, float(self.cfg.io.get("lock_wait_s", 0.0)))
+        self.lock.acquire()
+        if overwrite and self.shard_count > 1 and not self.created:
+            raise CptkitError("io.overwrite=true with shard.count > 1 would delete the other slices' work: "
+                              f"delete {out} once before starting the array")
+        if overwrite and not self.created:
+            log.info("%s: io.overwrite=true: starting over", out)
+            self._clear()
+        self._check_identity(state)
+        (state / "done").mkdir(exist_ok=True)
+
+    def _check_identity(self, state: Path) -> None:
+        """Compare the config and the inputs with those of the output's earlier run (if any)."""
+        out = self.out
+        hash_file, inputs_file = state / "config_hash", state / INPUTS
+        old_hash = hash_file.read_text() if hash_file.exists() else None
+        try:
+            old_fps = json.loads(inputs_file.read_text()) if inputs_file.exists() else None
+        except ValueError:  # unreadable run state: nothing to compare with, the markers still are
+            old_fps = None
+        finished = (out / SUCCESS).exists()
+        if finished and old_hash is None and (out / MANIFEST).exists():
+            old_hash = json.loads((out / MANIFEST).read_text()).get("config_hash")
+        if old_hash is not None and old_hash != self.hash:
+            what = "a finished output" if finished else "an unfinished run"
+            raise CptkitError(f"{out}: holds {what} of another config; pass io.overwrite=true to start over, "
+                              "or choose another --out")
+        if old_fps is not None:
+            set_diff, changed = input_changes(old_fps, self._fps)
+            old_by = {f["path"]: f for f in old_fps}
+            if set_diff:
+                what = "a finished output" if finished else "an unfinished run"
+                raise CptkitError(f"{out}: holds {what} of another input set ({set_diff[0]}); "
+                                  "pass io.overwrite=true to start over, or choose another --out")
+            if changed:
+                why = _describe_change(changed[0], old_by.get(changed[0]), {f["path"]: f for f in self._fps}[changed[0]])
+                if finished:
+                    raise CptkitError(f"{out}: is a finished output of inputs that changed since ({why}); "
+                                      "pass io.overwrite=true to redo it, or choose another --out")
+                self._redo(changed, why)
+        if finished:
+            log.info("%s: already complete (same config and inputs): nothing to do", out)
+            self.already_done = True
+            return
         if not hash_file.exists():  # never rewritten in place: array members read it concurrently
             atomic_write_bytes(hash_file, self.hash.encode())
+        if old_fps != self._fps or not inputs_file.exists():
+            atomic_write_json(inputs_file, self._fps)
+
+    def _redo(self, changed: list[str], why: str) -> None:
+        """Inputs of an unfinished run changed: redo the tasks that read them (or everything)."""
+        changed_set = set(changed)
+        hit = [t for t in self.tasks if any(fingerprint(f)["path"] in changed_set for f in t.inputs)]
+        in_tasks = {fingerprint(f)["path"] for t in self.tasks for f in t.inputs}
+        if not self.independent or not changed_set <= in_tasks:
+            log.warning("%s; redoing the whole unfinished output", why)
+            self._clear()
+            return
+        log.warning("%s; redoing the %d task(s) that read it", why, len(hit))
+        for t in hit:
+            self.marker(t).unlink(missing_ok=True)
+            for stale in self.out.glob(f"*-{t.name}-*"):
+                if stale.is_file() and not stale.name.startswith(("_", ".")):
+                    stale.unlink()
 
     # -- tasks -----------------------------------------------------------------------------
     def mine(self) -> list[Task]:
@@ -157,12 +427,17 @@ class Job:
         return self.out / STATE_DIR / "done" / f"{task.name}.json"
 
     def is_done(self, task: Task) -> bool:
-        return not self.stdout and self.marker(task).exists()
+        if self.stdout or not self.marker(task).exists():
+            return False
+        try:
+            read = json.loads(self.marker(task).read_text()).get("read")
+        except ValueError:
+            return False
+        return read is None or read == [fingerprint(f) for f in task.inputs]
 
     def pending(self) -> list[Task]:
         """Tasks of this slice that still need work; finished ones are reported and skipped."""
         if self.already_done:
-            log.info("%s: already complete, nothing to do", self.out)
             return []
         mine = self.mine()
         todo = [t for t in mine if not self.is_done(t)]
@@ -173,13 +448,28 @@ class Job:
         return todo
 
     def read(self, task: Task, stats: ReadStats | None = None) -> Iterator[Record]:
-        """Read a task's input records, advancing the progress bar and the task's counters."""
+        """Read a task's input records, advancing the progress bar and the task's counters.
+
+        With ``io.unique_ids`` (default) an id read twice in this run is an error naming its
+        file and line (a task read again is not checked twice)."""
         res = self.results.setdefault(task.name, TaskResult())
-        skip = bool(self.cfg.io.skip_bad_lines)
+        io_cfg = self.cfg.io
+        skip = bool(io_cfg.skip_bad_lines)
+        key = (task.name, *(f.path for f in task.inputs))
+        check_ids = bool(io_cfg.get("unique_ids", True)) and key not in self._read_tasks
+        self._read_tasks.add(key)
+        ids = self._ids
         for inp in task.inputs:
             st = stats or ReadStats()
             seen = 0
-            for rec in read_records(inp, skip_bad=skip, stats=st):
+            for rec in read_records(inp, skip_bad=skip, stats=st, max_chars=int(io_cfg.get("max_record_chars", 0)),
+                                    oversize=str(io_cfg.get("oversize", "error"))):
+                if check_ids:
+                    h = hash(rec["id"])
+                    if h in ids:
+                        raise BadInput(inp.name, st.line, f"duplicate id {rec['id']!r} (read earlier in this run); "
+                                       "ids must be unique (io.unique_ids=false turns this check off)")
+                    ids.add(h)
                 res.records_in += 1
                 yield rec
                 if res.records_in % 256 == 0 and self._bar is not None:
@@ -206,7 +496,7 @@ class Job:
                            max_bytes=int(sc.max_bytes), max_records=int(sc.max_records))
 
     def complete(self, task: Task, writer: ShardWriter | None = None, **extra: Any) -> None:
-        """Mark ``task`` done (after its writer is closed)."""
+        """Mark ``task`` done (after its writer is closed), recording what it read."""
         res = self.results.setdefault(task.name, TaskResult())
         if writer is not None:
             res.records_out += writer.records
@@ -214,7 +504,8 @@ class Job:
         res.extra.update(extra)
         if not self.stdout:
             atomic_write_json(self.marker(task), {"task": task.name, "inputs": [f.path for f in task.inputs],
-                                                  **res.__dict__})
+                                                  "read": [fingerprint(f) for f in task.inputs],
+                                                  "config_hash": self.hash, **res.__dict__})
 
     def run_map(self, fn: Callable[[Iterator[Record]], Iterator[Record]]) -> None:
         """Apply ``fn`` (records in → records out) to every pending task, task by task."""
@@ -234,12 +525,13 @@ class Job:
         return done
 
     def finish(self, extra: dict[str, Any] | None = None, title: str | None = None) -> dict[str, Any]:
-        """Write the manifest and ``_SUCCESS`` when every task is done; print the summary."""
+        """Write the manifest, the data card and ``_SUCCESS`` when every task is done; print the summary."""
         self.progress.stop()
         seconds = time.time() - self.t0
         if self.already_done:
             manifest = json.loads((self.out / MANIFEST).read_text())
             return manifest["counts"] | {"seconds": seconds, "skipped": True}
+        extra = redact(extra or {})
         results = self.all_results()
         counts = {
             "records_in": sum(r["records_in"] for r in results.values()),
@@ -252,28 +544,44 @@ class Job:
             "records in": here_in,
             "records out": sum(r.records_out for r in mine.values()),
             "bad lines skipped": sum(r.bad for r in mine.values()),
-            **(extra or {}),
+            **extra,
             "seconds": seconds,
             "records/s": (here_in or sum(r.records_out for r in mine.values())) / seconds if seconds > 0 else 0.0,
         }
         complete = self.stdout or all(t.name in results for t in self.tasks)
         if complete and not self.stdout:
+            files = sorted(f for r in results.values() for f in r["files"])
             manifest = {
                 "step": self.step,
                 "version": __version__,
-                "config": redact(self.config),
+                "config": self.config,
                 "config_hash": self.hash,
                 "inputs": [{"path": f.path, "size": f.size} for f in self.inputs],
                 "counts": counts,
-                "files": sorted(f for r in results.values() for f in r["files"]),
-                "extra": extra or {},
+                "files": files,
+                "extra": extra,
                 "timings": {"started": self.t0, "finished": time.time(), "seconds_last_run": seconds,
                             "seconds_tasks": {k: r.get("extra", {}).get("seconds") for k, r in results.items()}},
             }
             atomic_write_json(self.out / MANIFEST, manifest)
+            write_card(self.out, self.step, files)
             (self.out / SUCCESS).write_text("")
         elif not self.stdout:
             log.info("slice %d/%d done; %d of %d tasks finished overall", self.shard_index, self.shard_count,
                      len(results), len(self.tasks))
         print_summary(title or f"cptkit {self.step}", rows, self.quiet)
-        return counts | {"seconds": seconds, "extra": extra or {}, "output": str(self.out)}
+        return counts | {"seconds": seconds, "extra": extra, "output": str(self.out)}
+
+
+def write_card(out: Path, step: str, files: list[str]) -> None:
+    """``OUT/README.md``: a data card whose ``configs: data_files`` makes
+    ``datasets.load_dataset(OUT)`` load the data shards (and nothing else) as the train split."""
+    suffixes = sorted({f[f.index("."):] for f in files if f.startswith("part-") and "." in f})
+    if not suffixes:
+        return
+    patterns = "".join(f"          - \"part-*{s}\"\n" for s in suffixes)
+    card = ("---\nconfigs:\n  - config_name: default\n    data_files:\n      - split: train\n        path:\n"
+            f"{patterns}---\n\n# cptkit {step} output\n\nJSON Lines records (`id`, `text`, ...) in `part-*` shards; "
+            "`_manifest.json` holds the config, inputs and counts (docs/records.md).\n\n"
+            "```python\nimport datasets\nds = datasets.load_dataset(\"path/to/this/dir\", split=\"train\")\n```\n")
+    atomic_write_bytes(out / CARD, card.encode())

@@ -1,10 +1,16 @@
-"""Progress bars and summary tables on stderr (never stdout, which may carry data)."""
+"""Progress bars and summary tables on stderr (never stdout, which may carry data).
+
+On a terminal, live Rich bars; when stderr is not a terminal (a log file, a batch job), one log
+line per bar every ``CPTKIT_PROGRESS_INTERVAL`` seconds (default 30) instead.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -20,45 +26,54 @@ from rich.progress import (
 )
 from rich.table import Table
 
-T = TypeVar("T")
 console = Console(stderr=True)
 log = logging.getLogger("cptkit")
 
 
 def setup_logging(quiet: bool = False) -> None:
-    import os
+    from cptkit.redact import RedactingFilter, install_log_redaction
+
+    install_log_redaction()
 
     # Libraries' own tqdm bars (model loading, GGUF conversion) would interleave with ours.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TQDM_DISABLE", "1")
     if not log.handlers:
         handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
+        handler.addFilter(RedactingFilter())
         log.addHandler(handler)
         log.propagate = False
     log.setLevel(logging.WARNING if quiet else logging.INFO)
 
 
+class LoggedProgress(Progress):
+    """Rich progress that, off a terminal, logs each bar's state at an interval instead of drawing."""
+
+    def __init__(self, *columns: Any, interval: float, **kw: Any):
+        super().__init__(*columns, **kw)
+        self.interval = interval
+        self._last: dict[Any, float] = {}
+
+    def update(self, task_id: Any, **kw: Any) -> None:  # type: ignore[override]
+        super().update(task_id, **kw)
+        now = time.monotonic()
+        if now - self._last.setdefault(task_id, now) < self.interval:
+            return
+        self._last[task_id] = now
+        t = self._tasks[task_id]
+        done = f"{t.completed:,.0f}" + (f"/{t.total:,.0f} ({100 * t.completed / t.total:.0f}%)" if t.total else "")
+        rate = f", {t.speed:,.1f}/s" if t.speed else ""
+        eta = f", ~{t.time_remaining:,.0f} s left" if t.time_remaining is not None else ""
+        log.info("%s: %s, %.0f s elapsed%s%s", t.description, done, t.elapsed or 0.0, rate, eta)
+
+
 def make_progress(quiet: bool = False) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TaskProgressColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        disable=quiet,
-        transient=False,
-    )
-
-
-def track(items: Iterable[T], description: str, total: int | None = None, quiet: bool = False) -> Iterator[T]:
-    """Iterate with a progress bar (for work that is not record reading)."""
-    with make_progress(quiet) as progress:
-        task = progress.add_task(description, total=total)
-        for item in items:
-            yield item
-            progress.advance(task)
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    if not quiet and not console.is_terminal:
+        interval = float(os.environ.get("CPTKIT_PROGRESS_INTERVAL", "30"))
+        return LoggedProgress(*columns, interval=interval, console=console, disable=True, transient=False)
+    return Progress(*columns, console=console, disable=quiet, transient=False)
 
 
 def summary_table(title: str, rows: Mapping[str, Any]) -> Table:

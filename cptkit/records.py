@@ -1,7 +1,8 @@
 """The record: one JSON object per line with a unique string ``id`` and a ``text``.
 
-Optional fields every step understands: ``source``, ``url``, ``lang``, ``meta``. Steps add
-fields and keep every field they do not know. See docs/records.md.
+Optional fields every step understands: ``source``, ``url``, ``lang``, ``meta`` (or
+``metadata``, its datatrove/dolma name). Steps add fields and keep every field they do not know.
+See docs/records.md.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import Any
 Record = dict[str, Any]
 
 REQUIRED = ("id", "text")
-OPTIONAL = ("source", "url", "lang", "meta")
 
 
 def validate(obj: Any) -> str | None:
@@ -29,9 +29,39 @@ def validate(obj: Any) -> str | None:
         return f"record {rid!r} has no 'text'"
     if not isinstance(text, str):
         return f"record {rid!r}: 'text' must be a string, got {type(text).__name__}"
+    for name in ("meta", "metadata"):
+        if obj.get(name) is not None and not isinstance(obj[name], dict):
+            return f"record {rid!r}: {name!r} must be an object, got {type(obj[name]).__name__}"
     return None
 
 
 def dumps(rec: Record) -> str:
     """Serialise a record as one compact JSON line (no trailing newline), UTF-8 kept as is."""
     return json.dumps(rec, ensure_ascii=False, separators=(",", ":"))
+
+
+def meta(rec: Record) -> dict[str, Any]:
+    """The record's free-form metadata: ``meta``, or ``metadata`` (datatrove's and dolma's name)."""
+    m = rec.get("meta")
+    if m is None:
+        m = rec.get("metadata")
+    return m if isinstance(m, dict) else {}
+
+
+def field_value(rec: Record, key: str) -> Any:
+    """A field by dotted path (``meta.topic``); ``meta.x`` also finds ``metadata.x``, and a plain
+    key missing from the record is looked up in its metadata."""
+    parts = key.split(".")
+    if parts[0] in ("meta", "metadata") and parts[0] not in rec:
+        cur: Any = meta(rec)
+        parts = parts[1:]
+    else:
+        cur = rec
+    for part in parts:
+        if not isinstance(cur, dict) or part not in cur:
+            cur = None
+            break
+        cur = cur[part]
+    if cur is None and len(parts) == 1 and key == parts[0]:
+        cur = meta(rec).get(key)
+    return cur

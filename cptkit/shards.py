@@ -1,6 +1,7 @@
 """Sharded JSONL I/O: resolve inputs, read records with precise errors, write atomic shards.
 
-Readers accept ``.jsonl``, ``.jsonl.gz`` and ``.jsonl.zst`` (and ``.json`` lines). Files whose
+Readers accept ``.jsonl``, ``.jsonl.gz`` and ``.jsonl.zst`` (and ``.json`` lines), Parquet files and
+``datasets.save_to_disk`` folders (Arrow files, read with pyarrow). Files whose
 name starts with ``_`` or ``.`` are metadata (manifests, markers, side outputs) and are never
 read as data. Writers produce size-bounded shards, each written under a temporary name and
 renamed when complete; gzip output is byte-reproducible (no timestamp, no file name).
@@ -13,6 +14,7 @@ import gzip
 import io
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +24,11 @@ from typing import IO
 from cptkit.errors import BadInput, CptkitError
 from cptkit.records import Record, dumps, validate
 
-DATA_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")
+TABLE_SUFFIXES = (".parquet", ".arrow")
+DATA_SUFFIXES = JSONL_SUFFIXES + (".parquet",)
+# a JSON \uD800-\uDFFF escape: json.loads accepts a lone surrogate that UTF-8 cannot encode
+_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
 STDIO = "-"
 
 
@@ -42,11 +48,27 @@ def is_data_file(path: Path) -> bool:
     return path.is_file() and path.name.endswith(DATA_SUFFIXES) and path.name[0] not in "_."
 
 
+def saved_dataset_files(p: Path) -> list[Path] | None:
+    """The Arrow files of a ``datasets`` ``save_to_disk`` folder, or None if ``p`` is not one."""
+    if (p / "dataset_dict.json").is_file():
+        splits = json.loads((p / "dataset_dict.json").read_text()).get("splits", [])
+        raise CptkitError(f"{p}: a saved DatasetDict with splits {', '.join(splits)}; pass --in {p}/SPLIT")
+    if not ((p / "state.json").is_file() and (p / "dataset_info.json").is_file()):
+        return None
+    state = json.loads((p / "state.json").read_text())
+    files = [p / f["filename"] for f in state.get("_data_files", [])]
+    if not files:
+        raise CptkitError(f"{p}/state.json: lists no Arrow data files")
+    return files
+
+
 def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
     """Expand files, directories (their data files, recursively) and globs into input shards.
 
-    The order is sorted and therefore stable. A spec that matches nothing is an error, except
+    The order is sorted and therefore stable; a file named twice is read once. A spec that
+    matches nothing is an error, except
     a step's finished output that holds no records (``_SUCCESS`` and no shards): it is empty.
+    A ``save_to_disk`` folder gives its Arrow files, in their order.
     """
     if isinstance(specs, str):
         specs = [specs]
@@ -60,12 +82,14 @@ def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
             continue
         p = Path(spec)
         if p.is_dir():
-            files = sorted(f for f in p.rglob("*") if is_data_file(f)
-                           and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts[:-1]))
+            files = saved_dataset_files(p)
+            if files is None:
+                files = sorted(f for f in p.rglob("*") if is_data_file(f)
+                               and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts[:-1]))
             if not files and (p / "_SUCCESS").exists():
                 continue  # the finished, empty output of a step (everything was filtered out)
             if not files:
-                raise CptkitError(f"{spec}: directory holds no .jsonl/.jsonl.gz/.jsonl.zst shards")
+                raise CptkitError(f"{spec}: directory holds no .jsonl/.jsonl.gz/.jsonl.zst/.parquet shards")
         elif p.is_file():
             files = [p]
         elif any(ch in spec for ch in "*?["):
@@ -75,7 +99,14 @@ def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
         else:
             raise CptkitError(f"{spec}: no such file or directory")
         found.extend(InputFile(str(f), f.stat().st_size) for f in files)
-    return found
+    seen: set[str] = set()
+    unique = []
+    for f in found:  # a file named twice (a directory and a glob inside it) is read once
+        key = f.path if f.path == STDIO else os.path.realpath(f.path)
+        if key not in seen or f.path == STDIO:
+            seen.add(key)
+            unique.append(f)
+    return unique
 
 
 class _CountingReader(io.RawIOBase):
@@ -118,6 +149,42 @@ class ReadStats:
     records: int = 0
     bad: int = 0
     bytes: int = 0
+    line: int = 0  # line (JSONL) or row (Parquet/Arrow, 1-based) of the record last yielded
+    truncated: int = 0  # records whose text was cut to max_chars (oversize=truncate)
+
+
+def _check_record(obj: object, raw: bytes | None, max_chars: int, oversize: str) -> tuple[str | None, bool]:
+    """(why ``obj`` is not a usable record, whether it was truncated)."""
+    err = validate(obj)
+    if err is not None:
+        return err, False
+    assert isinstance(obj, dict)
+    if raw is not None and _SURROGATE_ESCAPE.search(raw):  # (Arrow strings are valid UTF-8 already)
+        try:
+            dumps(obj).encode("utf-8")
+        except UnicodeEncodeError as e:
+            bad = e.object[e.start:e.end].encode("utf-8", "backslashreplace").decode()
+            return f"record {obj['id']!r}: lone surrogate {bad} is not valid Unicode (cannot be written as UTF-8)", False
+    if max_chars and len(obj["text"]) > max_chars:
+        if oversize != "truncate":
+            return (f"record {obj['id']!r}: text of {len(obj['text']):,} characters is over io.max_record_chars="
+                    f"{max_chars:,} (raise it, or io.oversize=skip|truncate)"), False
+        obj["text"] = obj["text"][:max_chars]
+        return None, True
+    return None, False
+
+
+def _read_line(fh: IO[bytes], cap: int) -> tuple[bytes, bool]:
+    """One line, reading at most ``cap`` bytes of it into memory (0: no cap). (line, too_long)."""
+    if not cap:
+        return fh.readline(), False
+    raw = fh.readline(cap + 1)
+    if len(raw) <= cap or raw.endswith(b"\n"):
+        return raw, False
+    while True:  # drain the rest of the line without keeping it
+        more = fh.readline(1 << 20)
+        if not more or more.endswith(b"\n"):
+            return raw[:64], True
 
 
 def read_records(
@@ -126,32 +193,48 @@ def read_records(
     skip_bad: bool = False,
     stats: ReadStats | None = None,
     validate_records: bool = True,
+    max_chars: int = 0,
+    oversize: str = "error",
 ) -> Iterator[Record]:
     """Yield the records of one shard.
 
-    A malformed line (invalid UTF-8, bad JSON, missing ``id``/``text``) raises :class:`BadInput`
-    naming the file and line, or is counted in ``stats.bad`` and skipped when ``skip_bad``.
-    An empty shard is an error: it almost always means an upstream step failed.
+    A malformed line (invalid UTF-8, bad JSON, missing ``id``/``text``, a lone surrogate, a text
+    over ``max_chars``) raises :class:`BadInput` naming the file and line, or is counted in
+    ``stats.bad`` and skipped when ``skip_bad`` (``oversize=skip`` skips long texts,
+    ``truncate`` cuts them). An empty shard is an error: it almost always means an upstream step failed.
     """
     if isinstance(inp, str):
         inp = InputFile(inp, 0)
     stats = stats if stats is not None else ReadStats()
+    if inp.path.endswith(TABLE_SUFFIXES):
+        yield from _read_table(inp, skip_bad, stats, validate_records, max_chars, oversize)
+        return
     fh, counter = open_binary(inp.path)
     n_lines = 0
+    # JSON escapes make a line up to 12 bytes per character; past that it is too long for sure
+    cap = 12 * max_chars + 65536 if max_chars and oversize != "truncate" else 0
     try:
         lineno = 0
         while True:
             try:
-                raw = fh.readline()
+                raw, too_long = _read_line(fh, cap)
             except (OSError, EOFError) as e:  # truncated gzip, corrupt zstd ...
                 raise BadInput(inp.name, lineno + 1, f"cannot decompress: {e}") from None
             if not raw:
                 break
             lineno += 1
             stats.bytes = counter.consumed
+            if too_long:
+                n_lines += 1
+                err = f"line is over {cap:,} bytes, so its text is over io.max_record_chars={max_chars:,}"
+                if not skip_bad and oversize != "skip":
+                    raise BadInput(inp.name, lineno, err)
+                stats.bad += 1
+                continue
             if not raw.strip():
                 continue
             n_lines += 1
+            truncated = False
             try:
                 obj = json.loads(raw.decode("utf-8"))
             except UnicodeDecodeError as e:
@@ -159,18 +242,78 @@ def read_records(
             except json.JSONDecodeError as e:
                 err = f"malformed JSON: {e.msg} (column {e.colno})"
             else:
-                err = validate(obj) if validate_records else None
+                err, truncated = _check_record(obj, raw, max_chars, oversize) if validate_records else (None, False)
                 if err is None:
                     stats.records += 1
+                    stats.truncated += truncated
+                    stats.line = lineno
                     yield obj
                     continue
-            if not skip_bad:
+            if not skip_bad and not (oversize == "skip" and "io.max_record_chars" in err):
                 raise BadInput(inp.name, lineno, err)
             stats.bad += 1
     finally:
         if inp.path != STDIO:
             fh.close()
     if n_lines == 0:
+        raise BadInput(inp.name, None, "input is empty")
+
+
+def _json_types(schema) -> bool:
+    """True when every column of an Arrow schema maps onto JSON values as is."""
+    import pyarrow as pa
+
+    def ok(t) -> bool:
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return ok(t.value_type)
+        if pa.types.is_struct(t):
+            return all(ok(t.field(i).type) for i in range(t.num_fields))
+        return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
+                or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t))
+
+    return all(ok(f.type) for f in schema)
+
+
+def _read_table(inp: InputFile, skip_bad: bool, stats: ReadStats, validate_records: bool, max_chars: int,
+                oversize: str) -> Iterator[Record]:
+    """Records of a Parquet file or a ``save_to_disk`` Arrow file, row by row in batches."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if inp.path.endswith(".parquet"):
+            pf = pq.ParquetFile(inp.path)
+            total = pf.metadata.num_rows
+            batches = pf.iter_batches(batch_size=1024)
+        else:
+            total = 0
+            src = pa.memory_map(inp.path)
+            try:
+                batches = iter(pa.ipc.open_stream(src))
+            except pa.ArrowInvalid:
+                batches = iter(pa.ipc.open_file(src).to_batches())
+        row = 0
+        for batch in batches:
+            rows = batch.to_pylist()
+            if not _json_types(batch.schema):  # timestamps, bytes, decimals: as JSON would write them
+                rows = [json.loads(json.dumps(r, ensure_ascii=False, default=str)) for r in rows]
+            for obj in rows:
+                row += 1
+                err, truncated = _check_record(obj, None, max_chars, oversize) if validate_records else (None, False)
+                if err is None:
+                    stats.records += 1
+                    stats.truncated += truncated
+                    stats.line = row
+                    yield obj
+                    continue
+                if not skip_bad and not (oversize == "skip" and "io.max_record_chars" in err):
+                    raise BadInput(inp.name, row, err)
+                stats.bad += 1
+            stats.bytes = inp.size * row // total if total else 0
+    except (pa.ArrowException, OSError) as e:
+        raise BadInput(inp.name, None, f"cannot read as {'Parquet' if inp.path.endswith('.parquet') else 'Arrow'}: "
+                       f"{str(e).splitlines()[0]}") from None
+    if row == 0:
         raise BadInput(inp.name, None, "input is empty")
 
 

@@ -15,6 +15,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from cptkit.config import CONF_DIR, finalize
+from cptkit.steps import execute
 
 # Keys that never name a member's output: where data lives, and job-array slices.
 # shard.index is left out too: the members of a job array over input shards share one output.
@@ -55,6 +56,15 @@ def member_output(out: str | None, override_dirname: str) -> str | None:
 
 def multirun(step: str, overrides: list[str]) -> None:
     """Run ``step`` as a Hydra multirun over ``overrides`` (sweeps like ``a=1,2,3``)."""
+    from cptkit.errors import CptkitError
+    from cptkit.redact import install_log_redaction, redact_text
+
+    for ov in overrides:
+        if redact_text(ov) != ov:
+            raise CptkitError(f"-m: {redact_text(ov)} carries a secret, and Hydra writes a sweep's overrides to "
+                              "disk (multirun.yaml, .hydra/): pass it by environment variable instead "
+                              "(docs/records.md, Secrets)")
+    install_log_redaction()
     config_name = step.replace("-", "_")
     swept = swept_keys(overrides)
 
@@ -62,7 +72,6 @@ def multirun(step: str, overrides: list[str]) -> None:
     def _main(cfg: DictConfig) -> None:
         from hydra.core.hydra_config import HydraConfig
 
-        from cptkit.cli import execute
 
         hc = HydraConfig.get()
         cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))

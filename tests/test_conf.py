@@ -54,3 +54,25 @@ def test_every_step_module_has_a_command():
     steps_dir = Path(__file__).resolve().parent.parent / "cptkit" / "steps"
     modules = {p.stem for p in steps_dir.glob("*.py") if not p.stem.startswith("_")}
     assert modules == set(MODULES.values())
+
+
+@pytest.mark.parametrize("step", sorted(MODULES))
+def test_every_step_help_lists_its_config_keys(step):
+    """`cptkit STEP --help` ends with every config key of the composed default config."""
+    from omegaconf import OmegaConf
+
+    from cptkit.cli_help import config_help
+
+    text = config_help(step)
+    cfg = compose_step(step)
+    leaves = {k for k in _leaf_keys(OmegaConf.to_container(cfg, resolve=True)) if k not in ("step", "overrides")}
+    listed = {ln.split("=", 1)[0].strip() for ln in text.splitlines()[1:] if "=" in ln and ln.startswith("  ") and not ln.startswith("   ")}
+    assert listed and all(any(leaf == k or leaf.startswith(k + ".") for k in listed) for leaf in leaves), \
+        sorted(leaves - listed)
+    assert "shard.max_records=0" in text and "io.max_record_chars=5000000" in text
+
+
+def _leaf_keys(obj, prefix: str = "") -> list[str]:
+    if isinstance(obj, dict) and obj:
+        return [k for key, v in obj.items() for k in _leaf_keys(v, f"{prefix}{key}.")]
+    return [prefix.rstrip(".")]

@@ -99,3 +99,12 @@ def test_finished_empty_output_is_an_empty_input(tmp_path):
     (tmp_path / "done" / "_SUCCESS").write_text("")
     (tmp_path / "done" / "_manifest.json").write_text("{}")
     assert resolve_inputs(str(tmp_path / "done")) == []
+
+
+def test_a_file_named_twice_is_read_once(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.jsonl").write_bytes(_lines([{"id": "a", "text": "x"}]))
+    (d / "b.jsonl").write_bytes(_lines([{"id": "b", "text": "y"}]))
+    got = resolve_inputs([str(d), str(d / "b.jsonl"), str(d / "*.jsonl")])
+    assert [f.path for f in got] == [str(d / "a.jsonl"), str(d / "b.jsonl")]

@@ -40,6 +40,25 @@ def dir_size(directory: Path) -> int:
     return sum(f.stat().st_size for f in Path(directory).iterdir() if f.is_file())
 
 
+def remove_stale_builds(final: Path) -> list[Path]:
+    """Remove ``.NAME.building-PID`` directories of killed builds (their process is gone)."""
+    removed = []
+    for d in final.parent.glob(f".{final.name}.building-*"):
+        pid = d.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # still building
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
 def build_index(records: Iterable[Record], directory: str | Path, tokenizer: Tokenizer, params: BM25Params, *,
                 dtype: str = "float32", text_field: str = "text", sources: list[dict] | None = None,
                 on_record: Callable[[], None] | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -51,6 +70,7 @@ def build_index(records: Iterable[Record], directory: str | Path, tokenizer: Tok
     final = Path(directory)
     if final.exists() and any(final.iterdir()) and not is_finished(final):
         raise CptkitError(f"{final}: exists and is not a cptkit index; refusing to build into it")
+    remove_stale_builds(final)
     tmp = final.parent / f".{final.name}.building-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

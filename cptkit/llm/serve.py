@@ -5,7 +5,8 @@ streaming, ``n=1``) from the standard library's threading HTTP server. Concurren
 gathered for up to ``batch_wait_ms`` into one batch of at most ``max_batch`` (requests with the
 same sampling parameters share a batch), so many clients get batched generation. The body's
 ``seed`` is the request's sampling seed, so a request gives the same text here as through the
-in-process backend with the same seed.
+in-process backend with the same seed. A request body over ``max_body_bytes`` (default 16 MiB)
+is refused with 413 before it is read.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 from cptkit.errors import CptkitError
 from cptkit.llm.base import Completion, Generator, GenParams, Request, normalize_request
 from cptkit.progress import log
+
+MAX_BODY_BYTES = 16 * 2**20
 
 
 @dataclass
@@ -92,7 +95,8 @@ def _params(body: dict[str, Any], default_max: int) -> tuple[GenParams, int]:
     return params, int(body.get("seed") or 0)
 
 
-def make_handler(batcher: Batcher, model_name: str, default_max: int) -> type[BaseHTTPRequestHandler]:
+def make_handler(batcher: Batcher, model_name: str, default_max: int,
+                 max_body: int = MAX_BODY_BYTES) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -123,7 +127,16 @@ def make_handler(batcher: Batcher, model_name: str, default_max: int) -> type[Ba
             if path not in ("/chat/completions", "/completions"):
                 return self._error(404, f"no route {self.path}")
             try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if length < 0 or length > max_body:
+                self.close_connection = True  # the body is not read: the connection cannot be reused
+                if length < 0:
+                    return self._error(400, "invalid Content-Length")
+                return self._error(413, f"request body of {length:,} bytes is over the limit of {max_body:,} bytes")
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
                 if body.get("stream"):
                     return self._error(400, "stream=true is not supported")
                 if int(body.get("n") or 1) != 1:
@@ -159,13 +172,13 @@ def make_handler(batcher: Batcher, model_name: str, default_max: int) -> type[Ba
 
 def serve(gen: Generator, host: str = "127.0.0.1", port: int = 8000, *, model_name: str | None = None,
           max_batch: int = 8, batch_wait_ms: float = 20.0, default_max_tokens: int = 256,
-          ready_file: str | None = None) -> None:
+          ready_file: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
     """Serve ``gen`` until interrupted. ``port=0`` picks a free port; the URL goes to the log
     and, when given, to ``ready_file`` (written once the socket listens)."""
     batcher = Batcher(gen, max_batch, batch_wait_ms)
     name = model_name or gen.model_id
     try:
-        httpd = ThreadingHTTPServer((host, port), make_handler(batcher, name, default_max_tokens))
+        httpd = ThreadingHTTPServer((host, port), make_handler(batcher, name, default_max_tokens, max_body_bytes))
     except OSError as e:
         raise CptkitError(f"serve-llm: cannot listen on {host}:{port} ({e.strerror})") from None
     httpd.daemon_threads = True

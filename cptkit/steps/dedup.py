@@ -34,7 +34,7 @@ from omegaconf import DictConfig
 from cptkit import dedup_scale as scale
 from cptkit import minhash as mh
 from cptkit.config import JobConfig, register_step
-from cptkit.errors import CptkitError
+from cptkit.errors import BadInput, CptkitError
 from cptkit.job import STATE_DIR, Job, Task
 from cptkit.progress import log
 from cptkit.records import dumps
@@ -70,13 +70,14 @@ class DedupConfig:
     redis_batch: int = 4096  # bucket entries per pipelined Redis script call
     cleanup: bool = True  # mapreduce/redis: drop the bucket files / Redis keys once the output is complete
 
+    def __post_init__(self) -> None:
+        check_config(self)  # type: ignore[arg-type]
+        banding(self)  # type: ignore[arg-type]
+
 
 @dataclass
 class DedupJob(JobConfig):
     dedup: DedupConfig = field(default_factory=DedupConfig)
-
-
-register_step("dedup", DedupJob)
 
 
 def banding(d: DictConfig) -> tuple[int, int]:
@@ -119,6 +120,9 @@ def check_config(d: DictConfig) -> None:
         raise CptkitError(f"dedup.partitions must be in [1, 9999], got {d.partitions}")
     if int(d.redis_batch) < 1:
         raise CptkitError(f"dedup.redis_batch must be >= 1, got {d.redis_batch}")
+
+
+register_step("dedup", DedupJob)  # after check_config: storing the schema runs __post_init__
 
 
 def describe(d: DictConfig, bands: int, rows: int) -> dict:
@@ -338,13 +342,55 @@ def cluster_candidates(job: Job, sh: mh.Shingler, d: DictConfig, offsets: np.nda
     return {"offsets": offsets, "root": root, "kind": kind, "similarity": similarity, "counts": counts}
 
 
-def _load_or_cluster(job: Job, compute) -> dict:
+def check_unique_ids(job: Job, store: _Store) -> None:
+    """Every input id must be unique, or ``duplicate_of`` would name an ambiguous document:
+    the second occurrence (in input order) is an error naming both places."""
+    if not bool(job.cfg.io.get("unique_ids", True)):
+        return
+    parts = [store.ids(t) for t in job.tasks]
+    h = np.concatenate([np.fromiter((hash(i) for i in ids), np.int64, len(ids)) for ids in parts] or [np.zeros(0, np.int64)])
+    order = np.argsort(h, kind="stable")
+    same = np.flatnonzero(h[order][1:] == h[order][:-1])
+    if not same.size:
+        return
+    offsets = np.cumsum([0] + [len(ids) for ids in parts])
+
+    def where(g: int) -> tuple[int, int]:
+        t = int(np.searchsorted(offsets, g, side="right") - 1)
+        return t, g - int(offsets[t])
+
+    for k in np.argsort(order[same + 1], kind="stable").tolist():
+        first, second = int(order[same[k]]), int(order[same[k] + 1])
+        (t1, r1), (t2, r2) = where(first), where(second)
+        if parts[t1][r1] != parts[t2][r2]:
+            continue  # a hash collision, not a duplicate
+        f1, l1 = _line_of(job, job.tasks[t1], r1)
+        f2, l2 = _line_of(job, job.tasks[t2], r2)
+        raise BadInput(f2, l2, f"duplicate id {parts[t2][r2]!r} (first at {f1}:{l1}); ids must be unique, or "
+                       "duplicate_of is ambiguous (io.unique_ids=false accepts them)")
+
+
+def _line_of(job: Job, task: Task, row: int) -> tuple[str, int]:
+    """(file, line) of a task's ``row``-th valid record."""
+    skip = bool(job.cfg.io.skip_bad_lines)
+    n = 0
+    for inp in task.inputs:
+        st = ReadStats()
+        for _ in read_records(inp, skip_bad=skip, stats=st):
+            if n == row:
+                return inp.name, st.line
+            n += 1
+    return task.inputs[-1].name, 0
+
+
+def _load_or_cluster(job: Job, store: _Store, compute) -> dict:
     """The clustering, from ``OUT/.cptkit/clusters.npz`` or ``compute()`` (then cached there)."""
     path = None if job.stdout else job.out / STATE_DIR / "clusters.npz"
     if path is not None and path.exists():
         z = np.load(path)
         return {k: z[k] for k in ("offsets", "root", "kind", "similarity")} | {
             "counts": json.loads(str(z["counts"]))}
+    check_unique_ids(job, store)
     res = compute()
     if path is not None:
         buf = io.BytesIO()
@@ -397,7 +443,7 @@ def run(cfg: DictConfig) -> dict:
     bands, rows = banding(d)
     info = describe(d, bands, rows)
     phase, cluster = str(d.phase), str(d.cluster)
-    with Job(_job_config(cfg)) as job:
+    with Job(_job_config(cfg), independent_tasks=False) as job:
         if any(f.path == STDIO for f in job.inputs):
             raise CptkitError("dedup reads its input several times: --in - (stdin) is not supported, "
                               "pass files")
@@ -437,7 +483,7 @@ def run(cfg: DictConfig) -> dict:
 
             def compute() -> dict:
                 return phase_cluster_scaled(job, store, sh, d, backend)
-        res = _load_or_cluster(job, compute)
+        res = _load_or_cluster(job, store, compute)
         root = res["root"]
         for task in job.pending():
             t0 = time.time()

@@ -4,7 +4,8 @@ Two phases: build an index from the corpus shards once (``--corpus``; into ``--i
 ``OUT/_index``), then search it with every query record's ``text``. Output: each retrieved
 document once, in corpus order, with all its fields and ``hits: [{query_id, rank, score}]``
 (sorted by query order), plus ``OUT/_run.tsv`` (``query_id  doc_id  rank  score``, by query
-then rank). Ties: score descending, then corpus order. See docs/retrieve.md.
+then rank; ``retrieve.run_format=trec``: TREC's six columns ``qid Q0 docid rank score tag``).
+Ties: score descending, then corpus order. See docs/retrieve.md.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig, register_step
+from cptkit.config import JobConfig, check, register_step
 from cptkit.errors import CptkitError
 from cptkit.index.base import BM25Params
 from cptkit.index.elasticsearch import EsConfig, EsIndex
@@ -30,6 +31,7 @@ from cptkit.shards import InputFile, iter_records, resolve_inputs
 from cptkit.text.tokenize import Tokenizer, TokenizerConfig
 
 RUN_FILE = "_run.tsv"
+MAX_TOP_K = 10_000_000
 INDEX_SUBDIR = "_index"
 
 
@@ -49,8 +51,23 @@ class RetrieveConfig:
     batch_size: int = 256  # queries per search call
     text_field: str = "text"  # document field indexed
     query_field: str = "text"  # query field searched
+    run_format: str = "tsv"  # _run.tsv columns: tsv (query_id doc_id rank score) | trec (qid Q0 docid rank score tag)
+    run_tag: str = "cptkit-bm25"  # trec: the run name in the sixth column
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     es: EsConfig = field(default_factory=EsConfig)
+
+    def __post_init__(self) -> None:
+        check(1 <= self.top_k <= MAX_TOP_K, "top_k", self.top_k,
+              f"must be in [1, {MAX_TOP_K:,}] (documents per query; the paper uses 1000)")
+        check(self.backend in (*BACKENDS, "elasticsearch"), "backend", self.backend,
+              f"must be one of {', '.join((*BACKENDS, 'elasticsearch'))}")
+        check(self.dtype in ("float32", "float64"), "dtype", self.dtype, "must be float32 or float64")
+        check(self.shards >= 0, "shards", self.shards, "must be >= 0 (0: shard.count)")
+        check(self.threads >= 1, "threads", self.threads, "must be >= 1")
+        check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1 (queries per search call)")
+        check(self.run_format in ("tsv", "trec"), "run_format", self.run_format, "must be tsv or trec")
+        check(bool(self.run_tag) and not any(c.isspace() for c in self.run_tag), "run_tag", repr(self.run_tag),
+              "must be one word (TREC's run name column)")
 
 
 @dataclass
@@ -151,10 +168,6 @@ def _open_es(job: Job, rc: DictConfig, corpus: list[InputFile]) -> tuple[EsIndex
 def run(cfg: DictConfig) -> dict:
     """Build or reuse the index, search every query, write the union of hits and the run file."""
     rc = cfg.retrieve
-    if rc.backend not in (*BACKENDS, "elasticsearch"):
-        raise CptkitError(f"retrieve.backend must be one of {(*BACKENDS, 'elasticsearch')}, got {rc.backend!r}")
-    if int(rc.top_k) < 1:
-        raise CptkitError(f"retrieve.top_k must be >= 1, got {rc.top_k}")
     q_specs = _specs(rc.queries)
     if not q_specs:
         raise CptkitError("no queries given: pass --queries FILE (or retrieve.queries=FILE)")
@@ -184,7 +197,8 @@ def _search_and_write(job: Job, task: Task, idx: Any, rc: DictConfig, params: BM
                       qids: list[str], qtexts: list[str], build_s: float) -> dict[str, Any]:
     t0 = time.time()
     searcher = idx.searcher(str(rc.backend), params)
-    k, bs = int(rc.top_k), max(int(rc.batch_size), 1)
+    # more than the index holds would only allocate empty result slots
+    k, bs = max(1, min(int(rc.top_k), int(idx.meta.get("docs") or rc.top_k))), max(int(rc.batch_size), 1)
     advance = job.add_bar("search (queries)", len(qtexts))
     parts_q, parts_r, parts_d, parts_s = [], [], [], []
     for start in range(0, len(qtexts), bs):
@@ -223,8 +237,12 @@ def _search_and_write(job: Job, task: Task, idx: Any, rc: DictConfig, params: BM
     if not job.stdout:
         tmp = run_path.with_name(f".{RUN_FILE}.tmp-{os.getpid()}")
         with open(tmp, "w", encoding="utf-8") as fh:
+            trec, tag = str(rc.run_format) == "trec", str(rc.run_tag)
             for q, r, d, s in zip(hq.tolist(), hr.tolist(), hd.tolist(), hs.tolist(), strict=True):
-                fh.write(f"{qids[q]}\t{doc_ids[d]}\t{r + 1}\t{s:.6f}\n")
+                if trec:
+                    fh.write(f"{qids[q]} Q0 {doc_ids[d]} {r + 1} {s:.6f} {tag}\n")
+                else:
+                    fh.write(f"{qids[q]}\t{doc_ids[d]}\t{r + 1}\t{s:.6f}\n")
         os.replace(tmp, run_path)
     job.complete(task, w, seconds=time.time() - t0)
     m = idx.meta
