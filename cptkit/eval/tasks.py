@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from cptkit.errors import BadInput, CptkitError
+from cptkit.eval import formats as F
 
 MC = "multiple_choice"
 GEN = "generate_until"
@@ -41,6 +42,7 @@ KNOWN_KEYS = {
     "num_fewshot", "fewshot_sampler", "doc_to_text", "doc_to_choice", "doc_to_target", "doc_to_gold",
     "target_delimiter", "fewshot_delimiter", "description", "metric_list", "generation_kwargs",
     "answer_extraction", "gold_extraction", "id_field", "doc_to_decontamination_query", "should_decontaminate",
+    "data_format", "format_options", "download", "fewshot_group", "code_eval",
 }
 
 
@@ -111,27 +113,52 @@ def load_task(name: str, task_dir: str | Path, data_dir: str | Path) -> EvalTask
     return EvalTask(name=str(spec["task"]), spec=spec, path=path, data_dir=Path(str(data_dir)).expanduser())
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    import gzip
+def hf_offline() -> bool:
+    """True when the Hugging Face hub must not be contacted (``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE``)."""
+    import os
 
-    opener = gzip.open if path.suffix == ".gz" else open
-    docs = []
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BadInput(str(path), n, f"malformed JSON: {e.msg}") from None
-            if not isinstance(obj, dict):
-                raise BadInput(str(path), n, "expected a JSON object")
-            docs.append(obj)
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def _data_format(task: EvalTask, split: str, p: Path) -> str:
+    fmt = task.spec.get("data_format")
+    if isinstance(fmt, dict):
+        fmt = fmt.get(split)
+    if fmt:
+        return str(fmt)
+    name = p.name.removesuffix(".gz")
+    if name.endswith(".jsonl"):
+        return "jsonl"
+    return name.rsplit(".", 1)[-1] if "." in name else "dir"
+
+
+def _missing(task: EvalTask, split: str, p: Path | None, why: str) -> CptkitError:
+    how = str(task.spec.get("download") or "").replace("{data_dir}", str(task.data_dir)).strip()
+    hub = task.spec.get("hub")
+    online = f"; online, unset HF_HUB_OFFLINE to read the hub dataset {hub['path']}" if hub and hf_offline() else ""
+    return F.MissingData(f"eval task {task.name}: no data for split {split!r} ({why}). "
+                         f"{how or f'put the files at {p}'}{online}")
+
+
+def _from_hub(task: EvalTask, split: str) -> list[dict]:
+    import datasets
+
+    hub = task.spec["hub"]
+    names = hub.get("names") or [hub.get("name")]
+    split_name = (hub.get("splits") or {}).get(split, split)
+    docs: list[dict] = []
+    for name in names:
+        ds = datasets.load_dataset(hub["path"], name, split=split_name, revision=hub.get("revision"))
+        docs += [dict(r) | ({"subject": name} if len(names) > 1 else {}) for r in ds]
     return docs
 
 
 def load_docs(task: EvalTask, split: str) -> list[dict]:
-    """The documents of one split: local JSONL/JSON/CSV/Parquet/``save_to_disk`` dir, else the hub."""
+    """The documents of one split: local files in the dataset's own format, else the hub (when online).
+
+    Missing data is an error naming what to download and where to put it (the task's
+    ``download`` line); nothing is ever substituted.
+    """
     if split in task.docs:
         return task.docs[split]
     p = task.data_path(split)
@@ -139,10 +166,14 @@ def load_docs(task: EvalTask, split: str) -> list[dict]:
         from cptkit.eval.build_tasks import build
 
         build(str(task.spec["builder"]), task.data_dir)
+    opts = dict(task.spec.get("format_options") or {})
     if p is not None and p.exists():
-        name = p.name.removesuffix(".gz")
-        if name.endswith(".jsonl"):
-            docs = _read_jsonl(p)
+        fmt = _data_format(task, split, p)
+        if fmt in F.READERS:
+            try:
+                docs = F.read(fmt, p, split, opts)
+            except F.MissingData as e:
+                raise _missing(task, split, p, str(e)) from None
         else:
             import datasets
 
@@ -150,23 +181,19 @@ def load_docs(task: EvalTask, split: str) -> list[dict]:
                 ds = datasets.load_from_disk(str(p))
                 ds = ds[split] if isinstance(ds, datasets.DatasetDict) else ds
             else:
-                fmt = {"json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}.get(name.rsplit(".", 1)[-1])
-                if fmt is None:
-                    raise CptkitError(f"eval task {task.name}: cannot read {p} (use .jsonl, .json, .csv, .parquet)")
+                if fmt not in ("csv", "parquet", "arrow"):
+                    raise CptkitError(f"eval task {task.name}: cannot read {p} (set data_format: one of "
+                                      f"{', '.join(F.READERS)}, or use .jsonl, .json, .csv, .parquet)")
                 ds = datasets.load_dataset(fmt, data_files={split: str(p)}, split=split)
             docs = [dict(r) for r in ds]
-    elif task.spec.get("hub"):
-        import datasets
-
-        hub = task.spec["hub"]
+    elif task.spec.get("hub") and not hf_offline():
         try:
-            ds = datasets.load_dataset(hub["path"], hub.get("name"), split=split)
+            docs = _from_hub(task, split)
         except Exception as e:  # noqa: BLE001 - any hub failure is a user-facing "no data"
-            raise CptkitError(f"eval task {task.name}: no local file for split {split!r} "
-                              f"({p}) and the hub dataset {hub['path']} failed: {str(e).splitlines()[0]}") from None
-        docs = [dict(r) for r in ds]
+            raise _missing(task, split, p, f"not at {p}, and the hub dataset {task.spec['hub']['path']} failed: "
+                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     else:
-        raise CptkitError(f"eval task {task.name}: no data for split {split!r} (expected {p})")
+        raise _missing(task, split, p, f"not at {p}" if p is not None else "no data_files entry")
     if not docs:
         raise CptkitError(f"eval task {task.name}: split {split!r} is empty ({p})")
     task.docs[split] = docs
@@ -272,7 +299,11 @@ def sample_fewshot(task: EvalTask, rnd: random.Random, n: int, doc: dict, same_s
 
 
 def build_context(task: EvalTask, doc: dict, shots: list[dict]) -> str:
-    """description + shots (``q + target_delimiter + answer + fewshot_delimiter``) + the question."""
+    """description + shots (``q + target_delimiter + answer + fewshot_delimiter``) + the question.
+
+    Shots are rendered with ``is_fewshot`` and ``few_shot`` set (lm-eval's MBPP and Minerva
+    templates show the solution for shots and score the test list / final answer otherwise).
+    """
     tdel = task.get("target_delimiter", " ")
     fdel = task.get("fewshot_delimiter", "\n\n")
     parts = []
@@ -280,6 +311,7 @@ def build_context(task: EvalTask, doc: dict, shots: list[dict]) -> str:
     if desc:
         parts.append(str(render(desc, doc)) + fdel)
     for s in shots:
+        s = {**s, "is_fewshot": True, "few_shot": "1"}
         a = answer_text(task, s)
         q = doc_to_text(task, s)
         parts.append(q + (tdel if a != "" else "") + a + fdel)
@@ -288,14 +320,33 @@ def build_context(task: EvalTask, doc: dict, shots: list[dict]) -> str:
 
 
 def contexts(task: EvalTask, docs: list[dict], num_fewshot: int, seed: int) -> list[str]:
-    """Few-shot contexts for ``docs`` in order, sampled as lm-eval does."""
-    rnd = random.Random(seed)
+    """Few-shot contexts for ``docs`` in order, sampled as lm-eval does.
+
+    With ``fewshot_group: FIELD`` (MMLU's subject, BBH's task) shots come only from documents
+    with the test document's value, each group with its own ``random.Random(seed)``: lm-eval's
+    per-subtask tasks.
+    """
     if num_fewshot <= 0:
         return [build_context(task, d, []) for d in docs]
     fs_split = task.get("fewshot_split") or task.spec["test_split"]
     pool = load_docs(task, fs_split)
     same = fs_split == task.spec["test_split"]
-    return [build_context(task, d, sample_fewshot(task, rnd, num_fewshot, d, same, pool)) for d in docs]
+    group = task.spec.get("fewshot_group")
+    if not group:
+        rnd = random.Random(seed)
+        return [build_context(task, d, sample_fewshot(task, rnd, num_fewshot, d, same, pool)) for d in docs]
+    pools: dict[Any, list[dict]] = {}
+    for x in pool:
+        pools.setdefault(x.get(group), []).append(x)
+    rnds: dict[Any, random.Random] = {}
+    out = []
+    for d in docs:
+        g = d.get(group)
+        if g not in pools:
+            raise CptkitError(f"eval task {task.name}: no few-shot documents with {group}={g!r} in split {fs_split!r}")
+        rnd = rnds.setdefault(g, random.Random(seed))
+        out.append(build_context(task, d, sample_fewshot(task, rnd, num_fewshot, d, same, pools[g])))
+    return out
 
 
 # --- metrics ------------------------------------------------------------------------------------
