@@ -39,7 +39,8 @@ from cptkit.errors import BadInput, CptkitError
 MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
                  "prealgebra", "precalculus")
 # Austin et al. 2021 §2.1: task ids 1-10 prompt, 11-510 test, 511-600 validation, 601-974 train
-MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
+# ("fewshot": ids 2-4, the three prompt examples of the paper's Figure 1 and of lm-eval's mbpp)
+MBPP_SPLITS = {"prompt": (1, 10), "fewshot": (2, 4), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
 LETTERS = "ABCDEFGHIJ"
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import random
 import re
 from dataclasses import dataclass, field
@@ -110,7 +109,7 @@ def load_task(name: str, task_dir: str | Path, data_dir: str | Path) -> EvalTask
     if spec["output_type"] == MC and "doc_to_choice" not in spec:
         raise BadInput(str(path), None, "a multiple_choice task needs doc_to_choice")
     spec.setdefault("task", path.stem)
-    return EvalTask(name=str(spec["task"]), spec=spec, path=path, data_dir=Path(str(data_dir)).expanduser())
+    return EvalTask(name=str(spec["task"]), spec=spec, path=path, data_dir=Path(str(data_dir)).expanduser().absolute())
 
 
 def hf_offline() -> bool:
@@ -410,7 +409,11 @@ def normalize_math(s: str) -> str:
 
 
 def extract(text: str, method: str | None) -> str | None:
-    """Answer extraction: ``last_number`` | ``boxed`` | ``regex:<pattern>`` (group 1) | ``none``."""
+    """Answer extraction: ``last_number`` | ``boxed`` | ``minerva`` | ``regex:<pattern>`` (group 1) | ``none``.
+
+    ``minerva``: the ``Final Answer: The final answer is X. I hope it is correct.`` line of the
+    Minerva prompt (Lewkowycz et al. 2022), normalised like ``boxed``.
+    """
     if not method or method == "none":
         return text.strip()
     if method == "last_number":
@@ -418,13 +421,16 @@ def extract(text: str, method: str | None) -> str | None:
     if method == "boxed":
         b = last_boxed(text)
         return normalize_math(b) if b is not None else None
+    if method == "minerva":
+        m = re.findall(r"Final Answer: The final answer is(.*?)\. I hope it is correct\.", text)
+        return normalize_math(m[-1]) if m else None
     if method.startswith("regex:"):
         m = re.findall(method[len("regex:"):], text)
         if not m:
             return None
         last = m[-1]
         return (last[0] if isinstance(last, tuple) else last).strip()
-    raise CptkitError(f"answer extraction {method!r}: use last_number, boxed, regex:<pattern> or none")
+    raise CptkitError(f"answer extraction {method!r}: use last_number, boxed, minerva, regex:<pattern> or none")
 
 
 def answers_match(pred: str | None, gold: str | None) -> bool:
@@ -450,7 +456,6 @@ def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, l
     test = load_docs(task, task.spec["test_split"])
     docs = test[:limit] if limit else test
     ctxs = contexts(task, docs, shots, seed)
-    id_field = task.spec.get("id_field")
     items: list[dict] = []
     if task.output_type == MC:
         reqs, spans = [], []
@@ -468,7 +473,7 @@ def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, l
         for i, (d, (start, choices, gold)) in enumerate(zip(docs, spans, strict=True)):
             ll = [x for x, _ in lls[start:start + len(choices)]]
             pred, pred_norm = mc_predictions(ll, choices)
-            items.append({"doc": i, "id": str(d.get(id_field, i)) if id_field else str(i), "gold": gold,
+            items.append({"doc": i, "id": item_id(task, d, i), "gold": gold,
                           "pred": pred, "pred_norm": pred_norm, "acc": float(pred == gold),
                           "acc_norm": float(pred_norm == gold), "lls": ll})
         metrics = _mean_metrics(items, ["acc", "acc_norm"])
@@ -476,29 +481,101 @@ def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, l
         gk = dict(task.get("generation_kwargs", {}))
         until = list(gk.get("until", [task.get("fewshot_delimiter", "\n\n")]))
         mgt = int(max_gen_toks or gk.get("max_gen_toks", 256))
+        ce = dict(task.spec.get("code_eval") or {})
+        n_samples = int(ce.get("n", 1)) if ce else 1
+        temperature = float(ce.get("temperature", 0.0)) if n_samples > 1 else 0.0
+        reps = [c for c in ctxs for _ in range(n_samples)]
         outs: list[str] = []
-        for b in range(0, len(ctxs), batch_size):
-            outs += lm.generate_until(model, tokenizer, ctxs[b:b + batch_size], until=until, max_gen_toks=mgt,
-                                      batch_size=batch_size, max_length=max_length)
+        for b in range(0, len(reps), batch_size):
+            outs += lm.generate_until(model, tokenizer, reps[b:b + batch_size], until=until, max_gen_toks=mgt,
+                                      batch_size=batch_size, max_length=max_length, temperature=temperature,
+                                      top_p=float(ce.get("top_p", 1.0)), seed=seed + b)
             if on_batch:
-                on_batch(len(ctxs[b:b + batch_size]))
-        gold_t = task.spec.get("doc_to_gold", task.spec["doc_to_target"])
-        for i, (d, out) in enumerate(zip(docs, outs, strict=True)):
-            gold = extract(str(render(gold_t, d)), task.spec.get("gold_extraction"))
-            pred = extract(out, task.spec.get("answer_extraction"))
-            items.append({"doc": i, "id": str(d.get(id_field, i)) if id_field else str(i), "gold": gold,
-                          "pred": pred, "output": out, "exact_match": float(answers_match(pred, gold))})
-        metrics = _mean_metrics(items, ["exact_match"])
+                on_batch(len(reps[b:b + batch_size]) / n_samples)
+        if ce:
+            items = score_code(task, docs, [outs[i * n_samples:(i + 1) * n_samples] for i in range(len(docs))], ce)
+            metrics = _mean_metrics(items, [f"pass@{k}" for k in code_ks(ce, n_samples)])
+        else:
+            gold_t = task.spec.get("doc_to_gold", task.spec["doc_to_target"])
+            for i, (d, out) in enumerate(zip(docs, outs, strict=True)):
+                gold = extract(str(render(gold_t, d)), task.spec.get("gold_extraction"))
+                pred = extract(out, task.spec.get("answer_extraction"))
+                items.append({"doc": i, "id": item_id(task, d, i), "gold": gold,
+                              "pred": pred, "output": out, "exact_match": float(answers_match(pred, gold))})
+            metrics = _mean_metrics(items, ["exact_match"])
     metrics |= {"n": len(items), "num_fewshot": shots}
     for it, d in zip(items, docs, strict=True):
         it["question"] = doc_to_text(task, d)
     return metrics, items
 
 
+def item_id(task: EvalTask, doc: dict, i: int) -> str:
+    """An item's id: its ``id_field`` value, else its position in the test split."""
+    f = task.spec.get("id_field")
+    return str(doc.get(f, i)) if f else str(i)
+
+
+def code_ks(ce: dict, n_samples: int) -> list[int]:
+    ks = [int(k) for k in (ce.get("k") or [1])]
+    bad = [k for k in ks if k > n_samples]
+    if bad:
+        raise CptkitError(f"code_eval: pass@{bad[0]} needs n >= {bad[0]} samples per problem (n={n_samples})")
+    return ks
+
+
+def score_code(task: EvalTask, docs: list[dict], completions: list[list[str]], ce: dict) -> list[dict]:
+    """Run every completion's program (``code_eval.program``, Jinja2 with ``completion``) in the sandbox."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cptkit.eval.code_exec import pass_at_k, run_program
+
+    n = len(completions[0]) if completions else 1
+    ks = code_ks(ce, n)
+    progs = [[str(render(ce["program"], {**d, "completion": c})) for c in cs] for d, cs in zip(docs, completions, strict=True)]
+    flat = [p for ps in progs for p in ps]
+
+    def one(prog: str):
+        return run_program(prog, timeout=float(ce.get("timeout", 10)), memory_mb=int(ce.get("memory_mb", 1024)),
+                           max_file_mb=int(ce.get("max_file_mb", 1)))
+
+    with ThreadPoolExecutor(max_workers=int(ce.get("workers", 2))) as ex:
+        res = list(ex.map(one, flat))
+    items = []
+    for i, (d, cs) in enumerate(zip(docs, completions, strict=True)):
+        rs = res[i * n:(i + 1) * n]
+        c = sum(r.status == "passed" for r in rs)
+        it = {"doc": i, "id": item_id(task, d, i), "n": n, "correct": c, "status": [r.status for r in rs],
+              "output": cs[0] if n == 1 else cs, "network": rs[0].network if rs else None}
+        for k in ks:
+            it[f"pass@{k}"] = pass_at_k(n, c, k)
+        items.append(it)
+    return items
+
+
+def metric_names(items: list[dict]) -> list[str]:
+    """The per-item metrics present (acc, acc_norm, exact_match, pass@k)."""
+    if not items:
+        return []
+    return [k for k in items[0] if k in ("acc", "acc_norm", "exact_match") or k.startswith("pass@")]
+
+
+def split_metrics(items: list[dict], hit_ids: set[str]) -> dict[str, dict[str, float]]:
+    """Metrics on the clean and on the contaminated items (ids in ``hit_ids``), each with its n."""
+    names = metric_names(items)
+    out = {}
+    for part, sel in (("clean", [it for it in items if it["id"] not in hit_ids]),
+                      ("contaminated", [it for it in items if it["id"] in hit_ids])):
+        out[part] = _mean_metrics(sel, names) | {"n": len(sel)}
+    return out
+
+
 def _mean_metrics(items: list[dict], names: list[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     n = len(items)
     for m in names:
+        if not n:
+            out[m], out[f"{m}_stderr"] = None, None
+            continue
         xs = [it[m] for it in items]
         mean = sum(xs) / n if n else float("nan")
         var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else 0.0
