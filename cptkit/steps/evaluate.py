@@ -64,7 +64,7 @@ class EvalConfig:
     engine: str = "cptkit"  # cptkit | lm_eval (tasks are then lm-eval task names)
     lm_eval: LmEvalConfig = field(default_factory=LmEvalConfig)
     suite: str | None = None  # conf/eval/suites/<name>.yaml (or a path): a paper's table
-    task_shots: dict[str, int] = field(default_factory=dict)  # per-task shots (a suite sets them)
+    task_shots: Any = None  # per-task shots {task: n} (a suite sets them)
     contamination: str | None = None  # evaluate-contamination output: clean/contaminated split
 
 
@@ -114,7 +114,9 @@ def run(cfg: DictConfig) -> dict:
     suite = load_suite(str(ec.suite)) if ec.suite else None
     task_names = list(ec.tasks or []) or (list(suite["tasks"]) if suite else [])
     shots_for = dict(suite["tasks"]) if suite else {}
-    shots_for |= {str(k): v for k, v in dict(ec.task_shots or {}).items()}
+    if ec.task_shots is not None and not hasattr(ec.task_shots, "items"):
+        raise CptkitError(f"eval.task_shots={ec.task_shots!r}: use a mapping, e.g. eval.task_shots={{gsm8k: 8}}")
+    shots_for |= {str(k): int(v) for k, v in dict(ec.task_shots or {}).items()}
     if not inputs and not task_names:
         raise CptkitError("nothing to evaluate: pass --in HELDOUT for perplexity and/or eval.tasks=[...] / eval.suite=NAME")
     # Load task definitions (and data) before the model: bad task files and missing data fail fast.
