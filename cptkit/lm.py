@@ -383,7 +383,8 @@ def generate_until(model, tokenizer, contexts: Sequence[str], until: Sequence[st
                              max_new_tokens=max_gen_toks, pad_token_id=pad, stop_strings=stops or None,
                              tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id)
         for r, i in enumerate(idx):
-            text = tokenizer.decode(gen[r, width:].tolist(), skip_special_tokens=False)
+            # special tokens (a generated <pad>, padding after EOS) are dropped, as lm-eval's tok_decode does
+            text = tokenizer.decode(gen[r, width:].tolist(), skip_special_tokens=True)
             for s in stops:
                 if s in text:
                     text = text.split(s)[0]

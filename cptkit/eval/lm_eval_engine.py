@@ -51,9 +51,12 @@ def convert_results(out: dict, task: str) -> tuple[dict[str, Any], list[dict]]:
         for m in (s.get("metrics") or []):
             if m in s and _num(s[m]) is not None:
                 it[m] = float(s[m])
-        resps = s.get("filtered_resps") or s.get("resps")
-        if isinstance(resps, list):
-            it["resps"] = [str(r[0] if isinstance(r, (list, tuple)) else r) for r in resps][:10]
+        for key in ("resps", "filtered_resps"):  # raw model outputs, and after the task's filters
+            v = s.get(key)
+            if isinstance(v, list):
+                flat = [r[0] if isinstance(r, (list, tuple)) and len(r) == 1 else r for r in v]
+                it[key] = [x if isinstance(x, (int, float, str)) else [str(y) for y in x] if isinstance(x, (list, tuple))
+                           else str(x) for x in flat][:10]
         it["question"] = str(s["arguments"][0][0]) if s.get("arguments") else ""
         items.append(it)
     return metrics, items
