@@ -54,6 +54,7 @@ class EvalTask:
     path: Path
     data_dir: Path
     docs: dict[str, list[dict]] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)  # split -> where its documents came from
 
     @property
     def output_type(self) -> str:
@@ -75,13 +76,17 @@ class EvalTask:
         return p if p.is_absolute() else (self.path.parent / p)
 
     def hash(self) -> str:
-        """sha256 of the YAML and of the local data files it reads (first 16 hex digits)."""
+        """sha256 of the YAML and of the local data it reads, files or whole folders (first 16 hex digits)."""
         h = hashlib.sha256(self.path.read_bytes())
         for split in sorted(self.spec.get("data_files") or {}):
             p = self.data_path(split)
-            if p is not None and p.is_file():
-                h.update(split.encode())
-                h.update(hashlib.sha256(p.read_bytes()).digest())
+            if p is None or not p.exists():
+                continue
+            h.update(split.encode())
+            files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+            for f in files:
+                h.update(str(f.relative_to(p)).encode() if f != p else b"")
+                h.update(hashlib.sha256(f.read_bytes()).digest())
         return h.hexdigest()[:16]
 
 
@@ -195,6 +200,11 @@ def load_docs(task: EvalTask, split: str) -> list[dict]:
         raise _missing(task, split, p, f"not at {p}" if p is not None else "no data_files entry")
     if not docs:
         raise CptkitError(f"eval task {task.name}: split {split!r} is empty ({p})")
+    if p is not None and p.exists():
+        task.sources[split] = str(p)
+    else:
+        hub = task.spec["hub"]
+        task.sources[split] = f"hub:{hub['path']}@{hub.get('revision') or 'unpinned'}"
     task.docs[split] = docs
     return docs
 

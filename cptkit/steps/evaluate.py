@@ -171,7 +171,8 @@ def run(cfg: DictConfig) -> dict:
                                                 on_batch=advance)
                     metrics["seconds"] = time.time() - ts
                     results["tasks"][et.name] = {"metrics": metrics, "version": et.version, "hash": et.hash(),
-                                                 "file": str(et.path), "output_type": et.output_type}
+                                                 "file": str(et.path), "output_type": et.output_type,
+                                                 "data": dict(et.sources)}
                     _add_split(results["tasks"][et.name], items, contam, et.name)
                     for it in items:
                         w.write({"id": f"{et.name}/{it['id']}", "text": it.pop("question"), "task": et.name, **it})
