@@ -267,6 +267,11 @@ def test_suite_run_and_compare_in_the_papers_layout(tiny, tmp_path):
     assert header == ["run", "G\nMMLU", "G\nSciQ", "G\nAvg."]
     assert rows[0][1] == pytest.approx(100 * r["tasks"]["mmlu"]["metrics"]["acc"]) and rows[2][1:] == [0.0, 0.0, 0.0]
     assert rows[0][3] == pytest.approx((rows[0][1] + rows[0][2]) / 2)
+    cmp = CliRunner().invoke(app, ["evaluate-compare", f"base={tmp_path / 'a'}", f"cpt={tmp_path / 'b'}",
+                                   "--out", str(tmp_path / "t.md")])
+    assert cmp.exit_code == 0, cmp.output
+    md = (tmp_path / "t.md").read_text().splitlines()
+    assert md[0] == "| run | G / MMLU | G / SciQ | G / Avg. |" and md[4].startswith("|   Δ vs base | +0.00 |")
 
 
 # --- quiet ---------------------------------------------------------------------------------------------------
