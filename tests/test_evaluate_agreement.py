@@ -72,6 +72,7 @@ fewshot_split: dev
 fewshot_config:
   sampler: first_n
 num_fewshot: 3
+description: "The following are multiple choice questions (with answers) about anatomy.\\n\\n"
 doc_to_text: "{{{{question.strip()}}}}\\nA. {{{{choices[0]}}}}\\nB. {{{{choices[1]}}}}\\nC. {{{{choices[2]}}}}\\nD. {{{{choices[3]}}}}\\nAnswer:"
 doc_to_choice: ["A", "B", "C", "D"]
 doc_to_target: answer
@@ -148,7 +149,7 @@ def test_engines_agree_on_multiple_choice_and_gsm8k_exact_match(tiny, tmp_path):
     # the same tasks as cptkit task files (MMLU from its CSVs, one subject; GSM8K with 2 shots)
     mc = (TASK_DIR / "mmlu.yaml").read_text().replace("fewshot_group: subject", "fewshot_group: subject\n"
                                                       "format_options: {subjects: [anatomy]}")
-    mc = mc.replace("task: mmlu\n", "task: mmlu_anatomy\n").replace('description: "The following', '# "The following')
+    mc = mc.replace("task: mmlu\n", "task: mmlu_anatomy\n")
     (tmp_path / "mmlu_anatomy.yaml").write_text(mc)
     res = CliRunner().invoke(app, common + ["--out", str(tmp_path / "ours"), f"eval.data_dir={FIXTURES}",
                                             f"eval.tasks=[{tmp_path / 'mmlu_anatomy.yaml'},gsm8k]", "eval.shots=null",
@@ -159,10 +160,19 @@ def test_engines_agree_on_multiple_choice_and_gsm8k_exact_match(tiny, tmp_path):
     assert a["n"] == b["n"] == 3 and a["num_fewshot"] == b["num_fewshot"] == 3
     assert a["acc"] == b["acc"] and a["acc_norm"] == b["acc_norm"]
     assert a["acc_stderr"] == pytest.approx(b["acc_stderr"])
+    # the same prompts, description and per-subject first_n shots included
+    from cptkit.shards import read_records, resolve_inputs
+
+    def texts(d: Path, name: str) -> list[str]:
+        rs = (r for f in resolve_inputs(str(d)) for r in read_records(f) if r["task"] == name)
+        return [r["text"] for r in sorted(rs, key=lambda r: r["doc"])]
+
+    mine = T.contexts(T.load_task(str(tmp_path / "mmlu_anatomy.yaml"), TASK_DIR, FIXTURES),
+                      T.load_docs(T.load_task(str(tmp_path / "mmlu_anatomy.yaml"), TASK_DIR, FIXTURES), "test"), 3, 1234)
+    assert texts(tmp_path / "lm", "cptkit_mmlu_agree") == mine
     g, h = ours["gsm8k"]["metrics"], theirs["cptkit_gsm8k_agree"]["metrics"]
     assert g["n"] == h["n"] == 3 and g["exact_match"] == h["exact_match/flexible-extract"]
     # item by item: the same generated text, hence the same extracted answers
-    from cptkit.shards import read_records, resolve_inputs
 
     def items(d: Path, name: str) -> list[dict]:
         return sorted((r for f in resolve_inputs(str(d)) for r in read_records(f) if r["task"] == name),
