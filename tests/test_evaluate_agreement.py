@@ -298,3 +298,22 @@ def test_quiet_prints_no_table(tiny, tmp_path):
     assert quiet.returncode == 0, quiet.stderr[-2000:]
     assert "benchmarks" not in quiet.stderr and "acc_norm" not in quiet.stderr + quiet.stdout
     assert (tmp_path / "quiet" / "_results.json").exists()
+
+
+@pytest.mark.slow
+def test_gsm8k_exact_match_agrees_with_lm_eval_on_smollm2(smollm2, tmp_path):
+    """A real model that gets some GSM8K-format items right: same outputs and the same (non-zero) exact match."""
+    pytest.importorskip("lm_eval")
+    inc = _lm_eval_dir(tmp_path)
+    common = ["evaluate", "--model", smollm2, "-q", "eval.batch_size=4", "eval.max_gen_toks=40"]
+    res = CliRunner().invoke(app, common + ["--out", str(tmp_path / "lm"), "eval.engine=lm_eval",
+                                            f"eval.lm_eval.include_path={inc}", "eval.tasks=[cptkit_gsm8k_agree]"])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(app, common + ["--out", str(tmp_path / "ours"), f"eval.data_dir={FIXTURES}",
+                                            "eval.tasks=[gsm8k]", "eval.shots=2"])
+    assert res.exit_code == 0, res.output
+    theirs = json.loads((tmp_path / "lm" / "_results.json").read_text())["tasks"]["cptkit_gsm8k_agree"]["metrics"]
+    ours = json.loads((tmp_path / "ours" / "_results.json").read_text())["tasks"]["gsm8k"]["metrics"]
+    assert ours["n"] == theirs["n"] == 3
+    assert ours["exact_match"] == theirs["exact_match/flexible-extract"] > 0
+    assert ours["exact_match_stderr"] == pytest.approx(theirs["exact_match/flexible-extract_stderr"])
