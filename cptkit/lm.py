@@ -349,11 +349,12 @@ def loglikelihood(model, tokenizer, requests: Sequence[tuple[str, str]], batch_s
 
 @torch.no_grad()
 def generate_until(model, tokenizer, contexts: Sequence[str], until: Sequence[str] = (), max_gen_toks: int = 256,
-                   batch_size: int = 4, max_length: int | None = None) -> list[str]:
-    """Greedy continuation of each context, cut at the first of ``until`` (and at EOS).
+                   batch_size: int = 4, max_length: int | None = None, temperature: float = 0.0,
+                   top_p: float = 1.0, seed: int = 0) -> list[str]:
+    """Greedy (``temperature == 0``) or sampled continuation of each context, cut at the first of ``until`` (and at EOS).
 
     Contexts are left-padded and left-truncated to ``max_length - max_gen_toks`` tokens, as
-    lm-eval's ``generate_until`` does.
+    lm-eval's ``generate_until`` does. Sampling draws from ``torch.manual_seed(seed + batch index)``.
     """
     max_length = max_length or model_max_length(model, tokenizer)
     device = _device(model)
@@ -374,11 +375,16 @@ def generate_until(model, tokenizer, contexts: Sequence[str], until: Sequence[st
         for r, e in enumerate(enc):
             inp[r, width - len(e):] = torch.tensor(e)
             mask[r, width - len(e):] = 1
-        gen = model.generate(input_ids=inp.to(device), attention_mask=mask.to(device), do_sample=False,
+        sample = {"do_sample": False}
+        if temperature > 0:
+            torch.manual_seed(seed + b)
+            sample = {"do_sample": True, "temperature": float(temperature), "top_p": float(top_p), "top_k": 0}
+        gen = model.generate(input_ids=inp.to(device), attention_mask=mask.to(device), **sample,
                              max_new_tokens=max_gen_toks, pad_token_id=pad, stop_strings=stops or None,
                              tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id)
         for r, i in enumerate(idx):
-            text = tokenizer.decode(gen[r, width:].tolist(), skip_special_tokens=False)
+            # special tokens (a generated <pad>, padding after EOS) are dropped, as lm-eval's tok_decode does
+            text = tokenizer.decode(gen[r, width:].tolist(), skip_special_tokens=True)
             for s in stops:
                 if s in text:
                     text = text.split(s)[0]

@@ -27,18 +27,37 @@ def load_results(path: str | Path) -> dict[str, Any]:
         raise CptkitError(f"{f}: malformed JSON: {e.msg} (line {e.lineno})") from None
 
 
-def headline(metrics: dict[str, Any]) -> tuple[str, float]:
-    key = "acc_norm" if "acc_norm" in metrics else "exact_match" if "exact_match" in metrics else "acc"
-    return key, float(metrics[key])
+def headline(metrics: dict[str, Any]) -> tuple[str, float | None]:
+    """The metric a task is summarised by: acc_norm, else exact_match, pass@1, acc, else the first score."""
+    for key in ("acc_norm", "exact_match", "pass@1", "acc"):
+        if key in metrics:
+            break
+    else:
+        skip = {"n", "num_fewshot", "seconds"}
+        keys = [k for k, v in metrics.items() if k not in skip and not k.endswith("_stderr") and isinstance(v, (int, float))]
+        if not keys:
+            raise CptkitError(f"no score among the metrics {sorted(metrics)}")
+        key = keys[0]
+    v = metrics[key]
+    return key, None if v is None else float(v)
 
 
 def compare_table(runs: dict[str, dict[str, Any]], metric: str | None = None) -> tuple[list[str], list[list[Any]]]:
     """``(header, rows)``: one row per run (+ a Δ row vs the first run), columns benchmarks then ppl groups.
 
     Benchmark values are in %; perplexity columns are ``ppl:<group>``. Missing values are None.
+    When every run was made with the same ``eval.suite``, the table is that paper's layout
+    (:func:`suite_table`).
     """
     if not runs:
         raise CptkitError("nothing to compare: pass two or more evaluate outputs")
+    suites = {(r.get("suite") or {}).get("file") for r in runs.values()}
+    if len(suites) == 1 and None not in suites and metric is None:
+        import yaml
+
+        f = Path(next(iter(suites)))
+        if f.is_file():
+            return suite_table(yaml.safe_load(f.read_text()), runs)
     tasks: list[str] = []
     groups: list[str] = []
     for r in runs.values():
@@ -57,7 +76,8 @@ def compare_table(runs: dict[str, dict[str, Any]], metric: str | None = None) ->
             if m is None:
                 out.append(None)
             else:
-                out.append(100 * float(m[metric]) if metric and metric in m else 100 * headline(m)[1])
+                v = m[metric] if metric and metric in m else headline(m)[1]
+                out.append(None if v is None else 100 * float(v))
         ppl = r.get("perplexity") or {}
         for g in groups:
             v = ppl.get("all") if g == "all" and "all" not in (ppl.get("groups") or {}) else (ppl.get("groups") or {}).get(g)
@@ -89,7 +109,7 @@ def to_markdown(header: list[str], rows: list[list[Any]]) -> str:
             return f"{v:.2f}"
         return str(v)
 
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out = ["| " + " | ".join(h.replace("\n", " / ") for h in header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         delta = str(r[0]).lstrip().startswith("Δ")
         cells = [str(r[0])] + [("–" if v is None else f"{v:+.2f}") if delta else fmt(v) for v in r[1:]]
@@ -97,13 +117,13 @@ def to_markdown(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def print_compare(header: list[str], rows: list[list[Any]]) -> None:
+def print_compare(header: list[str], rows: list[list[Any]], title: str = "evaluate-compare") -> None:
     """A rich table on stderr; deltas green when better (higher score, lower perplexity)."""
     from rich.table import Table
 
     from cptkit.progress import console
 
-    t = Table(title="evaluate-compare", header_style="bold")
+    t = Table(title=title, header_style="bold")
     for i, h in enumerate(header):
         t.add_column(h, justify="left" if i == 0 else "right")
     for r in rows:
@@ -119,3 +139,78 @@ def print_compare(header: list[str], rows: list[list[Any]]) -> None:
                 cells.append(f"{v:.2f}")
         t.add_row(*cells, style="dim" if delta else None)
     console.print(t)
+
+
+# --- paper layouts (conf/eval/suites/*.yaml) ------------------------------------------------------
+def _task_value(r: dict, col: dict) -> float | None:
+    m = (r.get("tasks") or {}).get(col["task"], {}).get("metrics")
+    if m is None:
+        return None
+    if col.get("metric"):
+        v = m.get(col["metric"])
+    else:
+        v = headline(m)[1]
+    return None if v is None else 100 * float(v)
+
+
+def suite_columns(table: dict, r: dict) -> list[tuple[str, float | None, bool]]:
+    """``(header, value %, hidden)`` of every column of one suite table for one run.
+
+    A column is ``{label, task, metric?}`` (a task's score), ``{label, mean: [labels]}`` (the mean of
+    earlier columns; None when one is missing), or ``{label, gauntlet: [{task, baseline, metric?}]}``
+    (the Gauntlet's rescaled average: mean over its benchmarks of ``(score - baseline) / (1 - baseline)``,
+    with score and baseline as fractions; None when one benchmark is missing).
+    """
+    out: list[tuple[str, float | None, bool]] = []
+    by_label: dict[str, float | None] = {}
+    for g in table["groups"]:
+        for col in g["columns"]:
+            if "task" in col:
+                v = _task_value(r, col)
+            elif "mean" in col:
+                vs = [by_label.get(x) for x in col["mean"]]
+                v = None if any(x is None for x in vs) or not vs else sum(vs) / len(vs)  # type: ignore[arg-type]
+            elif "gauntlet" in col:
+                parts = []
+                for b in col["gauntlet"]:
+                    x = _task_value(r, b)
+                    parts.append(None if x is None else (x / 100 - b["baseline"]) / (1 - b["baseline"]) * 100)
+                v = None if not parts or any(x is None for x in parts) else sum(parts) / len(parts)  # type: ignore[arg-type]
+            else:
+                raise CptkitError(f"suite column {col}: needs task, mean or gauntlet")
+            by_label[col["label"]] = v
+            head = f"{g['name']}\n{col['label']}" if g.get("name") else col["label"]
+            out.append((head, v, bool(col.get("hidden"))))
+    return out
+
+
+def suite_table(suite: dict, runs: dict[str, dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """A paper's table: runs as rows (Δ rows vs the first), or benchmarks as rows with ``transpose: true``.
+
+    Several tables of a suite are put side by side (their columns in order).
+    """
+    cols_per_run = {name: [c for t in suite["tables"] for c in suite_columns(t, r) if not c[2]]
+                    for name, r in runs.items()}
+    first = next(iter(cols_per_run.values()))
+    header = [str(h) for h, _, _ in first]
+    if any(t.get("transpose") for t in suite["tables"]):
+        names = list(runs)
+        rows = [[h.replace("\n", " / ")] + [cols_per_run[n][i][1] for n in names] for i, h in enumerate(header)]
+        return ["benchmark"] + names, rows
+    rows: list[list[Any]] = []
+    base: list[float | None] | None = None
+    for name, cols in cols_per_run.items():
+        vals = [v for _, v, _ in cols]
+        rows.append([name] + vals)
+        if base is None:
+            base = vals
+        else:
+            rows.append(["  Δ vs " + next(iter(runs))] + [
+                (v - b) if v is not None and b is not None else None for v, b in zip(vals, base, strict=True)])
+    return ["run"] + header, rows
+
+
+def print_suite(suite: dict, runs: dict[str, dict[str, Any]]) -> None:
+    """The suite's paper layout as a rich table on stderr."""
+    header, rows = suite_table(suite, runs)
+    print_compare(header, rows, title=str(suite.get("title") or suite.get("suite")))

@@ -76,13 +76,19 @@ class BenchmarkIndex:
 
 
 def contamination_report(docs_total: int, docs_hit: dict[str, int], items_hit: dict[str, set[int]],
-                         indexes: dict[str, BenchmarkIndex]) -> dict[str, dict[str, float]]:
-    """Per benchmark: share of documents with an overlap and share of test items hit (Table 6)."""
+                         indexes: dict[str, BenchmarkIndex],
+                         item_ids: dict[str, list[str]] | None = None) -> dict[str, dict]:
+    """Per benchmark: share of documents with an overlap and share of test items hit (Table 6).
+
+    ``test_items_hit_ids``: the hit items' ids (``id_field`` or position), as ``evaluate`` names them.
+    """
     out = {}
     for name, ix in indexes.items():
         hit = len(items_hit.get(name, ()))
+        ids = (item_ids or {}).get(name) or [str(i) for i in range(ix.n_items)]
         out[name] = {"ngram": ix.n, "docs": docs_total, "docs_contaminated": docs_hit.get(name, 0),
                      "docs_share": docs_hit.get(name, 0) / docs_total if docs_total else 0.0,
                      "test_items": ix.n_items, "test_items_checkable": ix.n_checkable, "test_items_hit": hit,
-                     "test_items_share": hit / ix.n_items if ix.n_items else 0.0}
+                     "test_items_share": hit / ix.n_items if ix.n_items else 0.0,
+                     "test_items_hit_ids": [ids[i] for i in sorted(items_hit.get(name, ()))]}
     return out

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import random
 import re
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from typing import Any
 import yaml
 
 from cptkit.errors import BadInput, CptkitError
+from cptkit.eval import formats as F
 
 MC = "multiple_choice"
 GEN = "generate_until"
@@ -41,6 +41,7 @@ KNOWN_KEYS = {
     "num_fewshot", "fewshot_sampler", "doc_to_text", "doc_to_choice", "doc_to_target", "doc_to_gold",
     "target_delimiter", "fewshot_delimiter", "description", "metric_list", "generation_kwargs",
     "answer_extraction", "gold_extraction", "id_field", "doc_to_decontamination_query", "should_decontaminate",
+    "data_format", "format_options", "download", "fewshot_group", "code_eval",
 }
 
 
@@ -53,6 +54,7 @@ class EvalTask:
     path: Path
     data_dir: Path
     docs: dict[str, list[dict]] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)  # split -> where its documents came from
 
     @property
     def output_type(self) -> str:
@@ -74,13 +76,17 @@ class EvalTask:
         return p if p.is_absolute() else (self.path.parent / p)
 
     def hash(self) -> str:
-        """sha256 of the YAML and of the local data files it reads (first 16 hex digits)."""
+        """sha256 of the YAML and of the local data it reads, files or whole folders (first 16 hex digits)."""
         h = hashlib.sha256(self.path.read_bytes())
         for split in sorted(self.spec.get("data_files") or {}):
             p = self.data_path(split)
-            if p is not None and p.is_file():
-                h.update(split.encode())
-                h.update(hashlib.sha256(p.read_bytes()).digest())
+            if p is None or not p.exists():
+                continue
+            h.update(split.encode())
+            files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+            for f in files:
+                h.update(str(f.relative_to(p)).encode() if f != p else b"")
+                h.update(hashlib.sha256(f.read_bytes()).digest())
         return h.hexdigest()[:16]
 
 
@@ -108,30 +114,55 @@ def load_task(name: str, task_dir: str | Path, data_dir: str | Path) -> EvalTask
     if spec["output_type"] == MC and "doc_to_choice" not in spec:
         raise BadInput(str(path), None, "a multiple_choice task needs doc_to_choice")
     spec.setdefault("task", path.stem)
-    return EvalTask(name=str(spec["task"]), spec=spec, path=path, data_dir=Path(str(data_dir)).expanduser())
+    return EvalTask(name=str(spec["task"]), spec=spec, path=path, data_dir=Path(str(data_dir)).expanduser().absolute())
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    import gzip
+def hf_offline() -> bool:
+    """True when the Hugging Face hub must not be contacted (``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE``)."""
+    import os
 
-    opener = gzip.open if path.suffix == ".gz" else open
-    docs = []
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BadInput(str(path), n, f"malformed JSON: {e.msg}") from None
-            if not isinstance(obj, dict):
-                raise BadInput(str(path), n, "expected a JSON object")
-            docs.append(obj)
+    return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def _data_format(task: EvalTask, split: str, p: Path) -> str:
+    fmt = task.spec.get("data_format")
+    if isinstance(fmt, dict):
+        fmt = fmt.get(split)
+    if fmt:
+        return str(fmt)
+    name = p.name.removesuffix(".gz")
+    if name.endswith(".jsonl"):
+        return "jsonl"
+    return name.rsplit(".", 1)[-1] if "." in name else "dir"
+
+
+def _missing(task: EvalTask, split: str, p: Path | None, why: str) -> CptkitError:
+    how = str(task.spec.get("download") or "").replace("{data_dir}", str(task.data_dir)).strip()
+    hub = task.spec.get("hub")
+    online = f"; online, unset HF_HUB_OFFLINE to read the hub dataset {hub['path']}" if hub and hf_offline() else ""
+    return F.MissingData(f"eval task {task.name}: no data for split {split!r} ({why}). "
+                         f"{how or f'put the files at {p}'}{online}")
+
+
+def _from_hub(task: EvalTask, split: str) -> list[dict]:
+    import datasets
+
+    hub = task.spec["hub"]
+    names = hub.get("names") or [hub.get("name")]
+    split_name = (hub.get("splits") or {}).get(split, split)
+    docs: list[dict] = []
+    for name in names:
+        ds = datasets.load_dataset(hub["path"], name, split=split_name, revision=hub.get("revision"))
+        docs += [dict(r) | ({"subject": name} if len(names) > 1 else {}) for r in ds]
     return docs
 
 
 def load_docs(task: EvalTask, split: str) -> list[dict]:
-    """The documents of one split: local JSONL/JSON/CSV/Parquet/``save_to_disk`` dir, else the hub."""
+    """The documents of one split: local files in the dataset's own format, else the hub (when online).
+
+    Missing data is an error naming what to download and where to put it (the task's
+    ``download`` line); nothing is ever substituted.
+    """
     if split in task.docs:
         return task.docs[split]
     p = task.data_path(split)
@@ -139,10 +170,14 @@ def load_docs(task: EvalTask, split: str) -> list[dict]:
         from cptkit.eval.build_tasks import build
 
         build(str(task.spec["builder"]), task.data_dir)
+    opts = dict(task.spec.get("format_options") or {})
     if p is not None and p.exists():
-        name = p.name.removesuffix(".gz")
-        if name.endswith(".jsonl"):
-            docs = _read_jsonl(p)
+        fmt = _data_format(task, split, p)
+        if fmt in F.READERS:
+            try:
+                docs = F.read(fmt, p, split, opts)
+            except F.MissingData as e:
+                raise _missing(task, split, p, str(e)) from None
         else:
             import datasets
 
@@ -150,25 +185,26 @@ def load_docs(task: EvalTask, split: str) -> list[dict]:
                 ds = datasets.load_from_disk(str(p))
                 ds = ds[split] if isinstance(ds, datasets.DatasetDict) else ds
             else:
-                fmt = {"json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}.get(name.rsplit(".", 1)[-1])
-                if fmt is None:
-                    raise CptkitError(f"eval task {task.name}: cannot read {p} (use .jsonl, .json, .csv, .parquet)")
+                if fmt not in ("csv", "parquet", "arrow"):
+                    raise CptkitError(f"eval task {task.name}: cannot read {p} (set data_format: one of "
+                                      f"{', '.join(F.READERS)}, or use .jsonl, .json, .csv, .parquet)")
                 ds = datasets.load_dataset(fmt, data_files={split: str(p)}, split=split)
             docs = [dict(r) for r in ds]
-    elif task.spec.get("hub"):
-        import datasets
-
-        hub = task.spec["hub"]
+    elif task.spec.get("hub") and not hf_offline():
         try:
-            ds = datasets.load_dataset(hub["path"], hub.get("name"), split=split)
+            docs = _from_hub(task, split)
         except Exception as e:  # noqa: BLE001 - any hub failure is a user-facing "no data"
-            raise CptkitError(f"eval task {task.name}: no local file for split {split!r} "
-                              f"({p}) and the hub dataset {hub['path']} failed: {str(e).splitlines()[0]}") from None
-        docs = [dict(r) for r in ds]
+            raise _missing(task, split, p, f"not at {p}, and the hub dataset {task.spec['hub']['path']} failed: "
+                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     else:
-        raise CptkitError(f"eval task {task.name}: no data for split {split!r} (expected {p})")
+        raise _missing(task, split, p, f"not at {p}" if p is not None else "no data_files entry")
     if not docs:
         raise CptkitError(f"eval task {task.name}: split {split!r} is empty ({p})")
+    if p is not None and p.exists():
+        task.sources[split] = str(p)
+    else:
+        hub = task.spec["hub"]
+        task.sources[split] = f"hub:{hub['path']}@{hub.get('revision') or 'unpinned'}"
     task.docs[split] = docs
     return docs
 
@@ -272,7 +308,11 @@ def sample_fewshot(task: EvalTask, rnd: random.Random, n: int, doc: dict, same_s
 
 
 def build_context(task: EvalTask, doc: dict, shots: list[dict]) -> str:
-    """description + shots (``q + target_delimiter + answer + fewshot_delimiter``) + the question."""
+    """description + shots (``q + target_delimiter + answer + fewshot_delimiter``) + the question.
+
+    Shots are rendered with ``is_fewshot`` and ``few_shot`` set (lm-eval's MBPP and Minerva
+    templates show the solution for shots and score the test list / final answer otherwise).
+    """
     tdel = task.get("target_delimiter", " ")
     fdel = task.get("fewshot_delimiter", "\n\n")
     parts = []
@@ -280,6 +320,7 @@ def build_context(task: EvalTask, doc: dict, shots: list[dict]) -> str:
     if desc:
         parts.append(str(render(desc, doc)) + fdel)
     for s in shots:
+        s = {**s, "is_fewshot": True, "few_shot": "1"}
         a = answer_text(task, s)
         q = doc_to_text(task, s)
         parts.append(q + (tdel if a != "" else "") + a + fdel)
@@ -288,14 +329,33 @@ def build_context(task: EvalTask, doc: dict, shots: list[dict]) -> str:
 
 
 def contexts(task: EvalTask, docs: list[dict], num_fewshot: int, seed: int) -> list[str]:
-    """Few-shot contexts for ``docs`` in order, sampled as lm-eval does."""
-    rnd = random.Random(seed)
+    """Few-shot contexts for ``docs`` in order, sampled as lm-eval does.
+
+    With ``fewshot_group: FIELD`` (MMLU's subject, BBH's task) shots come only from documents
+    with the test document's value, each group with its own ``random.Random(seed)``: lm-eval's
+    per-subtask tasks.
+    """
     if num_fewshot <= 0:
         return [build_context(task, d, []) for d in docs]
     fs_split = task.get("fewshot_split") or task.spec["test_split"]
     pool = load_docs(task, fs_split)
     same = fs_split == task.spec["test_split"]
-    return [build_context(task, d, sample_fewshot(task, rnd, num_fewshot, d, same, pool)) for d in docs]
+    group = task.spec.get("fewshot_group")
+    if not group:
+        rnd = random.Random(seed)
+        return [build_context(task, d, sample_fewshot(task, rnd, num_fewshot, d, same, pool)) for d in docs]
+    pools: dict[Any, list[dict]] = {}
+    for x in pool:
+        pools.setdefault(x.get(group), []).append(x)
+    rnds: dict[Any, random.Random] = {}
+    out = []
+    for d in docs:
+        g = d.get(group)
+        if g not in pools:
+            raise CptkitError(f"eval task {task.name}: no few-shot documents with {group}={g!r} in split {fs_split!r}")
+        rnd = rnds.setdefault(g, random.Random(seed))
+        out.append(build_context(task, d, sample_fewshot(task, rnd, num_fewshot, d, same, pools[g])))
+    return out
 
 
 # --- metrics ------------------------------------------------------------------------------------
@@ -359,7 +419,11 @@ def normalize_math(s: str) -> str:
 
 
 def extract(text: str, method: str | None) -> str | None:
-    """Answer extraction: ``last_number`` | ``boxed`` | ``regex:<pattern>`` (group 1) | ``none``."""
+    """Answer extraction: ``last_number`` | ``boxed`` | ``minerva`` | ``regex:<pattern>`` (group 1) | ``none``.
+
+    ``minerva``: the ``Final Answer: The final answer is X. I hope it is correct.`` line of the
+    Minerva prompt (Lewkowycz et al. 2022), normalised like ``boxed``.
+    """
     if not method or method == "none":
         return text.strip()
     if method == "last_number":
@@ -367,13 +431,16 @@ def extract(text: str, method: str | None) -> str | None:
     if method == "boxed":
         b = last_boxed(text)
         return normalize_math(b) if b is not None else None
+    if method == "minerva":
+        m = re.findall(r"Final Answer: The final answer is(.*?)\. I hope it is correct\.", text)
+        return normalize_math(m[-1]) if m else None
     if method.startswith("regex:"):
         m = re.findall(method[len("regex:"):], text)
         if not m:
             return None
         last = m[-1]
         return (last[0] if isinstance(last, tuple) else last).strip()
-    raise CptkitError(f"answer extraction {method!r}: use last_number, boxed, regex:<pattern> or none")
+    raise CptkitError(f"answer extraction {method!r}: use last_number, boxed, minerva, regex:<pattern> or none")
 
 
 def answers_match(pred: str | None, gold: str | None) -> bool:
@@ -399,7 +466,6 @@ def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, l
     test = load_docs(task, task.spec["test_split"])
     docs = test[:limit] if limit else test
     ctxs = contexts(task, docs, shots, seed)
-    id_field = task.spec.get("id_field")
     items: list[dict] = []
     if task.output_type == MC:
         reqs, spans = [], []
@@ -417,7 +483,7 @@ def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, l
         for i, (d, (start, choices, gold)) in enumerate(zip(docs, spans, strict=True)):
             ll = [x for x, _ in lls[start:start + len(choices)]]
             pred, pred_norm = mc_predictions(ll, choices)
-            items.append({"doc": i, "id": str(d.get(id_field, i)) if id_field else str(i), "gold": gold,
+            items.append({"doc": i, "id": item_id(task, d, i), "gold": gold,
                           "pred": pred, "pred_norm": pred_norm, "acc": float(pred == gold),
                           "acc_norm": float(pred_norm == gold), "lls": ll})
         metrics = _mean_metrics(items, ["acc", "acc_norm"])
@@ -425,29 +491,101 @@ def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, l
         gk = dict(task.get("generation_kwargs", {}))
         until = list(gk.get("until", [task.get("fewshot_delimiter", "\n\n")]))
         mgt = int(max_gen_toks or gk.get("max_gen_toks", 256))
+        ce = dict(task.spec.get("code_eval") or {})
+        n_samples = int(ce.get("n", 1)) if ce else 1
+        temperature = float(ce.get("temperature", 0.0)) if n_samples > 1 else 0.0
+        reps = [c for c in ctxs for _ in range(n_samples)]
         outs: list[str] = []
-        for b in range(0, len(ctxs), batch_size):
-            outs += lm.generate_until(model, tokenizer, ctxs[b:b + batch_size], until=until, max_gen_toks=mgt,
-                                      batch_size=batch_size, max_length=max_length)
+        for b in range(0, len(reps), batch_size):
+            outs += lm.generate_until(model, tokenizer, reps[b:b + batch_size], until=until, max_gen_toks=mgt,
+                                      batch_size=batch_size, max_length=max_length, temperature=temperature,
+                                      top_p=float(ce.get("top_p", 1.0)), seed=seed + b)
             if on_batch:
-                on_batch(len(ctxs[b:b + batch_size]))
-        gold_t = task.spec.get("doc_to_gold", task.spec["doc_to_target"])
-        for i, (d, out) in enumerate(zip(docs, outs, strict=True)):
-            gold = extract(str(render(gold_t, d)), task.spec.get("gold_extraction"))
-            pred = extract(out, task.spec.get("answer_extraction"))
-            items.append({"doc": i, "id": str(d.get(id_field, i)) if id_field else str(i), "gold": gold,
-                          "pred": pred, "output": out, "exact_match": float(answers_match(pred, gold))})
-        metrics = _mean_metrics(items, ["exact_match"])
+                on_batch(len(reps[b:b + batch_size]) / n_samples)
+        if ce:
+            items = score_code(task, docs, [outs[i * n_samples:(i + 1) * n_samples] for i in range(len(docs))], ce)
+            metrics = _mean_metrics(items, [f"pass@{k}" for k in code_ks(ce, n_samples)])
+        else:
+            gold_t = task.spec.get("doc_to_gold", task.spec["doc_to_target"])
+            for i, (d, out) in enumerate(zip(docs, outs, strict=True)):
+                gold = extract(str(render(gold_t, d)), task.spec.get("gold_extraction"))
+                pred = extract(out, task.spec.get("answer_extraction"))
+                items.append({"doc": i, "id": item_id(task, d, i), "gold": gold,
+                              "pred": pred, "output": out, "exact_match": float(answers_match(pred, gold))})
+            metrics = _mean_metrics(items, ["exact_match"])
     metrics |= {"n": len(items), "num_fewshot": shots}
     for it, d in zip(items, docs, strict=True):
         it["question"] = doc_to_text(task, d)
     return metrics, items
 
 
+def item_id(task: EvalTask, doc: dict, i: int) -> str:
+    """An item's id: its ``id_field`` value, else its position in the test split."""
+    f = task.spec.get("id_field")
+    return str(doc.get(f, i)) if f else str(i)
+
+
+def code_ks(ce: dict, n_samples: int) -> list[int]:
+    ks = [int(k) for k in (ce.get("k") or [1])]
+    bad = [k for k in ks if k > n_samples]
+    if bad:
+        raise CptkitError(f"code_eval: pass@{bad[0]} needs n >= {bad[0]} samples per problem (n={n_samples})")
+    return ks
+
+
+def score_code(task: EvalTask, docs: list[dict], completions: list[list[str]], ce: dict) -> list[dict]:
+    """Run every completion's program (``code_eval.program``, Jinja2 with ``completion``) in the sandbox."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cptkit.eval.code_exec import pass_at_k, run_program
+
+    n = len(completions[0]) if completions else 1
+    ks = code_ks(ce, n)
+    progs = [[str(render(ce["program"], {**d, "completion": c})) for c in cs] for d, cs in zip(docs, completions, strict=True)]
+    flat = [p for ps in progs for p in ps]
+
+    def one(prog: str):
+        return run_program(prog, timeout=float(ce.get("timeout", 10)), memory_mb=int(ce.get("memory_mb", 1024)),
+                           max_file_mb=int(ce.get("max_file_mb", 1)))
+
+    with ThreadPoolExecutor(max_workers=int(ce.get("workers", 2))) as ex:
+        res = list(ex.map(one, flat))
+    items = []
+    for i, (d, cs) in enumerate(zip(docs, completions, strict=True)):
+        rs = res[i * n:(i + 1) * n]
+        c = sum(r.status == "passed" for r in rs)
+        it = {"doc": i, "id": item_id(task, d, i), "n": n, "correct": c, "status": [r.status for r in rs],
+              "output": cs[0] if n == 1 else cs, "network": rs[0].network if rs else None}
+        for k in ks:
+            it[f"pass@{k}"] = pass_at_k(n, c, k)
+        items.append(it)
+    return items
+
+
+def metric_names(items: list[dict]) -> list[str]:
+    """The per-item metrics present (acc, acc_norm, exact_match, pass@k)."""
+    if not items:
+        return []
+    return [k for k in items[0] if k in ("acc", "acc_norm", "exact_match") or k.startswith("pass@")]
+
+
+def split_metrics(items: list[dict], hit_ids: set[str]) -> dict[str, dict[str, float]]:
+    """Metrics on the clean and on the contaminated items (ids in ``hit_ids``), each with its n."""
+    names = metric_names(items)
+    out = {}
+    for part, sel in (("clean", [it for it in items if it["id"] not in hit_ids]),
+                      ("contaminated", [it for it in items if it["id"] in hit_ids])):
+        out[part] = _mean_metrics(sel, names) | {"n": len(sel)}
+    return out
+
+
 def _mean_metrics(items: list[dict], names: list[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     n = len(items)
     for m in names:
+        if not n:
+            out[m], out[f"{m}_stderr"] = None, None
+            continue
         xs = [it[m] for it in items]
         mean = sum(xs) / n if n else float("nan")
         var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else 0.0

@@ -2,9 +2,13 @@
 
 ``cptkit evaluate --model M --in heldout/ --out eval/ eval.ppl.group_by=topic`` scores loss and
 perplexity per group with :func:`cptkit.lm.group_losses` (the code path of ``train``'s mixture
-controllers); ``eval.tasks=[...]`` runs benchmark tasks (``conf/eval/tasks/*.yaml``). Both may
-be combined. Output: ``OUT/_results.json`` (every number, with model, task versions and hashes,
-config), ``OUT/part-*.jsonl.gz`` (one record per benchmark item: prediction, gold, score).
+controllers); ``eval.tasks=[...]`` runs benchmark tasks (``conf/eval/tasks/*.yaml``), or
+``eval.suite=NAME`` a paper's table (``conf/eval/suites/NAME.yaml``). ``eval.engine=lm_eval``
+runs lm-evaluation-harness tasks by name on the same loaded model instead. With
+``eval.contamination=DIR`` (an ``evaluate-contamination`` output) every task is also scored on
+its clean and its contaminated items separately. Output: ``OUT/_results.json`` (every number,
+with standard errors, model, task versions and hashes, config), ``OUT/part-*.jsonl.gz`` (one
+record per benchmark item: prediction, gold, score).
 """
 
 from __future__ import annotations
@@ -37,6 +41,12 @@ class PplConfig:
 
 
 @dataclass
+class LmEvalConfig:
+    include_path: str | None = None  # folder of extra lm-eval task YAMLs (local tasks)
+    allow_code: bool = False  # lm-eval's confirm_run_unsafe_code (its code tasks run unsandboxed)
+
+
+@dataclass
 class EvalConfig:
     model: str | None = None  # HF dir, .gguf file, or smollm2
     dtype: str = "float32"
@@ -51,6 +61,11 @@ class EvalConfig:
     max_gen_toks: int | None = None  # override generative tasks' max_gen_toks
     task_dir: str | None = None  # null: conf/eval/tasks
     data_dir: str = "~/.cache/cptkit/eval"
+    engine: str = "cptkit"  # cptkit | lm_eval (tasks are then lm-eval task names)
+    lm_eval: LmEvalConfig = field(default_factory=LmEvalConfig)
+    suite: str | None = None  # conf/eval/suites/<name>.yaml (or a path): a paper's table
+    task_shots: Any = None  # per-task shots {task: n} (a suite sets them)
+    contamination: str | None = None  # evaluate-contamination output: clean/contaminated split
 
 
 @dataclass
@@ -94,13 +109,21 @@ def run(cfg: DictConfig) -> dict:
     if not ec.model:
         raise CptkitError("no model given: pass --model DIR (a HF model dir, a .gguf file, or smollm2)")
     inputs = resolve_inputs(list(cfg.io.inputs)) if cfg.io.inputs else []
-    task_names = list(ec.tasks or [])
+    if ec.engine not in ENGINES:
+        raise CptkitError(f"eval.engine={ec.engine!r}: use one of {', '.join(ENGINES)}")
+    suite = load_suite(str(ec.suite)) if ec.suite else None
+    task_names = list(ec.tasks or []) or (list(suite["tasks"]) if suite else [])
+    shots_for = dict(suite["tasks"]) if suite else {}
+    if ec.task_shots is not None and not hasattr(ec.task_shots, "items"):
+        raise CptkitError(f"eval.task_shots={ec.task_shots!r}: use a mapping, e.g. eval.task_shots={{gsm8k: 8}}")
+    shots_for |= {str(k): int(v) for k, v in dict(ec.task_shots or {}).items()}
     if not inputs and not task_names:
-        raise CptkitError("nothing to evaluate: pass --in HELDOUT for perplexity and/or eval.tasks=[...]")
-    # Load task definitions (and data) before the model: bad task files fail fast.
-    etasks = [T.load_task(n, task_dir(ec), ec.data_dir) for n in task_names]
+        raise CptkitError("nothing to evaluate: pass --in HELDOUT for perplexity and/or eval.tasks=[...] / eval.suite=NAME")
+    # Load task definitions (and data) before the model: bad task files and missing data fail fast.
+    etasks = [] if ec.engine == "lm_eval" else [T.load_task(n, task_dir(ec), ec.data_dir) for n in task_names]
     for t in etasks:
         T.load_docs(t, t.spec["test_split"])
+    contam = load_contamination(str(ec.contamination), [t.name for t in etasks] or task_names) if ec.contamination else None
     with Job(cfg, inputs=inputs, tasks=[Task(0, inputs, name="eval")], needs_inputs=False) as job:
         results: dict[str, Any] = {}
         rows: dict[str, Any] = {}
@@ -108,7 +131,9 @@ def run(cfg: DictConfig) -> dict:
             t0 = time.time()
             tok = lm.load_tokenizer(ec.model)
             model = lm.load_causal_lm(ec.model, dtype=ec.dtype, device=ec.device)
-            results = {"model": model_info(str(ec.model), model), "perplexity": None, "tasks": {}}
+            results = {"model": model_info(str(ec.model), model), "engine": ec.engine, "perplexity": None, "tasks": {}}
+            if suite:
+                results["suite"] = {"name": suite["suite"], "file": suite["_path"]}
             if inputs:
                 pc = ec.ppl
                 groups = lm.group_losses(model, tok, job.read(task), pc.group_by, pc.max_docs_per_group,
@@ -121,29 +146,101 @@ def run(cfg: DictConfig) -> dict:
                                          "all": {"loss": overall, "ppl": math.exp(overall) if tokens else float("nan"),
                                                  "tokens": tokens, "docs": sum(g["docs"] for g in groups.values())}}
             with job.writer(task) as w:
+                if ec.engine == "lm_eval":
+                    from cptkit.eval.lm_eval_engine import run_lm_eval
+
+                    ts = time.time()
+                    done = run_lm_eval(model, tok, task_names, num_fewshot=ec.shots, limit=ec.limit,
+                                       batch_size=int(ec.batch_size), seed=int(ec.fewshot_seed),
+                                       max_length=ec.max_length, include_path=ec.lm_eval.include_path,
+                                       allow_code=bool(ec.lm_eval.allow_code), max_gen_toks=ec.max_gen_toks)
+                    for name, (metrics, items) in done.items():
+                        metrics["seconds"] = time.time() - ts
+                        results["tasks"][name] = {"metrics": metrics, "engine": "lm_eval"}
+                        _add_split(results["tasks"][name], items, contam, name)
+                        for it in items:
+                            w.write({"id": f"{name}/{it['id']}", "text": it.pop("question"), "task": name, **it})
                 for et in etasks:
                     n_items = len(T.load_docs(et, et.spec["test_split"])[: ec.limit or None])
                     advance = job.add_bar(et.name, n_items * (4 if et.output_type == T.MC else 1))
                     ts = time.time()
-                    metrics, items = T.run_task(model, tok, et, num_fewshot=ec.shots, limit=ec.limit,
+                    shots = ec.shots if ec.shots is not None else shots_for.get(et.name, shots_for.get(str(et.path.stem)))
+                    metrics, items = T.run_task(model, tok, et, num_fewshot=shots, limit=ec.limit,
                                                 seed=int(ec.fewshot_seed), batch_size=int(ec.batch_size),
                                                 max_gen_toks=ec.max_gen_toks, max_length=ec.max_length,
                                                 on_batch=advance)
                     metrics["seconds"] = time.time() - ts
                     results["tasks"][et.name] = {"metrics": metrics, "version": et.version, "hash": et.hash(),
-                                                 "file": str(et.path), "output_type": et.output_type}
+                                                 "file": str(et.path), "output_type": et.output_type,
+                                                 "data": dict(et.sources)}
+                    _add_split(results["tasks"][et.name], items, contam, et.name)
                     for it in items:
                         w.write({"id": f"{et.name}/{it['id']}", "text": it.pop("question"), "task": et.name, **it})
+            if contam:
+                results["contamination"] = {"report": contam["_path"], "ngram": contam.get("ngram")}
             results["config"] = job.config
             results["seconds"] = time.time() - t0
             atomic_write_json(job.out / RESULTS, results)
             job.complete(task, w, seconds=results["seconds"])
         if not results and (job.out / RESULTS).exists():
             results = json.loads((job.out / RESULTS).read_text())
-        if results:
+        if results and not job.quiet:
             print_results(results)
+            if suite:
+                from cptkit.eval.compare import print_suite
+
+                print_suite(suite, {"this run": results})
         rows = summary_rows(results)
         return job.finish(extra=rows)
+
+
+ENGINES = ("cptkit", "lm_eval")
+
+
+def load_suite(name: str) -> dict[str, Any]:
+    """A paper's scorecard: ``conf/eval/suites/<name>.yaml`` (or a path)."""
+    import yaml
+
+    p = Path(name) if name.endswith((".yaml", ".yml")) else CONF_DIR / "eval" / "suites" / f"{name}.yaml"
+    if not p.is_file():
+        have = sorted(x.stem for x in (CONF_DIR / "eval" / "suites").glob("*.yaml"))
+        raise CptkitError(f"eval.suite={name!r}: no {p} (suites: {', '.join(have) or 'none'})")
+    s = yaml.safe_load(p.read_text())
+    if not isinstance(s, dict) or not isinstance(s.get("tasks"), dict) or not s.get("tables"):
+        raise CptkitError(f"{p}: a suite needs `tasks` (name: shots) and `tables`")
+    s.setdefault("suite", p.stem)
+    s["_path"] = str(p)
+    return s
+
+
+def load_contamination(path: str, tasks: list[str]) -> dict[str, Any]:
+    """The ``_contamination.json`` of ``evaluate-contamination`` (a dir or the file), checked to cover ``tasks``."""
+    from cptkit.steps.evaluate_contamination import REPORT
+
+    p = Path(path).expanduser()
+    f = p / REPORT if p.is_dir() else p
+    if not f.is_file():
+        raise CptkitError(f"eval.contamination={path}: no {REPORT} (the --out of cptkit evaluate-contamination)")
+    try:
+        rep = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise CptkitError(f"{f}:{e.lineno}: malformed JSON: {e.msg}") from None
+    bench = rep.get("benchmarks") or {}
+    for t in tasks:
+        if t not in bench:
+            raise CptkitError(f"{f}: no benchmark {t!r} (run evaluate-contamination with eval.tasks=[...,{t}])")
+        if "test_items_hit_ids" not in bench[t]:
+            raise CptkitError(f"{f}: benchmark {t!r} has no test_items_hit_ids (rerun evaluate-contamination)")
+    return rep | {"_path": str(f)}
+
+
+def _add_split(entry: dict, items: list[dict], contam: dict | None, name: str) -> None:
+    from cptkit.eval import tasks as T
+
+    if contam is None:
+        return
+    hit = {str(x) for x in contam["benchmarks"][name]["test_items_hit_ids"]}
+    entry["split"] = T.split_metrics(items, hit)
 
 
 def summary_rows(results: dict) -> dict[str, Any]:
@@ -152,11 +249,18 @@ def summary_rows(results: dict) -> dict[str, Any]:
     if ppl:
         rows["ppl (all)"] = ppl["all"]["ppl"]
         rows["tokens scored"] = ppl["all"]["tokens"]
+    from cptkit.eval.compare import headline
+
     for name, r in (results.get("tasks") or {}).items():
-        m = r["metrics"]
-        key = "acc_norm" if "acc_norm" in m else "exact_match"
-        rows[f"{name} {key}"] = m[key]
+        key, v = headline(r["metrics"])
+        rows[f"{name} {key}"] = v
     return rows
+
+
+def metric_keys(m: dict) -> list[str]:
+    """The score keys of a metrics dict (not stderr, n, num_fewshot, seconds)."""
+    skip = {"n", "num_fewshot", "seconds"}
+    return [k for k, v in m.items() if k not in skip and not k.endswith("_stderr") and (v is None or isinstance(v, (int, float)))]
 
 
 def print_results(results: dict) -> None:
@@ -172,13 +276,23 @@ def print_results(results: dict) -> None:
             t.add_row(str(g), str(v["docs"]), f"{v['tokens']:,}", f"{v['loss']:.4f}", f"{v['ppl']:.3f}")
         console.print(t)
     if results.get("tasks"):
+        split = any("split" in r for r in results["tasks"].values())
         t = Table(title="benchmarks", header_style="bold")
-        for c in ("task", "shots", "n", "metric", "value", "± stderr"):
+        cols = ["task", "shots", "n", "metric", "value", "± stderr"]
+        cols += ["clean (n)", "contaminated (n)"] if split else []
+        for c in cols:
             t.add_column(c, justify="left" if c in ("task", "metric") else "right")
+
+        def fmt(v: Any) -> str:
+            return "–" if v is None else f"{v:.4f}"
+
         for name, r in results["tasks"].items():
             m = r["metrics"]
-            for k in ("acc", "acc_norm", "exact_match"):
-                if k in m:
-                    t.add_row(name, str(m["num_fewshot"]), str(m["n"]), k, f"{m[k]:.4f}", f"{m[k + '_stderr']:.4f}")
+            for k in metric_keys(m):
+                row = [name, str(m.get("num_fewshot")), str(m.get("n")), k, fmt(m[k]), fmt(m.get(k + "_stderr"))]
+                if split:
+                    sp = r.get("split") or {}
+                    row += [f"{fmt(sp[p].get(k))} ({sp[p]['n']})" if p in sp else "–" for p in ("clean", "contaminated")]
+                t.add_row(*row)
         console.print(t)
     log.debug("results: %s", json.dumps({k: v for k, v in results.items() if k != "config"})[:2000])

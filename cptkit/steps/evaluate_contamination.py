@@ -2,7 +2,8 @@
 
 ``cptkit evaluate-contamination --in docs/ --out contam/ eval.tasks=[gcide_defs] eval.ngram=8``
 writes ``OUT/_contamination.json`` (per benchmark: share of documents with an overlap, share of
-test items hit) and, with ``eval.action=flag`` every document with a ``contaminated`` field
+test items hit, the ids of the items hit, which ``evaluate eval.contamination=OUT`` uses to
+score clean and contaminated items separately) and, with ``eval.action=flag`` every document with a ``contaminated`` field
 (the benchmarks it overlaps), with ``eval.action=drop`` only the clean documents. One task per
 input shard, so it resumes and splits over ``shard.count`` processes.
 """
@@ -83,9 +84,12 @@ def run(cfg: DictConfig) -> dict:
     if n < 1:
         raise CptkitError(f"eval.ngram={n}: must be ≥ 1")
     indexes = {}
+    ids: dict[str, list[str]] = {}
     for name in ec.tasks:
         t = T.load_task(name, task_dir(ec), ec.data_dir)
         indexes[t.name] = BenchmarkIndex.build(t.name, item_texts(t, ec.limit, str(ec.item_text)), n)
+        docs = T.load_docs(t, t.spec["test_split"])[: ec.limit or None]
+        ids[t.name] = [T.item_id(t, d, i) for i, d in enumerate(docs)]
     with Job(cfg) as job:
         for task in job.pending():
             t0 = time.time()
@@ -119,7 +123,7 @@ def run(cfg: DictConfig) -> dict:
             total = sum(r["extra"]["docs"] for r in results.values())
             dh = {k: sum(r["extra"]["docs_hit"].get(k, 0) for r in results.values()) for k in indexes}
             ih = {k: set().union(*(r["extra"]["items_hit"].get(k, []) for r in results.values())) for k in indexes}
-            report = contamination_report(total, dh, ih, indexes)
+            report = contamination_report(total, dh, ih, indexes, ids)
             atomic_write_json(job.out / REPORT, {"ngram": n, "action": ec.action, "item_text": ec.item_text,
                                                  "benchmarks": report})
             print_report(report, quiet=job.quiet)

@@ -1,0 +1,343 @@
+"""Readers for benchmarks' own published file formats (offline), each giving a list of dicts.
+
+A task YAML names the reader with ``data_format`` (one name, or ``{split: name}``) and passes
+``format_options``. Every reader yields the field layout of the dataset's Hugging Face hub copy
+where one exists, so one prompt template serves both the local files and ``hub``:
+
+=================  ==================================================================  =========================
+reader             published layout (path given in ``data_files``)                      fields yielded
+=================  ==================================================================  =========================
+``jsonl``          one JSON object a line (``.jsonl``/``.jsonl.gz``)                     as in the file
+``json``           a JSON list (SciQ, SVAMP, MAWPS) or ``{"examples"|"data": [...]}``  as in the file
+``math_tree``      MATH tarball: ``MATH/<split>/<subject>/<n>.json``, seven subjects    problem level type solution subject id
+``mmlu_csv``       Hendrycks tarball: ``data/<split>/<subject>_<split>.csv``, no header  question subject choices answer(int)
+``ceval_csv``      C-Eval zip: ``<split>/<subject>_<split>.csv`` (header id,question,A-D) id question A B C D answer explanation subject
+``cmmlu_csv``      CMMLU zip: ``<split>/<subject>.csv`` (header ,Question,A,B,C,D,Answer) Question A B C D Answer subject
+``agieval_jsonl``  AGIEval ``data/v1/<task>.jsonl`` (passage question options label)    passage question choices label(int) subtask
+``bbh_json``       BIG-Bench-Hard ``bbh/<task>.json`` ``{"examples": [{input,target}]}``  input target subtask description
+``bbh_cot``        BIG-Bench-Hard ``cot-prompts/<task>.txt`` (the 3 CoT exemplars)       input target subtask description
+``mathqa_json``    MathQA ``<split>.json`` list (Problem Rationale options correct)      Problem Rationale choices label(int)
+``asdiv_xml``      ASDiv ``ASDiv.xml`` (``<Problem><Body><Question><Answer>``)           id body question answer formula
+``arc_jsonl``      ARC-V1-Feb2018 ``*.jsonl`` (question.stem, question.choices)          id question choices{text,label} answerKey
+``mbpp_jsonl``     ``mbpp.jsonl``; the split is the task_id range of the paper           task_id text code test_list test_setup_code
+``scieval_json``   SciEval ``scieval-*.json`` list, ``type == multiple-choice`` items    id question choices label(int) category
+=================  ==================================================================  =========================
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cptkit.errors import BadInput, CptkitError
+
+MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
+                 "prealgebra", "precalculus")
+# Austin et al. 2021 §2.1: task ids 1-10 prompt, 11-510 test, 511-600 validation, 601-974 train
+# ("fewshot": ids 2-4, the three prompt examples of the paper's Figure 1 and of lm-eval's mbpp)
+MBPP_SPLITS = {"prompt": (1, 10), "fewshot": (2, 4), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
+LETTERS = "ABCDEFGHIJ"
+
+
+class MissingData(CptkitError):
+    """A benchmark's files are not where the task YAML says."""
+
+
+def _open_text(p: Path):
+    return gzip.open(p, "rt", encoding="utf-8") if p.suffix == ".gz" else open(p, encoding="utf-8")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    docs = []
+    with _open_text(path) as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise BadInput(str(path), n, f"malformed JSON: {e.msg}") from None
+            if not isinstance(obj, dict):
+                raise BadInput(str(path), n, "expected a JSON object")
+            docs.append(obj)
+    return docs
+
+
+def read_json(path: Path) -> list[dict]:
+    """A JSON list of objects, ``{"examples"|"data": [...]}``, or ``{id: object}``."""
+    with _open_text(path) as fh:
+        try:
+            obj = json.load(fh)
+        except json.JSONDecodeError as e:
+            raise BadInput(str(path), e.lineno, f"malformed JSON: {e.msg}") from None
+    if isinstance(obj, dict):
+        for k in ("examples", "data"):
+            if isinstance(obj.get(k), list):
+                obj = obj[k]
+                break
+        else:
+            obj = [v | {"id": k} if isinstance(v, dict) else v for k, v in obj.items()]
+    if not isinstance(obj, list) or not all(isinstance(x, dict) for x in obj):
+        raise BadInput(str(path), None, "expected a JSON list of objects")
+    return obj
+
+
+def _need(p: Path, what: str) -> Path:
+    if not p.exists():
+        raise MissingData(f"{what}: {p} not found")
+    return p
+
+
+def _names(opts: dict, key: str, found: list[str], where: Path) -> list[str]:
+    """``opts[key]`` (checked against ``found``) or every name found."""
+    want = opts.get(key)
+    if not want:
+        if not found:
+            raise MissingData(f"no files in {where}")
+        return found
+    missing = [w for w in want if w not in found]
+    if missing:
+        raise MissingData(f"{where}: missing {', '.join(missing)}")
+    return list(want)
+
+
+def math_tree(path: Path, split: str, opts: dict) -> list[dict]:
+    """MATH (Hendrycks et al. 2021) as published: one JSON file per problem, seven subject folders."""
+    _need(path, "MATH split folder")
+    subjects = list(opts.get("subjects") or MATH_SUBJECTS)
+    docs = []
+    for s in subjects:
+        d = path / s
+        files = sorted(d.glob("*.json"), key=lambda f: (len(f.stem), f.stem)) if d.is_dir() else []
+        if not files:
+            raise MissingData(f"MATH subject {s}: no {d}/*.json (all seven subjects are needed)")
+        for f in files:
+            (doc,) = read_json_one(f)
+            docs.append({**doc, "subject": s, "id": f"{s}/{f.stem}"})
+    return docs
+
+
+def read_json_one(f: Path) -> list[dict]:
+    try:
+        obj = json.loads(f.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise BadInput(str(f), e.lineno, f"malformed JSON: {e.msg}") from None
+    if not isinstance(obj, dict):
+        raise BadInput(str(f), None, "expected a JSON object")
+    return [obj]
+
+
+def _csv_rows(f: Path, header: bool) -> list[list[str]] | list[dict]:
+    with open(f, encoding="utf-8", newline="") as fh:
+        return list(csv.DictReader(fh)) if header else list(csv.reader(fh))
+
+
+def mmlu_csv(path: Path, split: str, opts: dict) -> list[dict]:
+    """MMLU's ``data/<split>/<subject>_<split>.csv``: question, A, B, C, D, answer letter (no header)."""
+    _need(path, "MMLU split folder")
+    suffix = f"_{split}.csv"
+    found = sorted(f.name[: -len(suffix)] for f in path.glob(f"*{suffix}"))
+    docs = []
+    for s in _names(opts, "subjects", found, path):
+        f = path / f"{s}{suffix}"
+        for n, row in enumerate(_csv_rows(f, header=False), 1):
+            if len(row) != 6 or row[5].strip() not in "ABCD" or not row[5].strip():
+                raise BadInput(str(f), n, "expected question,A,B,C,D,answer-letter")
+            docs.append({"question": row[0], "subject": s, "choices": row[1:5], "answer": "ABCD".index(row[5].strip())})
+    return docs
+
+
+def ceval_csv(path: Path, split: str, opts: dict) -> list[dict]:
+    """C-Eval's ``<split>/<subject>_<split>.csv`` (header id,question,A,B,C,D,answer[,explanation])."""
+    _need(path, "C-Eval split folder")
+    suffix = f"_{split}.csv"
+    found = sorted(f.name[: -len(suffix)] for f in path.glob(f"*{suffix}"))
+    docs = []
+    for s in _names(opts, "subjects", found, path):
+        f = path / f"{s}{suffix}"
+        for n, row in enumerate(_csv_rows(f, header=True), 2):
+            if any(row.get(k) in (None, "") for k in ("question", "A", "B", "C", "D", "answer")):
+                raise BadInput(str(f), n, "expected columns id,question,A,B,C,D,answer")
+            docs.append({**row, "subject": s, "explanation": row.get("explanation") or ""})
+    return docs
+
+
+def cmmlu_csv(path: Path, split: str, opts: dict) -> list[dict]:
+    """CMMLU's ``<split>/<subject>.csv`` (header ``,Question,A,B,C,D,Answer``)."""
+    _need(path, "CMMLU split folder")
+    found = sorted(f.stem for f in path.glob("*.csv"))
+    docs = []
+    for s in _names(opts, "subjects", found, path):
+        f = path / f"{s}.csv"
+        for n, row in enumerate(_csv_rows(f, header=True), 2):
+            if any(row.get(k) in (None, "") for k in ("Question", "A", "B", "C", "D", "Answer")):
+                raise BadInput(str(f), n, "expected columns Question,A,B,C,D,Answer")
+            docs.append({k: v for k, v in row.items() if k} | {"subject": s})
+    return docs
+
+
+_OPT = re.compile(r"^\s*\(?([A-J])\)\s*")
+
+
+def agieval_jsonl(path: Path, split: str, opts: dict) -> list[dict]:
+    """AGIEval v1 ``<task>.jsonl`` (passage, question, options ``(A)...``, label letter) for each task."""
+    _need(path, "AGIEval data folder")
+    found = sorted(f.stem for f in path.glob("*.jsonl"))
+    docs = []
+    for t in _names(opts, "tasks", found, path):
+        f = path / f"{t}.jsonl"
+        for n, d in enumerate(read_jsonl(f), 1):
+            options = d.get("options") or []
+            label = d.get("label")
+            if isinstance(label, list):
+                label = label[0] if len(label) == 1 else None
+            if not options or not isinstance(label, str) or label not in LETTERS[: len(options)]:
+                raise BadInput(str(f), n, "expected options [(A)...] and one label letter")
+            choices = [_OPT.sub("", o, count=1).strip() for o in options]
+            docs.append({"passage": d.get("passage") or "", "question": d["question"], "choices": choices,
+                         "label": LETTERS.index(label), "subtask": t, "id": f"{t}/{n - 1}"})
+    return docs
+
+
+def bbh_json(path: Path, split: str, opts: dict) -> list[dict]:
+    """BIG-Bench-Hard ``bbh/<task>.json`` test examples, with each task's description from cot-prompts."""
+    _need(path, "BIG-Bench-Hard folder")
+    found = sorted(f.stem for f in (path / "bbh").glob("*.json"))
+    docs = []
+    for t in _names(opts, "tasks", found, path / "bbh"):
+        desc = _bbh_prompt(path, t)[0]
+        for i, d in enumerate(read_json(path / "bbh" / f"{t}.json")):
+            docs.append({"input": d["input"], "target": str(d["target"]), "subtask": t, "description": desc,
+                         "id": f"{t}/{i}"})
+    return docs
+
+
+def _bbh_prompt(path: Path, task: str) -> tuple[str, list[dict]]:
+    f = _need(path / "cot-prompts" / f"{task}.txt", f"BBH chain-of-thought prompt of {task}")
+    text = "\n".join(x for x in f.read_text(encoding="utf-8").splitlines() if x.strip() != "-----")
+    head, *blocks = re.split(r"\n\s*\nQ: ", "\n\n" + text.strip() if text.lstrip().startswith("Q:") else text)
+    shots = []
+    for b in blocks:
+        q, sep, a = b.partition("\nA: ")
+        if not sep:
+            raise BadInput(str(f), None, "a Q: block without A:")
+        shots.append({"input": q.strip(), "target": a.strip(), "subtask": task})
+    return head.strip(), shots
+
+
+def bbh_cot(path: Path, split: str, opts: dict) -> list[dict]:
+    """The three chain-of-thought exemplars of each BBH task (its few-shot split)."""
+    found = sorted(f.stem for f in (path / "cot-prompts").glob("*.txt"))
+    docs = []
+    for t in _names(opts, "tasks", found, path / "cot-prompts"):
+        desc, shots = _bbh_prompt(path, t)
+        docs += [s | {"description": desc} for s in shots]
+    return docs
+
+
+_MATHQA_OPT = re.compile(r"[abcd] \) .*?, |e \) .*?$")
+
+
+def mathqa_json(path: Path, split: str, opts: dict) -> list[dict]:
+    """MathQA ``<split>.json``: options ``"a ) 38 , b ) 27.675 , ..."`` parsed as lm-eval's ``mathqa``."""
+    docs = []
+    for i, d in enumerate(read_json(_need(path, "MathQA file"))):
+        choices = [c[4:].rstrip(" ,") for c in _MATHQA_OPT.findall(d.get("options", ""))]
+        if len(choices) != 5 or d.get("correct") not in "abcde" or not d.get("correct"):
+            raise BadInput(str(path), None, f"item {i}: expected options a)-e) and correct a-e")
+        docs.append({**d, "choices": choices, "label": "abcde".index(d["correct"]), "id": str(i)})
+    return docs
+
+
+def asdiv_xml(path: Path, split: str, opts: dict) -> list[dict]:
+    """ASDiv ``ASDiv.xml``: Body, Question, Answer ``"9 (apples)"`` (the number is kept), Formula."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.parse(_need(path, "ASDiv XML")).getroot()
+    except ET.ParseError as e:
+        raise BadInput(str(path), e.position[0], f"malformed XML: {e}") from None
+    docs = []
+    for p in root.iter("Problem"):
+        ans = (p.findtext("Answer") or "").strip()
+        docs.append({"id": p.get("ID", str(len(docs))), "body": (p.findtext("Body") or "").strip(),
+                     "question": (p.findtext("Question") or "").strip(), "answer": ans.split(" (")[0].strip(),
+                     "answer_text": ans, "formula": (p.findtext("Formula") or "").strip(),
+                     "solution_type": (p.findtext("Solution-Type") or "").strip(), "grade": p.get("Grade")})
+    return docs
+
+
+def arc_jsonl(path: Path, split: str, opts: dict) -> list[dict]:
+    """ARC-V1-Feb2018 ``ARC-*-<Split>.jsonl`` converted to the hub layout (``allenai/ai2_arc``)."""
+    docs = []
+    for n, d in enumerate(read_jsonl(_need(path, "ARC file")), 1):
+        q = d.get("question")
+        if not isinstance(q, dict) or "stem" not in q or "answerKey" not in d:
+            raise BadInput(str(path), n, "expected question.stem, question.choices, answerKey")
+        ch = q.get("choices") or []
+        docs.append({"id": d.get("id", str(n)), "question": q["stem"], "answerKey": d["answerKey"],
+                     "choices": {"text": [c["text"] for c in ch], "label": [c["label"] for c in ch]}})
+    return docs
+
+
+def mbpp_jsonl(path: Path, split: str, opts: dict) -> list[dict]:
+    """``mbpp.jsonl`` (974 problems): the split is the task_id range of Austin et al. 2021."""
+    if split not in MBPP_SPLITS:
+        raise CptkitError(f"MBPP split {split!r}: use one of {', '.join(MBPP_SPLITS)}")
+    lo, hi = MBPP_SPLITS[split]
+    docs = [d for d in read_jsonl(_need(path, "MBPP file")) if lo <= int(d["task_id"]) <= hi]
+    return sorted(docs, key=lambda d: int(d["task_id"]))
+
+
+_SCI_OPT = re.compile(r"^\s*([A-D])[.)．、]\s*(.*)$")
+
+
+def scieval_json(path: Path, split: str, opts: dict) -> list[dict]:
+    """SciEval ``scieval-*.json`` list: the multiple-choice items, options ``A. ...`` parsed off the question."""
+    cats = set(opts.get("categories") or ())
+    docs = []
+    for i, d in enumerate(read_json(_need(path, "SciEval file"))):
+        if d.get("type") != "multiple-choice" or (cats and d.get("category") not in cats):
+            continue
+        stem, choices = [], []
+        for line in str(d["question"]).splitlines():
+            m = _SCI_OPT.match(line)
+            if m and LETTERS[len(choices)] == m.group(1):
+                choices.append(m.group(2).strip())
+            elif not choices:
+                stem.append(line)
+        ans = d.get("answer")
+        ans = ans[0] if isinstance(ans, list) and ans else ans
+        if len(choices) < 2 or not isinstance(ans, str) or ans.strip() not in LETTERS[: len(choices)]:
+            raise BadInput(str(path), None, f"item {d.get('id', i)}: expected options A. .. and an answer letter")
+        docs.append({"id": str(d.get("id", i)), "question": "\n".join(stem).strip(), "choices": choices,
+                     "label": LETTERS.index(ans.strip()), "category": d.get("category", "")})
+    return docs
+
+
+def _jsonl(path: Path, split: str, opts: dict) -> list[dict]:
+    return read_jsonl(_need(path, "JSONL file"))
+
+
+def _json(path: Path, split: str, opts: dict) -> list[dict]:
+    return read_json(_need(path, "JSON file"))
+
+
+READERS: dict[str, Callable[[Path, str, dict], list[dict]]] = {
+    "jsonl": _jsonl, "json": _json, "math_tree": math_tree, "mmlu_csv": mmlu_csv, "ceval_csv": ceval_csv,
+    "cmmlu_csv": cmmlu_csv, "agieval_jsonl": agieval_jsonl, "bbh_json": bbh_json, "bbh_cot": bbh_cot,
+    "mathqa_json": mathqa_json, "asdiv_xml": asdiv_xml, "arc_jsonl": arc_jsonl, "mbpp_jsonl": mbpp_jsonl,
+    "scieval_json": scieval_json,
+}
+
+
+def read(fmt: str, path: Path, split: str, opts: dict[str, Any] | None = None) -> list[dict]:
+    """Read one split with the reader ``fmt``."""
+    if fmt not in READERS:
+        raise CptkitError(f"data_format {fmt!r}: use one of {', '.join(READERS)}")
+    return READERS[fmt](path, split, dict(opts or {}))
