@@ -177,6 +177,9 @@ def test_expand_rejects_bad_config_and_input(seeds_file, tmp_path):
     with pytest.raises(CptkitError, match=r"lacks placeholder\(s\) \{keyword\}"):
         run(compose_step("expand-queries", _overrides(seeds_file, tmp_path / "a", None,
                                                       "expand.keyword_prompt.template='no field'")))
+    with pytest.raises(CptkitError, match=r"expand.next_round_kinds: \['seed'\] not among"):
+        run(compose_step("expand-queries", _overrides(seeds_file, tmp_path / "k", None,
+                                                      "expand.next_round_kinds=[question,seed]")))
     dup = tmp_path / "dup.jsonl"
     dup.write_text('{"id": "x", "text": "a"}\n{"id": "x", "text": "b"}\n')
     with pytest.raises(CptkitError, match="seed id 'x' appears more than once"):
