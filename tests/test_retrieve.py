@@ -87,7 +87,7 @@ def test_build_then_reuse_identical(data, tmp_path):
     manifest = json.loads((out1 / "_manifest.json").read_text())
     ex = manifest["extra"]
     assert ex["queries"] == len(queries) and ex["docs retrieved"] == len(docs) and ex["index docs"] == len(recs)
-    assert ex["idf"] == "lucene" and ex["k1"] == 1.5 and ex["b"] == 0.75 and ex["tokenizer"]["cjk"] == "bigram"
+    assert ex["idf"] == "lucene" and ex["k1"] == 1.2 and ex["b"] == 0.75 and ex["tokenizer"]["cjk"] == "bigram"
     assert manifest["counts"]["records_out"] == len(docs)
 
 

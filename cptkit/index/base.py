@@ -21,13 +21,19 @@ from dataclasses import dataclass
 import numpy as np
 
 IDF_VARIANTS = ("lucene", "okapi")
+# k1 when none is given, per IDF variant: lucene = Elasticsearch's BM25 similarity defaults
+# (k1 1.2, b 0.75; the engine Retrieve-from-CC used), okapi = rank_bm25.BM25Okapi's (k1 1.5, b 0.75).
+DEFAULT_K1 = {"lucene": 1.2, "okapi": 1.5}
 
 
 @dataclass(frozen=True)
 class BM25Params:
-    """BM25 parameters: ``k1``, ``b``, the IDF variant and okapi's ``epsilon``."""
+    """BM25 parameters: ``k1``, ``b``, the IDF variant and okapi's ``epsilon``.
 
-    k1: float = 1.5
+    ``k1=None`` takes the variant's default (:data:`DEFAULT_K1`): 1.2 for ``lucene``, 1.5 for ``okapi``.
+    """
+
+    k1: float = None  # type: ignore[assignment]  # None -> DEFAULT_K1[idf] (set in __post_init__)
     b: float = 0.75
     idf: str = "lucene"
     epsilon: float = 0.25
@@ -35,6 +41,8 @@ class BM25Params:
     def __post_init__(self) -> None:
         if self.idf not in IDF_VARIANTS:
             raise ValueError(f"idf must be one of {IDF_VARIANTS}, got {self.idf!r}")
+        if self.k1 is None:
+            object.__setattr__(self, "k1", DEFAULT_K1[self.idf])
         if self.k1 < 0 or not 0 <= self.b <= 1:
             raise ValueError(f"need k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
 

@@ -7,7 +7,8 @@
     outs[0].text, outs[0].completion_tokens, outs[0].finish_reason
     gen.stats.as_dict()                                # token counts, tokens/s -> manifest
 
-Backends (``llm.backend``): ``transformers`` (default; embedded SmolLM2 on CPU), ``openai``
+Backends (``llm.backend``): ``auto`` (default: ``llamacpp`` for a GGUF model on CPU when
+llama-cpp-python is installed, else ``transformers``), ``llamacpp``, ``transformers``, ``openai``
 (any OpenAI-compatible server), ``vllm`` (offline engine). See docs/llm.md.
 """
 
@@ -19,14 +20,48 @@ from cptkit.errors import CptkitError
 from cptkit.llm.base import Completion, Generator, GenParams, GenStats, Request
 from cptkit.llm.config import LLMConfig
 
-__all__ = ["Completion", "GenParams", "GenStats", "Generator", "LLMConfig", "Request", "load_generator", "BACKENDS"]
+__all__ = ["Completion", "GenParams", "GenStats", "Generator", "LLMConfig", "Request", "load_generator", "BACKENDS",
+           "choose_local_backend"]
 
-BACKENDS = ("transformers", "openai", "vllm")
+BACKENDS = ("auto", "llamacpp", "transformers", "openai", "vllm")
+
+
+def choose_local_backend(llm: Any, llamacpp_installed: bool, cuda: bool) -> tuple[str, str]:
+    """What ``llm.backend=auto`` runs: ``(backend, why)``.
+
+    llama.cpp when it is installed, the model is a GGUF file (the embedded SmolLM2 is one) and
+    generation runs on CPU; transformers otherwise (a model directory, a GPU, no llama-cpp-python).
+    """
+    from cptkit.llm.llamacpp import gguf_path
+
+    device = str(llm.get("device", "auto"))
+    if gguf_path(str(llm.model), llm.get("gguf_file")) is None:
+        return "transformers", f"llm.model={llm.model} is not a GGUF file"
+    if device.startswith("cuda") or (device == "auto" and cuda):
+        return "transformers", "a CUDA device is used"
+    if not llamacpp_installed:
+        return "transformers", "llama-cpp-python is not installed (make install builds it)"
+    return "llamacpp", "GGUF model on CPU and llama-cpp-python is installed"
 
 
 def load_generator(llm: Any) -> Generator:
     """Build the generator that ``llm`` (a config node of :class:`LLMConfig`) describes."""
     backend = str(llm.backend)
+    if backend == "auto":
+        from cptkit.llm.llamacpp import llamacpp_available
+        from cptkit.progress import log
+
+        cuda = False
+        if str(llm.get("device", "auto")) == "auto":
+            import torch
+
+            cuda = torch.cuda.is_available()
+        backend, why = choose_local_backend(llm, llamacpp_available(), cuda)
+        log.info("llm.backend=auto: %s (%s)", backend, why)
+    if backend == "llamacpp":
+        from cptkit.llm.llamacpp import LlamaCppGenerator
+
+        return LlamaCppGenerator(llm)
     if backend == "transformers":
         from cptkit.llm.hf import TransformersGenerator
 

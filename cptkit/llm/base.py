@@ -110,10 +110,18 @@ def request_seed(base_seed: int, request: Request, params: GenParams) -> int:
     return int.from_bytes(hashlib.sha256(blob.encode()).digest()[:4], "little") & 0x7FFFFFFF
 
 
-def cache_key(model_id: str, request: Request, params: GenParams, seed: int, chat: bool, system: str | None) -> str:
-    """sha256 of everything that determines a completion."""
-    blob = json.dumps({"model": model_id, "request": request, "params": params.sampling(), "seed": seed,
-                       "chat": chat, "system": system}, sort_keys=True, ensure_ascii=False)
+def cache_key(model_id: str, request: Request, params: GenParams, seed: int, chat: bool, system: str | None,
+              backend: str = "transformers") -> str:
+    """sha256 of everything that determines a completion.
+
+    The backend is part of the key except for ``transformers`` (whose keys predate it): the same
+    GGUF file gives other samples through llama.cpp than through transformers.
+    """
+    d: dict[str, Any] = {"model": model_id, "request": request, "params": params.sampling(), "seed": seed,
+                         "chat": chat, "system": system}
+    if backend != "transformers":
+        d["backend"] = backend
+    blob = json.dumps(d, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -161,7 +169,8 @@ class Generator(ABC):
         if len(base) != len(reqs):
             raise ValueError("seeds must have one entry per request")
         row_seeds = [request_seed(s, r, params) for s, r in zip(base, reqs, strict=True)]
-        keys = [cache_key(self.model_id, r, params, s, self.chat, self.system) for r, s in zip(reqs, row_seeds, strict=True)]
+        keys = [cache_key(self.model_id, r, params, s, self.chat, self.system, self.backend)
+                for r, s in zip(reqs, row_seeds, strict=True)]
         out: list[Completion | None] = [None] * len(reqs)
         if self.cache is not None:
             for i, hit in enumerate(self.cache.get_many(keys)):

