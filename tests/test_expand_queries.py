@@ -182,7 +182,7 @@ def test_expand_rejects_bad_config_and_input(seeds_file, tmp_path):
                                                       "expand.next_round_kinds=[question,seed]")))
     dup = tmp_path / "dup.jsonl"
     dup.write_text('{"id": "x", "text": "a"}\n{"id": "x", "text": "b"}\n')
-    with pytest.raises(CptkitError, match="seed id 'x' appears more than once"):
+    with pytest.raises(CptkitError, match=r"dup.jsonl:2: duplicate id 'x'"):
         run(compose_step("expand-queries", _overrides(dup, tmp_path / "b", None)))
     assert not (tmp_path / "b").exists()
 

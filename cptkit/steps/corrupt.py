@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from cptkit.config import JobConfig, register_step
+from cptkit.config import JobConfig, check, register_step
 from cptkit.corruption import KINDS, Lexicon, Token, corrupt_text, rng_for, wordnet_lexicon
 from cptkit.errors import CptkitError
 from cptkit.job import Job
@@ -38,6 +38,12 @@ class CorruptConfig:
     wordnet_cache: str | None = None  # where the nltk copy lives (default ~/.cache/cptkit/wordnet)
     wordnet_fetch: bool = True  # apt-get download wordnet-base when it is not installed
     batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        check(0.0 <= float(self.ratio) <= 1.0, "ratio", self.ratio, "must be in [0, 1]")
+        check(int(self.batch_size) >= 1, "batch_size", self.batch_size, "must be >= 1")
+        check(int(self.noun_min_count) >= 1, "noun_min_count", self.noun_min_count, "must be >= 1")
+        check(int(self.adj_min_count) >= 1, "adj_min_count", self.adj_min_count, "must be >= 1")
 
 
 @dataclass

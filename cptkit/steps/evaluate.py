@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from cptkit.config import CONF_DIR, JobConfig, register_step
+from cptkit.config import CONF_DIR, JobConfig, check, register_step
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.progress import console, log
@@ -66,6 +66,12 @@ class EvalConfig:
     suite: str | None = None  # conf/eval/suites/<name>.yaml (or a path): a paper's table
     task_shots: Any = None  # per-task shots {task: n} (a suite sets them)
     contamination: str | None = None  # evaluate-contamination output: clean/contaminated split
+
+    def __post_init__(self) -> None:
+        check(int(self.batch_size) >= 1, "batch_size", self.batch_size, "must be >= 1")
+        check(self.limit is None or int(self.limit) >= 1, "limit", self.limit, "must be >= 1 (null: all items)")
+        check(self.shots is None or int(self.shots) >= 0, "shots", self.shots, "must be >= 0")
+        check(str(self.engine) in ("cptkit", "lm_eval"), "engine", self.engine, "must be cptkit or lm_eval")
 
 
 @dataclass

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig, register_step
+from cptkit.config import JobConfig, check, register_step
 from cptkit.errors import CptkitError
 from cptkit.llm.config import LLMConfig
 from cptkit.progress import setup_logging
@@ -20,6 +20,11 @@ class ServeConfig:
     max_batch: int = 8
     batch_wait_ms: float = 20.0
     ready_file: str | None = None  # write the base URL here once listening
+    max_body_bytes: int = 16 * 2**20  # larger request bodies get 413 without being read
+
+    def __post_init__(self) -> None:
+        check(int(self.max_body_bytes) >= 1024, "max_body_bytes", self.max_body_bytes, "must be at least 1024")
+        check(int(self.max_batch) >= 1, "max_batch", self.max_batch, "must be >= 1")
 
 
 @dataclass
@@ -42,4 +47,5 @@ def run(cfg: DictConfig) -> None:
     gen = load_generator(llm)
     s = cfg.serve
     serve(gen, str(s.host), int(s.port), model_name=s.model_name, max_batch=int(s.max_batch),
-          batch_wait_ms=float(s.batch_wait_ms), default_max_tokens=int(cfg.llm.max_new_tokens), ready_file=s.ready_file)
+          batch_wait_ms=float(s.batch_wait_ms), default_max_tokens=int(cfg.llm.max_new_tokens), ready_file=s.ready_file,
+          max_body_bytes=int(s.max_body_bytes))
