@@ -636,3 +636,20 @@ def test_in_and_i_name_the_corpus_of_retrieve(tmp_path, capsys):
     # by hand: idf = ln(1 + (2 - 1 + 0.5) / (1 + 0.5)) = ln 2; tf 1, |d1| = 2, avgdl = 1.5
     score = math.log(2) * (1.5 + 1) / (1 + 1.5 * (1 - 0.75 + 0.75 * 2 / 1.5))
     assert (tmp_path / "a" / "_run.tsv").read_text() == (tmp_path / "b" / "_run.tsv").read_text() == f"q1\td1\t1\t{score:.6f}\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["corrupt", "--in", "{q}", "--out", "{out}", "corrupt.batch_size=0"], "corrupt.batch_size=0: must be >= 1"),
+    (["corrupt", "--in", "{q}", "--out", "{out}", "corrupt.ratio=1.5"], "corrupt.ratio=1.5: must be in [0, 1]"),
+    (["evaluate", "--model", "smollm2", "--in", "{q}", "--out", "{out}", "eval.batch_size=0"],
+     "eval.batch_size=0: must be >= 1"),
+    (["evaluate", "--model", "smollm2", "--in", "{q}", "--out", "{out}", "eval.engine=harness"],
+     "eval.engine=harness: must be cptkit or lm_eval"),
+])
+def test_step_values_validated_before_any_work(args, message, tmp_path, capsys):
+    q = write_jsonl(tmp_path / "q.jsonl", [{"id": "q", "text": "x"}])
+    out = tmp_path / "out"
+    code, _, err = cli([str(a).format(q=q, out=out) for a in args], capsys)
+    assert code == 2
+    assert message in one_error(err)
+    assert not out.exists()
