@@ -511,6 +511,7 @@ def test_cfg_hydra_all_info_resolve(capsys):
 def test_parquet_and_save_to_disk_inputs(shards, tmp_path, capsys):
     import datasets
 
+    datasets.disable_progress_bars()  # the fixtures' own writes must not print to the captured stderr
     recs = [r for k in range(3) for r in read_jsonl_dir(shards / f"s{k}.jsonl")]
     pq = tmp_path / "in.parquet"
     datasets.Dataset.from_list(recs).to_parquet(str(pq))

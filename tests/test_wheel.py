@@ -9,6 +9,7 @@ outside the repository, so it can only find its configs inside the installed pac
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -25,8 +26,12 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     dist = tmp_path_factory.mktemp("dist")
+    # Build from a copy without build/ (setuptools reuses build/lib, which can hold deleted files).
+    src = tmp_path_factory.mktemp("src") / "cptkit"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "data", "*.egg-info",
+                                                             "__pycache__", "tests", "bench", "docs", ".*cache"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(dist), str(ROOT)], check=True, capture_output=True)
+                    "-w", str(dist), str(src)], check=True, capture_output=True)
     (whl,) = dist.glob("cptkit-*.whl")
     return whl
 
