@@ -26,6 +26,7 @@ import numpy as np
 from cptkit.errors import CptkitError
 
 CLASSIFIER_JSON = "classifier.json"
+METRICS_JSON = "metrics.json"  # held-out metrics, per-class F1, majority baseline and the tuning trials
 BACKENDS = ("fasttext", "minilm")
 
 # CJK ideographs become one token each (fastText splits on whitespace only).
@@ -43,6 +44,38 @@ class FastTextParams:
     minn: int = 0  # character n-grams (0: off; 2-4 helps on tiny data, costs speed)
     maxn: int = 0
     thread: int = 1  # 1 = bit-reproducible training
+
+
+@dataclass
+class TuneParams:
+    """How fastText settings are chosen (``train.tune``): on a validation part of the training split.
+
+    ``grid`` (default): every combination of ``epoch`` × ``lr`` × ``word_ngrams`` × ``char_ngrams``
+    is trained on the training split minus ``validation`` of it (by hash of seed and id) and
+    scored by macro-F1 on that part; the best (ties: the earliest) is retrained on the whole
+    training split. One thread, fixed seed: the same data gives the same model. ``autotune``:
+    fastText's own search (``autotuneValidationFile``, ``autotune_seconds``), multi-threaded and
+    time-bounded, so not reproducible; only its chosen settings are retrained with one thread.
+    ``off``: the fixed ``train.fasttext`` settings.
+    """
+
+    mode: str = "grid"  # grid | autotune | off
+    validation: float = 0.2  # share of the training split scored to choose
+    max_examples: int = 5000  # tuning uses at most this many training examples (smallest hash first)
+    epoch: list[int] = field(default_factory=lambda: [5, 25, 60])
+    lr: list[float] = field(default_factory=lambda: [0.1, 0.5, 1.0])
+    word_ngrams: list[int] = field(default_factory=lambda: [1, 2])
+    char_ngrams: list[list[int]] = field(default_factory=lambda: [[0, 0], [3, 5]])  # [minn, maxn] pairs
+    autotune_seconds: int = 60
+
+
+TUNE_MODES = ("grid", "autotune", "off")
+
+
+def tune_grid(t: TuneParams) -> list[dict[str, Any]]:
+    """The grid's candidate settings, cheapest first (fewer epochs, no character n-grams, lower lr)."""
+    return [{"epoch": int(e), "lr": float(lr), "word_ngrams": int(w), "minn": int(mn[0]), "maxn": int(mn[1])}
+            for mn in t.char_ngrams for e in sorted(t.epoch) for w in sorted(t.word_ngrams) for lr in sorted(t.lr)]
 
 
 @dataclass
@@ -64,6 +97,8 @@ class TrainParams:
     heldout: float = 0.2  # share of examples (by hash of seed and id) kept out for metrics
     max_per_class: int = 0  # cap examples per class (0: no cap), smallest hash first
     max_chars: int = 4000  # characters of a document the classifier sees
+    min_f1: float = 0.0  # fail (exit 2) when the held-out macro-F1 is below this
+    tune: TuneParams = field(default_factory=TuneParams)
     fasttext: FastTextParams = field(default_factory=FastTextParams)
     minilm: MiniLMParams = field(default_factory=MiniLMParams)
 
@@ -114,11 +149,29 @@ def evaluate(gold: list[str], pred: list[str], labels: list[str]) -> dict[str, A
         "accuracy": float(tp.sum() / total) if total else 0.0,
         "macro_f1": float(f1[present].mean()) if present.any() else 0.0,
         "majority_accuracy": float(support.max() / total) if total else 0.0,
+        "majority_macro_f1": majority_macro_f1(support),
         "per_class": {lab: {"precision": float(prec[i]), "recall": float(rec[i]), "f1": float(f1[i]),
                             "support": int(support[i])} for i, lab in enumerate(labels)},
         "labels": list(labels),
         "confusion": conf.tolist(),
     }
+
+
+def majority_macro_f1(support: np.ndarray) -> float:
+    """Macro-F1 of predicting the most frequent class for everything: its F1 is 2s/(1+s) for its
+    share s (precision s, recall 1), every other present class scores 0."""
+    support = np.asarray(support, dtype=float)
+    total, present = support.sum(), int((support > 0).sum())
+    if not total:
+        return 0.0
+    s = support.max() / total
+    return float(2 * s / (1 + s) / present)
+
+
+def no_better_than_majority(metrics: dict[str, Any]) -> bool:
+    """True when the held-out accuracy or macro-F1 does not beat the majority-class predictor."""
+    return (metrics["accuracy"] <= metrics["majority_accuracy"] + 1e-9
+            or metrics["macro_f1"] <= metrics.get("majority_macro_f1", 0.0) + 1e-9)
 
 
 def confusion_text(metrics: dict[str, Any]) -> str:
@@ -157,34 +210,85 @@ class Classifier(Protocol):
     def predict_proba(self, texts: list[str]) -> np.ndarray: ...
 
 
-def _fasttext_worker(path: str, params: dict[str, Any], seed: int) -> None:
-    import fasttext
+def _ft_args(p: dict[str, Any]) -> dict[str, Any]:
+    return {"epoch": p["epoch"], "lr": p["lr"], "wordNgrams": p["word_ngrams"], "dim": p["dim"],
+            "minCount": p["min_count"], "bucket": p["bucket"], "minn": p["minn"], "maxn": p["maxn"],
+            "thread": p["thread"]}
 
-    lr = params.pop("lr")
+
+def _ft_train(fasttext: Any, path: str, args: dict[str, Any], seed: int, **extra: Any) -> Any:
+    lr = args["lr"]
     for attempt in range(4):  # fastText diverges ("Encountered NaN") when lr is too high
         try:
-            model = fasttext.train_supervised(input=path, lr=lr, seed=seed, verbose=0, loss="softmax", **params)
-            break
+            return fasttext.train_supervised(input=path, seed=seed, verbose=0, loss="softmax", **{**args, "lr": lr},
+                                             **extra)
         except RuntimeError as e:
             if "NaN" not in str(e) or attempt == 3:
                 raise
             lr /= 2
+
+
+def _ft_macro_f1(model: Any, path: str) -> float:
+    gold, lines = [], []
+    with open(path, encoding="utf-8") as f:
+        for ln in f:
+            lab, _, text = ln.rstrip("\n").partition(" ")
+            gold.append(lab)
+            lines.append(text)
+    pred = [labs[0] if labs else "" for labs in model.predict(lines, k=1)[0]]
+    labels = sorted(set(gold) | set(pred))
+    return evaluate(gold, pred, labels)["macro_f1"]
+
+
+def _fasttext_worker(path: str, job: dict[str, Any]) -> None:
+    """Train (after choosing settings on a validation file when ``job`` has a grid); save ``path.bin``.
+
+    Writes ``path.json``: the chosen settings and every trial with its validation macro-F1.
+    """
+    import fasttext
+
+    seed, base = job["seed"], job["params"]
+    trials: list[dict[str, Any]] = []
+    chosen = dict(base)
+    if job.get("grid"):
+        for cand in job["grid"]:
+            p = {**base, **cand}
+            try:
+                model = _ft_train(fasttext, job["tune_train"], _ft_args(p), seed)
+            except RuntimeError as e:  # diverged even at a lower lr: this candidate loses
+                trials.append({**cand, "macro_f1": -1.0, "error": str(e)})
+                continue
+            trials.append({**cand, "macro_f1": round(_ft_macro_f1(model, job["tune_valid"]), 6)})
+        best = max(range(len(trials)), key=lambda i: (trials[i]["macro_f1"], -i))  # ties: earliest (cheapest)
+        chosen = {**base, **job["grid"][best]}
+        model = _ft_train(fasttext, path, _ft_args(chosen), seed)
+    elif job.get("autotune_seconds"):
+        model = fasttext.train_supervised(input=job["tune_train"], autotuneValidationFile=job["tune_valid"],
+                                          autotuneDuration=int(job["autotune_seconds"]), seed=seed, verbose=0,
+                                          loss="softmax")
+        chosen = {**base, "epoch": model.epoch, "lr": model.lr, "word_ngrams": model.wordNgrams, "dim": model.dim,
+                  "min_count": model.minCount, "bucket": model.bucket, "minn": model.minn, "maxn": model.maxn}
+        model = _ft_train(fasttext, path, _ft_args(chosen), seed)
+    else:
+        model = _ft_train(fasttext, path, _ft_args(base), seed)
     model.save_model(path + ".bin")
+    with open(path + ".json", "w", encoding="utf-8") as f:
+        json.dump({"chosen": chosen, "trials": trials}, f)
 
 
-def _train_fasttext_isolated(path: str, p: FastTextParams, seed: int) -> str:
+def _train_fasttext_isolated(path: str, job: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """Train in a fresh process: fastText's training diverged ("Encountered NaN") in processes whose
-    floating-point state other libraries had changed, never in a clean one. Returns the model path."""
+    floating-point state other libraries had changed, never in a clean one.
+    Returns the model path and the tuning record."""
     import multiprocessing as mp
 
-    params = {"epoch": p.epoch, "lr": p.lr, "wordNgrams": p.word_ngrams, "dim": p.dim, "minCount": p.min_count,
-              "bucket": p.bucket, "minn": p.minn, "maxn": p.maxn, "thread": p.thread}
-    proc = mp.get_context("spawn").Process(target=_fasttext_worker, args=(path, params, seed))
+    proc = mp.get_context("spawn").Process(target=_fasttext_worker, args=(path, job))
     proc.start()
     proc.join()
     if proc.exitcode != 0:
         raise RuntimeError(f"fastText training failed (exit code {proc.exitcode}); see the error above")
-    return path + ".bin"
+    with open(path + ".json", encoding="utf-8") as f:
+        return path + ".bin", json.load(f)
 
 
 class FastTextClassifier:
@@ -197,20 +301,47 @@ class FastTextClassifier:
 
     @classmethod
     def train(cls, texts: list[str], labels: list[str], classes: list[str], p: FastTextParams,
-              seed: int, max_chars: int) -> FastTextClassifier:
+              seed: int, max_chars: int, tune: TuneParams | None = None,
+              tune_ids: list[str] | None = None) -> FastTextClassifier:
+        """Train on ``texts``; with ``tune`` (mode grid/autotune) choose the settings first on a
+        validation part (``unit_hash(seed, "tune/" + id) < tune.validation``) of these examples."""
         import fasttext
 
-        fd, path = tempfile.mkstemp(suffix=".txt", prefix="cptkit-ft-")
+        tmp = tempfile.mkdtemp(prefix="cptkit-ft-")
+        path = os.path.join(tmp, "train.txt")
+        lines = [f"__label__{lab} {fasttext_line(t, max_chars)}\n" for t, lab in zip(texts, labels, strict=True)]
+        job: dict[str, Any] = {"seed": seed, "params": asdict(p)}
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                for t, lab in zip(texts, labels, strict=True):
-                    f.write(f"__label__{lab} {fasttext_line(t, max_chars)}\n")
-            model = fasttext.load_model(_train_fasttext_isolated(path, p, seed))
+            with open(path, "w", encoding="utf-8") as f:
+                f.writelines(lines)
+            if tune is not None and tune.mode != "off":
+                if tune.mode not in TUNE_MODES:
+                    raise CptkitError(f"train.tune.mode={tune.mode!r}: choose one of {', '.join(TUNE_MODES)}")
+                ids = tune_ids or [str(i) for i in range(len(texts))]
+                order = sorted(range(len(ids)), key=lambda i: unit_hash(seed, "tune-sample/" + ids[i]))
+                keep = order[:tune.max_examples] if tune.max_examples else order
+                valid = [i for i in keep if unit_hash(seed, "tune/" + ids[i]) < tune.validation]
+                fit = sorted(set(keep) - set(valid))
+                if valid and fit and len({labels[i] for i in fit}) >= 2:
+                    job["tune_train"], job["tune_valid"] = path + ".fit", path + ".valid"
+                    for name, idx in ((job["tune_train"], fit), (job["tune_valid"], sorted(valid))):
+                        with open(name, "w", encoding="utf-8") as f:
+                            f.writelines(lines[i] for i in idx)
+                    if tune.mode == "grid":
+                        job["grid"] = tune_grid(tune)
+                    else:
+                        job["autotune_seconds"] = tune.autotune_seconds
+            bin_path, record = _train_fasttext_isolated(path, job)
+            model = fasttext.load_model(bin_path)
         finally:
-            os.unlink(path)
-            if os.path.exists(path + ".bin"):
-                os.unlink(path + ".bin")
-        return cls(model, classes, {"backend": "fasttext", "max_chars": max_chars})
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+        info: dict[str, Any] = {"backend": "fasttext", "max_chars": max_chars, "fasttext": record["chosen"]}
+        if job.get("grid") or job.get("autotune_seconds"):
+            info["tuning"] = {"mode": tune.mode, "validation_examples": len(valid), "fit_examples": len(fit),  # type: ignore[union-attr]
+                              "trials": record["trials"]}
+        return cls(model, classes, info)
 
     def predict_proba(self, texts: list[str]) -> np.ndarray:
         out = np.zeros((len(texts), len(self.labels)), dtype=np.float64)
@@ -339,7 +470,7 @@ def train_classifier(ids: list[str], texts: list[str], labels: list[str], params
     safe = {c: re.sub(r"\s+", "_", c) for c in classes}
     if params.backend == "fasttext":
         clf = FastTextClassifier.train(tr_texts, [safe[lab] for lab in tr_labels], [safe[c] for c in classes],
-                                       params.fasttext, seed, params.max_chars)
+                                       params.fasttext, seed, params.max_chars, params.tune, [ids[i] for i in tr])
         clf.labels = classes
     else:
         clf = MiniLMClassifier.train(tr_texts, tr_labels, classes, params.minilm, seed, params.max_chars,
@@ -365,6 +496,9 @@ def save_classifier(result: TrainResult, directory: str | Path, params: TrainPar
     result.classifier.save(directory)
     info = {**result.classifier.info, "seed": seed, "params": asdict(params), "counts": result.counts,
             "metrics": result.metrics, **(extra or {})}
+    atomic_write_json(directory / METRICS_JSON, {"metrics": result.metrics, "counts": result.counts,
+                                                 "tuning": result.classifier.info.get("tuning"),
+                                                 "fasttext": result.classifier.info.get("fasttext")})
     atomic_write_json(directory / CLASSIFIER_JSON, info)
 
 
