@@ -61,9 +61,9 @@ class TuneParams:
 
     mode: str = "grid"  # grid | autotune | off
     validation: float = 0.2  # share of the training split scored to choose
-    max_examples: int = 5000  # tuning uses at most this many training examples (smallest hash first)
-    epoch: list[int] = field(default_factory=lambda: [5, 25, 60])
-    lr: list[float] = field(default_factory=lambda: [0.1, 0.5, 1.0])
+    max_examples: int = 3000  # tuning uses at most this many training examples (smallest hash first)
+    epoch: list[int] = field(default_factory=lambda: [20, 60])
+    lr: list[float] = field(default_factory=lambda: [0.5, 1.0])
     word_ngrams: list[int] = field(default_factory=lambda: [1, 2])
     char_ngrams: list[list[int]] = field(default_factory=lambda: [[0, 0], [3, 5]])  # [minn, maxn] pairs
     autotune_seconds: int = 60
