@@ -133,3 +133,33 @@ def run(cfg: DictConfig) -> dict:
                  "no classifier for language": total.pop("no classifier for language", 0)}
         extra |= dict(sorted(total.items()))
         return job.finish(extra=extra)
+
+
+def distribution(extra: dict[str, Any]) -> dict[str, list[tuple[str, int]]]:
+    """Per language, ``(topic, records)`` from a label-topics manifest's ``extra``, most frequent first."""
+    out: dict[str, list[tuple[str, int]]] = {}
+    for key, n in extra.items():
+        lang, sep, topic = key.partition(": ")
+        if sep and isinstance(n, int) and " " not in lang:
+            out.setdefault(lang, []).append((topic, n))
+    return {lang: sorted(v, key=lambda x: (-x[1], x[0])) for lang, v in sorted(out.items())}
+
+
+def distribution_text(extra: dict[str, Any], max_share: float = 0.6) -> str:
+    """The topic distribution as text, with a warning line for a topic above ``max_share`` of a language."""
+    lines = []
+    for lang, rows in distribution(extra).items():
+        total = sum(n for _, n in rows)
+        lines.append(f"{lang}: {total} records")
+        for topic, n in rows:
+            lines.append(f"  {topic:<40} {n:>7} {n / total:7.1%}")
+        if rows and rows[0][1] / total > max_share:
+            lines.append(f"  warning: {rows[0][0]!r} holds {rows[0][1] / total:.0%} of {lang} (> {max_share:.0%})")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m cptkit.steps.label_topics LABELLED_DIR: print the topic distribution
+    import json
+    import sys
+
+    print(distribution_text(json.loads((Path(sys.argv[1]) / "_manifest.json").read_text())["extra"]))

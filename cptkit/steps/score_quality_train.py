@@ -156,3 +156,14 @@ def run(cfg: DictConfig) -> dict:
             info = json.loads((job.out / "classifier.json").read_text()) if (job.out / "classifier.json").exists() else {}
             extra = {"classes": ",".join(info.get("labels", []))}
         return job.finish(extra=extra)
+
+
+if __name__ == "__main__":  # python -m cptkit.steps.score_quality_train MODEL_DIR: held-out scores
+    import json
+    import sys
+    from pathlib import Path
+
+    m = json.loads((Path(sys.argv[1]) / "metrics.json").read_text())["metrics"]
+    print(f"quality classifier, held-out n={m['n']}: accuracy {m['accuracy']:.4f} (majority class "
+          f"{m['majority_accuracy']:.4f}), macro-F1 {m['macro_f1']:.4f}, AUC positive vs negative "
+          f"{m.get('auc', float('nan')):.4f}")

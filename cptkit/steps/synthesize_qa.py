@@ -44,6 +44,7 @@ from cptkit.synthesis import (
     parse_solution,
     sample_demos,
     snippet,
+    trim_to_sentence,
 )
 
 DISCIPLINES = ("mathematics", "physics", "chemistry", "biology", "astronomy", "earth_science",
@@ -81,6 +82,7 @@ class SynthConfig:
     min_solution_words: int = 250  # the length the prompt asks for ("around 250-350 words", §4.2.1) ...
     max_solution_words: int = 350  # 0 = no upper bound
     length_tolerance: float = 0.5  # ... is an instruction, not a filter: keep [min·(1−t), max·(1+t)]
+    trim_truncated: bool = False  # an output cut by max_new_tokens keeps its complete sentences (else: rejected)
     min_records: int = 0  # fail (exit 2) when fewer QA pairs are kept; 0 = only warn when none is
     snippet: SnippetConfig = field(default_factory=SnippetConfig)
     code: CodeConfig = field(default_factory=CodeConfig)
@@ -277,7 +279,8 @@ def scientific_task(cfg: DictConfig, job: Job, task: Task, gen: Any, domains: di
     kept = 0
     lo, hi = length_band(int(sy.min_solution_words), int(sy.max_solution_words), float(sy.length_tolerance))
     for (rec, disc, snip, s, j), c in zip(jobs, outs, strict=True):
-        reason, qa = judge_qa(c.text, c.finish_reason, int(sy.min_problem_words), lo, hi)
+        text, finish = untruncate(c.text, c.finish_reason, bool(sy.trim_truncated))
+        reason, qa = judge_qa(text, finish, int(sy.min_problem_words), lo, hi)
         if reason:
             _bump(rejected, reason)
             continue
@@ -290,6 +293,15 @@ def scientific_task(cfg: DictConfig, job: Job, task: Task, gen: Any, domains: di
         _bump(per_disc, disc)
     return {"seeds_used": len({j[0]["id"] for j in jobs}), "prompts": len(jobs), "kept": kept,
             "per_discipline": per_disc, "skipped": skipped, "rejected": rejected}
+
+
+def untruncate(text: str, finish_reason: str, trim: bool) -> tuple[str, str]:
+    """With ``trim``, an output cut by the token limit becomes its complete sentences (``stop``);
+    with none left, or without ``trim``, it stays ``length`` (rejected as truncated)."""
+    if finish_reason != "length" or not trim:
+        return text, finish_reason
+    cut = trim_to_sentence(text)
+    return (cut, "stop") if cut else (text, "length")
 
 
 def judge_qa(text: str, finish_reason: str, min_problem: int, lo: int, hi: int) -> tuple[str | None, tuple[str, str] | None]:
@@ -329,9 +341,11 @@ def code_task(cfg: DictConfig, job: Job, task: Task, gen: Any, write: Any) -> di
     rejected: dict[str, int] = {}
     seen = {p.lower() for _, p in seeds}
     problems: list[tuple[int, str]] = []
+    trim = bool(sy.trim_truncated)
     for i, c in enumerate(pouts):
-        prob = parse_problem(c.text)
-        if c.finish_reason == "length":
+        text, finish = untruncate(c.text, c.finish_reason, trim)
+        prob = parse_problem(text)
+        if finish == "length":
             _bump(rejected, "truncated_problem")
         elif count_words(prob) < int(cc.min_problem_words):
             _bump(rejected, "malformed_problem")
@@ -346,9 +360,10 @@ def code_task(cfg: DictConfig, job: Job, task: Task, gen: Any, write: Any) -> di
                          progress=job.add_bar("solutions", len(problems)))
     kept = 0
     for (i, prob), c in zip(problems, souts, strict=True):
-        sol = parse_solution(c.text)
+        text, finish = untruncate(c.text, c.finish_reason, trim)
+        sol = parse_solution(text)
         nw = count_words(sol)
-        if c.finish_reason == "length":
+        if finish == "length":
             _bump(rejected, "truncated")
         elif nw < clo:
             _bump(rejected, "too_short")
