@@ -30,7 +30,11 @@ METRICS_JSON = "metrics.json"  # held-out metrics, per-class F1, majority baseli
 BACKENDS = ("fasttext", "minilm")
 
 # CJK ideographs become one token each (fastText splits on whitespace only).
-_TOKEN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|[^\W\d_]+|\d+|[^\w\s]")
+_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_TOKEN_V1 = re.compile(rf"[{_CJK}]|[^\W\d_]+|\d+|[^\w\s]")  # models trained before tokenizer 2
+_TOKEN = re.compile(rf"[{_CJK}]|[^\W_{_CJK}]+|[^\w\s]")
+_ASCII_TOKEN = re.compile(r"[a-z0-9]+|[^\sa-z0-9_]")  # the same tokens on lowercase ASCII text, ~1.7x faster
+TOKENIZER = 2  # version stored in classifier.json
 
 
 @dataclass
@@ -105,8 +109,19 @@ class TrainParams:
 
 # --- text and splits ------------------------------------------------------------------------
 def fasttext_line(text: str, max_chars: int = 4000) -> str:
-    """Normalise a document into one fastText input line (lowercase, tokens by spaces)."""
-    return " ".join(_TOKEN.findall(text[:max_chars].lower()))
+    """Normalise a document into one fastText input line: lowercase; tokens are runs of letters and
+    digits, each punctuation mark, each CJK ideograph; joined by single spaces.
+
+    ASCII text (most documents) takes an ASCII-only pattern that gives the same tokens ~1.7x faster."""
+    t = text[:max_chars].lower()
+    if t.isascii():
+        return " ".join(_ASCII_TOKEN.findall(t))
+    return " ".join(_TOKEN.findall(t))
+
+
+def fasttext_line_v1(text: str, max_chars: int = 4000) -> str:
+    """The tokenizer of classifiers saved without a ``tokenizer`` version (digits split from letters)."""
+    return " ".join(_TOKEN_V1.findall(text[:max_chars].lower()))
 
 
 def unit_hash(seed: int, key: str) -> float:
@@ -319,6 +334,7 @@ class FastTextClassifier:
         self.model, self.labels, self.info = model, labels, info
         self.max_chars = int(info.get("max_chars", 4000))
         self._col = {f"__label__{lab}": i for i, lab in enumerate(labels)}
+        self._line = fasttext_line if int(info.get("tokenizer", 1)) >= 2 else fasttext_line_v1
 
     @classmethod
     def train(cls, texts: list[str], labels: list[str], classes: list[str], p: FastTextParams,
@@ -358,7 +374,8 @@ class FastTextClassifier:
             import shutil
 
             shutil.rmtree(tmp, ignore_errors=True)
-        info: dict[str, Any] = {"backend": "fasttext", "max_chars": max_chars, "fasttext": record["chosen"]}
+        info: dict[str, Any] = {"backend": "fasttext", "tokenizer": TOKENIZER, "max_chars": max_chars,
+                                "fasttext": record["chosen"]}
         if job.get("grid") or job.get("autotune_seconds"):
             info["tuning"] = {"mode": tune.mode, "validation_examples": len(valid), "fit_examples": len(fit),  # type: ignore[union-attr]
                               "trials": record["trials"]}
@@ -368,7 +385,7 @@ class FastTextClassifier:
         out = np.zeros((len(texts), len(self.labels)), dtype=np.float64)
         if not texts:
             return out
-        lines = [fasttext_line(t, self.max_chars) for t in texts]
+        lines = [self._line(t, self.max_chars) for t in texts]
         all_labels, all_probs = self.model.predict(lines, k=-1)
         for i, (labs, probs) in enumerate(zip(all_labels, all_probs, strict=True)):
             for lab, pr in zip(labs, probs, strict=True):
