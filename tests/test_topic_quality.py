@@ -94,3 +94,26 @@ def test_nearest_topics_and_demos_by_hand():
     demos = pick_demos(ex, ["A", "B", "C"], 1, seed=0)
     assert [t for _, t in demos] == ["A", "B"] and demos[1] == ("z", "B")
     assert len(pick_demos(ex, ["A", "B"], 2, seed=0)) == 3  # round-robin: A, B, A
+
+
+def test_demo_topic_pipeline_is_not_single_class(corpus_dir, tmp_path):
+    """The demo's label-topics pieces at small size on the real corpus slice (English: Python docs,
+    Maxima docs, GCIDE entries): embedding annotation → tuned classifier → labels; no topic takes
+    more than 60% of the English records."""
+    from cptkit.steps import label_topics, label_topics_annotate, label_topics_train
+    from cptkit.steps.label_topics import distribution, distribution_text
+
+    label_topics_annotate.run(compose_step("label-topics-annotate", [
+        f"io.inputs=[{corpus_dir}]", f"io.output={tmp_path / 'ann'}", "topics.sample=240", "topics.languages=[en]",
+        "quiet=true"]))
+    label_topics_train.run(compose_step("label-topics-train", [
+        f"io.inputs=[{tmp_path / 'ann'}]", f"io.output={tmp_path / 'model'}", "topics.languages=[en]", "quiet=true",
+        "train.tune.epoch=[5,40]", "train.tune.lr=[0.5]", "train.tune.word_ngrams=[1]"]))
+    res = label_topics.run(compose_step("label-topics", [
+        f"io.inputs=[{corpus_dir}]", f"io.output={tmp_path / 'lab'}", f"topics.model={tmp_path / 'model'}",
+        "topics.languages=[en]", "quiet=true"]))
+    rows = distribution(res["extra"])["en"]
+    total = sum(n for _, n in rows)
+    print(distribution_text(res["extra"]))
+    assert total == 450 and len(rows) >= 3
+    assert rows[0][1] / total <= 0.6, rows
