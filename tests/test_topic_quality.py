@@ -98,8 +98,9 @@ def test_nearest_topics_and_demos_by_hand():
 
 def test_demo_topic_pipeline_is_not_single_class(corpus_dir, tmp_path):
     """The demo's label-topics pieces at small size on the real corpus slice (English: Python docs,
-    Maxima docs, GCIDE entries): embedding annotation → tuned classifier → labels; no topic takes
-    more than 60% of the English records."""
+    Maxima docs, GCIDE entries; a few records of the Chinese sources are English too):
+    embedding annotation → tuned classifier → labels; no topic takes more than 60% of them.
+    Observed: 454 records, largest topic 22.7%, 10 of 11 topics used."""
     from cptkit.steps import label_topics, label_topics_annotate, label_topics_train
     from cptkit.steps.label_topics import distribution, distribution_text
 
@@ -115,5 +116,6 @@ def test_demo_topic_pipeline_is_not_single_class(corpus_dir, tmp_path):
     rows = distribution(res["extra"])["en"]
     total = sum(n for _, n in rows)
     print(distribution_text(res["extra"]))
-    assert total == 450 and len(rows) >= 3
+    n_en = sum(r.get("lang") == "en" for r in read_jsonl_dir(corpus_dir))
+    assert total == n_en >= 450 and len(rows) >= 3
     assert rows[0][1] / total <= 0.6, rows
