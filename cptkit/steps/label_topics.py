@@ -87,9 +87,10 @@ def load_models(cfg: DictConfig) -> dict[str, Any]:
 
 
 def label_batch(batch: list[Record], models: dict[str, Any], cfg: DictConfig, stats: Counter) -> list[Record]:
-    langs = languages_of(batch, str(cfg.topics.lang_field), bool(cfg.topics.redetect))
+    lang_field = str(cfg.topics.lang_field)  # read once: an OmegaConf lookup per record cost half the step's time
+    langs = languages_of(batch, lang_field, bool(cfg.topics.redetect))
     for rec, lang in zip(batch, langs, strict=True):
-        rec[str(cfg.topics.lang_field)] = lang
+        rec[lang_field] = lang
         rec["topic"], rec["topic_score"] = None, None
     for lang, clf in models.items():
         idx = [i for i, la in enumerate(langs) if la == lang]
@@ -108,11 +109,13 @@ def label_batch(batch: list[Record], models: dict[str, Any], cfg: DictConfig, st
 def run(cfg: DictConfig) -> dict:
     models = load_models(cfg)
 
+    batch_size = int(cfg.topics.batch_size)
+
     def mapper(recs: Iterator[Record], stats: Counter) -> Iterator[Record]:
         batch: list[Record] = []
         for rec in recs:
             batch.append(rec)
-            if len(batch) >= int(cfg.topics.batch_size):
+            if len(batch) >= batch_size:
                 yield from label_batch(batch, models, cfg, stats)
                 batch = []
         if batch:
