@@ -94,7 +94,7 @@ def main() -> None:
     def add(name: str, subset: list[dict], pred: dict[str, str], rate: float) -> None:
         ids = [r["id"] for r in subset]
         acc, f1, per = scores([gold[i] for i in ids], [pred.get(i) or "Others" for i in ids])
-        rows.append([name, len(ids), f"{acc:.3f}", f"{f1:.3f}", f"{rate:,.1f}"])
+        rows.append([name, len(ids), f"{acc:.3f}", f"{f1:.3f}", f"{rate:,.3f}" if rate < 10 else f"{rate:,.1f}"])
         per_topic[f"{name} (n={len(ids)})"] = per
         print(rows[-1], flush=True)
 
@@ -125,7 +125,7 @@ def main() -> None:
                     ("annotate: loglikelihood 1-shot per topic (SmolLM2-135M, calibrated)", "loglikelihood",
                      ["topics.few_shot=1", f"topics.few_shot_file={d / 'demos.jsonl'}", "topics.few_shot_chars=200"]),
                     ("annotate: generate (SmolLM2-135M, greedy, 16 tokens)", "generate", [])):
-                pred, rate = annotate(mode, d / "small.jsonl", d / name.split()[1] + "_" + str(len(extra)), extra)
+                pred, rate = annotate(mode, d / "small.jsonl", d / f"{mode}_{len(extra)}", extra)
                 add(name, small, pred, rate)
     chance = 1 / len(TOPICS)
     body = (f"Labelled set: GCIDE dictionary senses, subject label → one of the {len(TOPICS)} English topics "
