@@ -268,3 +268,25 @@ def test_scientific_with_embedded_smollm2(seed_docs, tmp_path, smollm2):
                                              "synth.min_solution_words=20", "synth.max_solution_words=0"]))
     assert res["prompts"] == 1 and res["kept"] + sum(res["rejected"].values()) == 1
     assert res["llm"]["requests"] == 1 and res["llm"]["completion_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_demo_qa_settings_keep_records(tmp_path, smollm2):
+    """The Makefile's SYNTH_ARGS (CHAMP seeds, code mode, SmolLM2) keep at least one record, with provenance."""
+    import re
+    import runpy
+    import shlex
+
+    pytest.importorskip("champ_dataset")
+    root = Path(__file__).resolve().parent.parent
+    mk = (root / "Makefile").read_text()
+    synth = re.search(r"^SYNTH_ARGS\s*\?=\s*((?:.*\\\n)*.*)$", mk, re.M).group(1).replace("\\\n", " ")
+    args = [a for a in shlex.split(synth) if not a.startswith("synth.code.num_problems=")]
+    recs = runpy.run_path(str(root / "examples" / "champ_problems.py"))["champ_records"]()
+    (tmp_path / "champ.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = run(compose_step("synthesize-qa", [f"io.inputs=[{tmp_path / 'champ.jsonl'}]", f"io.output={tmp_path / 'qa'}",
+                                             *args, "synth.code.num_problems=2", "llm.cache=false", "llm.device=cpu",
+                                             "quiet=true"]))
+    assert res["prompts"] == 2 and res["kept"] >= 1, res
+    for r in _records(tmp_path / "qa"):
+        assert r["meta"]["generator"]["prompt"] == "code_solution" and r["meta"]["generator"]["max_new_tokens"] == 128
