@@ -54,9 +54,12 @@ EXPAND_ARGS ?= expand.rounds=1 expand.questions_per_seed=1 llm.max_new_tokens=64
 TOP_K       ?= 200
 POSITIVES   ?= '$(CORPUS)/part-0000[01]-*'
 NEGATIVES   ?= '$(CORPUS)/part-00002-*'
-TOPIC_SAMPLE ?= 32
-SYNTH_ARGS  ?= synth.disciplines=[mathematics,computer_science] synth.max_docs_per_shard=2 \
-               synth.snippet.max_words=120 synth.min_solution_words=30 llm.max_new_tokens=160
+TOPIC_SAMPLE ?= 400
+# Synthetic domain: SmolLM2-135M writes short new problems from CHAMP seed problems (code/ICL mode,
+# Llama-3-SynE §4.2.2) and their solutions: a task it can do, unlike 250-350-word scientific QA.
+SYNTH_ARGS  ?= synth.mode=code synth.code.num_problems=8 synth.code.demos=2 synth.code.discipline=mathematics \
+               synth.code.min_problem_words=8 synth.code.min_solution_words=15 synth.code.max_solution_words=200 \
+               synth.trim_truncated=true llm.max_new_tokens=128
 MIX         ?= demo_cpt
 MIX_ARGS    ?= mix.budget_tokens=6e5
 TOKENIZER   ?= smollm2
@@ -90,6 +93,7 @@ $(DATA)/deduped/_SUCCESS: $(DATA)/retrieved/_SUCCESS
 # Quality classifier: documentation (python + maxima shards) vs dictionary entries, from the corpus.
 $(DATA)/models/quality/_SUCCESS: $(CORPUS_DEP)
 	$(CPTKIT) score-quality-train --positives $(POSITIVES) --negatives $(NEGATIVES) --out $(@D)
+	@$(BIN)/python -m cptkit.steps.score_quality_train $(@D)
 
 $(DATA)/scored/_SUCCESS: $(DATA)/deduped/_SUCCESS $(DATA)/models/quality/_SUCCESS
 	$(CPTKIT) score-quality --in $(DATA)/deduped --out $(@D) quality.model=$(DATA)/models/quality
@@ -102,9 +106,13 @@ $(DATA)/models/topics/_SUCCESS: $(DATA)/topic_labels/_SUCCESS
 
 $(DATA)/labelled/_SUCCESS: $(DATA)/scored/_SUCCESS $(DATA)/models/topics/_SUCCESS
 	$(CPTKIT) label-topics --in $(DATA)/scored --out $(@D) topics.model=$(DATA)/models/topics
+	@echo "topic distribution of $(@D):" && $(BIN)/python -m cptkit.steps.label_topics $(@D)
 
-$(DATA)/qa/_SUCCESS: $(DATA)/scored/_SUCCESS
-	$(CPTKIT) synthesize-qa --in $(DATA)/scored --out $(@D) $(SYNTH_ARGS) $(LLM)
+$(DATA)/champ.jsonl: | $(VENV)/.installed
+	@mkdir -p $(@D) && $(BIN)/python examples/champ_problems.py $@
+
+$(DATA)/qa/_SUCCESS: $(DATA)/champ.jsonl
+	$(CPTKIT) synthesize-qa --in $< --out $(@D) $(SYNTH_ARGS) $(LLM)
 
 $(DATA)/qa_c30/_SUCCESS: $(DATA)/qa/_SUCCESS
 	$(CPTKIT) corrupt --in $(DATA)/qa --out $(@D) corrupt.ratio=0.3 corrupt.seed=1

@@ -30,6 +30,11 @@ class Taxonomy:
     topics: list[str]
     aliases: dict[str, str] = field(default_factory=dict)
     prompt: str = DEFAULT_PROMPT
+    descriptions: dict[str, str] = field(default_factory=dict)  # topic -> text the embedding annotator embeds
+
+    def description(self, topic: str) -> str:
+        """What the embedding annotator compares pages with: the topic's description, else its name."""
+        return self.descriptions.get(topic) or topic
 
 
 def taxonomy_path(lang: str, spec: str | None, conf_dir: Path) -> Path:
@@ -57,7 +62,11 @@ def load_taxonomy(path: str | Path) -> Taxonomy:
     prompt = str(data.get("prompt") or DEFAULT_PROMPT)
     if "{page}" not in prompt or "{topics}" not in prompt:
         raise CptkitError(f"{path}: the prompt needs {{topics}} and {{page}} placeholders")
-    return Taxonomy(str(data.get("language", path.stem)), topics, aliases, prompt)
+    desc = {str(k): str(v) for k, v in (data.get("descriptions") or {}).items()}
+    unknown = sorted(k for k in desc if k not in topics)
+    if unknown:
+        raise CptkitError(f"{path}: description for {unknown[0]!r}, which is not a topic")
+    return Taxonomy(str(data.get("language", path.stem)), topics, aliases, prompt, desc)
 
 
 def build_prompt(tax: Taxonomy, page: str, max_chars: int = 2000) -> str:
@@ -149,3 +158,40 @@ def truncate_tokens(tokenizer: Any, text: str, max_tokens: int) -> str:
     if len(enc["input_ids"]) <= max_tokens:
         return text
     return text[:enc["offset_mapping"][max_tokens - 1][1]]
+
+
+def nearest_topics(pages: Any, topics: Any, temperature: float = 0.05) -> tuple[list[int], list[list[float]]]:
+    """Zero-shot labels from unit vectors: each page's most similar topic (cosine; ties: the first)
+    and ``softmax(cos / temperature)`` over the topics as its probabilities."""
+    import numpy as np
+
+    sims = np.asarray(pages, dtype=np.float64) @ np.asarray(topics, dtype=np.float64).T
+    if temperature <= 0:
+        raise CptkitError(f"topics.embed_temperature={temperature}: must be > 0")
+    z = (sims - sims.max(axis=1, keepdims=True)) / temperature
+    probs = np.exp(z)
+    probs /= probs.sum(axis=1, keepdims=True)
+    return [int(i) for i in sims.argmax(axis=1)], probs.tolist()
+
+
+def fewshot_messages(tax: Taxonomy, demos: list[tuple[str, str]], page: str, max_chars: int = 2000,
+                     demo_chars: int = 300) -> list[dict[str, str]]:
+    """A few-shot chat: for each ``(text, topic)`` demonstration the App. B prompt as a user turn and
+    the topic as the assistant's answer, then the prompt for ``page``."""
+    msgs: list[dict[str, str]] = []
+    for text, topic in demos:
+        msgs += [{"role": "user", "content": build_prompt(tax, text, demo_chars)}, {"role": "assistant", "content": topic}]
+    return msgs + [{"role": "user", "content": build_prompt(tax, page, max_chars)}]
+
+
+def pick_demos(examples: list[tuple[str, str, str]], topics: list[str], k: int, seed: int) -> list[tuple[str, str]]:
+    """``k`` demonstrations per topic from ``(id, text, topic)`` examples: the smallest hash of
+    ``(seed, id)`` per topic, then interleaved round-robin in taxonomy order (no topic last in bulk)."""
+    from cptkit.classify import unit_hash
+
+    by: dict[str, list[tuple[float, str, str]]] = {t: [] for t in topics}
+    for i, text, topic in examples:
+        if topic in by:
+            by[topic].append((unit_hash(seed, "demo/" + i), i, text))
+    chosen = {t: [x[2] for x in sorted(v)[:k]] for t, v in by.items()}
+    return [(chosen[t][r], t) for r in range(k) for t in topics if r < len(chosen[t])]

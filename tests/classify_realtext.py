@@ -115,3 +115,57 @@ def manpages_zh(n: int) -> list[dict]:
         texts += _chunks(re.split(r"\n\s*\n", body), lo=120, hi=800)
     texts = [t for t in texts if len(re.findall(r"[\u4e00-\u9fff]", t)) >= 30]
     return _records(texts, "manpages-zh", n)
+
+
+# GCIDE subject labels ("(Zool.)", "(Law)", ...) → the English taxonomy of conf/topics/en.yaml.
+GCIDE_TOPICS: dict[str, tuple[str, ...]] = {
+    "Mathematics and Physics": ("Math.", "Physics", "Geom.", "Alg.", "Arith.", "Opt.", "Optics", "Magnetism",
+                                "Astron."),
+    "Computer Science and Engineering": ("Computers", "Elec.", "Mech.", "Mach.", "Engin.", "Steam Engine",
+                                         "Electronics", "Railroad", "Railroads", "Teleg."),
+    "Biology and Chemistry": ("Zool.", "Bot.", "Chem.", "Biol.", "Biochem.", "Genetics", "Biology"),
+    "History and Geography": ("Rom. Antiq.", "Gr. Antiq.", "Antiq.", "Jewish Antiq.", "Eng. Hist.", "Geography",
+                              "Geog.", "Phys. Geog.", "Eccl. Hist.", "Hist."),
+    "Law and Policy": ("Law", "Law.", "Eng. Law", "Scots Law", "Civil Law", "Old Law", "Feudal Law", "Rom. Law",
+                       "Old Eng. Law", "Politics"),
+    "Philosophy and Logic": ("Logic", "Metaph.", "Philos."),
+    "Economics and Business": ("Com.", "Finance", "Stock Exchange", "Polit. Econ.", "Pol. Econ.", "Bookkeeping"),
+    "Psychology and Sociology": ("Psychol.", "Ethnol.", "Anthropol.", "Phren."),
+    "Security and International Relations": ("Mil.", "Fort.", "Gun.", "Ordnance", "Firearms", "Anc. Armor"),
+    "Medicine and Health": ("Med.", "Anat.", "Surg.", "Physiol.", "Pharm.", "Pathol."),
+    "Others": ("Mus.", "Music", "Cookery", "Baseball", "Golf", "Card Playing", "Football", "Cricket", "Billiards",
+               "Chess", "Tennis", "Fencing"),
+}
+_GCIDE_TAG = re.compile(r"\(([A-Z][A-Za-z]*\.?(?: [A-Z][A-Za-z]*\.?){0,2})\)")
+_GCIDE_SOURCE = re.compile(r"\s*\[(?:1913 Webster|WordNet[^\]]*|PJC|Webster 1913 Suppl\.|[^\]]{0,30}\+PJC)\]")
+
+
+def gcide_topics(per_topic: int, offset: int = 0) -> list[dict]:
+    """Dictionary senses whose subject label names exactly one taxonomy topic: ``per_topic`` per topic.
+
+    A sense (a blank-line separated block of GCIDE, ≥ 80 characters once cleaned) is labelled
+    with the topic of its subject labels, e.g. "(Anat.)" → Medicine and Health; blocks with
+    labels of two topics are skipped. The labels and the ``[1913 Webster]`` source marks are
+    removed from the text, so a classifier must read the definition. ``offset`` skips the first
+    senses of each topic (a disjoint set for ``offset >= per_topic`` of an earlier call).
+    Records: ``{"id", "text", "topic", "source": "gcide"}``, topics in taxonomy order.
+    """
+    path = deb_dir("dict-gcide") / "usr/share/dictd/gcide.dict.dz"
+    tag_topic = {tag: topic for topic, tags in GCIDE_TOPICS.items() for tag in tags}
+    with gzip.open(path, "rt", errors="replace") as f:
+        raw = f.read()
+    by: dict[str, list[str]] = {t: [] for t in GCIDE_TOPICS}
+    for block in re.split(r"\n\s*\n", raw):
+        topics = {tag_topic[m] for m in _GCIDE_TAG.findall(block) if m in tag_topic}
+        if len(topics) != 1:
+            continue
+        text = _GCIDE_SOURCE.sub("", _GCIDE_TAG.sub(lambda m: "" if m.group(1) in tag_topic else m.group(0), block))
+        text = re.sub(r"[ \t]+", " ", re.sub(r"\s*\n\s*", "\n", text)).strip()
+        if len(text) >= 80:
+            by[topics.pop()].append(text)
+    out = []
+    for topic, texts in by.items():
+        picked = _spread(texts, per_topic + offset)[offset:]
+        out += [{"id": f"gcide-{topic.split()[0].lower()}-{offset + i:05d}", "text": t, "topic": topic,
+                 "source": "gcide"} for i, t in enumerate(picked)]
+    return out

@@ -216,7 +216,7 @@ def test_annotate_loglikelihood_maps_every_page(tiny_chat_model, tmp_path):
         {"id": "fr", "text": "Le chat dort sur la table toute la journée et ne se réveille que pour manger."}]
     write_jsonl(tmp_path / "corpus" / "a.jsonl", pages[::2])
     write_jsonl(tmp_path / "corpus" / "b.jsonl", pages[1::2])
-    args = [f"io.inputs=[{tmp_path / 'corpus'}]", "topics.sample=15", "topics.max_page_tokens=64",
+    args = [f"io.inputs=[{tmp_path / 'corpus'}]", "topics.annotate_mode=loglikelihood", "topics.sample=15", "topics.max_page_tokens=64",
             f"llm.model={tiny_chat_model}", "llm.device=cpu", "topics.topic_batch_size=4", "quiet=true"]
     res = label_topics_annotate.run(compose_step("label-topics-annotate", args + [f"io.output={tmp_path / 'out'}"]))
     stats = res["extra"]
@@ -240,14 +240,14 @@ def test_annotate_loglikelihood_maps_every_page(tiny_chat_model, tmp_path):
 
 def test_loglikelihood_needs_a_local_model(tmp_path):
     write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "text": "x", "lang": "en"}])
-    base = [f"io.inputs=[{tmp_path / 'in.jsonl'}]", f"io.output={tmp_path / 'o'}"]
+    base = [f"io.inputs=[{tmp_path / 'in.jsonl'}]", f"io.output={tmp_path / 'o'}", "topics.annotate_mode=loglikelihood"]
     with pytest.raises(CptkitError, match="needs llm.backend=transformers, not openai; use topics.annotate_mode=generate"):
         label_topics_annotate.run(compose_step("label-topics-annotate", base + ["llm=openai"]))
     with pytest.raises(CptkitError, match="topics.annotate_mode=vote"):
         label_topics_annotate.run(compose_step("label-topics-annotate", base + ["topics.annotate_mode=vote"]))
     assert not (tmp_path / "o").exists()  # nothing half-written
     r = runner.invoke(app, ["label-topics-annotate", "--in", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o"),
-                            "llm=openai", "-q"])
+                            "llm=openai", "topics.annotate_mode=loglikelihood", "-q"])
     assert r.exit_code != 0
 
 
@@ -263,7 +263,8 @@ def test_annotate_loglikelihood_with_the_embedded_llm(tmp_path):
     po = [{**r, "lang": "zh"} for r in poems_zh(60)[::10][:4]]
     write_jsonl(tmp_path / "corpus" / "c.jsonl", py + po)
     res = label_topics_annotate.run(compose_step("label-topics-annotate", [
-        f"io.inputs=[{tmp_path / 'corpus'}]", f"io.output={tmp_path / 'out'}", "topics.sample=8", "quiet=true"]))
+        f"io.inputs=[{tmp_path / 'corpus'}]", f"io.output={tmp_path / 'out'}", "topics.sample=8", "quiet=true",
+        "topics.annotate_mode=loglikelihood"]))
     assert res["extra"]["en mapped"] == 4 and res["extra"]["zh mapped"] == 4
     out = {r["id"]: r for r in read_out(tmp_path / "out")}
     assert len(out) == 8 and all(r["topic_annotator"] == "smollm2" for r in out.values())

@@ -177,3 +177,23 @@ def test_minilm_backend(data, tmp_path):
     clf = load_classifier(model)
     p = clf.predict_proba([hq[0]["text"], lq[0]["text"]])
     assert p.shape == (2, 2) and np.allclose(p.sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_roc_auc_by_hand():
+    from cptkit.classify import roc_auc
+
+    # 2 positives (0.9, 0.4), 2 negatives (0.5, 0.1): pairs (0.9>0.5, 0.9>0.1, 0.4<0.5, 0.4>0.1) → 3/4
+    assert roc_auc([0.9, 0.5, 0.4, 0.1], [True, False, True, False]) == 0.75
+    # a tie between a positive and a negative counts one half: (1 + 0.5) / 2
+    assert roc_auc([0.8, 0.3, 0.3], [True, True, False]) == 0.75
+    assert roc_auc([0.2, 0.1], [True, True]) != roc_auc([0.2, 0.1], [True, True])  # NaN: one class only
+    assert roc_auc([0.1, 0.9], [False, True]) == 1.0
+
+
+def test_majority_macro_f1_by_hand():
+    from cptkit.classify import majority_macro_f1
+
+    # shares 6/10 and 4/10: always "A" has precision 0.6, recall 1, F1 = 1.2/1.6 = 0.75; B scores 0
+    assert abs(majority_macro_f1([6, 4]) - 0.375) < 1e-12
+    m = evaluate(["A"] * 6 + ["B"] * 4, ["A"] * 10, ["A", "B"])
+    assert abs(m["macro_f1"] - m["majority_macro_f1"]) < 1e-12

@@ -39,7 +39,8 @@ class GenParams:
     @classmethod
     def from_config(cls, llm: Any, **overrides: Any) -> GenParams:
         """Defaults from an ``llm`` config node; ``overrides`` with value None are ignored."""
-        base = {k: llm[k] for k in ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed")}
+        base = {k: llm[k] for k in ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed")
+                if llm.get(k) is not None}  # llm.max_new_tokens=None: the dataclass default
         base.update({k: v for k, v in overrides.items() if v is not None})
         if "stop" in base:
             base["stop"] = tuple(base["stop"])

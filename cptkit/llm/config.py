@@ -29,8 +29,9 @@ class LLMConfig:
     gguf_file: str | None = None  # GGUF file inside `model` (a dir); set automatically for .gguf paths
     chat: bool = True  # plain-string prompts are sent as one user message through the chat template
     system: str | None = None  # optional system message prepended to plain-string prompts in chat mode
-    # default sampling parameters (a step may override max_new_tokens per prompt)
-    max_new_tokens: int = 256
+    # default sampling parameters. max_new_tokens: None = each prompt file's own value (256 where a
+    # step has no prompt file); a number set here (e.g. llm.max_new_tokens=64) wins over every prompt's
+    max_new_tokens: int | None = None
     temperature: float = 0.7  # 0 = greedy
     top_p: float = 0.95
     repetition_penalty: float = 1.0

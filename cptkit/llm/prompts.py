@@ -38,6 +38,13 @@ def render(prompt: Any, **fields: str) -> str | list[dict[str, str]]:
     return text
 
 
+def max_new_tokens(prompt: Any, llm: Any) -> int:
+    """The token limit for ``prompt``: ``llm.max_new_tokens`` when set (the command line wins),
+    else the prompt file's ``max_new_tokens``."""
+    v = llm.get("max_new_tokens") if hasattr(llm, "get") else getattr(llm, "max_new_tokens", None)
+    return int(v) if v is not None else int(prompt.max_new_tokens)
+
+
 def check(prompt: Any, required: set[str], where: str) -> None:
     """A prompt must use every required placeholder (else the model never sees the input)."""
     missing = required - placeholders(str(prompt.template))

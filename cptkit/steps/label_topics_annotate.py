@@ -34,15 +34,30 @@ from cptkit.llm.config import LLMConfig
 from cptkit.records import Record
 from cptkit.shards import atomic_write_bytes, resolve_inputs
 from cptkit.steps.label_topics import TopicsConfig, languages_of, taxonomies
-from cptkit.topics import NORMS, build_prompt, map_answer, pick_topic, truncate_tokens
+from cptkit.topics import (
+    NORMS,
+    build_prompt,
+    fewshot_messages,
+    map_answer,
+    nearest_topics,
+    pick_demos,
+    pick_topic,
+    truncate_tokens,
+)
 
-MODES = ("loglikelihood", "generate")
+MODES = ("embedding", "loglikelihood", "generate")
 
 
 @dataclass
 class AnnotateConfig(TopicsConfig):
     sample: int = 5000  # pages to annotate (paper: 5,000)
-    annotate_mode: str = "loglikelihood"  # loglikelihood (score every topic) | generate (map the answer)
+    annotate_mode: str = "embedding"  # embedding (nearest topic description) | loglikelihood | generate
+    embed_model: str | None = None  # embedding: a sentence-encoder folder (None: all-MiniLM-L6-v2, offline)
+    embed_max_tokens: int = 256  # embedding: page tokens the encoder reads
+    embed_temperature: float = 0.05  # embedding: topic_score = softmax(cosine / temperature)
+    few_shot: int = 0  # loglikelihood/generate: labelled demonstrations per topic (0: zero-shot)
+    few_shot_file: str | None = None  # JSONL with text, topic (and lang) to draw them from
+    few_shot_chars: int = 300  # characters of each demonstration in the prompt
     max_chars: int = 2000  # characters of the page put into the prompt
     max_page_tokens: int = 256  # loglikelihood: page tokens kept in the prompt (prefill cost); 0 = all
     norm: str = "chars"  # loglikelihood: chars (lm-eval acc_norm) | tokens | none (acc)
@@ -125,6 +140,54 @@ def topic_loglikelihoods(model, tokenizer, context: str, topics: list[str], batc
     return [(ll, len(c)) for ll, c in zip(lls, conts, strict=True)]
 
 
+def load_demos(cfg: DictConfig, taxes: dict) -> dict[str, list[tuple[str, str]]]:
+    """Few-shot demonstrations per language (``topics.few_shot`` per topic from ``topics.few_shot_file``)."""
+    a = cfg.topics
+    k = int(a.few_shot)
+    if k <= 0:
+        return {}
+    if not a.few_shot_file:
+        raise CptkitError("topics.few_shot needs topics.few_shot_file=FILE (JSONL records with text and topic)")
+    from cptkit.shards import read_records
+
+    examples: dict[str, list[tuple[str, str, str]]] = {}
+    recs = [r for inp in resolve_inputs([str(a.few_shot_file)]) for r in read_records(inp)]
+    langs = languages_of(recs, str(a.lang_field), bool(a.redetect))
+    for rec, lang in zip(recs, langs, strict=True):
+        if lang not in taxes:
+            continue
+        if rec.get("topic") not in taxes[lang].topics:
+            raise CptkitError(f"{a.few_shot_file}: record {rec['id']!r} has topic {rec.get('topic')!r}, "
+                              f"not a topic of the {lang} taxonomy")
+        examples.setdefault(lang, []).append((rec["id"], rec["text"], rec["topic"]))
+    return {lang: pick_demos(ex, taxes[lang].topics, k, int(cfg.seed)) for lang, ex in examples.items()}
+
+
+def annotate_embedding(todo: list[tuple[Record, str]], taxes: dict, cfg: DictConfig, job: Job,
+                       stats: Counter) -> list[Record]:
+    """Embed pages and topic descriptions with a sentence encoder; each page gets the nearest topic."""
+    from cptkit.classify import SentenceEncoder
+
+    a = cfg.topics
+    enc = SentenceEncoder(a.embed_model, max_length=int(a.embed_max_tokens))
+    labelled = []
+    advance = job.add_bar("annotate", len(todo))
+    for lang in sorted({lang for _, lang in todo}):
+        tax = taxes[lang]
+        tvecs = enc.encode([tax.description(t) for t in tax.topics])
+        recs = [rec for rec, la in todo if la == lang]
+        pvecs = enc.encode([rec["text"][:int(a.max_chars)] for rec in recs], progress=advance)
+        best, probs = nearest_topics(pvecs, tvecs, float(a.embed_temperature))
+        for rec, b, pr in zip(recs, best, probs, strict=True):
+            stats[f"{lang} mapped"] += 1
+            stats[f"{lang}: {tax.topics[b]}"] += 1
+            labelled.append({**rec, str(a.lang_field): lang, "topic": tax.topics[b], "topic_score": round(pr[b], 6),
+                             "topic_annotator": str(a.embed_model or "all-MiniLM-L6-v2"),
+                             "topic_annotate_mode": "embedding"})
+    order = {rec["id"]: i for i, (rec, _) in enumerate(todo)}
+    return sorted(labelled, key=lambda r: order[r["id"]])
+
+
 def check_mode(cfg: DictConfig) -> str:
     """The annotation mode, after checking that the ``llm`` backend supports it."""
     mode = str(cfg.topics.annotate_mode)
@@ -144,7 +207,9 @@ def annotate_generate(gen, todo: list[tuple[Record, str]], taxes: dict, cfg: Dic
                       stats: Counter) -> tuple[list[Record], list[dict]]:
     """Generate an answer per page and map it onto the taxonomy: (labelled records, rejected answers)."""
     a = cfg.topics
-    prompts = [build_prompt(taxes[lang], rec["text"], int(a.max_chars)) for rec, lang in todo]
+    demos = load_demos(cfg, taxes)
+    prompts = [fewshot_messages(taxes[lang], demos[lang], rec["text"], int(a.max_chars), int(a.few_shot_chars))
+               if demos.get(lang) else build_prompt(taxes[lang], rec["text"], int(a.max_chars)) for rec, lang in todo]
     advance = job.add_bar("annotate", len(prompts))
     outs = gen.generate(prompts, gen.params(max_new_tokens=int(a.max_new_tokens), temperature=float(a.temperature)),
                         progress=advance)
@@ -166,16 +231,23 @@ def annotate_loglikelihood(gen, todo: list[tuple[Record, str]], taxes: dict, cfg
     """Score every topic of the page's taxonomy as the prompt's continuation; argmax (normalised)."""
     a = cfg.topics
     bs = int(a.topic_batch_size)
+    demos = load_demos(cfg, taxes)
+
+    def request(lang: str, page: str):
+        if demos.get(lang):
+            return fewshot_messages(taxes[lang], demos[lang], page, int(a.max_chars), int(a.few_shot_chars))
+        return build_prompt(taxes[lang], page, int(a.max_chars))
+
     baselines: dict[str, list[float] | None] = {}
     for lang in sorted({lang for _, lang in todo}):
         baselines[lang] = None if not a.calibrate else [ll for ll, _ in topic_loglikelihoods(
-            gen.model, gen.tok, gen.render(build_prompt(taxes[lang], str(a.content_free))), taxes[lang].topics, bs)]
+            gen.model, gen.tok, gen.render(request(lang, str(a.content_free))), taxes[lang].topics, bs)]
     advance = job.add_bar("annotate", len(todo))
     labelled = []
     for rec, lang in todo:
         tax = taxes[lang]
         page = truncate_tokens(gen.tok, rec["text"][:int(a.max_chars)], int(a.max_page_tokens))
-        context = gen.render(build_prompt(tax, page, int(a.max_chars)))
+        context = gen.render(request(lang, page))
         scored = topic_loglikelihoods(gen.model, gen.tok, context, tax.topics, batch_size=bs)
         best, probs = pick_topic(tax.topics, [ll for ll, _ in scored], [n for _, n in scored], str(a.norm),
                                  baselines[lang])
@@ -202,9 +274,11 @@ def run(cfg: DictConfig) -> dict:
             langs = languages_of(sample, str(a.lang_field), bool(a.redetect))
             todo = [(rec, lang) for rec, lang in zip(sample, langs, strict=True) if lang in taxes]
             stats: Counter = Counter(sampled=len(sample), **{"no taxonomy for language": len(sample) - len(todo)})
-            gen = load_generator(cfg.llm)
+            gen = load_generator(cfg.llm) if mode != "embedding" else None
             t1 = time.time()
-            if mode == "generate":
+            if mode == "embedding":
+                labelled, rejected = annotate_embedding(todo, taxes, cfg, job, stats), []
+            elif mode == "generate":
                 labelled, rejected = annotate_generate(gen, todo, taxes, cfg, job, stats)
             else:
                 labelled, rejected = annotate_loglikelihood(gen, todo, taxes, cfg, job, stats), []
@@ -214,10 +288,10 @@ def run(cfg: DictConfig) -> dict:
                     w.write(rec)
             atomic_write_bytes(job.out / "_rejected.jsonl",
                                "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejected).encode())
-            timing = {"mode": mode, "pages": len(todo), "seconds": round(secs, 3),
+            timing = {"mode": mode, "pages": len(todo), "seconds": round(secs, 3), "few_shot": int(a.few_shot),
                       **({"norm": str(a.norm), "calibrate": bool(a.calibrate)} if mode == "loglikelihood" else {}),
                       "pages_per_s": round(len(todo) / secs, 3) if secs > 0 else None}
             job.complete(task, w, seconds=time.time() - t0, annotate=dict(stats), timing=timing,
-                         llm=gen.stats.as_dict())
+                         llm=gen.stats.as_dict() if gen is not None else {})
             extra = {"annotate mode": mode} | dict(stats) | {"annotate pages/s": timing["pages_per_s"]}
         return job.finish(extra=extra)

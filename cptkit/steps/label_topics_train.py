@@ -21,7 +21,7 @@ from cptkit.job import Job, Task
 from cptkit.progress import log
 from cptkit.shards import resolve_inputs
 from cptkit.steps.label_topics import TopicsConfig, languages_of, taxonomies
-from cptkit.steps.score_quality_train import params_of, report
+from cptkit.steps.score_quality_train import check_quality, params_of, report, tuning_rows
 
 
 @dataclass
@@ -56,6 +56,7 @@ def run(cfg: DictConfig) -> dict:
                 recs.append(rec)
             langs = languages_of(recs, str(cfg.topics.lang_field), bool(cfg.topics.redetect))
             all_metrics = {}
+            trained: list = []
             for lang in cfg.topics.languages:
                 sel = [r for r, la in zip(recs, langs, strict=True) if la == lang]
                 for r in sel:
@@ -68,12 +69,15 @@ def run(cfg: DictConfig) -> dict:
                 params: TrainParams = params_of(cfg)
                 res = train_classifier([r["id"] for r in sel], [r["text"] for r in sel],
                                        [r[label_field] for r in sel], params, int(cfg.seed))
-                save_classifier(res, job.out / lang, params, int(cfg.seed),
-                                extra={"language": lang, "taxonomy": taxes[lang].topics})
+                check_quality(res.metrics, lang, float(params.min_f1))
+                trained.append((lang, res, params))
                 all_metrics[lang] = res.metrics
                 extra[f"{lang} examples"] = len(sel)
-                extra |= report(res.metrics, lang, bool(cfg.quiet))
+                extra |= report(res.metrics, lang, bool(cfg.quiet)) | tuning_rows(res.classifier, lang)
             if not all_metrics:
                 raise CptkitError(f"no language in {list(cfg.topics.languages)} has labelled records in 2+ topics")
+            for lang, res, params in trained:  # written once every language passed train.min_f1
+                save_classifier(res, job.out / lang, params, int(cfg.seed),
+                                extra={"language": lang, "taxonomy": taxes[lang].topics})
             job.complete(task, None, seconds=time.time() - t0, metrics=all_metrics)
         return job.finish(extra=extra)

@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.classify import TrainParams, confusion_text, save_classifier, train_classifier
+from cptkit.classify import (
+    TrainParams,
+    confusion_text,
+    no_better_than_majority,
+    save_classifier,
+    train_classifier,
+)
 from cptkit.config import JobConfig, register_step
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
@@ -46,8 +52,23 @@ register_step("score-quality-train", ScoreQualityTrainJob)
 def params_of(cfg: DictConfig, cls: type = TrainParams) -> TrainParams:
     """The TrainParams part of ``cfg.train`` as a dataclass."""
     obj = OmegaConf.to_object(cfg.train)
-    keep = {k: getattr(obj, k) for k in ("backend", "heldout", "max_per_class", "max_chars", "fasttext", "minilm")}
+    keep = {k: getattr(obj, k) for k in ("backend", "heldout", "max_per_class", "max_chars", "min_f1", "tune",
+                                         "fasttext", "minilm")}
     return cls(**keep)
+
+
+def check_quality(metrics: dict, title: str, min_f1: float) -> None:
+    """Warn when the held-out scores do not beat the majority class; fail below ``train.min_f1``."""
+    if not metrics:
+        return
+    if no_better_than_majority(metrics):
+        log.warning("%s: the classifier is no better than always answering the majority class (held-out "
+                    "accuracy %.4f vs %.4f, macro-F1 %.4f vs %.4f): label more examples or check the labels",
+                    title, metrics["accuracy"], metrics["majority_accuracy"], metrics["macro_f1"],
+                    metrics["majority_macro_f1"])
+    if min_f1 and metrics["macro_f1"] < min_f1:
+        raise CptkitError(f"{title}: held-out macro-F1 {metrics['macro_f1']:.4f} is below train.min_f1={min_f1} "
+                          f"(majority class {metrics['majority_macro_f1']:.4f}); no model written")
 
 
 def report(metrics: dict, title: str, quiet: bool) -> dict:
@@ -57,10 +78,30 @@ def report(metrics: dict, title: str, quiet: bool) -> dict:
     if not quiet:
         console.print(f"[bold]{title}[/bold] held-out confusion (rows gold, columns predicted):")
         console.print(confusion_text(metrics), markup=False, highlight=False)
-    log.info("%s held-out: accuracy %.4f, macro-F1 %.4f (majority class %.4f, n=%d)", title,
-             metrics["accuracy"], metrics["macro_f1"], metrics["majority_accuracy"], metrics["n"])
-    return {f"{title} held-out n": metrics["n"], f"{title} accuracy": metrics["accuracy"],
-            f"{title} macro-F1": metrics["macro_f1"], f"{title} majority-class accuracy": metrics["majority_accuracy"]}
+    log.info("%s held-out: accuracy %.4f, macro-F1 %.4f (majority class %.4f / %.4f, n=%d)", title,
+             metrics["accuracy"], metrics["macro_f1"], metrics["majority_accuracy"], metrics["majority_macro_f1"],
+             metrics["n"])
+    rows = {f"{title} held-out n": metrics["n"], f"{title} accuracy": metrics["accuracy"],
+            f"{title} macro-F1": metrics["macro_f1"], f"{title} majority-class accuracy": metrics["majority_accuracy"],
+            f"{title} majority-class macro-F1": metrics["majority_macro_f1"]}
+    rows |= {f"{title} F1 [{c}]": round(v["f1"], 4) for c, v in metrics["per_class"].items() if v["support"]}
+    if "auc" in metrics:
+        rows[f"{title} held-out AUC (positive vs negative)"] = metrics["auc"]
+    return rows
+
+
+def tuning_rows(clf, title: str) -> dict:
+    """The chosen fastText settings (and how many candidates were tried) for the summary."""
+    ft, tun = clf.info.get("fasttext"), clf.info.get("tuning")
+    if not ft:
+        return {}
+    chosen = f"epoch {ft['epoch']}, lr {ft['lr']:g}, wordNgrams {ft['word_ngrams']}, minn/maxn {ft['minn']}/{ft['maxn']}"
+    rows = {f"{title} fastText settings": chosen}
+    if tun:
+        best = max((t["macro_f1"] for t in tun["trials"]), default=None)
+        rows[f"{title} tuning"] = (f"{tun['mode']}: {len(tun['trials'])} candidates on {tun['validation_examples']} "
+                                   f"validation examples, best macro-F1 {best}")
+    return rows
 
 
 def run(cfg: DictConfig) -> dict:
@@ -102,10 +143,12 @@ def run(cfg: DictConfig) -> dict:
             params = params_of(cfg)
             log.info("training %s on %d examples", params.backend, len(ids))
             res = train_classifier(ids, texts, labels, params, int(cfg.seed))
+            title = "quality" if t.positives else str(t.label_field)
+            check_quality(res.metrics, title, float(params.min_f1))
             info = {"positive": str(t.positive_label)} if t.positives else {}
             save_classifier(res, job.out, params, int(cfg.seed), extra=info)
             extra = {"classes": ",".join(res.classifier.labels), **res.counts,
-                     **report(res.metrics, "quality" if t.positives else str(t.label_field), bool(cfg.quiet))}
+                     **report(res.metrics, title, bool(cfg.quiet)), **tuning_rows(res.classifier, title)}
             job.complete(task, None, seconds=time.time() - t0, metrics=res.metrics)
         if not extra:  # resumed after completion
             import json
@@ -113,3 +156,14 @@ def run(cfg: DictConfig) -> dict:
             info = json.loads((job.out / "classifier.json").read_text()) if (job.out / "classifier.json").exists() else {}
             extra = {"classes": ",".join(info.get("labels", []))}
         return job.finish(extra=extra)
+
+
+if __name__ == "__main__":  # python -m cptkit.steps.score_quality_train MODEL_DIR: held-out scores
+    import json
+    import sys
+    from pathlib import Path
+
+    m = json.loads((Path(sys.argv[1]) / "metrics.json").read_text())["metrics"]
+    print(f"quality classifier, held-out n={m['n']}: accuracy {m['accuracy']:.4f} (majority class "
+          f"{m['majority_accuracy']:.4f}), macro-F1 {m['macro_f1']:.4f}, AUC positive vs negative "
+          f"{m.get('auc', float('nan')):.4f}")

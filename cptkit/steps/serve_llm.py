@@ -47,5 +47,5 @@ def run(cfg: DictConfig) -> None:
     gen = load_generator(llm)
     s = cfg.serve
     serve(gen, str(s.host), int(s.port), model_name=s.model_name, max_batch=int(s.max_batch),
-          batch_wait_ms=float(s.batch_wait_ms), default_max_tokens=int(cfg.llm.max_new_tokens), ready_file=s.ready_file,
+          batch_wait_ms=float(s.batch_wait_ms), default_max_tokens=gen.params().max_new_tokens, ready_file=s.ready_file,
           max_body_bytes=int(s.max_body_bytes))

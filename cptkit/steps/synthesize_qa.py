@@ -3,18 +3,23 @@
 * ``synth.mode=scientific``: a seed document belongs to a discipline through its explicit
   ``discipline`` field or its URL's host (longest match in ``synth.domains``); a snippet of it
   fills the [Problem]/[Solution] prompt; outputs are parsed, and rejected (counted per reason)
-  when truncated, malformed, or out of the solution length bounds (target 250–350 words).
+  when truncated, malformed, or outside the solution length band: the prompt asks for "around
+  250–350 words" (§4.2.1), an instruction, so the band is that range widened by
+  ``synth.length_tolerance`` (default 0.5: 125–525 words).
   One task per input shard (resumable per shard; completions cached per request).
 * ``synth.mode=code``: in-context expansion of a seed problem set (LeetCode in the paper):
   ``synth.code.demos`` random seed problems → a new problem → its solution; one global task.
 
 Each output: ``problem``, ``solution``, ``text`` (problem + blank line + solution: the training
-text), ``discipline``, ``seed_id``, ``model``, ``gen`` (generation parameters).
+text), ``discipline``, ``seed_id``, ``model``, ``gen`` (generation parameters) and
+``meta.generator`` (prompt id, model, temperature, top_p, max_new_tokens, seed). No record kept:
+a loud warning with the rejection reasons, or exit 2 below ``synth.min_records``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -26,7 +31,8 @@ from cptkit.config import JobConfig, register_step
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.llm.config import LLMConfig
-from cptkit.llm.prompts import PromptConfig, check, render
+from cptkit.llm.prompts import PromptConfig, check, max_new_tokens, render
+from cptkit.progress import log
 from cptkit.records import Record
 from cptkit.shards import atomic_write_json, resolve_inputs
 from cptkit.synthesis import (
@@ -38,6 +44,7 @@ from cptkit.synthesis import (
     parse_solution,
     sample_demos,
     snippet,
+    trim_to_sentence,
 )
 
 DISCIPLINES = ("mathematics", "physics", "chemistry", "biology", "astronomy", "earth_science",
@@ -72,8 +79,11 @@ class SynthConfig:
     samples_per_snippet: int = 1
     max_docs_per_shard: int = 0  # seed documents used per input shard, first in input order (0: all)
     min_problem_words: int = 8
-    min_solution_words: int = 250
+    min_solution_words: int = 250  # the length the prompt asks for ("around 250-350 words", §4.2.1) ...
     max_solution_words: int = 350  # 0 = no upper bound
+    length_tolerance: float = 0.5  # ... is an instruction, not a filter: keep [min·(1−t), max·(1+t)]
+    trim_truncated: bool = False  # an output cut by max_new_tokens keeps its complete sentences (else: rejected)
+    min_records: int = 0  # fail (exit 2) when fewer QA pairs are kept; 0 = only warn when none is
     snippet: SnippetConfig = field(default_factory=SnippetConfig)
     code: CodeConfig = field(default_factory=CodeConfig)
     prompt: PromptConfig = field(default_factory=PromptConfig)
@@ -98,13 +108,29 @@ def _stable_int(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
 
 
-def _gen_params(gen: Any, prompt: Any) -> Any:
-    return gen.params(max_new_tokens=int(prompt.max_new_tokens), temperature=prompt.get("temperature"))
+def _gen_params(gen: Any, prompt: Any, llm: Any) -> Any:
+    return gen.params(max_new_tokens=max_new_tokens(prompt, llm), temperature=prompt.get("temperature"))
 
 
 def _gen_record(params: Any) -> dict[str, Any]:
     return {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
             "repetition_penalty": params.repetition_penalty, "seed": params.seed}
+
+
+def generator_meta(prompt: Any, model: str, params: Any) -> dict[str, Any]:
+    """``meta.generator`` of an LLM-written record: prompt id, model and sampling settings
+    (the same fields as expand-queries, so records can be filtered by generator)."""
+    return {"prompt": str(prompt.get("name") or ""), "model": model, "temperature": params.temperature,
+            "top_p": params.top_p, "max_new_tokens": params.max_new_tokens, "seed": params.seed}
+
+
+def length_band(lo: int, hi: int, tolerance: float) -> tuple[int, int]:
+    """Accepted solution words for a prompt asking for ``lo``–``hi`` words: ``[⌊lo·(1−t)⌋, ⌈hi·(1+t)⌉]``
+    (``hi`` = 0: no upper bound). Llama-3-SynE §4.2.1 asks for "around 250-350 words"; its own
+    App. A example has 357, kept with any tolerance ≥ 0.02."""
+    if tolerance < 0:
+        raise CptkitError(f"synth.length_tolerance={tolerance}: must be >= 0")
+    return math.floor(round(lo * (1 - tolerance), 6)), (math.ceil(round(hi * (1 + tolerance), 6)) if hi else 0)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -152,8 +178,21 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if not job.stdout and results and not job.already_done:
             atomic_write_json(job.out / "_synth_stats.json", total)
         rows = summary_rows(total, gen.model_id if gen is not None else None)
+        check_kept(total, int(sy.min_records))
         job.finish(extra=rows)
         return {"output": str(job.out), **total}
+
+
+def check_kept(total: dict[str, Any], min_records: int) -> None:
+    """Warn loudly when no QA pair was kept (with the reasons); fail below ``synth.min_records``."""
+    kept = int(total.get("kept", 0))
+    why = ", ".join(f"{k} {v}" for k, v in {**total.get("rejected", {}), **total.get("skipped", {})}.items()) or "no prompts"
+    if min_records and kept < min_records:
+        raise CptkitError(f"synthesize-qa kept {kept} QA pairs, fewer than synth.min_records={min_records} ({why})")
+    if not kept:
+        log.warning("synthesize-qa kept 0 QA pairs of %d prompts: %s. Loosen synth.length_tolerance / "
+                    "synth.min_solution_words, raise llm.max_new_tokens, or use a stronger llm.model; "
+                    "set synth.min_records=1 to fail instead", total.get("prompts", 0), why)
 
 
 def aggregate(extras: list[dict[str, Any]]) -> dict[str, Any]:
@@ -182,7 +221,9 @@ def summary_rows(st: dict[str, Any], model: str | None) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     if model:
         rows["model"] = model
-    rows |= {"seed documents used": st.get("seeds_used", 0), "prompts": st.get("prompts", 0), "QA pairs kept": st.get("kept", 0)}
+    prompts, kept = st.get("prompts", 0), st.get("kept", 0)
+    rows |= {"seed documents used": st.get("seeds_used", 0), "prompts": prompts, "QA pairs kept": kept,
+             "acceptance rate": round(kept / prompts, 4) if prompts else 0.0}
     rows |= {f"per discipline: {k}": v for k, v in sorted(st.get("per_discipline", {}).items())}
     rows |= {f"skipped {k}": v for k, v in sorted(st.get("skipped", {}).items())}
     rows |= {f"rejected {k}": v for k, v in st.get("rejected", {}).items()}
@@ -229,16 +270,17 @@ def scientific_task(cfg: DictConfig, job: Job, task: Task, gen: Any, domains: di
             snip = snippet(str(rec["text"]), int(sn.max_words), rng)
             for j in range(int(sy.samples_per_snippet)):
                 jobs.append((rec, disc, snip, s, j))
-    params = _gen_params(gen, sy.prompt)
+    params = _gen_params(gen, sy.prompt, cfg.llm)
     reqs = [render(sy.prompt, discipline=disc.replace("_", " "), snippet=snip) for _, disc, snip, _, _ in jobs]
     outs = gen.generate(reqs, params, seeds=[params.seed * 1_000_003 + j for *_, j in jobs],
                         progress=job.add_bar(f"{task.name}: QA", len(reqs)))
     rejected: dict[str, int] = {}
     per_disc: dict[str, int] = {}
     kept = 0
-    lo, hi = int(sy.min_solution_words), int(sy.max_solution_words)
+    lo, hi = length_band(int(sy.min_solution_words), int(sy.max_solution_words), float(sy.length_tolerance))
     for (rec, disc, snip, s, j), c in zip(jobs, outs, strict=True):
-        reason, qa = judge_qa(c.text, c.finish_reason, int(sy.min_problem_words), lo, hi)
+        text, finish = untruncate(c.text, c.finish_reason, bool(sy.trim_truncated))
+        reason, qa = judge_qa(text, finish, int(sy.min_problem_words), lo, hi)
         if reason:
             _bump(rejected, reason)
             continue
@@ -246,11 +288,20 @@ def scientific_task(cfg: DictConfig, job: Job, task: Task, gen: Any, domains: di
         write({"id": f"{rec['id']}.qa{s}{j}", "text": f"{problem}\n\n{solution}", "problem": problem,
                "solution": solution, "discipline": disc, "seed_id": rec["id"], "url": rec.get("url"),
                "snippet": snip, "model": gen.model_id, "gen": _gen_record(params) | {"sample": j},
-               "source": "synthesize-qa"})
+               "source": "synthesize-qa", "meta": {"generator": generator_meta(sy.prompt, gen.model_id, params)}})
         kept += 1
         _bump(per_disc, disc)
     return {"seeds_used": len({j[0]["id"] for j in jobs}), "prompts": len(jobs), "kept": kept,
             "per_discipline": per_disc, "skipped": skipped, "rejected": rejected}
+
+
+def untruncate(text: str, finish_reason: str, trim: bool) -> tuple[str, str]:
+    """With ``trim``, an output cut by the token limit becomes its complete sentences (``stop``);
+    with none left, or without ``trim``, it stays ``length`` (rejected as truncated)."""
+    if finish_reason != "length" or not trim:
+        return text, finish_reason
+    cut = trim_to_sentence(text)
+    return (cut, "stop") if cut else (text, "length")
 
 
 def judge_qa(text: str, finish_reason: str, min_problem: int, lo: int, hi: int) -> tuple[str | None, tuple[str, str] | None]:
@@ -284,15 +335,17 @@ def code_task(cfg: DictConfig, job: Job, task: Task, gen: Any, write: Any) -> di
     demo_sets = [sample_demos(len(seeds), k, random.Random(_stable_int(int(cfg.seed), "demos", i))) for i in range(n)]
     preqs = [render(sy.problem_prompt, discipline=disc,
                     demos="\n\n".join(f"[Problem {m + 1}]\n{seeds[d][1]}" for m, d in enumerate(ds))) for ds in demo_sets]
-    pparams = _gen_params(gen, sy.problem_prompt)
+    pparams = _gen_params(gen, sy.problem_prompt, cfg.llm)
     pouts = gen.generate(preqs, pparams, seeds=[pparams.seed * 1_000_003 + i for i in range(n)],
                          progress=job.add_bar("new problems", n))
     rejected: dict[str, int] = {}
     seen = {p.lower() for _, p in seeds}
     problems: list[tuple[int, str]] = []
+    trim = bool(sy.trim_truncated)
     for i, c in enumerate(pouts):
-        prob = parse_problem(c.text)
-        if c.finish_reason == "length":
+        text, finish = untruncate(c.text, c.finish_reason, trim)
+        prob = parse_problem(text)
+        if finish == "length":
             _bump(rejected, "truncated_problem")
         elif count_words(prob) < int(cc.min_problem_words):
             _bump(rejected, "malformed_problem")
@@ -301,25 +354,29 @@ def code_task(cfg: DictConfig, job: Job, task: Task, gen: Any, write: Any) -> di
         else:
             seen.add(prob.lower())
             problems.append((i, prob))
-    sparams = _gen_params(gen, sy.solution_prompt)
+    sparams = _gen_params(gen, sy.solution_prompt, cfg.llm)
+    clo, chi = int(cc.min_solution_words), int(cc.max_solution_words)  # hard bounds: the code prompt names no length
     souts = gen.generate([render(sy.solution_prompt, discipline=disc, problem=p) for _, p in problems], sparams,
                          progress=job.add_bar("solutions", len(problems)))
     kept = 0
     for (i, prob), c in zip(problems, souts, strict=True):
-        sol = parse_solution(c.text)
+        text, finish = untruncate(c.text, c.finish_reason, trim)
+        sol = parse_solution(text)
         nw = count_words(sol)
-        if c.finish_reason == "length":
+        if finish == "length":
             _bump(rejected, "truncated")
-        elif nw < int(cc.min_solution_words):
+        elif nw < clo:
             _bump(rejected, "too_short")
-        elif int(cc.max_solution_words) and nw > int(cc.max_solution_words):
+        elif chi and nw > chi:
             _bump(rejected, "too_long")
         else:
             demo_ids = [seeds[d][0] for d in demo_sets[i]]
             write({"id": f"code-{i:06d}", "text": f"{prob}\n\n{sol}", "problem": prob, "solution": sol,
                    "discipline": disc, "seed_id": demo_ids[0], "demo_ids": demo_ids, "model": gen.model_id,
                    "gen": {"problem": _gen_record(pparams), "solution": _gen_record(sparams)},
-                   "source": "synthesize-qa"})
+                   "source": "synthesize-qa",
+                   "meta": {"generator": generator_meta(sy.solution_prompt, gen.model_id, sparams),
+                            "problem_generator": generator_meta(sy.problem_prompt, gen.model_id, pparams)}})
             kept += 1
     return {"seeds_used": len(seeds), "prompts": n, "kept": kept, "per_discipline": {disc: kept},
             "skipped": {}, "rejected": rejected}
