@@ -31,7 +31,7 @@ from cptkit.config import JobConfig, register_step
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.llm.config import LLMConfig
-from cptkit.llm.prompts import PromptConfig, check, render
+from cptkit.llm.prompts import PromptConfig, check, max_new_tokens, render
 from cptkit.progress import log
 from cptkit.records import Record
 from cptkit.shards import atomic_write_json, resolve_inputs
@@ -254,7 +254,7 @@ def expand(cfg: DictConfig, job: Job, task: Task) -> tuple[list[Record], dict[st
                 parents.append((item, j, prompt))
                 seeds_.append(int(cfg.llm.seed) * 1_000_003 + j)
         outs, used = _generate_grouped(gen, reqs, [p[2] for p in parents], seeds_,
-                                       job.add_bar(f"round {rnd}: questions", len(reqs)))
+                                       job.add_bar(f"round {rnd}: questions", len(reqs)), cfg.llm)
         cands = []
         for (item, j, prompt), c, par, sd in zip(parents, outs, used, seeds_, strict=True):
             q, why = clean_text(parse_question(c.text), c.finish_reason, **cl)
@@ -273,7 +273,7 @@ def expand(cfg: DictConfig, job: Job, task: Task) -> tuple[list[Record], dict[st
             treqs = [render(ex.thought_prompt, question=q["text"], domain=q["domain"]) for q in new_q]
             tseeds = [int(cfg.llm.seed)] * len(treqs)
             touts, tused = _generate_grouped(gen, treqs, [ex.thought_prompt] * len(treqs), tseeds,
-                                             job.add_bar(f"round {rnd}: thoughts", len(treqs)))
+                                             job.add_bar(f"round {rnd}: thoughts", len(treqs)), cfg.llm)
             tc = []
             for q, c, par, sd in zip(new_q, touts, tused, tseeds, strict=True):
                 answer, cot = parse_thought(c.text)
@@ -313,8 +313,10 @@ def expand(cfg: DictConfig, job: Job, task: Task) -> tuple[list[Record], dict[st
     return pool.records, stats
 
 
-def _generate_grouped(gen: Any, reqs: list, prompts: list, seeds: list[int], advance: Any) -> tuple[list, list]:
-    """Generate requests whose prompts may differ in max_new_tokens / temperature, in order.
+def _generate_grouped(gen: Any, reqs: list, prompts: list, seeds: list[int], advance: Any,
+                      llm: Any = None) -> tuple[list, list]:
+    """Generate requests whose prompts may differ in max_new_tokens / temperature, in order
+    (``llm.max_new_tokens``, when set, wins over every prompt's own value).
 
     Returns the completions and the ``GenParams`` each was generated with.
     """
@@ -322,7 +324,7 @@ def _generate_grouped(gen: Any, reqs: list, prompts: list, seeds: list[int], adv
     used: list = [None] * len(reqs)
     groups: dict[tuple, list[int]] = {}
     for i, p in enumerate(prompts):
-        groups.setdefault((int(p.max_new_tokens), p.get("temperature")), []).append(i)
+        groups.setdefault((max_new_tokens(p, llm or {}), p.get("temperature")), []).append(i)
     for (mx, temp), idx in groups.items():
         params = gen.params(max_new_tokens=mx, temperature=temp)
         for i, c in zip(idx, gen.generate([reqs[i] for i in idx], params, seeds=[seeds[i] for i in idx],
