@@ -52,6 +52,14 @@ class CurriculumConfig:
 
 
 @dataclass
+class ReplayConfig:
+    """Replay: ``share`` of every stage's tokens comes from the ``domains`` (general data)."""
+
+    share: float = 0.0  # in [0, 1]; 0 with domains set: the replay domains get no weight (no-replay arm)
+    domains: list[str] = field(default_factory=list)  # names in mix.domains (or leaves); []: no replay
+
+
+@dataclass
 class MixConfig:
     """A mix recipe (``conf/mix/<name>.yaml``)."""
 
@@ -64,6 +72,8 @@ class MixConfig:
     empty_domains: str = "error"  # a weighted domain without documents: error | drop (from its stages)
     eval_docs: int = 8  # held-out documents per domain for per-domain eval losses
     tail_fraction: float = 0.1  # last share of the budget for an upsampling tail (recipes use it)
+    unique_ids: bool = False  # a record id seen before (earlier --in first) is skipped and counted
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     domains: list[Any] = field(default_factory=list)  # {name, filter, exclude, split_by, split_weights}
     stages: list[Any] = field(default_factory=list)  # {name, fraction, weights: {domain: w}}
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
@@ -303,6 +313,43 @@ def plan_counts(stage_seqs: list[int], stage_weights: list[dict[str, float]], av
     return counts, capped
 
 
+def replay_leaves(names: list[str], leaves: dict[str, Domain]) -> list[str]:
+    """The leaf domains named (directly or by their parent) in ``mix.replay.domains``."""
+    return [n for n, d in leaves.items() if n in names or d.parent in names]
+
+
+def apply_replay(weights: dict[str, float], replay: list[str], share: float, tokens: dict[str, int],
+                 stage: str) -> dict[str, float]:
+    """Stage weights (summing to 1) where the ``replay`` domains take exactly ``share`` of the mass.
+
+    The other domains keep their ratios in ``1 - share``. The replay share is split among the
+    replay domains by their weights in the stage when it names any of them, else by their tokens.
+    ``share = 0`` removes the replay domains from the stage (the no-replay arm of an ablation).
+    """
+    if not 0.0 <= share <= 1.0:
+        raise CptkitError(f"mix.replay.share={share:g}: must be in [0, 1]")
+    rest = {k: v for k, v in weights.items() if k not in replay and v > 0}
+    named = {k: weights.get(k, 0.0) for k in replay}
+    if sum(named.values()) <= 0:
+        named = {k: float(tokens.get(k, 0)) for k in replay}
+    if share > 0 and sum(named.values()) <= 0:
+        raise CptkitError(f"mix stage {stage!r}: mix.replay.share={share:g} but the replay domains "
+                          f"{', '.join(replay) or '(none)'} have no tokens")
+    if share < 1 and sum(rest.values()) <= 0:
+        raise CptkitError(f"mix stage {stage!r}: only replay domains have weight; with mix.replay.share={share:g} "
+                          "the stage needs other domains")
+    out: dict[str, float] = {}
+    rs = sum(rest.values())
+    for k, v in rest.items():
+        out[k] = (1.0 - share) * v / rs
+    ns = sum(named.values())
+    if share > 0:
+        for k, v in named.items():
+            if v > 0:
+                out[k] = share * v / ns
+    return out
+
+
 # --- the step -------------------------------------------------------------------------------
 def _load_tokenizer(spec: str | None):
     if not spec:
@@ -339,7 +386,12 @@ def run(cfg: DictConfig) -> dict:
     specs = router.specs
     specs_names = [s["name"] for s in specs]
     specs_names_set = set(specs_names)
-    for name in list(cur.get("domains") or []) + ([mix["fill"]] if mix.get("fill") else []):
+    replay_cfg = mix.get("replay") or {}
+    replay_names = [str(n) for n in replay_cfg.get("domains") or []]
+    replay_share = float(replay_cfg.get("share") or 0.0)
+    if replay_share and not replay_names:
+        raise CptkitError(f"mix.replay.share={replay_share:g} needs mix.replay.domains (the general domains to replay)")
+    for name in list(cur.get("domains") or []) + ([mix["fill"]] if mix.get("fill") else []) + replay_names:
         if name not in specs_names_set and "/" not in name:
             raise CptkitError(f"mix: unknown domain {name!r}; defined: {', '.join(specs_names)}")
 
@@ -436,8 +488,17 @@ def run(cfg: DictConfig) -> dict:
 
         batch: list[tuple[str, Record]] = []
         records_in = 0
+        unique = bool(mix.get("unique_ids"))
+        seen_ids: set[str] = set()
+        repeated = 0
         for rec in job.read(task):
             records_in += 1
+            if unique:
+                rid = str(rec["id"])
+                if rid in seen_ids:
+                    repeated += 1
+                    continue
+                seen_ids.add(rid)
             name = router.route(rec)
             if name is None:
                 unmatched += 1
@@ -503,6 +564,13 @@ def run(cfg: DictConfig) -> dict:
         stage_seqs = allocate(total_seqs, {str(i): f for i, f in enumerate(fractions)})
         stage_w = [resolve_weights(dict(s.get("weights") or {}), leaves, specs, str(s.get("name", i)),
                                    str(mix.get("empty_domains", "error"))) for i, s in enumerate(stages)]
+        replay = replay_leaves(replay_names, leaves)
+        if replay_names and not replay:
+            raise CptkitError(f"mix.replay.domains={replay_names}: no documents matched these domains")
+        if replay_names:
+            leaf_tokens = {n: d.tokens for n, d in leaves.items()}
+            stage_w = [apply_replay(w, replay, replay_share, leaf_tokens, str(stages[i].get("name", i)))
+                       for i, w in enumerate(stage_w)]
         for i, w in enumerate(stage_w):
             empty = [k for k, v in w.items() if v > 0 and available[k] == 0]
             if empty:
@@ -565,6 +633,15 @@ def run(cfg: DictConfig) -> dict:
             "domains": stream_domains, "stages": stage_info, "fill": fill, "max_epochs": float(mix["max_epochs"]),
             "seed": seed,
         }
+        if replay_names:
+            replay_tokens = sum(cursor[k] for k in replay) * seq_len
+            stream["replay"] = {
+                "share": replay_share, "domains": replay, "tokens": replay_tokens,
+                "realised_share": replay_tokens / max(int(len(plan)) * seq_len, 1),
+                "epochs": {k: round(epochs[k], 4) for k in replay},
+            }
+        if unique:
+            stream["repeated_ids_skipped"] = repeated
         atomic_write_json(job.out / STREAM, stream)
         (tmp_dir).rmdir()
         res = job.results[task.name]
@@ -574,6 +651,9 @@ def run(cfg: DictConfig) -> dict:
         job.complete(task, seconds=seconds)
         extra: dict[str, Any] = {
             "domains": len(stream_domains), "unmatched records": unmatched,
+            **({"repeated ids skipped": repeated} if unique else {}),
+            **({"replay tokens": stream["replay"]["tokens"],
+                "replay share": round(stream["replay"]["realised_share"], 4)} if replay_names else {}),
             "tokens tokenized": tokens_total, "tokens in stream": int(len(plan)) * seq_len,
             "tokenize tokens/s": tokens_total / tokenize_s if tokenize_s else 0.0,
             "read+tokenize s": read_s,
