@@ -14,6 +14,7 @@ import pytest
 from mixdata import TWO_DOMAINS, build_stream, make_tokenizer
 
 from cptkit.config import compose_step
+from cptkit.errors import CptkitError
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMON = ["model.hidden=32", "model.layers=2", "model.heads=2", "train.micro_batch=4", "train.threads=1",
@@ -61,11 +62,19 @@ def test_loss_goes_down_and_model_loads(stream, tmp_path):
 @pytest.mark.slow
 def test_velocitune_proxy_targets_and_reweighting(stream, tmp_path):
     # 1) proxy run: default (token-share) weights, eval checkpoints, scaling-law targets
+    # (a checkpoint every 2 of the real run's 16 steps, at most 0.75 of them; σ = 10 settles at the
+    # first check, the 4th checkpoint, so the proxy stops after 8 steps)
     train(stream, tmp_path / "proxy", "train.velocitune.proxy=true", "train.max_steps=16",
-          "train.velocitune.proxy_fraction=0.5", "train.velocitune.proxy_checkpoints=4")
+          "train.velocitune.proxy_fraction=0.75", "train.velocitune.proxy_every=2", "train.velocitune.sigma=10")
     tg = json.loads((tmp_path / "proxy" / "_velocitune_targets.json").read_text())
     assert set(tg["targets"]) == {"en", "zh"} and len(tg["checkpoints"]) == 4
-    assert tg["budget_tokens"] == 16 * 4 * 64
+    assert tg["converged"] and tg["proxy_steps"] == 8 and len(metrics(tmp_path / "proxy")) == 8
+    assert [c["tokens"] for c in tg["checkpoints"]] == [k * 2 * 4 * 64 for k in (1, 2, 3, 4)]
+    assert tg["budget_tokens"] == 16 * 4 * 64  # extrapolated to the real run, not to the proxy's 8 steps
+    # a run of another length refuses these targets
+    with pytest.raises(CptkitError, match="extrapolated to 4096.0 tokens but this run trains 3072"):
+        train(stream, tmp_path / "wrong", "train.mixture=velocitune", "train.max_steps=12",
+              f"train.velocitune.targets_file='{tmp_path / 'proxy' / '_velocitune_targets.json'}'")
     for d, law in tg["laws"].items():
         assert law["beta"] > 0 and law["B"] >= 0 and tg["targets"][d] == pytest.approx(
             law["E"] + law["B"] / tg["budget_tokens"] ** law["beta"])

@@ -51,6 +51,7 @@ class ModelConfig:
 @dataclass
 class TopicPPLConfig:
     round_tokens: float = 1e5  # R: tokens per adjustment round
+    round_fraction: float | None = None  # R as a share of the run's tokens (overrides round_tokens); paper 40B/100B
     alpha: float = 0.4
     within_parent: bool = True  # adjust topics within their parent (language), keeping its share
 
@@ -59,12 +60,18 @@ class TopicPPLConfig:
 class VelocituneConfig:
     interval_steps: int = 150  # m
     use_target: bool = True  # false: the ablation V = l_t / l_init
+    learnt_guard: bool = False  # true: l_init <= l_target counts as learnt (V = 0) instead of Algorithm 1's ratio
     targets: Any = None  # target loss per domain {domain: loss}
     targets_file: str | None = None  # _velocitune_targets.json of a proxy run
-    proxy: bool = False  # run the proxy: train on proxy_fraction with default weights, fit, write targets
-    proxy_fraction: float = 0.5
-    proxy_checkpoints: int = 6
-    sigma: float = 0.01  # converged when the prediction moves less than this between checkpoint sets
+    allow_budget_mismatch: bool = False  # use targets extrapolated to another token budget than this run's
+    allow_unconverged: bool = False  # use targets whose proxy stopped at proxy_fraction before converging
+    init_eval_docs: int = 0  # held-out docs per domain for l_init and the proxy's checkpoints (0: all)
+    eval_docs: int | None = None  # the subset S' per domain for velocities (null: train.eval_docs)
+    proxy: bool = False  # run the proxy: token-share weights, checkpoints until the targets settle, write targets
+    proxy_fraction: float = 0.6  # the most of the real run's steps the proxy may train
+    proxy_every: float = 0.05  # a checkpoint every this share of the real run's steps (or steps, if >= 1)
+    proxy_min_checkpoints: int = 4
+    sigma: float = 0.01  # stop when the predicted targets move less than this between checkpoint sets (App. B)
 
 
 @dataclass
@@ -78,8 +85,9 @@ class DBLConfig:
 @dataclass
 class TrainOptions:
     mixture: str = "static"  # static | staged | topic_ppl | velocitune | dbl
-    weights: Any = None  # static weights {domain: w}, "stream" (stage 1), "tokens"; null: stream
-    init_weights: Any = None  # dynamic start: {domain: w}, uniform, stream, tokens; null: per method
+    weights: Any = None  # static: null/stages (each stage's weights in turn), or one mixture: {domain: w}, tokens, uniform
+    init_weights: Any = None  # dynamic start in each stage: {domain: w}, uniform, stage, tokens; null: per method
+    controller_stages: Any = None  # stages a dynamic mixture acts in (null: all); the others keep their static weights
     micro_batch: int = 4
     grad_accum: int = 1
     budget_tokens: float = 0.0  # 0: the stream's planned tokens
@@ -104,7 +112,10 @@ class TrainOptions:
     save_initial: bool = False  # also save the model before training as OUT/model_init (HF format)
     eval_docs: int = 8  # held-out docs per domain used for eval losses
     eval_max_tokens: int = 256
-    eval_every: int = 0  # log per-domain eval losses every N steps (0: off)
+    eval_every: int = 0  # per-domain eval losses every N steps, before step 1 and after the last (0: off)
+    eval_tasks: list[str] = field(default_factory=list)  # few-shot tasks (conf/eval/tasks) at every eval point
+    eval_tasks_limit: int = 50  # first N items per task (0: all)
+    eval_tasks_shots: int | None = 0  # null: the task's default
     threads: int = 0  # torch CPU threads (0: torch's default)
     plot: bool = True
     tensorboard: bool = False
@@ -147,17 +158,24 @@ def build_model(mcfg: Any, tokenizer, seq_len: int):
     return model
 
 
-def resolve_weights(spec: Any, stream, default: str) -> dict[str, float]:
-    """Weights from config: a dict, or one of uniform / stream / tokens."""
+def resolve_weights(spec: Any, stream, default: str, stage: Any = None) -> dict[str, float]:
+    """Weights from config: a mapping, or uniform / tokens / stage (``stream``: the same).
+
+    With a ``stage`` (a :class:`~cptkit.training.stages.RunStage`), ``uniform`` and ``tokens``
+    are over the stage's domains and ``stage`` is its weights; without one, over all domains
+    and ``stage`` is the stream's first stage.
+    """
     spec = default if spec is None else spec
+    doms = stage.domains if stage is not None else list(stream.domains)
     if isinstance(spec, str):
         if spec == "uniform":
-            return {d: 1.0 / len(stream.domains) for d in stream.domains}
-        if spec == "stream":
-            return stream.stage_weights(0)
+            return {d: (1.0 / len(doms) if d in doms else 0.0) for d in stream.domains}
+        if spec in ("stage", "stream", "stages"):
+            return dict(stage.weights) if stage is not None else stream.stage_weights(0)
         if spec == "tokens":
-            return stream.token_weights()
-        raise CptkitError(f"weights {spec!r}: give a mapping or one of uniform, stream, tokens")
+            tw = stream.token_weights()
+            return {d: (tw[d] if d in doms else 0.0) for d in stream.domains}
+        raise CptkitError(f"weights {spec!r}: give a mapping or one of uniform, stage, tokens")
     w = dict(spec)
     unknown = [k for k in w if k not in stream.index]
     if unknown:
@@ -165,38 +183,73 @@ def resolve_weights(spec: Any, stream, default: str) -> dict[str, float]:
     return {d: float(w.get(d, 0.0)) for d in stream.domains}
 
 
-def load_targets(vcfg: Any) -> dict[str, float]:
+def load_targets(vcfg: Any, budget_tokens: float = 0.0, domains: list[str] | None = None) -> dict[str, float]:
+    """Velocitune/DBL targets: ``targets`` over a proxy's ``targets_file`` (checked against this run)."""
+    from cptkit.training.velocitune import load_targets_file
+
     targets = {str(k): float(v) for k, v in (vcfg.targets or {}).items()}
     if vcfg.targets_file:
-        p = Path(str(vcfg.targets_file))
-        if not p.exists():
-            raise CptkitError(f"train.velocitune.targets_file={p}: no such file (run with train.velocitune.proxy=true)")
-        targets = {**json.loads(p.read_text())["targets"], **targets}
+        from_file = load_targets_file(str(vcfg.targets_file), budget_tokens, [] if targets else list(domains or []),
+                                      bool(vcfg.allow_budget_mismatch), bool(vcfg.allow_unconverged))
+        targets = {**from_file, **targets}
     return targets
 
 
-def make_controller(tcfg: Any, stream, proxy: bool):
+def make_controller(tcfg: Any, stream, proxy: bool, run_sequences: int | None = None, budget_tokens: float = 0.0):
+    """The run's mixture: the stream's stages in order, a dynamic controller acting within them.
+
+    ``static`` follows the stages with their weights (``train.weights`` = a mapping, ``tokens`` or
+    ``uniform`` gives one mixture for the whole run instead); ``staged`` follows the plan row by
+    row; ``topic_ppl``/``velocitune``/``dbl`` act in ``train.controller_stages`` (default all),
+    restarting in each from ``train.init_weights`` over the stage's domains. The proxy of
+    Velocitune trains with token-share weights (``init_weights``) throughout.
+    """
     from cptkit.training import mixture as mx
+    from cptkit.training.stages import RunStage, StageMixture, run_stages
 
     kind = "static" if proxy else str(tcfg.mixture)
     if kind not in mx.MIXTURES:
         raise CptkitError(f"train.mixture={kind!r}: use one of {', '.join(mx.MIXTURES)}")
+    total = int(stream.meta["total_sequences"])
+    n_run = int(run_sequences) if run_sequences else total
+    doms = list(stream.domains)
+
+    def whole(weights: dict[str, float], name: str) -> list[RunStage]:
+        tot = sum(weights.values())
+        if tot <= 0:
+            raise CptkitError("train.weights put no mass on any domain")
+        return [RunStage(name, 0, n_run, {d: w / tot for d, w in weights.items()})]
+
     if proxy:
-        return mx.Controller(stream.domains, resolve_weights(tcfg.init_weights, stream, "tokens"))
+        return StageMixture(whole(resolve_weights(tcfg.init_weights, stream, "tokens"), "proxy"))
     if kind == "static":
-        return mx.Controller(stream.domains, resolve_weights(tcfg.weights, stream, "stream"))
+        if tcfg.weights is None or tcfg.weights in ("stages", "stream"):
+            return StageMixture(run_stages(stream.meta["stages"], doms, total, n_run))
+        return StageMixture(whole(resolve_weights(tcfg.weights, stream, "stage"), "all"))
+    stages = run_stages(stream.meta["stages"], doms, total, n_run)
     if kind == "staged":
-        return mx.Staged(stream.domains)
+        return StageMixture(stages, exact_plan=True)
+    cs = [str(x) for x in tcfg.controller_stages] if tcfg.controller_stages is not None else None
+    default_init = "uniform" if kind == "velocitune" else "stage"
+    first = resolve_weights(tcfg.init_weights, stream, default_init, stages[0])
     if kind == "topic_ppl":
-        return mx.TopicPPL(stream.domains, resolve_weights(tcfg.init_weights, stream, "stream"), stream.parents,
-                           float(tcfg.topic_ppl.round_tokens), float(tcfg.topic_ppl.alpha),
-                           bool(tcfg.topic_ppl.within_parent))
-    targets = load_targets(tcfg.velocitune)
-    if kind == "velocitune":
-        return mx.Velocitune(stream.domains, resolve_weights(tcfg.init_weights, stream, "uniform"), targets,
-                             int(tcfg.velocitune.interval_steps), bool(tcfg.velocitune.use_target))
-    return mx.DBL(stream.domains, resolve_weights(tcfg.init_weights, stream, "stream"), targets,
-                  int(tcfg.dbl.interval_steps), float(tcfg.dbl.eta), float(tcfg.dbl.smoothing), bool(tcfg.dbl.clip))
+        tp = tcfg.topic_ppl
+        frac = tp.round_fraction
+        if frac is not None and not 0 < float(frac) <= 1:
+            raise CptkitError(f"train.topic_ppl.round_fraction={frac}: must be in (0, 1]")
+        round_tokens = float(frac) * budget_tokens if frac is not None else float(tp.round_tokens)
+        ctl: Any = mx.TopicPPL(doms, first, stream.parents, round_tokens, float(tp.alpha), bool(tp.within_parent))
+    else:
+        vcfg = tcfg.velocitune
+        targets = load_targets(vcfg, budget_tokens, doms)
+        if kind == "velocitune":
+            ctl = mx.Velocitune(doms, first, targets, int(vcfg.interval_steps), bool(vcfg.use_target),
+                                bool(vcfg.learnt_guard), int(vcfg.init_eval_docs),
+                                None if vcfg.eval_docs is None else int(vcfg.eval_docs))
+        else:
+            ctl = mx.DBL(doms, first, targets, int(tcfg.dbl.interval_steps), float(tcfg.dbl.eta),
+                         float(tcfg.dbl.smoothing), bool(tcfg.dbl.clip))
+    return StageMixture(stages, ctl, cs, lambda st: resolve_weights(tcfg.init_weights, stream, default_init, st))
 
 
 def eval_losses(model, tokenizer, records: list[dict], tcfg: Any, seq_len: int) -> dict[str, float]:
@@ -304,10 +357,13 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
 
     from cptkit.job import TaskResult
     from cptkit.lm import load_tokenizer
-    from cptkit.mixing import normalize, predict_targets
+    from cptkit.mixing import normalize
     from cptkit.training.data import Sampler
     from cptkit.training.engine import deepspeed_config, param_groups
+    from cptkit.training.metrics import evaluate_point, load_eval_tasks, plot_curves
+    from cptkit.training.mixture import domain_losses
     from cptkit.training.schedule import make_schedule, torch_scheduler
+    from cptkit.training.stages import draw_batch
 
     if job is not None and job.already_done:
         return job.finish()
@@ -328,21 +384,19 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
     budget = float(tcfg.budget_tokens) or float(stream.meta["total_sequences"] * seq_len)
     total_steps = int(tcfg.max_steps) or max(1, math.ceil(budget / (global_seqs * seq_len)))
     full_budget = total_steps * global_seqs * seq_len
-    vcfg = tcfg.velocitune
-    proxy_points: list[int] = []
-    if proxy:
-        total_steps = max(int(vcfg.proxy_checkpoints), round(total_steps * float(vcfg.proxy_fraction)))
-        n = int(vcfg.proxy_checkpoints)
-        if n < 3:
-            raise CptkitError("train.velocitune.proxy_checkpoints must be ≥ 3 for a scaling-law fit")
-        proxy_points = sorted({max(1, round(total_steps * (k + 1) / n)) for k in range(n)})
     schedule = make_schedule(float(tcfg.lr), total_steps, warmup=tcfg.warmup, decay=tcfg.decay,
                              init_lr=float(tcfg.init_lr), decay_type=str(tcfg.decay_type),
                              min_lr_ratio=float(tcfg.min_lr_ratio))
+    controller = make_controller(tcfg, stream, proxy, total_steps * global_seqs, full_budget)
+    proxy_run = None
+    if proxy:  # the proxy follows the real run's schedule and stops early (Velocitune App. B)
+        from cptkit.training.velocitune import ProxyRun
 
-    controller = make_controller(tcfg, stream, proxy)
+        proxy_run = ProxyRun(tcfg.velocitune, total_steps, global_seqs * seq_len)
+        total_steps = proxy_run.max_steps
     eval_recs = stream.eval_records()
     needs_eval = controller.dynamic or proxy or int(tcfg.eval_every) > 0
+    eval_tasks = load_eval_tasks(list(tcfg.eval_tasks)) if tcfg.eval_every and tcfg.eval_tasks else []
     if needs_eval:
         have = {r["domain"] for r in eval_recs}
         missing = [d for d in stream.domains if d not in have]
@@ -402,6 +456,8 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
     elif rank == 0:
         for name in ("metrics.jsonl", "weights.jsonl"):
             (out / name).unlink(missing_ok=True)
+    for t_ck, l_ck in proxy_log if proxy_run is not None else []:
+        proxy_run.add(t_ck, l_ck)
 
     tb = None
     if rank == 0 and tcfg.tensorboard:
@@ -443,15 +499,18 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
         info: dict[str, Any] = {}
         if controller.dynamic and controller.wants_eval(step, tokens):
             te = time.time()
-            losses = eval_losses(engine.module, tokenizer, eval_recs, tcfg, seq_len)
+            losses = domain_losses(engine.module, tokenizer, eval_recs, controller.eval_docs(step, int(tcfg.eval_docs)),
+                                   int(tcfg.eval_max_tokens), seq_len)
             upd = controller.update(step, tokens, losses)
             info = {"eval_loss": losses, **upd}
             log_weights({"event": "update", **info})
             mix_s += time.time() - te
         elif tcfg.eval_every and step % int(tcfg.eval_every) == 0:
-            info = {"eval_loss": eval_losses(engine.module, tokenizer, eval_recs, tcfg, seq_len)}
+            info = {**evaluate_point(engine.module, tokenizer, eval_recs, tcfg, seq_len, eval_tasks),
+                    "eval_tokens": tokens}
         td = time.time()
-        pairs = sampler.draw(global_seqs, controller.weights)
+        pairs, mix_info = draw_batch(controller, sampler, global_seqs, stream.domains,
+                                     lambda name: log_weights({"event": "stage", "stage": name}))
         data = sampler.batch(pairs)
         data_s += time.time() - td
         step_loss = 0.0
@@ -469,10 +528,7 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
         lr_used = schedule.lr(step)
         step += 1
         tokens += global_seqs * seq_len
-        w_now = controller.weights
-        if w_now is None:
-            counts = np.bincount([d for d, _ in pairs], minlength=len(stream.domains))
-            w_now = {d: float(counts[i]) / len(pairs) for i, d in enumerate(stream.domains)}
+        w_now = mix_info.pop("weights_used")
         for d in stream.domains:
             weight_sum[d] += w_now[d]
         dt = time.time() - t0
@@ -481,7 +537,7 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
         if metrics_f is not None:
             rec = {"step": step, "tokens": tokens, "loss": float(loss_t.item()), "lr": lr_used,
                    "tokens_per_s": global_seqs * seq_len / dt if dt > 0 else 0.0, "seconds": dt,
-                   "weights": {d: round(v, 6) for d, v in w_now.items()}, **info}
+                   "weights": {d: round(v, 6) for d, v in w_now.items()}, **mix_info, **info}
             metrics_f.write(json.dumps(rec) + "\n")
             metrics_f.flush()
             if tb is not None:
@@ -489,13 +545,20 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
                 tb.add_scalar("lr", lr_used, step)
                 for d, v in w_now.items():
                     tb.add_scalar(f"weight/{d}", v, step)
-        if proxy and step in proxy_points:
-            losses = eval_losses(engine.module, tokenizer, eval_recs, tcfg, seq_len)
+        if proxy_run is not None and proxy_run.is_checkpoint(step):
+            losses = domain_losses(engine.module, tokenizer, eval_recs, proxy_run.eval_docs,
+                                   int(tcfg.eval_max_tokens), seq_len)
             proxy_log.append((float(tokens), losses))
+            if proxy_run.add(tokens, losses):
+                total_steps = step  # the targets settled: stop the proxy here
         advance(1)
         if (int(tcfg.save_every) and step % int(tcfg.save_every) == 0) or step == total_steps:
             save()
     run_s = time.time() - t_run
+    if metrics_f is not None and tcfg.eval_every:  # the end point of the forgetting curves
+        point = evaluate_point(engine.module, tokenizer, eval_recs, tcfg, seq_len, eval_tasks)
+        metrics_f.write(json.dumps({"step": step, "tokens": tokens, "event": "eval", **point,
+                                    "eval_tokens": tokens}) + "\n")
     if metrics_f is not None:
         metrics_f.close()
     if weights_f is not None:
@@ -521,17 +584,19 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
             note = plot_weights(out / "weights.jsonl", out / "weights.png")
             if note:
                 log.warning(note)
-        if proxy:
-            targets, laws, change = predict_targets(proxy_log, budget_tokens=full_budget, sigma=float(vcfg.sigma))
-            atomic_write_json(out / "_velocitune_targets.json", {
-                "targets": targets, "budget_tokens": full_budget, "change": change,
-                "converged": bool(change < float(vcfg.sigma)), "sigma": float(vcfg.sigma),
-                "laws": {d: {"E": law.E, "B": law.B, "beta": law.beta, "rmse": law.rmse} for d, law in laws.items()},
-                "checkpoints": [{"tokens": t, "losses": v} for t, v in proxy_log]})
-            if not change < float(vcfg.sigma):
-                log.warning("velocitune proxy: the predicted targets still moved by %.4g (> sigma %.4g); "
-                            "consider a larger train.velocitune.proxy_fraction", change, float(vcfg.sigma))
-            extra["velocitune targets"] = json.dumps({d: round(v, 4) for d, v in targets.items()})
+        if tcfg.plot and tcfg.eval_every:
+            note = plot_curves(out, out / "curves.png")
+            if note:
+                log.warning(note)
+        if proxy_run is not None:
+            res = proxy_run.result(stream.domains, str(stream.path), step)
+            atomic_write_json(out / "_velocitune_targets.json", res)
+            if not res["converged"]:
+                log.warning("velocitune proxy: stopped at proxy_fraction (%d steps) with the targets still moving "
+                            "by %.4g (>= sigma %.4g): a run using them needs train.velocitune.allow_unconverged=true",
+                            step, res["change"] if res["change"] is not None else float("inf"), res["sigma"])
+            extra["velocitune targets"] = json.dumps({d: round(v, 4) for d, v in res["targets"].items()})
+            extra["velocitune proxy steps"] = step
         model_dir = out / "model"
         tmp = out / ".model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
