@@ -66,3 +66,98 @@ def test_replay_share_in_the_stream_and_manifest(corpus_dir, tok, tmp_path):
     with pytest.raises(CptkitError, match="unknown domain 'webtext'"):
         build_stream(corpus_dir, tok, tmp_path / "bad", [*CPT_DOMAINS, "mix.replay.domains=[webtext]",
                                                           "mix.replay.share=0.2"])
+
+
+# --- base → CPT arms → evaluate, at toy size ---------------------------------------------------
+TOY = ["model.hidden=48", "model.layers=2", "model.heads=2", "train.micro_batch=8", "train.threads=1",
+       "train.lr=3e-3", "train.warmup=3", "train.precision=fp32", "quiet=true"]
+# domain: Python documentation; general: the other English text (GCIDE entries, Maxima manual)
+TOY_MIX = ["mix.domains=[{name:domain,filter:{source:python-docs}},{name:general,filter:{lang:en}}]",
+           "mix.stages=[{name:cpt,weights:{domain:1}}]", "mix.fill=null", "mix.replay.domains=[general]",
+           "mix.budget_tokens=30720", "mix.seq_len=64", "mix.eval_docs=12"]
+
+
+def _train(stream, out, *ov):
+    from cptkit.config import compose_step
+    from cptkit.steps.train import run
+
+    return run(compose_step("train", [f"io.inputs=['{stream}']", f"io.output='{out}'", *TOY, *ov]))
+
+
+def _ppl(model, stream, out) -> dict[str, float]:
+    from cptkit.config import compose_step
+    from cptkit.steps.evaluate import run
+
+    run(compose_step("evaluate", [f"eval.model='{model}'", f"io.inputs=['{stream}/_eval.jsonl.gz']",
+                                  f"io.output='{out}'", "eval.ppl.group_by=domain", "eval.ppl.max_length=64", "eval.ppl.max_tokens=256",
+                                  "quiet=true"]))
+    groups = json.loads((out / "_results.json").read_text())["perplexity"]["groups"]
+    return {g: v["loss"] for g, v in groups.items()}
+
+
+@pytest.fixture(scope="module")
+def cpt_streams(corpus_dir, tok, tmp_path_factory):
+    base = tmp_path_factory.mktemp("cpt_streams")
+    build_stream(corpus_dir, tok, base / "r0", [*TOY_MIX, "mix.replay.share=0"])
+    build_stream(corpus_dir, tok, base / "r25", [*TOY_MIX, "mix.replay.share=0.25"])
+    return base / "r0", base / "r25"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_cpt_chain_gains_the_domain_and_replay_limits_forgetting(cpt_streams, tmp_path, seed):
+    r0, r25 = cpt_streams
+    # 1) base: a tiny Llama learns the general text only (static weights on the replay domain)
+    _train(r0, tmp_path / "base", f"seed={seed}", f"model.seed={seed}", "train.max_steps=120",
+           "train.weights={general:1}")
+    base_model = tmp_path / "base" / "model"
+    # 2) CPT from the base: no replay vs 25% replay, both following their stream's plan (60 steps)
+    for arm, stream in (("noreplay", r0), ("replay", r25)):
+        _train(stream, tmp_path / arm, f"seed={seed}", "model=hf", f"model.path='{base_model}'",
+               "train.mixture=staged", "train.eval_every=20", "train.eval_docs=12")
+    # 3) evaluate every model on the same held-out documents
+    loss = {name: _ppl(m, r0, tmp_path / f"eval_{name}") for name, m in
+            (("base", base_model), ("noreplay", tmp_path / "noreplay" / "model"),
+             ("replay", tmp_path / "replay" / "model"))}
+    gain = {a: loss["base"]["domain"] - loss[a]["domain"] for a in ("noreplay", "replay")}
+    forget = {a: loss[a]["general"] - loss["base"]["general"] for a in ("noreplay", "replay")}
+    assert gain["noreplay"] > 0.3 and gain["replay"] > 0.3, (loss, seed)  # nats/token: the domain is learnt
+    assert forget["noreplay"] > 0.1, (loss, seed)  # the domain shift makes the base forget general text
+    assert forget["replay"] < 0.6 * forget["noreplay"], (loss, seed)  # replay keeps most of it
+    # the curves in metrics.jsonl start at the base (tokens 0) and end at the evaluated model
+    from cptkit.training.metrics import eval_curves, read_jsonl
+
+    tokens, curves, _ = eval_curves(read_jsonl(tmp_path / "noreplay" / "metrics.jsonl"))
+    assert tokens[0] == 0 and tokens[-1] == 30720 and len(tokens) == 4  # steps 0, 20, 40 and the end (60)
+    assert curves["general"][0] == pytest.approx(loss["base"]["general"], abs=0.05)
+    assert curves["domain"][-1] == pytest.approx(loss["noreplay"]["domain"], abs=0.05)
+    assert curves["general"][-1] > curves["general"][0] and curves["domain"][-1] < curves["domain"][0]
+    png = tmp_path / "noreplay" / "curves.png"
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cpt_table_and_reading_from_the_numbers():
+    import math
+
+    from cptkit.training.report import cpt_table, reading
+
+    ln = math.log
+    arms = {"base": {"domain_loss": ln(800), "general_loss": ln(100), "task": 30.0},
+            "noreplay": {"domain_loss": ln(200), "general_loss": ln(150), "task": 25.0},
+            "replay": {"domain_loss": ln(250), "general_loss": ln(110), "task": 28.0}}
+    # gains ln(800/200) = 1.386 and ln(800/250) = 1.163 nats: 84%; general +50% vs +10%: 80% avoided
+    assert reading(arms, "noreplay", "replay") == (
+        "replay keeps general PPL within +10.0% of the base (no replay: +50.0%, 80% of the forgetting avoided) "
+        "while reaching 84% of the no-replay domain gain (no replay lowers domain PPL by 75%).")
+    t = cpt_table(arms, "gcide_defs").splitlines()
+    assert t[0] == "| model | domain PPL | general PPL | gcide_defs (%) | domain gain | general PPL vs base |"
+    assert t[2] == "| base | 800.0 | 100.0 | 30.0 | – | – |"
+    assert t[3] == "| noreplay | 200.0 | 150.0 | 25.0 | +1.386 nats | +50.0% |"
+    # honest when replay does not help, when nothing was forgotten, when nothing was learnt
+    worse = {**arms, "replay": {"domain_loss": ln(250), "general_loss": ln(160), "task": 20.0}}
+    assert reading(worse, "noreplay", "replay").startswith("replay did not reduce forgetting in this run: "
+                                                           "general PPL +60.0% vs +50.0% without replay")
+    kept = {**arms, "noreplay": {"domain_loss": ln(200), "general_loss": ln(95), "task": 25.0}}
+    assert "no forgetting to prevent in this run" in reading(kept, "noreplay", "replay")
+    flat = {**arms, "noreplay": {"domain_loss": ln(900), "general_loss": ln(150), "task": 25.0}}
+    assert reading(flat, "noreplay", "replay").startswith("noreplay did not lower the domain perplexity")

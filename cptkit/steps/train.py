@@ -147,7 +147,9 @@ def build_model(mcfg: Any, tokenizer, seq_len: int):
     elif mcfg.name == "hf":
         if not mcfg.path:
             raise CptkitError("model=hf needs model.path (an HF directory, a .gguf file or smollm2)")
-        model = lm.load_causal_lm(str(mcfg.path), dtype="float32")
+        from cptkit.training.hf import load_pretrained
+
+        model = load_pretrained(str(mcfg.path))  # a GGUF file is dequantized into a plain, saveable model
     else:
         raise CptkitError(f"model.name={mcfg.name!r}: use tiny_llama or hf")
     try:
@@ -250,20 +252,6 @@ def make_controller(tcfg: Any, stream, proxy: bool, run_sequences: int | None = 
             ctl = mx.DBL(doms, first, targets, int(tcfg.dbl.interval_steps), float(tcfg.dbl.eta),
                          float(tcfg.dbl.smoothing), bool(tcfg.dbl.clip))
     return StageMixture(stages, ctl, cs, lambda st: resolve_weights(tcfg.init_weights, stream, default_init, st))
-
-
-def eval_losses(model, tokenizer, records: list[dict], tcfg: Any, seq_len: int) -> dict[str, float]:
-    """Per-domain token-weighted eval loss on the stream's held-out documents."""
-    from cptkit.lm import group_losses
-
-    was_training = model.training
-    model.eval()
-    try:
-        res = group_losses(model, tokenizer, records, group_by="domain", max_docs_per_group=int(tcfg.eval_docs),
-                           max_length=seq_len, max_tokens=int(tcfg.eval_max_tokens))
-    finally:
-        model.train(was_training)
-    return {d: float(v["loss"]) for d, v in res.items()}
 
 
 def plot_weights(path: Path, out: Path) -> str | None:
