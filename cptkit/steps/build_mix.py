@@ -170,6 +170,38 @@ def stage_fractions(stages: list[dict]) -> list[float]:
     return [float(f) for f in given]
 
 
+def stage_spec_weights(stage: dict, leaves: dict[str, Any], budget: float, fraction: float,
+                       default_fill: str | None, index: int = 0) -> dict[str, float]:
+    """A stage's weights by domain name: its ``weights``, or computed from ``epochs`` per domain.
+
+    ``epochs: {domain: e}`` (domain upsampling §3.1): domain i gets e_i passes over its tokens,
+    the stage's ``fill`` domain (default ``mix.fill``) the rest (:func:`cptkit.mixing.epoch_weights`).
+    Epochs count over ``epochs_of: budget`` (default: the whole ``mix.budget_tokens``, as the
+    paper's Table 2 counts them over the 1T run) or ``stage`` (the stage's own tokens).
+    """
+    from cptkit.mixing import epoch_weights
+
+    name = str(stage.get("name", index))
+    epochs = stage.get("epochs")
+    if not epochs:
+        return dict(stage.get("weights") or {})
+    if stage.get("weights"):
+        raise CptkitError(f"mix stage {name!r}: give weights or epochs, not both")
+    fill = stage.get("fill") or default_fill
+    if not fill:
+        raise CptkitError(f"mix stage {name!r}: epochs need a fill domain (stage fill or mix.fill) for the rest")
+    of = str(stage.get("epochs_of", "budget"))
+    if of not in ("budget", "stage"):
+        raise CptkitError(f"mix stage {name!r}: epochs_of={of!r}: use budget or stage")
+    ref = budget * (fraction if of == "stage" else 1.0)
+    sizes = {k: float(sum(d.tokens for d in leaves.values() if d.name == k or d.parent == k))
+             for k in [*epochs, fill]}
+    try:
+        return epoch_weights({str(k): float(v) for k, v in epochs.items()}, sizes, ref, str(fill))
+    except ValueError as e:
+        raise CptkitError(f"mix stage {name!r}: {e}") from None
+
+
 def curriculum_order(ppl: np.ndarray, order: str, groups: int, seed: int) -> tuple[np.ndarray, list[int]]:
     """Document order for a PPL curriculum and the group boundaries (start offsets).
 
@@ -562,8 +594,9 @@ def run(cfg: DictConfig) -> dict:
         # the plan: sequences per stage and domain, capped, interleaved
         total_seqs = budget // seq_len
         stage_seqs = allocate(total_seqs, {str(i): f for i, f in enumerate(fractions)})
-        stage_w = [resolve_weights(dict(s.get("weights") or {}), leaves, specs, str(s.get("name", i)),
-                                   str(mix.get("empty_domains", "error"))) for i, s in enumerate(stages)]
+        stage_w = [resolve_weights(stage_spec_weights(s, leaves, budget, fractions[i], mix.get("fill"), i), leaves,
+                                   specs, str(s.get("name", i)), str(mix.get("empty_domains", "error")))
+                   for i, s in enumerate(stages)]
         replay = replay_leaves(replay_names, leaves)
         if replay_names and not replay:
             raise CptkitError(f"mix.replay.domains={replay_names}: no documents matched these domains")
