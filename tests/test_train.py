@@ -190,3 +190,39 @@ def test_controllers_and_sampler_without_a_model(stream):
     assert x == y
     batch = a.batch(x)
     assert batch.shape == (5, 64) and batch.dtype == np.int64
+
+
+@pytest.mark.slow
+def test_continue_pretraining_the_embedded_smollm2(corpus_dir, smollm2, tmp_path):
+    """model=hf model.path=smollm2: the GGUF is dequantized into a plain model that trains and saves."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cptkit import lm
+
+    stream = tmp_path / "stream"
+    build_stream(corpus_dir, "smollm2", stream, ["mix.domains=[{name:en,filter:{source:python-docs}}]",
+                                                 "mix.stages=[{name:main,weights:{en:1}}]", "mix.fill=null",
+                                                 "mix.budget_tokens=2048", "mix.seq_len=128", "mix.eval_docs=2"])
+    out = tmp_path / "run"
+    train(stream, out, "model=hf", "model.path=smollm2", "train.max_steps=3", "train.micro_batch=2",
+          "train.lr=1e-5", "train.warmup=0", "train.precision=fp32", "train.save_initial=true")
+    m = metrics(out)
+    # a trained model: ~2-3 nats per token on English documentation, far below ln(49152) = 10.8 at random
+    assert 1.0 < m[0]["loss"] < 4.5, m[0]
+    cfg = json.loads((out / "model" / "config.json").read_text())
+    assert "quantization_config" not in cfg and cfg["model_type"] == "llama"
+    model = AutoModelForCausalLM.from_pretrained(out / "model")
+    tok = AutoTokenizer.from_pretrained(out / "model")
+    init = AutoModelForCausalLM.from_pretrained(out / "model_init")
+    text = [r["text"] for r in eval_records(stream)][0]
+    (nll_i, n_i), = lm.document_losses(init, tok, [text], max_length=128, max_tokens=128)
+    (nll_t, n_t), = lm.document_losses(model, tok, [text], max_length=128, max_tokens=128)
+    assert n_i == n_t == 128 and nll_i / n_i < 4.5 and nll_t != nll_i  # model_init is the start, model moved
+    gen = lm.generate_until(model, tok, ["The capital of France is"], max_gen_toks=6, max_length=128)
+    assert gen[0].strip(), gen  # it generates text
+
+
+def eval_records(stream: Path) -> list[dict]:
+    from cptkit.training.data import Stream
+
+    return Stream(stream).eval_records()
