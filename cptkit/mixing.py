@@ -276,8 +276,8 @@ def fit_scaling_law(tokens: Sequence[float], losses: Sequence[float],
     return law
 
 
-def predict_targets(checkpoints: Sequence[tuple[float, Mapping[str, float]]], budget_tokens: float,
-                    sigma: float = 0.0) -> tuple[dict[str, float], dict[str, ScalingLaw], float]:
+def predict_targets(checkpoints: Sequence[tuple[float, Mapping[str, float]]],
+                    budget_tokens: float) -> tuple[dict[str, float], dict[str, ScalingLaw], float]:
     """Velocitune target losses from a proxy run's checkpoints (§2.1, App. B).
 
     ``checkpoints`` are (tokens seen, {domain: eval loss}) in training order. Fits one law per

@@ -47,6 +47,8 @@ class ProxyRun:
                               f"checkpoints within proxy_fraction={frac:g} of {full_steps} steps; need "
                               f"{self.min_checkpoints} (lower train.velocitune.proxy_every)")
         self.sigma = float(vcfg.sigma)
+        if not self.sigma > 0:
+            raise CptkitError(f"train.velocitune.sigma={vcfg.sigma}: must be > 0")
         self.eval_docs = int(vcfg.init_eval_docs)
         self.estimator = TargetEstimator(self.budget, self.sigma, self.min_checkpoints)
 
