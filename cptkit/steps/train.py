@@ -233,7 +233,7 @@ def make_controller(tcfg: Any, stream, proxy: bool, run_sequences: int | None = 
         return StageMixture(stages, exact_plan=True)
     cs = [str(x) for x in tcfg.controller_stages] if tcfg.controller_stages is not None else None
     default_init = "uniform" if kind == "velocitune" else "stage"
-    first = resolve_weights(tcfg.init_weights, stream, default_init, stages[0])
+    first = dict.fromkeys(doms, 1.0)  # placeholder: entering a stage it acts in sets the start weights
     if kind == "topic_ppl":
         tp = tcfg.topic_ppl
         frac = tp.round_fraction
