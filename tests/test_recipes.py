@@ -226,3 +226,32 @@ def test_sweeps_reproduce_the_papers_numbers():
     assert [st.name for st in mix.stages] == ["stage1", "stage2"]
     assert mix.curriculum.order == "low_to_high" and list(mix.curriculum.domains) == ["zh"]
     assert mix.curriculum.model == "smollm2"  # the base model scores the PPL
+
+
+def test_targets_file_is_checked_against_the_run(tmp_path):
+    from omegaconf import OmegaConf
+
+    from cptkit.training.velocitune import ProxyRun, load_targets_file
+
+    p = tmp_path / "_velocitune_targets.json"
+    p.write_text(json.dumps({"targets": {"en": 3.1, "zh": 3.4}, "budget_tokens": 4096.0, "converged": True,
+                             "sigma": 0.01, "change": 0.004}))
+    assert load_targets_file(p, 4096, ["en", "zh"], False, False) == {"en": 3.1, "zh": 3.4}
+    with pytest.raises(CptkitError, match="extrapolated to 4096.0 tokens but this run trains 8192"):
+        load_targets_file(p, 8192, ["en", "zh"], False, False)
+    assert load_targets_file(p, 8192, ["en", "zh"], True, False)["en"] == 3.1  # overridden
+    with pytest.raises(CptkitError, match="no target for domain 'code'"):
+        load_targets_file(p, 4096, ["en", "zh", "code"], False, False)
+    p.write_text(json.dumps({"targets": {"en": 3.1}, "budget_tokens": 4096.0, "converged": False, "sigma": 0.01,
+                             "change": 0.03}))
+    with pytest.raises(CptkitError, match="before the targets moved less than sigma=0.01"):
+        load_targets_file(p, 4096, ["en"], False, False)
+    assert load_targets_file(p, 4096, ["en"], False, True) == {"en": 3.1}
+    # the proxy's plan: 80 real steps, a checkpoint every 5% (4 steps), at most 60% (48 steps)
+    vcfg = OmegaConf.create({"proxy_fraction": 0.6, "proxy_every": 0.05, "proxy_min_checkpoints": 4,
+                             "sigma": 0.01, "init_eval_docs": 0})
+    pr = ProxyRun(vcfg, 80, 512)
+    assert (pr.every, pr.max_steps, pr.budget) == (4, 48, 80 * 512)
+    assert [s for s in range(1, 49) if pr.is_checkpoint(s)] == list(range(4, 49, 4))
+    with pytest.raises(CptkitError, match="only 3 checkpoints"):
+        ProxyRun(OmegaConf.merge(vcfg, {"proxy_every": 16}), 80, 512)
