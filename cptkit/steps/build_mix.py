@@ -661,7 +661,7 @@ def run(cfg: DictConfig) -> dict:
         tokens_total = sum(s["tokens"] for s in stream_domains)
         stream = {
             "format": "cptkit-stream/1", "seq_len": seq_len, "dtype": dtype_name, "eos_token_id": eos,
-            "vocab_size": vocab, "tokenizer": str(cfg.tokenizer), "mix": mix.get("name") or "",
+            "vocab_size": vocab, "tokenizer": _tokenizer_ref(cfg.tokenizer), "mix": mix.get("name") or "",
             "budget_tokens": budget, "total_sequences": int(len(plan)), "plan": "plan.npy", "eval": EVAL,
             "domains": stream_domains, "stages": stage_info, "fill": fill, "max_epochs": float(mix["max_epochs"]),
             "seed": seed,
@@ -708,6 +708,12 @@ def _npy_bytes(arr: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, arr, allow_pickle=False)
     return buf.getvalue()
+
+
+def _tokenizer_ref(spec: str | None) -> str:
+    """The tokenizer as the stream records it: an absolute path when it is one (train may run elsewhere)."""
+    p = Path(str(spec))
+    return str(p.resolve()) if p.exists() else str(spec)
 
 
 def load_stream(path: str | Path) -> dict:

@@ -102,10 +102,11 @@ class TrainOptions:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     grad_clip: float = 1.0
-    precision: str = "bf16"  # bf16 | fp32 (| fp16 on GPU)
-    zero_stage: int = 2
-    gradient_checkpointing: bool = True
-    deepspeed_config: str | None = None  # a JSON/YAML file merged over conf/deepspeed
+    precision: str = "auto"  # auto (bf16 on GPU or a CPU with native bf16, else fp32) | bf16 | fp32 | fp16 (GPU)
+    engine: str = "auto"  # auto (DeepSpeed on GPU / >1 process / ZeRO-3 / a DeepSpeed file; else torch) | deepspeed | torch
+    zero_stage: int | None = None  # null: the deepspeed group's stage (deepspeed=zero1|zero2|zero3)
+    gradient_checkpointing: Any = "auto"  # auto (on for models of ≥ 1e8 parameters) | true | false
+    deepspeed_config: str | None = None  # a JSON/YAML DeepSpeed file; its stage/optimizer/scheduler win
     save_every: int = 0  # optimizer steps between checkpoints (0: only at the end)
     keep_last: int = 2
     resume: bool = False
@@ -118,7 +119,9 @@ class TrainOptions:
     eval_tasks_shots: int | None = 0  # null: the task's default
     threads: int = 0  # torch CPU threads (0: torch's default)
     plot: bool = True
-    tensorboard: bool = False
+    tensorboard: bool = True  # OUT/tensorboard: loss, LR, tokens/s, weights, per-domain eval losses
+    wandb: Any = "auto"  # auto: log to W&B when wandb is installed and WANDB_PROJECT/WANDB_MODE/WANDB_API_KEY is set
+    log_every: int = 0  # progress lines when stderr is not a terminal (0: every ~10% of the steps)
     backend: str = "auto"  # gloo on CPU, nccl on GPU
     topic_ppl: TopicPPLConfig = field(default_factory=TopicPPLConfig)
     velocitune: VelocituneConfig = field(default_factory=VelocituneConfig)
@@ -134,6 +137,81 @@ class TrainJob(JobConfig):
 
 
 register_step("train", TrainJob)
+
+
+def check_options(tcfg: Any) -> None:
+    """Refuse invalid ``train.*`` values with one line each, before anything is written."""
+    from cptkit.training.schedule import DECAY_TYPES
+
+    def bad(key: str, value: Any, why: str) -> CptkitError:
+        return CptkitError(f"train.{key}={value}: {why}")
+
+    for key, lo in (("micro_batch", 1), ("grad_accum", 1), ("max_steps", 0), ("save_every", 0), ("keep_last", 0),
+                    ("threads", 0), ("eval_docs", 0), ("eval_max_tokens", 1), ("eval_every", 0), ("log_every", 0)):
+        v = tcfg.get(key)
+        if v is not None and int(v) < lo:
+            raise bad(key, v, f"must be ≥ {lo}")
+    for key in ("budget_tokens", "init_lr", "weight_decay", "grad_clip", "warmup", "decay"):
+        v = float(tcfg.get(key))
+        if not v >= 0 or math.isinf(v):
+            raise bad(key, tcfg.get(key), "must be a finite number ≥ 0")
+    if not float(tcfg.lr) > 0 or math.isinf(float(tcfg.lr)):
+        raise bad("lr", tcfg.lr, "must be > 0")
+    if not float(tcfg.eps) > 0:
+        raise bad("eps", tcfg.eps, "must be > 0")
+    if not 0.0 <= float(tcfg.min_lr_ratio) <= 1.0:
+        raise bad("min_lr_ratio", tcfg.min_lr_ratio, "must be in [0, 1]")
+    if str(tcfg.decay_type) not in DECAY_TYPES:
+        raise bad("decay_type", tcfg.decay_type, f"use one of {', '.join(DECAY_TYPES)}")
+    if len(tcfg.betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in tcfg.betas):
+        raise bad("betas", list(tcfg.betas), "two values in [0, 1)")
+    if str(tcfg.precision) not in ("auto", "bf16", "fp32", "fp16"):
+        raise bad("precision", tcfg.precision, "use auto, bf16, fp32 or fp16 (GPU)")
+    if str(tcfg.engine) not in ("auto", "deepspeed", "torch"):
+        raise bad("engine", tcfg.engine, "use auto, deepspeed or torch")
+    if tcfg.zero_stage is not None and int(tcfg.zero_stage) not in (0, 1, 2, 3):
+        raise bad("zero_stage", tcfg.zero_stage, "use 0, 1, 2 or 3 (or null: the deepspeed group's)")
+    if str(tcfg.gradient_checkpointing).lower() not in ("auto", "true", "false"):
+        raise bad("gradient_checkpointing", tcfg.gradient_checkpointing, "use auto, true or false")
+
+
+def run_identity(config: dict) -> str:
+    """The hash that names a run in its output: its config without ``train.resume`` and ``train.max_steps``
+    (a finished run can be extended to more steps: same run, longer)."""
+    from cptkit.job import config_hash
+
+    train = {k: v for k, v in config.get("train", {}).items() if k not in ("resume", "max_steps")}
+    return config_hash({**config, "train": train})
+
+
+def reopen_finished(out: Path, ckdir: Path, max_steps: int, resume: bool) -> bool:
+    """A finished run asked for another ``max_steps``: reopen it to extend (resume, more steps) or refuse.
+
+    Returns True when the output was reopened (its ``_SUCCESS`` removed; training resumes from the
+    final checkpoint)."""
+    from cptkit.job import MANIFEST, SUCCESS
+    from cptkit.training.checkpoint import latest_tag, tag_step
+
+    if not (out / SUCCESS).exists() or max_steps <= 0 or not (out / MANIFEST).exists():
+        return False
+    try:
+        done = int(json.loads((out / MANIFEST).read_text())["extra"]["steps"])
+    except (ValueError, KeyError, TypeError):
+        return False
+    if max_steps == done:
+        return False
+    if max_steps < done:
+        raise CptkitError(f"{out}: finished at step {done}; train.max_steps={max_steps} would shorten it "
+                          "(io.overwrite=true starts over)")
+    if not resume:
+        raise CptkitError(f"{out}: finished at step {done}; pass train.resume=true to extend it to "
+                          f"train.max_steps={max_steps}, or io.overwrite=true to start over")
+    tag = latest_tag(ckdir)
+    if tag is None or tag_step(tag) != done:
+        raise CptkitError(f"{out}: finished at step {done} but {ckdir} holds no checkpoint of that step to extend")
+    (out / SUCCESS).unlink()
+    log.info("extending %s from step %d to %d", out, done, max_steps)
+    return True
 
 
 # --- pieces ---------------------------------------------------------------------------------
@@ -288,13 +366,18 @@ def _truncate_jsonl(path: Path, max_step: int) -> None:
 
 
 def _rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """torch/python/numpy RNG states as tensors, numbers and lists (``weights_only`` loadable)."""
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": [str(name), torch.from_numpy(np.asarray(key, dtype=np.int64)), int(pos), int(has_gauss),
+                      float(gauss)]}
 
 
 def _set_rng_state(s: dict[str, Any]) -> None:
     torch.set_rng_state(s["torch"])
     random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
+    name, key, pos, has_gauss, gauss = s["numpy"]
+    np.random.set_state((name, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
 
 
 # --- the step -------------------------------------------------------------------------------
@@ -316,8 +399,7 @@ def run(cfg: DictConfig) -> dict:
     OmegaConf.set_struct(cfg, False)
     cfg.train.resume = False
     OmegaConf.set_struct(cfg, True)
-    if tcfg.precision not in ("bf16", "fp32", "fp16"):
-        raise CptkitError(f"train.precision={tcfg.precision!r}: use bf16, fp32 or fp16 (GPU)")
+    check_options(tcfg)
     if int(tcfg.threads) > 0:
         torch.set_num_threads(int(tcfg.threads))
 
@@ -327,6 +409,8 @@ def run(cfg: DictConfig) -> dict:
     job = None
     if rank == 0:
         job = Job(cfg, tasks=[Task(0, [], name="train")], needs_inputs=False)
+        job.hash = run_identity(job.config)
+        reopen_finished(out, ckdir, int(tcfg.max_steps), resume)
         job.__enter__()
     torch.distributed.barrier()
     try:
@@ -341,16 +425,15 @@ def run(cfg: DictConfig) -> dict:
 
 
 def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, job) -> dict:
-    import deepspeed
-
     from cptkit.job import TaskResult
     from cptkit.lm import load_tokenizer
     from cptkit.mixing import normalize
+    from cptkit.training.checkpoint import prune, tag_for
     from cptkit.training.data import Sampler
-    from cptkit.training.engine import deepspeed_config, param_groups
+    from cptkit.training.engine import make_engine
     from cptkit.training.metrics import evaluate_point, load_eval_tasks, plot_curves
     from cptkit.training.mixture import domain_losses
-    from cptkit.training.schedule import make_schedule, torch_scheduler
+    from cptkit.training.schedule import make_schedule
     from cptkit.training.stages import draw_batch
 
     if job is not None and job.already_done:
@@ -361,7 +444,7 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
                           "it or io.overwrite=true to start over")
     if resume and not has_ckpt:
         log.warning("train.resume=true but %s has no checkpoint: starting from step 0", ckdir)
-    tok_spec = cfg.tokenizer or stream.meta.get("tokenizer")
+    tok_spec = cfg.tokenizer or stream.tokenizer_spec()
     tokenizer = load_tokenizer(str(tok_spec))
     if len(tokenizer) < int(stream.meta["vocab_size"]):
         raise CptkitError(f"tokenizer {tok_spec} has {len(tokenizer)} tokens, the stream was built with "
@@ -372,9 +455,12 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
     budget = float(tcfg.budget_tokens) or float(stream.meta["total_sequences"] * seq_len)
     total_steps = int(tcfg.max_steps) or max(1, math.ceil(budget / (global_seqs * seq_len)))
     full_budget = total_steps * global_seqs * seq_len
-    schedule = make_schedule(float(tcfg.lr), total_steps, warmup=tcfg.warmup, decay=tcfg.decay,
-                             init_lr=float(tcfg.init_lr), decay_type=str(tcfg.decay_type),
-                             min_lr_ratio=float(tcfg.min_lr_ratio))
+    try:
+        schedule = make_schedule(float(tcfg.lr), total_steps, warmup=tcfg.warmup, decay=tcfg.decay,
+                                 init_lr=float(tcfg.init_lr), decay_type=str(tcfg.decay_type),
+                                 min_lr_ratio=float(tcfg.min_lr_ratio))
+    except ValueError as e:
+        raise CptkitError(f"train schedule ({total_steps} steps): {e}") from None
     controller = make_controller(tcfg, stream, proxy, total_steps * global_seqs, full_budget)
     proxy_run = None
     if proxy:  # the proxy follows the real run's schedule and stops early (Velocitune App. B)
@@ -397,11 +483,6 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
     if model.get_input_embeddings().num_embeddings < int(stream.meta["vocab_size"]):
         raise CptkitError(f"model has {model.get_input_embeddings().num_embeddings} embeddings, fewer than the "
                           f"stream's vocabulary ({stream.meta['vocab_size']})")
-    if tcfg.gradient_checkpointing:
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.x
-            model.activation_checkpointing_enable({"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if tcfg.save_initial and rank == 0 and not (out / "model_init").exists():
         # The "base" of a from-scratch demo run, for evaluate-compare against the trained model.
         tmp = out / ".model_init.tmp"
@@ -409,20 +490,8 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         os.replace(tmp, out / "model_init")
-    model.train()
-    base = OmegaConf.to_container(cfg.deepspeed, resolve=True) or {}
-    if tcfg.deepspeed_config:
-        p = Path(str(tcfg.deepspeed_config))
-        if not p.exists():
-            raise CptkitError(f"train.deepspeed_config={p}: no such file")
-        extra = json.loads(p.read_text()) if p.suffix == ".json" else OmegaConf.to_container(OmegaConf.load(p))
-        base = {**base, **extra}  # type: ignore[dict-item]
-    ds_cfg = deepspeed_config(base, micro_batch=micro, grad_accum=accum, world=world, lr=float(tcfg.lr),
-                              betas=(float(tcfg.betas[0]), float(tcfg.betas[1])), eps=float(tcfg.eps),
-                              weight_decay=float(tcfg.weight_decay), grad_clip=float(tcfg.grad_clip),
-                              precision=str(tcfg.precision), zero_stage=int(tcfg.zero_stage))
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model, float(tcfg.weight_decay)),
-                                           config=ds_cfg, lr_scheduler=lambda opt: torch_scheduler(opt, schedule))
+    engine, engine_info = make_engine(model, tcfg, deepspeed_base=OmegaConf.to_container(cfg.deepspeed, resolve=True)
+                                      or {}, world=world, schedule=schedule)
     sampler = Sampler(stream, int(cfg.seed))
 
     step, tokens, weight_sum, elapsed = 0, 0, dict.fromkeys(stream.domains, 0.0), 0.0
@@ -471,11 +540,9 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
         state = {"step": step, "tokens": tokens, "elapsed": elapsed, "weight_sum": weight_sum,
                  "sampler": sampler.state_dict(), "controller": controller.state_dict(), "rng": _rng_state(),
                  "proxy_log": proxy_log}
-        engine.save_checkpoint(str(ckdir), tag=f"step{step:08d}", client_state=state)
-        if rank == 0 and int(tcfg.keep_last) > 0:
-            tags = sorted(p for p in ckdir.glob("step*") if p.is_dir())
-            for old in tags[:-int(tcfg.keep_last)]:
-                shutil.rmtree(old, ignore_errors=True)
+        engine.save_checkpoint(str(ckdir), tag=tag_for(step), client_state=state)
+        if rank == 0:
+            prune(ckdir, int(tcfg.keep_last))
 
     if step == 0 and controller.weights is not None:
         log_weights({"event": "init"})
@@ -501,6 +568,7 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
                                      lambda name: log_weights({"event": "stage", "stage": name}))
         data = sampler.batch(pairs)
         data_s += time.time() - td
+        lr_used = float(engine.get_lr()[0])  # this step's LR (cptkit's schedule or a user DeepSpeed scheduler)
         step_loss = 0.0
         for j in range(accum):
             lo = (j * world + rank) * micro
@@ -513,7 +581,6 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
         if world > 1:
             torch.distributed.all_reduce(loss_t)
             loss_t /= world
-        lr_used = schedule.lr(step)
         step += 1
         tokens += global_seqs * seq_len
         w_now = mix_info.pop("weights_used")
@@ -559,7 +626,7 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
                              "tokens/s": (len(loss_hist) * global_seqs * seq_len / run_s) if run_s > 0 else 0.0,
                              "data+mixture share of step time": (data_s + mix_s) / run_s if run_s > 0 else 0.0,
                              "data loader s": data_s, "mixture eval+update s": mix_s, "run s": run_s,
-                             "mixture": "proxy" if proxy else str(tcfg.mixture)}
+                             "mixture": "proxy" if proxy else str(tcfg.mixture), **engine_info}
     if rank == 0:
         avg = normalize(weight_sum) if sum(weight_sum.values()) > 0 else {}
         atomic_write_json(out / "avg_weights.json", {"weights": avg, "steps": step})
