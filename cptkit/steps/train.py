@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig, register_step
+from cptkit.config import JobConfig, redact, register_step
 from cptkit.errors import CptkitError
 from cptkit.progress import log
 from cptkit.shards import atomic_write_bytes, atomic_write_json
@@ -430,9 +430,10 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
     from cptkit.mixing import normalize
     from cptkit.training.checkpoint import prune, tag_for
     from cptkit.training.data import Sampler
-    from cptkit.training.engine import make_engine
+    from cptkit.training.engine import full_state_dict, make_engine
     from cptkit.training.metrics import evaluate_point, load_eval_tasks, plot_curves
     from cptkit.training.mixture import domain_losses
+    from cptkit.training.runlog import RunLog, plot_loss
     from cptkit.training.schedule import make_schedule
     from cptkit.training.stages import draw_batch
 
@@ -516,17 +517,7 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
     for t_ck, l_ck in proxy_log if proxy_run is not None else []:
         proxy_run.add(t_ck, l_ck)
 
-    tb = None
-    if rank == 0 and tcfg.tensorboard:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            tb = SummaryWriter(str(out / "tensorboard"))
-        except ImportError:
-            log.warning("train.tensorboard=true but tensorboard is not installed (pip install tensorboard)")
-    advance = job.add_bar("train steps", total_steps) if job is not None else (lambda n=1: None)
-    if job is not None and step:
-        advance(step)
+    runlog = RunLog(out, tcfg, job, total_steps, step, redact(job.config) if job is not None else None)
     metrics_f = open(out / "metrics.jsonl", "a") if rank == 0 else None  # noqa: SIM115
     weights_f = open(out / "weights.jsonl", "a") if rank == 0 else None  # noqa: SIM115
 
@@ -595,18 +586,13 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
                    "weights": {d: round(v, 6) for d, v in w_now.items()}, **mix_info, **info}
             metrics_f.write(json.dumps(rec) + "\n")
             metrics_f.flush()
-            if tb is not None:
-                tb.add_scalar("loss", rec["loss"], step)
-                tb.add_scalar("lr", lr_used, step)
-                for d, v in w_now.items():
-                    tb.add_scalar(f"weight/{d}", v, step)
+            runlog.step(step, rec)
         if proxy_run is not None and proxy_run.is_checkpoint(step):
             losses = domain_losses(engine.module, tokenizer, eval_recs, proxy_run.eval_docs,
                                    int(tcfg.eval_max_tokens), seq_len)
             proxy_log.append((float(tokens), losses))
             if proxy_run.add(tokens, losses):
                 total_steps = step  # the targets settled: stop the proxy here
-        advance(1)
         if (int(tcfg.save_every) and step % int(tcfg.save_every) == 0) or step == total_steps:
             save()
     run_s = time.time() - t_run
@@ -614,12 +600,15 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
         point = evaluate_point(engine.module, tokenizer, eval_recs, tcfg, seq_len, eval_tasks)
         metrics_f.write(json.dumps({"step": step, "tokens": tokens, "event": "eval", **point,
                                     "eval_tokens": tokens}) + "\n")
+        runlog.scalars(step, point)
     if metrics_f is not None:
         metrics_f.close()
     if weights_f is not None:
+        if loss_hist:  # the weights in force at the end: a static run's trajectory is a line, not a dot
+            weights_f.write(json.dumps({"step": step, "tokens": tokens, "event": "end",
+                                        "weights": {d: round(v, 6) for d, v in w_now.items()}}) + "\n")
         weights_f.close()
-    if tb is not None:
-        tb.close()
+    runlog.close()
 
     extra: dict[str, Any] = {"steps": step, "tokens": tokens, "world size": world,
                              "final loss": loss_hist[-1] if loss_hist else float("nan"),
@@ -627,6 +616,7 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
                              "data+mixture share of step time": (data_s + mix_s) / run_s if run_s > 0 else 0.0,
                              "data loader s": data_s, "mixture eval+update s": mix_s, "run s": run_s,
                              "mixture": "proxy" if proxy else str(tcfg.mixture), **engine_info}
+    final_sd = full_state_dict(engine)  # ZeRO-3: gathered from every rank (collective); else None
     if rank == 0:
         avg = normalize(weight_sum) if sum(weight_sum.values()) > 0 else {}
         atomic_write_json(out / "avg_weights.json", {"weights": avg, "steps": step})
@@ -637,6 +627,10 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
                             + OmegaConf.to_yaml(OmegaConf.create(recipe))).encode())
         if tcfg.plot and (out / "weights.jsonl").exists():
             note = plot_weights(out / "weights.jsonl", out / "weights.png")
+            if note:
+                log.warning(note)
+        if tcfg.plot:
+            note = plot_loss(out / "metrics.jsonl", out / "loss.png")
             if note:
                 log.warning(note)
         if tcfg.plot and tcfg.eval_every:
@@ -655,7 +649,7 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
         model_dir = out / "model"
         tmp = out / ".model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        engine.module.save_pretrained(str(tmp))
+        engine.module.save_pretrained(str(tmp), state_dict=final_sd)
         tokenizer.save_pretrained(str(tmp))
         shutil.rmtree(model_dir, ignore_errors=True)
         os.replace(tmp, model_dir)

@@ -344,3 +344,10 @@ def make_engine(model: torch.nn.Module, tcfg: Any, *, deepspeed_base: dict[str, 
             "gradient checkpointing": "on" if ckpt else "off",
             "lr scheduler": "deepspeed (user file)" if "scheduler" in ds_cfg and kind == "deepspeed" else "cptkit"}
     return engine, info
+
+
+def full_state_dict(engine: Any) -> dict[str, torch.Tensor] | None:
+    """The whole model's weights where the module holds only a shard (ZeRO-3; call on every rank), else None."""
+    if getattr(engine, "zero_optimization_stage", lambda: 0)() == 3:
+        return engine._zero3_consolidated_16bit_state_dict()
+    return None
