@@ -47,6 +47,20 @@ def tok(corpus_records, tmp_path_factory):
     return make_tokenizer(corpus_records, tmp_path_factory.mktemp("tok"))
 
 
+@pytest.fixture(scope="module")
+def scorer(tok, tmp_path_factory):
+    """A tiny random Llama on the test tokenizer: the PPL-curriculum scoring model."""
+    from transformers import AutoTokenizer
+
+    from cptkit.lm import tiny_llama
+
+    d = tmp_path_factory.mktemp("scorer")
+    t = AutoTokenizer.from_pretrained(str(tok))
+    tiny_llama(t, hidden=32, layers=1, heads=2, seed=1).save_pretrained(d)
+    t.save_pretrained(d)
+    return d
+
+
 # --- pure stage logic -------------------------------------------------------------------------
 def test_run_stages_and_segments_hand_numbers():
     meta = [{"name": "main", "start": 0, "end": 140, "weights": {"web": 0.6, "domain": 0.2, "zh": 0.2}},
@@ -74,7 +88,7 @@ def test_dynamic_controllers_act_within_the_stage_domain_set():
     # smoothing c/n with n = 2 stage domains; web stays exactly 0
     dbl = DBL(doms, main.weights, {"web": 1.0, "domain": 2.0, "zh": 2.0}, 1, 1.0, 0.1, True)
     mix = StageMixture([main, tail], dbl)
-    assert list(mix.segments(96, 8)) == [("main", 4, main.weights, False), ("tail", 4, tail.weights, True)]
+    assert list(mix.segments(96, 8)) == [(main, 4, main.weights, False), (tail, 4, tail.weights, True)]
     assert dbl.active == ["domain", "zh"]
     mix.update(1, 0, {"web": 9.0, "domain": 3.0, "zh": 1.5})
     a = math.e / (math.e + 1)
@@ -141,18 +155,43 @@ def synthetic_qa(corpus_dir: Path, out: Path, n: int = 60) -> Path:
     return out
 
 
-def test_synE_cpt_two_stages_in_one_run(corpus_dir, tok, tmp_path):
+def test_synE_cpt_two_stages_in_one_run(corpus_dir, tok, scorer, tmp_path):
+    import numpy as np
+
     from cptkit.steps.build_mix import run as build_mix
+    from cptkit.training.data import Sampler, Stream
 
     qa = synthetic_qa(corpus_dir, tmp_path / "qa")
-    # mix=synE_cpt as shipped, on the slice: languages split by source (the slice has no topics),
-    # random order (the PPL curriculum needs a scoring model), 400 sequences: stage 2 is the last 7.5% (30)
+    # mix=synE_cpt as shipped, on the slice: languages split by source (the slice has no topics), the
+    # Chinese PPL curriculum scored by a tiny model, 400 sequences: stage 2 is the last 7.5% (30)
     s = build_mix(compose_step("build-mix", [
         f"io.inputs=['{corpus_dir}','{qa}']", f"io.output='{tmp_path / 'stream'}'", f"tokenizer='{tok}'",
         "quiet=true", "mix=synE_cpt", "mix.budget_tokens=25600", "mix.seq_len=64", "mix.eval_docs=2",
-        "mix.curriculum.order=random", "mix.domains=[{name:synthetic,filter:{discipline:{exists:true}}},"
+        f"mix.curriculum.model='{scorer}'", "mix.curriculum.max_tokens=64",
+        "mix.domains=[{name:synthetic,filter:{discipline:{exists:true}}},"
         "{name:zh,filter:{lang:zh},split_by:source},{name:en,filter:{lang:en},split_by:source}]"]))["stream"]
-    assert [(x["name"], x["start"], x["end"]) for x in s["stages"]] == [("stage1", 0, 370), ("stage2", 370, 400)]
+    assert [(x["name"], x["start"], x["end"], x["curriculum"]) for x in s["stages"]] == \
+        [("stage1", 0, 370, True), ("stage2", 370, 400, False)]
+    # §4.1.2: Chinese in 10 PPL groups, low → high; English and synthetic keep a random order
+    for d in s["domains"]:
+        cur = d["curriculum"]
+        assert cur["order"] == ("low_to_high" if d["parent"] == "zh" else "random")
+        if d["parent"] == "zh":
+            ppl = [g for g in cur["group_ppl"] if g is not None]
+            assert len(cur["group_starts"]) == 10 and ppl == sorted(ppl)
+    # stage 1 reads each Chinese domain in curriculum order (0, 1, 2, ...); stage 2 samples at random (§4.2)
+    plan = np.load(tmp_path / "stream" / "plan.npy")
+    zh_idx = [i for i, d in enumerate(s["domains"]) if d["parent"] == "zh"]
+    for i in zh_idx:
+        first = plan[:370][plan[:370, 0] == i, 1].tolist()
+        assert first == list(range(len(first)))
+    later = [r[1] for r in plan[370:].tolist() if r[0] in zh_idx]
+    assert later and later != list(range(len(later)))
+    sp = Sampler(Stream(tmp_path / "stream"), seed=0)
+    w = {d["name"]: (1.0 if d["name"] == s["domains"][zh_idx[0]]["name"] else 0.0) for d in s["domains"]}
+    assert [k for _, k in sp.draw(5, w)] == [0, 1, 2, 3, 4]
+    rand = [k for _, k in sp.draw(20, w, ordered=False)]
+    assert rand != list(range(5, 25)) and [k for _, k in sp.draw(2, w)] == [5, 6]  # the order resumes
     out = tmp_path / "run"
     train(tmp_path / "stream", out, "recipe=synE_cpt")  # 50 steps of 8 sequences = 25600 tokens
     m = jsonl(out / "metrics.jsonl")

@@ -617,7 +617,9 @@ def run(cfg: DictConfig) -> dict:
         counts, capped = plan_counts([stage_seqs[str(i)] for i in range(len(stages))], stage_w, available,
                                      float(mix["max_epochs"]), fill)
         index = {s["name"]: i for i, s in enumerate(stream_domains)}
-        cursor = dict.fromkeys(available, 0)
+        cursor = dict.fromkeys(available, 0)  # next sequence in each domain's (curriculum) order
+        drawn = dict.fromkeys(available, 0)
+        ppl_ordered = {d["name"]: d["curriculum"]["order"] in ("low_to_high", "high_to_low") for d in stream_domains}
         rows = []
         stage_info = []
         start = 0
@@ -625,11 +627,19 @@ def run(cfg: DictConfig) -> dict:
             labels = np.concatenate([np.full(n, index[k], dtype=np.int32) for k, n in c.items() if n > 0]
                                     or [np.zeros(0, dtype=np.int32)])
             labels = np.random.default_rng([seed, i]).permutation(labels)
+            # `curriculum: false` on a stage: its PPL-ordered domains are sampled at random (Llama-3-SynE
+            # §4.2: stage 2 no longer uses the curriculum); other domains keep their order
+            ordered = s.get("curriculum", True) is not False
+            pick = np.random.default_rng([seed, i, 1])
             seqs = np.empty(len(labels), dtype=np.int64)
             for k, dom in enumerate(labels):
                 name = stream_domains[dom]["name"]
-                seqs[k] = cursor[name] % available[name]
-                cursor[name] += 1
+                if not ordered and ppl_ordered[name]:
+                    seqs[k] = int(pick.integers(available[name]))
+                else:
+                    seqs[k] = cursor[name] % available[name]
+                    cursor[name] += 1
+                drawn[name] += 1
             rows.append(np.stack([labels.astype(np.int64), seqs], axis=1))
             n = int(len(labels))
             tot_w = sum(stage_w[i].values())
@@ -637,15 +647,16 @@ def run(cfg: DictConfig) -> dict:
                 "name": str(s.get("name", f"stage{i}")), "fraction": fractions[i], "start": start, "end": start + n,
                 "weights": {k: v / tot_w for k, v in stage_w[i].items()},
                 "sequences": {k: v for k, v in c.items() if v}, "tokens": {k: v * seq_len for k, v in c.items() if v},
+                "curriculum": ordered,
             })
             start += n
         plan = np.concatenate(rows) if rows else np.zeros((0, 2), dtype=np.int64)
         atomic_write_bytes(job.out / "plan.npy", _npy_bytes(plan.astype(np.int64)))
-        epochs = {k: (cursor[k] / available[k] if available[k] else 0.0) for k in available}
+        epochs = {k: (drawn[k] / available[k] if available[k] else 0.0) for k in available}
         for s in stream_domains:
             s["epochs"] = round(epochs[s["name"]], 4)
             s["capped"] = bool(capped.get(s["name"]))
-            s["planned_tokens"] = cursor[s["name"]] * seq_len
+            s["planned_tokens"] = drawn[s["name"]] * seq_len
         for k in fill:
             if epochs[k] > float(mix["max_epochs"]):
                 log.warning("fill domain %s is repeated %.2f times (above mix.max_epochs=%g)", k, epochs[k],

@@ -167,9 +167,15 @@ class Sampler:
         self.position = 0  # sequences drawn so far (plan position)
         self.cursor = [0] * len(stream.domains)
         self.drawn = [0] * len(stream.domains)
+        self.ppl_ordered = [(d.get("curriculum") or {}).get("order") in ("low_to_high", "high_to_low")
+                            for d in stream.meta["domains"]]
 
-    def draw(self, n: int, weights: dict[str, float] | None) -> list[tuple[int, int]]:
-        """The next ``n`` (domain, sequence index) pairs: from the plan when ``weights`` is None."""
+    def draw(self, n: int, weights: dict[str, float] | None, ordered: bool = True) -> list[tuple[int, int]]:
+        """The next ``n`` (domain, sequence index) pairs: from the plan when ``weights`` is None.
+
+        ``ordered=False`` (a stage without curriculum): PPL-ordered domains give a random sequence
+        instead of their next one (seeded; their position is kept for a later ordered stage).
+        """
         out = []
         if weights is None:
             plan = self.stream.plan
@@ -185,6 +191,9 @@ class Sampler:
                 raise CptkitError("mixture weights put no mass on a domain with sequences")
             doms = self.rng.choice(len(p), size=n, p=p / p.sum())
             for d in doms:
+                if not ordered and self.ppl_ordered[d]:
+                    out.append((int(d), int(self.rng.integers(max(self.stream.sequences[d], 1)))))
+                    continue
                 out.append((int(d), self.cursor[d]))
                 self.cursor[d] += 1
         for d, _ in out:

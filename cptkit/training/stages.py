@@ -32,6 +32,7 @@ class RunStage:
     start: int
     end: int
     weights: dict[str, float]  # over all stream domains (0 outside the stage), sum 1
+    ordered: bool = True  # false: PPL-ordered domains are sampled at random here (build-mix `curriculum: false`)
 
     @property
     def domains(self) -> list[str]:
@@ -62,7 +63,8 @@ def run_stages(stages: Sequence[dict[str, Any]], domains: Sequence[str], stream_
         if tot <= 0:
             raise CptkitError(f"stream stage {st.get('name', i)!r}: all weights are 0")
         if end > start:
-            out.append(RunStage(str(st.get("name", f"stage{i}")), start, end, {d: v / tot for d, v in w.items()}))
+            out.append(RunStage(str(st.get("name", f"stage{i}")), start, end, {d: v / tot for d, v in w.items()},
+                                st.get("curriculum", True) is not False))
         start = end
     return out
 
@@ -159,15 +161,15 @@ class StageMixture:
     def update(self, step: int, tokens: int, losses: dict[str, float]) -> dict[str, Any]:
         return self.controller.update(step, tokens, losses)
 
-    def segments(self, position: int, n: int) -> Iterator[tuple[str, int, dict[str, float] | None, bool]]:
-        """The next ``n`` sequences as (stage name, count, weights or None, entered), lazily.
+    def segments(self, position: int, n: int) -> Iterator[tuple[RunStage, int, dict[str, float] | None, bool]]:
+        """The next ``n`` sequences as (stage, count, weights or None, entered), lazily.
 
         Entering a stage (``entered``) resets an acting controller to the stage's start weights;
         it happens when the segment is reached, so ``weights`` is the stage's own.
         """
         for i, count in segments(self.stages, position, n):
             entered = self.enter(i)
-            yield self.stages[i].name, count, self.weights, entered
+            yield self.stages[i], count, self.weights, entered
 
     def state_dict(self) -> dict[str, Any]:
         return {"current": self.current,
@@ -190,10 +192,11 @@ def draw_batch(mixture: StageMixture, sampler: Any, n: int, domains: Sequence[st
     pairs: list[tuple[int, int]] = []
     draws = []
     used = dict.fromkeys(domains, 0.0)
-    for name, count, weights, entered in mixture.segments(sampler.position, n):
+    for stage, count, weights, entered in mixture.segments(sampler.position, n):
+        name = stage.name
         if entered and on_stage is not None:
             on_stage(name)
-        got = sampler.draw(count, weights)
+        got = sampler.draw(count, weights, stage.ordered)
         pairs += got
         c = Counter(domains[d] for d, _ in got)
         draws.append({"stage": name, "counts": {d: c[d] for d in domains if c[d]}})
