@@ -29,11 +29,10 @@ MIXTURES = ("static", "staged", "topic_ppl", "velocitune", "dbl")
 
 
 class Controller:
-    """Base: static weights. ``weights is None`` means "follow the stream's plan"."""
+    """Base: fixed weights over ``domains``; the dynamic controllers below update them."""
 
     name = "static"
     dynamic = False
-
     needs_init = False  # wants an evaluation before step 0 even outside its stages
 
     def __init__(self, domains: list[str], weights: dict[str, float] | None):
@@ -70,13 +69,6 @@ class Controller:
         self.weights = state["weights"]
         self.updates = int(state["updates"])
         self.active = list(state.get("active") or self.domains)
-
-
-class Staged(Controller):
-    name = "staged"
-
-    def __init__(self, domains: list[str]):
-        super().__init__(domains, None)
 
 
 class TopicPPL(Controller):
