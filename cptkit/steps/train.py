@@ -295,6 +295,9 @@ def make_controller(tcfg: Any, stream, proxy: bool, run_sequences: int | None = 
     doms = list(stream.domains)
 
     def whole(weights: dict[str, float], name: str) -> list[RunStage]:
+        bad = [d for d, w in weights.items() if not w >= 0]
+        if bad:
+            raise CptkitError(f"train.weights: weight of {bad[0]!r} is {weights[bad[0]]}; weights must be >= 0")
         tot = sum(weights.values())
         if tot <= 0:
             raise CptkitError("train.weights put no mass on any domain")
