@@ -187,8 +187,8 @@ def run_identity(config: dict) -> str:
 def reopen_finished(out: Path, ckdir: Path, max_steps: int, resume: bool) -> bool:
     """A finished run asked for another ``max_steps``: reopen it to extend (resume, more steps) or refuse.
 
-    Returns True when the output was reopened (its ``_SUCCESS`` removed; training resumes from the
-    final checkpoint)."""
+    Returns True when the run is to be extended: it resumes from its final checkpoint, and its
+    ``_SUCCESS`` is removed once that checkpoint has loaded."""
     from cptkit.job import MANIFEST, SUCCESS
     from cptkit.training.checkpoint import latest_tag, tag_step
 
@@ -209,7 +209,6 @@ def reopen_finished(out: Path, ckdir: Path, max_steps: int, resume: bool) -> boo
     tag = latest_tag(ckdir)
     if tag is None or tag_step(tag) != done:
         raise CptkitError(f"{out}: finished at step {done} but {ckdir} holds no checkpoint of that step to extend")
-    (out / SUCCESS).unlink()
     log.info("extending %s from step %d to %d", out, done, max_steps)
     return True
 
@@ -413,8 +412,9 @@ def run(cfg: DictConfig) -> dict:
     if rank == 0:
         job = Job(cfg, tasks=[Task(0, [], name="train")], needs_inputs=False)
         job.hash = run_identity(job.config)
-        reopen_finished(out, ckdir, int(tcfg.max_steps), resume)
+        extend = reopen_finished(out, ckdir, int(tcfg.max_steps), resume)
         job.__enter__()
+        job.already_done = job.already_done and not extend
     torch.distributed.barrier()
     try:
         result = _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, job)
@@ -431,7 +431,7 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
     from cptkit.job import TaskResult
     from cptkit.lm import load_tokenizer
     from cptkit.mixing import normalize
-    from cptkit.training.checkpoint import prune, tag_for
+    from cptkit.training.checkpoint import check_resumable, prune, tag_for
     from cptkit.training.data import Sampler
     from cptkit.training.engine import full_state_dict, make_engine
     from cptkit.training.metrics import evaluate_point, load_eval_tasks, plot_curves
@@ -501,6 +501,7 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
     step, tokens, weight_sum, elapsed = 0, 0, dict.fromkeys(stream.domains, 0.0), 0.0
     proxy_log: list[tuple[float, dict[str, float]]] = []
     if resume and has_ckpt:
+        check_resumable(ckdir, engine_info["engine"])
         path, state = engine.load_checkpoint(str(ckdir))
         if path is None:
             raise CptkitError(f"{ckdir}: cannot load the latest checkpoint")
@@ -511,6 +512,7 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
         controller.load_state_dict(state["controller"])
         _set_rng_state(state["rng"])
         if rank == 0:
+            (out / "_SUCCESS").unlink(missing_ok=True)  # extending a finished run: unfinished until it ends
             log.info("resumed from %s at step %d (%d tokens)", path, step, tokens)
             for name in ("metrics.jsonl", "weights.jsonl"):
                 _truncate_jsonl(out / name, step)

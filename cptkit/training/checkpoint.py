@@ -45,7 +45,7 @@ def safe_globals() -> list[Any]:
 
 def _reason(e: BaseException) -> str:
     msg = str(e)
-    m = re.search(r"Unsupported global: GLOBAL (\S+)", msg)
+    m = re.search(r"GLOBAL ([A-Za-z_][\w.]*)", msg)
     if m:
         return f"it holds {m.group(1)}, which is not plain tensor data (a pickle that can run code)"
     lines = [x.strip() for x in msg.splitlines() if x.strip()]
@@ -125,3 +125,16 @@ def load_torch(ckdir: Path, tag: str) -> dict[str, Any]:
     if not isinstance(state, dict) or not {"module", "optimizer", "client_state"} <= set(state):
         raise CptkitError(f"{path}: not a cptkit checkpoint (module/optimizer/client_state missing)")
     return state
+
+
+def check_resumable(ckdir: Path, engine_kind: str) -> str:
+    """The validated latest tag of ``ckdir``, refusing a checkpoint written by the other engine."""
+    tag = latest_tag(ckdir)
+    if tag is None:
+        raise CptkitError(f"{ckdir}: no 'latest' checkpoint to resume from")
+    is_torch = (ckdir / tag / TORCH_STATE).exists()
+    if engine_kind == "deepspeed" and is_torch:
+        raise CptkitError(f"{ckdir / tag}: written by the torch engine; resume it with train.engine=torch")
+    if engine_kind == "torch" and not is_torch and any((ckdir / tag).glob("*model_states.pt")):
+        raise CptkitError(f"{ckdir / tag}: a DeepSpeed checkpoint; resume it with train.engine=deepspeed")
+    return tag

@@ -9,6 +9,7 @@ replacing ``build_shm_op`` in the module ``deepspeed.comm.torch`` (reached throu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
@@ -324,6 +325,9 @@ def make_engine(model: torch.nn.Module, tcfg: Any, *, deepspeed_base: dict[str, 
         enable_checkpointing(model)
     model.train()
     groups = param_groups(model, float(tcfg.weight_decay))
+    user_lr = ((user.get("optimizer") or {}).get("params") or {}).get("lr")
+    if user_lr is not None and "scheduler" not in user:  # the user's optimizer LR is the schedule's peak
+        schedule = dataclasses.replace(schedule, peak_lr=float(user_lr))
     sched = (lambda opt: torch_scheduler(opt, schedule))  # noqa: E731
     if use_deepspeed(str(tcfg.engine), world, bool(user), stage):
         import deepspeed
@@ -334,7 +338,7 @@ def make_engine(model: torch.nn.Module, tcfg: Any, *, deepspeed_base: dict[str, 
         got = int(engine.zero_optimization_stage())
         if got != stage:  # pragma: no cover - a DeepSpeed that ignores the config
             raise CptkitError(f"DeepSpeed runs ZeRO stage {got}, not the configured {stage}")
-        kind = "deepspeed"
+        kind, stage = "deepspeed", got
     else:
         engine = TorchEngine(model, groups, lr=float(tcfg.lr), betas=betas, eps=float(tcfg.eps),
                              grad_clip=float(tcfg.grad_clip), precision=precision, grad_accum=accum,
