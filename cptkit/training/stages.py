@@ -176,6 +176,8 @@ class StageMixture:
                 "controller": self.controller.state_dict() if self.controller is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "current" not in state:  # a checkpoint written before stages: the controller's own state
+            state = {"current": 0, "controller": state}
         self.current = int(state["current"])
         if self.controller is not None and state.get("controller") is not None:
             self.controller.load_state_dict(state["controller"])
