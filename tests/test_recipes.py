@@ -146,6 +146,23 @@ def test_upsampling_tail_is_followed_by_default(corpus_dir, tok, tmp_path):
     assert events == [(17, "tail")]
 
 
+def test_shipped_upsample_tail_recipe_scaled_to_a_short_run(corpus_dir, tok, tmp_path):
+    # mix=upsample_tail as shipped (Table 2 epochs, Table 4 tail of 10%) trained for 20 steps of 8: the
+    # stages keep their shares of the run, so its last 16 sequences are the tail's, without web
+    s = build_stream(corpus_dir, tok, tmp_path / "stream", ["mix=upsample_tail", "mix.budget_tokens=1e6",
+                                                             "mix.seq_len=128", "mix.eval_docs=2"])["stream"]
+    main, tail = s["stages"]
+    assert tail["start"] == s["total_sequences"] - round(0.1 * s["total_sequences"])
+    out = tmp_path / "run"
+    train(tmp_path / "stream", out, "train.max_steps=20", "train.lr=1e-3", "train.warmup=2")
+    segs = sequence_stages(jsonl(out / "metrics.jsonl"))
+    boundary = round(tail["start"] / s["total_sequences"] * 160)
+    assert boundary == 144 and segs[-1][1] == 160
+    assert all(x[2] == "tail" and "web" not in x[3] for x in segs if x[0] >= boundary)
+    assert all(x[2] == "main" for x in segs if x[1] <= boundary)
+    assert sum(x[3].get("web", 0) for x in segs if x[2] == "main") > 0
+
+
 def synthetic_qa(corpus_dir: Path, out: Path, n: int = 60) -> Path:
     """QA-shaped records with a `discipline` field (as synthesize-qa writes) from real manual text."""
     docs = [r for r in read_jsonl_dir(corpus_dir) if r["source"] == "python-docs"][:n]
