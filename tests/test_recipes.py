@@ -109,6 +109,13 @@ def test_dynamic_controllers_act_within_the_stage_domain_set():
     mix.update(20, 0, {"web": 9.0, "domain": 3.5, "zh": 2.5})
     z = math.exp(0.75) + math.exp(0.5)
     assert vt.weights == pytest.approx({"web": 0.0, "domain": math.exp(0.75) / z, "zh": math.exp(0.5) / z})
+    # a stage that starts exactly at a step is entered before that step's evaluation
+    tp = TopicPPL(doms, {d: 1 / 3 for d in doms}, {"web": "en", "domain": "en", "zh": "zh"}, round_tokens=10,
+                  alpha=0.4)
+    mix = StageMixture([main, tail], tp, controller_stages=["tail"])
+    assert mix.begin_step(96) is None and not mix.wants_eval(12, 0)  # main: static, no rounds
+    assert mix.begin_step(100) == "tail" and mix.wants_eval(13, 0) and tp.active == ["domain", "zh"]
+    assert mix.begin_step(104) is None
     # topic_ppl: a parent's mass is kept, the update only among the stage's domains
     tp = TopicPPL(["en/a", "en/b", "zh/c"], {"en/a": 0.4, "en/b": 0.4, "zh/c": 0.2},
                   {"en/a": "en", "en/b": "en", "zh/c": "zh"}, round_tokens=10, alpha=0.4)

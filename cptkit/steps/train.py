@@ -548,6 +548,9 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
     while step < total_steps:
         t0 = time.time()
         info: dict[str, Any] = {}
+        entered = controller.begin_step(sampler.position)  # a stage starting with this step
+        if entered:
+            log_weights({"event": "stage", "stage": entered})
         if controller.dynamic and controller.wants_eval(step, tokens):
             te = time.time()
             losses = domain_losses(engine.module, tokenizer, eval_recs, controller.eval_docs(step, int(tcfg.eval_docs)),

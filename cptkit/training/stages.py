@@ -144,6 +144,16 @@ class StageMixture:
             self.controller.enter_stage(st.domains, start)
         return True
 
+    def begin_step(self, position: int) -> str | None:
+        """Enter the stage of sequence ``position`` (the step's first) before its evaluation.
+
+        Returns the stage's name when it was entered now (for the log), else None.
+        """
+        for i, st in enumerate(self.stages):
+            if position < st.end or i == len(self.stages) - 1:
+                return st.name if self.enter(i) else None
+        return None
+
     def wants_eval(self, step: int, tokens: int) -> bool:
         """Per-domain eval losses needed before this step (ℓ_init is always taken before step 0)."""
         if not self.dynamic:
