@@ -68,7 +68,7 @@ BASE_STEPS  ?= 300
 BASE_ARGS   ?= train.weights={general:1} train.eval_every=50
 # Start the arms from your own pretrained model instead: BASE_MODEL=DIR (no base phase is run)
 BASE_MODEL  ?= $(DATA)/runs/base/model
-CPT_ARGS    ?= train.mixture=staged train.eval_every=20
+CPT_ARGS    ?= train.eval_every=20
 EVAL_TASKS  ?= [gcide_defs]
 EVAL_ARGS   ?= eval.limit=100 eval.shots=0 eval.ppl.max_length=256 eval.ppl.max_tokens=256 \
                eval.ppl.max_docs_per_group=32
@@ -115,7 +115,9 @@ $(DATA)/qa/_SUCCESS: $(DATA)/scored/_SUCCESS
 $(DATA)/qa_c30/_SUCCESS: $(DATA)/qa/_SUCCESS
 	$(CPTKIT) corrupt --in $(DATA)/qa --out $(@D) corrupt.ratio=0.3 corrupt.seed=1
 
-ARMS        := noreplay replay
+# ARMS += dynamic: a third arm, the replay stream under Llama-3-SynE's PPL controller (topic_ppl
+# over {domain, general}: the domain whose perplexity rose most gains weight every round)
+ARMS        ?= noreplay replay
 BASE_DEP    := $(if $(filter $(DATA)/runs/base/model,$(BASE_MODEL)),$(DATA)/runs/base/_SUCCESS)
 REPLAY_NAME := replay_$(REPLAY)
 
@@ -135,11 +137,16 @@ $(DATA)/runs/base/_SUCCESS: $(DATA)/stream_noreplay/_SUCCESS
 # 2. continued pre-training from the base on the domain stream, without and with replay
 $(DATA)/runs/noreplay/_SUCCESS: $(DATA)/stream_noreplay/_SUCCESS $(BASE_DEP)
 	$(CPTKIT) train --in $(DATA)/stream_noreplay --out $(@D) model=hf model.path=$(BASE_MODEL) \
-	    $(TRAIN_ARGS) $(CPT_ARGS)
+	    $(TRAIN_ARGS) $(CPT_ARGS) train.mixture=staged
 
 $(DATA)/runs/replay/_SUCCESS: $(DATA)/stream/_SUCCESS $(BASE_DEP)
 	$(CPTKIT) train --in $(DATA)/stream --out $(@D) model=hf model.path=$(BASE_MODEL) \
-	    $(TRAIN_ARGS) $(CPT_ARGS)
+	    $(TRAIN_ARGS) $(CPT_ARGS) train.mixture=staged
+
+$(DATA)/runs/dynamic/_SUCCESS: $(DATA)/stream/_SUCCESS $(BASE_DEP)
+	$(CPTKIT) train --in $(DATA)/stream --out $(@D) model=hf model.path=$(BASE_MODEL) \
+	    $(TRAIN_ARGS) $(CPT_ARGS) train.mixture=topic_ppl train.topic_ppl.within_parent=false \
+	    train.topic_ppl.round_fraction=0.2
 
 # 3. every model on the same held-out documents (per domain) and one task
 $(DATA)/eval/base/_SUCCESS: $(DATA)/stream_noreplay/_SUCCESS $(BASE_DEP)
@@ -152,14 +159,16 @@ $(DATA)/eval/%/_SUCCESS: $(DATA)/runs/%/_SUCCESS $(DATA)/stream_noreplay/_SUCCES
 
 $(DATA)/eval/cpt.md: $(DATA)/eval/base/_SUCCESS $(addprefix $(DATA)/eval/,$(addsuffix /_SUCCESS,$(ARMS)))
 	$(BIN)/python -m cptkit.training.report base=$(DATA)/eval/base noreplay=$(DATA)/eval/noreplay \
-	    $(REPLAY_NAME)=$(DATA)/eval/replay --out $@ --curves $(DATA)/eval/curves.png > /dev/null
+	    $(REPLAY_NAME)=$(DATA)/eval/replay $(if $(filter dynamic,$(ARMS)),dynamic=$(DATA)/eval/dynamic) \
+	    --out $@ --curves $(DATA)/eval/curves.png > /dev/null
 
 STEP_TARGETS := $(DATA)/corpus/_SUCCESS $(DATA)/queries/_SUCCESS $(DATA)/retrieved/_SUCCESS \
     $(DATA)/deduped/_SUCCESS $(DATA)/models/quality/_SUCCESS $(DATA)/scored/_SUCCESS \
     $(DATA)/topic_labels/_SUCCESS $(DATA)/models/topics/_SUCCESS $(DATA)/labelled/_SUCCESS \
     $(DATA)/qa/_SUCCESS $(DATA)/qa_c30/_SUCCESS $(DATA)/stream/_SUCCESS $(DATA)/stream_noreplay/_SUCCESS \
     $(DATA)/runs/base/_SUCCESS $(DATA)/runs/noreplay/_SUCCESS $(DATA)/runs/replay/_SUCCESS \
-    $(DATA)/eval/base/_SUCCESS $(DATA)/eval/noreplay/_SUCCESS $(DATA)/eval/replay/_SUCCESS
+    $(DATA)/runs/dynamic/_SUCCESS $(DATA)/eval/base/_SUCCESS $(DATA)/eval/noreplay/_SUCCESS \
+    $(DATA)/eval/replay/_SUCCESS $(DATA)/eval/dynamic/_SUCCESS
 $(STEP_TARGETS): | $(VENV)/.installed
 
 corpus: $(DATA)/corpus/_SUCCESS
@@ -183,7 +192,7 @@ pipeline: $(DATA)/eval/cpt.md $(DATA)/qa_c30/_SUCCESS
 	@echo "synthetic QA      $(DATA)/qa   corrupted copy: $(DATA)/qa_c30"
 	@echo "streams           $(DATA)/stream (replay $(REPLAY))  $(DATA)/stream_noreplay"
 	@echo "base model        $(BASE_MODEL)"
-	@echo "CPT arms          $(DATA)/runs/noreplay $(DATA)/runs/replay   (curves.png in each)"
+	@echo "CPT arms          $(addprefix $(DATA)/runs/,$(ARMS))   (curves.png in each)"
 	@echo "forgetting curves $(DATA)/eval/curves.png"
 	@echo "evaluation        $(DATA)/eval/cpt.md"
 	@echo

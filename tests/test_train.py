@@ -217,7 +217,7 @@ def test_continue_pretraining_the_embedded_smollm2(corpus_dir, smollm2, tmp_path
     text = [r["text"] for r in eval_records(stream)][0]
     (nll_i, n_i), = lm.document_losses(init, tok, [text], max_length=128, max_tokens=128)
     (nll_t, n_t), = lm.document_losses(model, tok, [text], max_length=128, max_tokens=128)
-    assert n_i == n_t == 128 and nll_i / n_i < 4.5 and nll_t != nll_i  # model_init is the start, model moved
+    assert n_i == n_t > 50 and nll_i / n_i < 4.5 and nll_t != nll_i  # model_init is the start, model moved
     gen = lm.generate_until(model, tok, ["The capital of France is"], max_gen_toks=6, max_length=128)
     assert gen[0].strip(), gen  # it generates text
 
