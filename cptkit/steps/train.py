@@ -546,7 +546,7 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
     data_s = mix_s = 0.0
     t_run = time.time()
     while step < total_steps:
-        t0 = time.time()
+        t0, c0 = time.time(), time.process_time()
         info: dict[str, Any] = {}
         entered = controller.begin_step(sampler.position)  # a stage starting with this step
         if entered:
@@ -585,12 +585,12 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
         w_now = mix_info.pop("weights_used")
         for d in stream.domains:
             weight_sum[d] += w_now[d]
-        dt = time.time() - t0
+        dt, dc = time.time() - t0, time.process_time() - c0
         elapsed += dt
         loss_hist.append(float(loss_t.item()))
         if metrics_f is not None:
             rec = {"step": step, "tokens": tokens, "loss": float(loss_t.item()), "lr": lr_used,
-                   "tokens_per_s": global_seqs * seq_len / dt if dt > 0 else 0.0, "seconds": dt,
+                   "tokens_per_s": global_seqs * seq_len / dt if dt > 0 else 0.0, "seconds": dt, "cpu_seconds": dc,
                    "weights": {d: round(v, 6) for d, v in w_now.items()}, **mix_info, **info}
             metrics_f.write(json.dumps(rec) + "\n")
             metrics_f.flush()
