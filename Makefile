@@ -62,13 +62,14 @@ MIX_ARGS    ?= mix.budget_tokens=2.048e5
 REPLAY      ?= 0.2
 TOKENIZER   ?= smollm2
 MODEL       ?= model=tiny_llama model.hidden=128 model.layers=2 model.heads=4
-TRAIN_ARGS  ?= train.micro_batch=8 train.lr=3e-3 train.warmup=0.05 train.threads=2 train.precision=fp32 \
+TRAIN_ARGS  ?= train.micro_batch=4 train.lr=3e-3 train.warmup=0.05 train.threads=2 train.precision=fp32 \
                train.eval_docs=32
-BASE_STEPS  ?= 300
-BASE_ARGS   ?= train.weights={general:1} train.eval_every=50
+BASE_STEPS  ?= 120
+BASE_ARGS   ?= train.weights={general:1} train.eval_every=40
 # Start the arms from your own pretrained model instead: BASE_MODEL=DIR (no base phase is run)
 BASE_MODEL  ?= $(DATA)/runs/base/model
-CPT_ARGS    ?= train.eval_every=20
+CPT_STEPS   ?= 60
+CPT_ARGS    ?= train.max_steps=$(CPT_STEPS) train.eval_every=20
 EVAL_TASKS  ?= [gcide_defs]
 EVAL_ARGS   ?= eval.limit=100 eval.shots=0 eval.ppl.max_length=256 eval.ppl.max_tokens=256 \
                eval.ppl.max_docs_per_group=32
