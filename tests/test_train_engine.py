@@ -36,10 +36,11 @@ def train(stream: Path, out: Path, *overrides: str) -> dict:
     return run(compose_step("train", [f"io.inputs=['{stream}']", f"io.output='{out}'", *COMMON, *overrides]))
 
 
-def cli(stream: Path, out: Path, *overrides: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def cli(stream: Path, out: Path, *overrides: str, cwd: Path = ROOT, common: list[str] = COMMON
+        ) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "cptkit.cli", "train", "--in", str(stream), "--out", str(out),
-                           *COMMON, *overrides], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+                           *common, *overrides], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def metrics(out: Path) -> list[dict]:
@@ -128,6 +129,56 @@ def test_user_deepspeed_file_wins(stream, tmp_path):
     r = cli(stream, tmp_path / "conflict", f"train.deepspeed_config={ds}", "train.zero_stage=2", "train.max_steps=2")
     one_line_error(r, "zero_optimization.stage=1 contradicts train.zero_stage=2")
     assert not (tmp_path / "conflict").exists()
+
+
+# --- what a run shows ---------------------------------------------------------------------------
+def test_run_visibility_tensorboard_log_lines_and_plots(stream, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "vis"
+    loud = [x for x in COMMON if x != "quiet=true"]
+    r = cli(stream, out, "train.max_steps=4", "train.eval_every=2", "train.log_every=2", common=loud)
+    assert r.returncode == 0, r.stderr[-2000:]
+    # stderr is a pipe here, not a terminal: a progress line every train.log_every steps, with loss and LR
+    m = [x for x in metrics(out) if "seconds" in x]
+    for step in (2, 4):
+        row = m[step - 1]
+        want = f"step {step}/4  loss {row['loss']:.4f}  lr {row['lr']:.3g}"
+        assert want in r.stderr, r.stderr[-3000:]
+    assert "step 1/4" not in r.stderr and "step 3/4" not in r.stderr
+    # TensorBoard: loss, LR, tokens/s, weights and per-domain eval losses, the same numbers as metrics.jsonl
+    ea = EventAccumulator(str(out / "tensorboard"))
+    ea.Reload()
+    tags = set(ea.Tags()["scalars"])
+    assert {"loss", "lr", "tokens_per_s", "weights/en", "weights/zh", "eval_loss/en", "eval_loss/zh"} <= tags, tags
+    assert [e.value for e in ea.Scalars("loss")] == pytest.approx([x["loss"] for x in m], rel=1e-6)
+    assert [e.step for e in ea.Scalars("lr")] == [1, 2, 3, 4]
+    evals = [x for x in metrics(out) if "eval_loss" in x]
+    assert len(ea.Scalars("eval_loss/en")) == len(evals) >= 2
+    # plots: the loss curve, and a static run's weight trajectory spans the run (init row and end row)
+    assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    w = [json.loads(x) for x in (out / "weights.jsonl").read_text().splitlines()]
+    assert w[0]["tokens"] == 0 and w[-1]["event"] == "end" and w[-1]["tokens"] == 4 * 4 * 32
+    assert w[-1]["weights"] == {"en": 0.5, "zh": 0.5}
+    assert (out / "weights.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_wandb_is_optional():
+    from cptkit.errors import CptkitError
+    from cptkit.training.runlog import flatten, wandb_wanted
+
+    try:
+        import wandb  # noqa: F401
+        installed = True
+    except ImportError:
+        installed = False
+    assert wandb_wanted("false") is False
+    if not installed:
+        assert wandb_wanted("auto") is False  # never required
+        with pytest.raises(CptkitError, match="pip install wandb"):
+            wandb_wanted("true")
+    assert flatten({"step": 3, "loss": 2.5, "weights": {"en": 0.25}, "event": "x", "ok": True}) == {
+        "loss": 2.5, "weights/en": 0.25}
 
 
 # --- resume, extension, planted checkpoints ------------------------------------------------------
