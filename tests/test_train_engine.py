@@ -200,6 +200,13 @@ def test_finished_run_extends_to_more_steps_exactly(stream, tmp_path):
     assert (out / "checkpoints" / "latest").read_text() == "step00000009"
     # the same step count again is a finished output: nothing to do
     assert train(stream, out, "train.max_steps=9", "train.resume=true")["skipped"] is True
+    # an unfinished run with checkpoints starts over with io.overwrite=true, as the refusal suggests
+    (out / "_SUCCESS").unlink()
+    r = cli(stream, out, "train.max_steps=3")
+    one_line_error(r, "holds checkpoints of an unfinished run", "io.overwrite=true")
+    train(stream, out, "train.max_steps=3", "io.overwrite=true")
+    assert [g["loss"] for g in metrics(out)] == [w["loss"] for w in want[:3]]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step00000003"]
 
 
 class _Planted:

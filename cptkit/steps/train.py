@@ -443,6 +443,10 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
     if job is not None and job.already_done:
         return job.finish()
     has_ckpt = (ckdir / "latest").exists()
+    if has_ckpt and not resume and cfg.io.get("overwrite"):  # start over, as the error below suggests
+        if rank == 0:
+            shutil.rmtree(ckdir)
+        has_ckpt = False
     if has_ckpt and not resume:
         raise CptkitError(f"{out}: holds checkpoints of an unfinished run; pass train.resume=true to continue "
                           "it or io.overwrite=true to start over")
