@@ -157,6 +157,10 @@ def test_cpt_table_and_reading_from_the_numbers():
     worse = {**arms, "replay": {"domain_loss": ln(250), "general_loss": ln(160), "task": 20.0}}
     assert reading(worse, "noreplay", "replay").startswith("replay did not reduce forgetting in this run: "
                                                            "general PPL +60.0% vs +50.0% without replay")
+    better = {**arms, "replay": {"domain_loss": ln(250), "general_loss": ln(90), "task": 28.0}}
+    assert reading(better, "noreplay", "replay") == (
+        "replay lowers general PPL 10.0% below the base (no forgetting; no replay: +50.0%) while reaching 84% "
+        "of the no-replay domain gain (no replay lowers domain PPL by 75%).")
     kept = {**arms, "noreplay": {"domain_loss": ln(200), "general_loss": ln(95), "task": 25.0}}
     assert "no forgetting to prevent in this run" in reading(kept, "noreplay", "replay")
     flat = {**arms, "noreplay": {"domain_loss": ln(900), "general_loss": ln(150), "task": 25.0}}

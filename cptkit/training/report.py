@@ -81,6 +81,10 @@ def reading(arms: dict[str, dict[str, float | None]], no_replay: str, replay: st
     if f_nr <= 0:
         return (f"{no_replay} lowered domain PPL by {dom_nr:.0f}% without raising general PPL ({f_nr:+.1f}%): "
                 f"no forgetting to prevent in this run; {replay} reached {share:.0f}% of that domain gain.")
+    if f_rp <= 0:
+        return (f"{replay} lowers general PPL {-f_rp:.1f}% below the base (no forgetting; no replay: {f_nr:+.1f}%) "
+                f"while reaching {share:.0f}% of the no-replay domain gain (no replay lowers domain PPL by "
+                f"{dom_nr:.0f}%).")
     if f_rp < f_nr:
         kept = 100 * (1 - f_rp / f_nr)
         return (f"{replay} keeps general PPL within {f_rp:+.1f}% of the base (no replay: {f_nr:+.1f}%, "
