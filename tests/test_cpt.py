@@ -165,3 +165,33 @@ def test_cpt_table_and_reading_from_the_numbers():
     assert "no forgetting to prevent in this run" in reading(kept, "noreplay", "replay")
     flat = {**arms, "noreplay": {"domain_loss": ln(900), "general_loss": ln(150), "task": 25.0}}
     assert reading(flat, "noreplay", "replay").startswith("noreplay did not lower the domain perplexity")
+
+
+def test_eval_tasks_at_every_eval_point(corpus_dir, corpus_records, tok, tmp_path):
+    """train.eval_tasks scores a few-shot task (here a 4-way continuation task from the corpus) at each point."""
+    from conftest import write_jsonl
+
+    from cptkit.config import compose_step
+    from cptkit.steps.train import run
+    from cptkit.training.metrics import eval_curves, read_jsonl
+
+    docs = [r for r in corpus_records if r["lang"] == "en"][:8]
+    items = [{"id": str(i), "q": d["text"][:60], "choices": [x["text"][60:90] for x in docs[i:i + 4]], "label": 0}
+             for i, d in enumerate(docs[:4])]
+    write_jsonl(tmp_path / "cont" / "test.jsonl", items)
+    task = tmp_path / "cont.yaml"
+    task.write_text(f"task: cont\noutput_type: multiple_choice\ndata_files:\n  test: '{tmp_path}/cont/test.jsonl'\n"
+                    "test_split: test\ndoc_to_text: '{{q}}'\ndoc_to_choice: choices\ndoc_to_target: label\n")
+    build_stream(corpus_dir, tok, tmp_path / "s", [*CPT_DOMAINS, "mix.replay.share=0.5", "mix.budget_tokens=4096",
+                                                     "mix.seq_len=64", "mix.eval_docs=2"])
+    out = tmp_path / "run"
+    run(compose_step("train", [f"io.inputs=['{tmp_path / 's'}']", f"io.output='{out}'", "model.hidden=32",
+                               "model.heads=2", "train.micro_batch=4", "train.max_steps=4", "train.eval_every=2",
+                               f"train.eval_tasks=['{task}']", "train.eval_tasks_limit=3", "train.threads=1",
+                               "train.precision=fp32", "quiet=true"]))
+    rows = read_jsonl(out / "metrics.jsonl")
+    tokens, losses, scores = eval_curves(rows)
+    assert tokens == [0, 512, 1024] and set(losses) == {"domain", "general"}  # before step 1, after 2, after 4
+    assert len(scores["cont"]) == 3 and all(s in (0.0, 1 / 3, 2 / 3, 1.0) for s in scores["cont"])
+    assert rows[-1]["event"] == "eval" and rows[-1]["step"] == 4
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
