@@ -60,15 +60,26 @@ TOPIC_SAMPLE ?= 400
 SYNTH_ARGS  ?= synth.mode=code synth.code.num_problems=8 synth.code.demos=2 synth.code.discipline=mathematics \
                synth.code.min_problem_words=8 synth.code.min_solution_words=15 synth.code.max_solution_words=200 \
                synth.trim_truncated=true llm.max_new_tokens=128
+# The CPT experiment (make demo): a base model learns the general text (the corpus minus what
+# retrieval selected), then continues pre-training on the retrieved domain in two arms: no
+# replay and REPLAY of general text in every stage (mix.replay.share). Both streams hold the
+# same held-out documents, so every model is scored on the same text.
 MIX         ?= demo_cpt
-MIX_ARGS    ?= mix.budget_tokens=6e5
+MIX_ARGS    ?= mix.budget_tokens=2.048e5
+REPLAY      ?= 0.2
 TOKENIZER   ?= smollm2
 MODEL       ?= model=tiny_llama model.hidden=128 model.layers=2 model.heads=4
-TRAIN_ARGS  ?= train.micro_batch=8 train.lr=3e-3 train.warmup=0.05 train.threads=2
-PROXY_STEPS ?= 60
-TRAIN_STEPS ?= 160
+TRAIN_ARGS  ?= train.micro_batch=4 train.lr=3e-3 train.warmup=0.05 train.threads=2 train.precision=fp32 \
+               train.eval_docs=32
+BASE_STEPS  ?= 120
+BASE_ARGS   ?= train.weights={general:1} train.eval_every=40
+# Start the arms from your own pretrained model instead: BASE_MODEL=DIR (no base phase is run)
+BASE_MODEL  ?= $(DATA)/runs/base/model
+CPT_STEPS   ?= 60
+CPT_ARGS    ?= train.max_steps=$(CPT_STEPS) train.eval_every=20
 EVAL_TASKS  ?= [gcide_defs]
-EVAL_ARGS   ?= eval.limit=100 eval.shots=0
+EVAL_ARGS   ?= eval.limit=100 eval.shots=0 eval.ppl.max_length=256 eval.ppl.max_tokens=256 \
+               eval.ppl.max_docs_per_group=32
 
 # Your own corpus needs no marker; the demo corpus is built by its own target.
 CORPUS_DEP  := $(if $(filter $(DATA)/corpus,$(CORPUS)),$(CORPUS)/_SUCCESS,$(wildcard $(CORPUS)/_SUCCESS))
@@ -117,33 +128,60 @@ $(DATA)/qa/_SUCCESS: $(DATA)/champ.jsonl
 $(DATA)/qa_c30/_SUCCESS: $(DATA)/qa/_SUCCESS
 	$(CPTKIT) corrupt --in $(DATA)/qa --out $(@D) corrupt.ratio=0.3 corrupt.seed=1
 
+# ARMS += dynamic: a third arm, the replay stream under Llama-3-SynE's PPL controller (topic_ppl
+# over {domain, general}: the domain whose perplexity rose most gains weight every round)
+ARMS        ?= noreplay replay
+BASE_DEP    := $(if $(filter $(DATA)/runs/base/model,$(BASE_MODEL)),$(DATA)/runs/base/_SUCCESS)
+REPLAY_NAME := replay_$(REPLAY)
+
 $(DATA)/stream/_SUCCESS: $(DATA)/labelled/_SUCCESS $(DATA)/qa/_SUCCESS $(CORPUS_DEP)
 	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(DATA)/qa --in $(CORPUS) --out $(@D) \
-	    mix=$(MIX) $(MIX_ARGS) tokenizer=$(TOKENIZER)
+	    mix=$(MIX) $(MIX_ARGS) tokenizer=$(TOKENIZER) mix.replay.share=$(REPLAY)
 
-# Velocitune: a short proxy run fits the per-domain scaling laws that give the target losses.
-$(DATA)/runs/proxy/_SUCCESS: $(DATA)/stream/_SUCCESS
-	$(CPTKIT) train --in $(DATA)/stream --out $(@D) $(MODEL) $(TRAIN_ARGS) \
-	    train.max_steps=$(PROXY_STEPS) train.velocitune.proxy=true
+$(DATA)/stream_noreplay/_SUCCESS: $(DATA)/labelled/_SUCCESS $(DATA)/qa/_SUCCESS $(CORPUS_DEP)
+	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(DATA)/qa --in $(CORPUS) --out $(@D) \
+	    mix=$(MIX) $(MIX_ARGS) tokenizer=$(TOKENIZER) mix.replay.share=0
 
-$(DATA)/runs/velocitune/_SUCCESS: $(DATA)/runs/proxy/_SUCCESS
-	$(CPTKIT) train --in $(DATA)/stream --out $(@D) $(MODEL) $(TRAIN_ARGS) train.max_steps=$(TRAIN_STEPS) \
-	    train.mixture=velocitune train.velocitune.interval_steps=20 train.save_initial=true \
-	    train.velocitune.targets_file=$(DATA)/runs/proxy/_velocitune_targets.json
+# 1. the base ("pre-trained") model: general text only
+$(DATA)/runs/base/_SUCCESS: $(DATA)/stream_noreplay/_SUCCESS
+	$(CPTKIT) train --in $(DATA)/stream_noreplay --out $(@D) $(MODEL) $(TRAIN_ARGS) \
+	    train.max_steps=$(BASE_STEPS) $(BASE_ARGS)
 
-$(DATA)/eval/%/_SUCCESS: $(DATA)/runs/velocitune/_SUCCESS
-	$(CPTKIT) evaluate --model $(DATA)/runs/velocitune/$(if $(filter base,$*),model_init,model) \
-	    --in $(DATA)/stream/_eval.jsonl.gz --out $(@D) eval.ppl.group_by=domain \
-	    eval.tasks=$(EVAL_TASKS) $(EVAL_ARGS)
+# 2. continued pre-training from the base on the domain stream, without and with replay
+$(DATA)/runs/noreplay/_SUCCESS: $(DATA)/stream_noreplay/_SUCCESS $(BASE_DEP)
+	$(CPTKIT) train --in $(DATA)/stream_noreplay --out $(@D) model=hf model.path=$(BASE_MODEL) \
+	    $(TRAIN_ARGS) $(CPT_ARGS) train.mixture=staged
 
-$(DATA)/eval/compare.md: $(DATA)/eval/base/_SUCCESS $(DATA)/eval/trained/_SUCCESS
-	$(CPTKIT) evaluate-compare base=$(DATA)/eval/base trained=$(DATA)/eval/trained --out $@
+$(DATA)/runs/replay/_SUCCESS: $(DATA)/stream/_SUCCESS $(BASE_DEP)
+	$(CPTKIT) train --in $(DATA)/stream --out $(@D) model=hf model.path=$(BASE_MODEL) \
+	    $(TRAIN_ARGS) $(CPT_ARGS) train.mixture=staged
+
+$(DATA)/runs/dynamic/_SUCCESS: $(DATA)/stream/_SUCCESS $(BASE_DEP)
+	$(CPTKIT) train --in $(DATA)/stream --out $(@D) model=hf model.path=$(BASE_MODEL) \
+	    $(TRAIN_ARGS) $(CPT_ARGS) train.mixture=topic_ppl train.topic_ppl.within_parent=false \
+	    train.topic_ppl.round_fraction=0.2
+
+# 3. every model on the same held-out documents (per domain) and one task
+$(DATA)/eval/base/_SUCCESS: $(DATA)/stream_noreplay/_SUCCESS $(BASE_DEP)
+	$(CPTKIT) evaluate --model $(BASE_MODEL) --in $(DATA)/stream_noreplay/_eval.jsonl.gz --out $(@D) \
+	    eval.ppl.group_by=domain eval.tasks=$(EVAL_TASKS) $(EVAL_ARGS)
+
+$(DATA)/eval/%/_SUCCESS: $(DATA)/runs/%/_SUCCESS $(DATA)/stream_noreplay/_SUCCESS
+	$(CPTKIT) evaluate --model $(DATA)/runs/$*/model --in $(DATA)/stream_noreplay/_eval.jsonl.gz --out $(@D) \
+	    eval.ppl.group_by=domain eval.tasks=$(EVAL_TASKS) $(EVAL_ARGS)
+
+$(DATA)/eval/cpt.md: $(DATA)/eval/base/_SUCCESS $(addprefix $(DATA)/eval/,$(addsuffix /_SUCCESS,$(ARMS)))
+	$(BIN)/python -m cptkit.training.report base=$(DATA)/eval/base noreplay=$(DATA)/eval/noreplay \
+	    $(REPLAY_NAME)=$(DATA)/eval/replay $(if $(filter dynamic,$(ARMS)),dynamic=$(DATA)/eval/dynamic) \
+	    --out $@ --curves $(DATA)/eval/curves.png > /dev/null
 
 STEP_TARGETS := $(DATA)/corpus/_SUCCESS $(DATA)/queries/_SUCCESS $(DATA)/retrieved/_SUCCESS \
     $(DATA)/deduped/_SUCCESS $(DATA)/models/quality/_SUCCESS $(DATA)/scored/_SUCCESS \
     $(DATA)/topic_labels/_SUCCESS $(DATA)/models/topics/_SUCCESS $(DATA)/labelled/_SUCCESS \
-    $(DATA)/qa/_SUCCESS $(DATA)/qa_c30/_SUCCESS $(DATA)/stream/_SUCCESS $(DATA)/runs/proxy/_SUCCESS \
-    $(DATA)/runs/velocitune/_SUCCESS $(DATA)/eval/base/_SUCCESS $(DATA)/eval/trained/_SUCCESS
+    $(DATA)/qa/_SUCCESS $(DATA)/qa_c30/_SUCCESS $(DATA)/stream/_SUCCESS $(DATA)/stream_noreplay/_SUCCESS \
+    $(DATA)/runs/base/_SUCCESS $(DATA)/runs/noreplay/_SUCCESS $(DATA)/runs/replay/_SUCCESS \
+    $(DATA)/runs/dynamic/_SUCCESS $(DATA)/eval/base/_SUCCESS $(DATA)/eval/noreplay/_SUCCESS \
+    $(DATA)/eval/replay/_SUCCESS $(DATA)/eval/dynamic/_SUCCESS
 $(STEP_TARGETS): | $(VENV)/.installed
 
 corpus: $(DATA)/corpus/_SUCCESS
@@ -154,21 +192,24 @@ scored: $(DATA)/scored/_SUCCESS
 labelled: $(DATA)/labelled/_SUCCESS
 qa: $(DATA)/qa/_SUCCESS
 corrupted: $(DATA)/qa_c30/_SUCCESS
-stream: $(DATA)/stream/_SUCCESS
-trained: $(DATA)/runs/velocitune/_SUCCESS
-evaluated: $(DATA)/eval/compare.md
+stream: $(DATA)/stream/_SUCCESS $(DATA)/stream_noreplay/_SUCCESS
+trained: $(addprefix $(DATA)/runs/,$(addsuffix /_SUCCESS,$(ARMS)))
+evaluated: $(DATA)/eval/cpt.md
 
-pipeline: $(DATA)/eval/compare.md $(DATA)/qa_c30/_SUCCESS
+pipeline: $(DATA)/eval/cpt.md $(DATA)/qa_c30/_SUCCESS
 	@echo
 	@echo "seed queries      $(DATA)/queries"
 	@echo "retrieved         $(DATA)/retrieved   (per-query ranks: $(DATA)/retrieved/_run.tsv)"
 	@echo "deduplicated      $(DATA)/deduped     (removed ids: $(DATA)/deduped/_removed.jsonl)"
 	@echo "scored, labelled  $(DATA)/scored $(DATA)/labelled"
 	@echo "synthetic QA      $(DATA)/qa   corrupted copy: $(DATA)/qa_c30"
-	@echo "training stream   $(DATA)/stream"
-	@echo "trained model     $(DATA)/runs/velocitune/model   (weights: $(DATA)/runs/velocitune/weights.png)"
-	@echo "evaluation        $(DATA)/eval/compare.md"
-	@cat $(DATA)/eval/compare.md
+	@echo "streams           $(DATA)/stream (replay $(REPLAY))  $(DATA)/stream_noreplay"
+	@echo "base model        $(BASE_MODEL)"
+	@echo "CPT arms          $(addprefix $(DATA)/runs/,$(ARMS))   (curves.png in each)"
+	@echo "forgetting curves $(DATA)/eval/curves.png"
+	@echo "evaluation        $(DATA)/eval/cpt.md"
+	@echo
+	@cat $(DATA)/eval/cpt.md
 
 demo: pipeline
 

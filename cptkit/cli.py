@@ -322,6 +322,7 @@ def evaluate_compare(
     runs: Annotated[list[str], typer.Argument(help="evaluate output dirs (or _results.json files); NAME=DIR to label.")],
     out: Annotated[str | None, typer.Option("--out", "-o", metavar="PATH", help="Also write the table: .md (markdown) or .json.")] = None,
     metric: Annotated[str | None, typer.Option("--metric", help="acc | acc_norm | exact_match (default: acc_norm, else exact_match).")] = None,
+    curves: Annotated[str | None, typer.Option("--curves", metavar="PNG", help="Overlay the runs' per-domain eval-loss curves (their train metrics.jsonl) in one PNG.")] = None,
 ) -> None:
     import json
     from pathlib import Path
@@ -335,6 +336,15 @@ def evaluate_compare(
         loaded[name] = load_results(path)
     header, rows = compare_table(loaded, metric)
     print_compare(header, rows)
+    if curves:
+        from cptkit.training.metrics import overlay_curves, run_dir_of
+
+        dirs = {n: d for n, r in loaded.items() if (d := run_dir_of(r)) is not None}
+        if not dirs:
+            raise CptkitError("--curves: no run has a training metrics.jsonl next to its evaluated model")
+        note = overlay_curves(dirs, Path(curves))
+        if note:
+            print(note, file=sys.stderr)
     md = to_markdown(header, rows)
     if out:
         body = json.dumps({"header": header, "rows": rows}, indent=1) if out.endswith(".json") else md

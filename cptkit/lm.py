@@ -112,7 +112,9 @@ def load_causal_lm(spec: str, dtype: Any = "float32", device: str = "cpu"):
     kw: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
     try:
         model = AutoModelForCausalLM.from_pretrained(d, dtype=_dtype(dtype), **kw)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - OSError, ValueError, SafetensorError (a truncated file), ...
+        if not isinstance(e, (OSError, ValueError)) and "safetensor" not in type(e).__name__.lower():
+            raise
         raise CptkitError(f"model {spec}: cannot load: {str(e).splitlines()[0]}") from None
     return model.to(device).eval()
 

@@ -6,12 +6,17 @@ a NaN/infinite loss raises ``ValueError`` naming the domain. Defined degenerate 
 
 * :func:`topic_ppl_update`: when every PPL change is zero the proportions come back unchanged
   (normalised).
-* :func:`velocitune_update`: a domain whose initial loss is not above its target counts as
-  learnt (velocity 0).
+* :func:`velocitune_update`: Algorithm 1 literally, Clamp{0, (ℓ_t − ℓ_target)/(ℓ_init − ℓ_target), 1},
+  also when ℓ_init < ℓ_target; only ℓ_init = ℓ_target is defined here: V = 1 while ℓ_t > ℓ_target,
+  else 0 (the limit of the ratio as ℓ_init falls to ℓ_target from above). ``learnt_guard=True``
+  is the older rule: ℓ_init ≤ ℓ_target counts as learnt (V = 0).
+* :func:`fit_scaling_law`: E is constrained to E ≥ 0 (a loss cannot fall below 0); a fit that
+  yields no finite law raises :class:`ScalingLawError`.
 * :func:`dbl_update`: with ``clip`` (default) a domain below its target has distance 0.
 
-References: Llama-3-SynE §4.1.1 (topic PPL), Velocitune §2 / Alg. 1, Sheared-LLaMA's Dynamic
-Batch Loading (DBL), Chinchilla-form data scaling law L(D) = E + B / D^beta.
+References: Llama-3-SynE §4.1.1 (topic PPL), Velocitune §2 / Alg. 1 / App. B, Sheared-LLaMA's
+Dynamic Batch Loading (DBL), Chinchilla-form data scaling law L(D) = E + B / D^beta, domain
+upsampling §3.1 (base mix from epochs per source, :func:`epoch_weights`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ __all__ = [
     "dbl_update",
     "fit_scaling_law",
     "ScalingLaw",
+    "ScalingLawError",
+    "epoch_weights",
     "predict_targets",
     "normalize",
 ]
@@ -94,9 +101,24 @@ def topic_ppl_update(proportions: Mapping[str, float], prev_ppl: Mapping[str, fl
     return normalize({d: r[d] * f[d] for d in r})
 
 
+def velocity(init: float, target: float, current: float, learnt_guard: bool = False) -> float:
+    """Velocitune Algorithm 1: Clamp{0, (ℓ_t − ℓ_target)/(ℓ_init − ℓ_target), 1}.
+
+    Literal also when ℓ_init < ℓ_target. ℓ_init = ℓ_target: 1 while ℓ_t > ℓ_target, else 0.
+    ``learnt_guard``: ℓ_init ≤ ℓ_target counts as learnt, V = 0 (cptkit's earlier rule).
+    """
+    span = init - target
+    if learnt_guard and span <= 0:
+        return 0.0
+    if span == 0:
+        return 1.0 if current > target else 0.0
+    return min(max((current - target) / span, 0.0), 1.0)
+
+
 def velocities(init_loss: Mapping[str, float], target_loss: Mapping[str, float] | None,
-               current_loss: Mapping[str, float], use_target: bool = True) -> dict[str, float]:
-    """Velocitune's learning velocity per domain (see :func:`velocitune_update`)."""
+               current_loss: Mapping[str, float], use_target: bool = True,
+               learnt_guard: bool = False) -> dict[str, float]:
+    """Velocitune's learning velocity per domain (see :func:`velocity`)."""
     domains = list(current_loss)
     init = _aligned(domains, init_loss, "init_loss")
     cur = {d: _finite(d, "current_loss", v) for d, v in current_loss.items()}
@@ -110,25 +132,21 @@ def velocities(init_loss: Mapping[str, float], target_loss: Mapping[str, float] 
     if target_loss is None:
         raise ValueError("target_loss is required when use_target=True")
     tgt = _aligned(domains, target_loss, "target_loss")
-    out = {}
-    for d in domains:
-        span = init[d] - tgt[d]
-        out[d] = 0.0 if span <= 0 else min(max((cur[d] - tgt[d]) / span, 0.0), 1.0)
-    return out
+    return {d: velocity(init[d], tgt[d], cur[d], learnt_guard) for d in domains}
 
 
 def velocitune_update(weights: Mapping[str, float], init_loss: Mapping[str, float],
                       target_loss: Mapping[str, float] | None, current_loss: Mapping[str, float],
-                      use_target: bool = True) -> dict[str, float]:
-    """One Velocitune step: V_i = clamp((ℓ_t − ℓ_target)/(ℓ_init − ℓ_target), 0, 1); w ← w·exp(V), normalised.
+                      use_target: bool = True, learnt_guard: bool = False) -> dict[str, float]:
+    """One Velocitune step: V_i = Clamp{0, (ℓ_t − ℓ_target)/(ℓ_init − ℓ_target), 1}; w ← w·exp(V), normalised.
 
-    Slow domains (far from their target, V near 1) gain weight. A domain with
-    ℓ_init ≤ ℓ_target counts as learnt (V = 0). ``use_target=False`` is the paper's ablation
+    Slow domains (far from their target, V near 1) gain weight. See :func:`velocity` for
+    ℓ_init ≤ ℓ_target and ``learnt_guard``. ``use_target=False`` is the paper's ablation
     V_i = ℓ_t,i / ℓ_init,i (not clamped).
     """
     w = _weights(weights)
     cur = _aligned(list(w), current_loss, "current_loss")
-    v = velocities(init_loss, target_loss, cur, use_target=use_target)
+    v = velocities(init_loss, target_loss, cur, use_target=use_target, learnt_guard=learnt_guard)
     return normalize({d: w[d] * math.exp(v[d]) for d in w})
 
 
@@ -153,6 +171,10 @@ def dbl_update(weights: Mapping[str, float], target_loss: Mapping[str, float],
     soft = normalize(raw)
     n = len(w)
     return {d: (1.0 - smoothing) * soft[d] + smoothing / n for d in w}
+
+
+class ScalingLawError(ValueError):
+    """A scaling-law fit that cannot give a finite law (bad points or a degenerate fit)."""
 
 
 @dataclass(frozen=True)
@@ -182,36 +204,49 @@ def _linfit(x: list[float], y: list[float]) -> tuple[float, float, float]:
     return e, b, sum((c - e - b * a) ** 2 for a, c in zip(x, y, strict=True))
 
 
+def _fit_fixed_beta(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Least squares y = E + B·x with E ≥ 0 and B ≥ 0; returns (E, B, sse)."""
+    e, b, err = _linfit(xs, ys)
+    if b >= 0 and e >= 0:
+        return e, b, err
+    cands = []
+    mean = sum(ys) / len(ys)
+    cands.append((max(mean, 0.0), 0.0))  # B = 0: the constant (mean, or 0 if the mean is negative)
+    sxx = sum(x * x for x in xs)
+    if sxx > 0:  # E = 0: B = Σxy / Σx²
+        cands.append((0.0, max(sum(x * y for x, y in zip(xs, ys, strict=True)) / sxx, 0.0)))
+    best = min(cands, key=lambda c: sum((y - c[0] - c[1] * x) ** 2 for x, y in zip(xs, ys, strict=True)))
+    return best[0], best[1], sum((y - best[0] - best[1] * x) ** 2 for x, y in zip(xs, ys, strict=True))
+
+
 def fit_scaling_law(tokens: Sequence[float], losses: Sequence[float],
                     beta_range: tuple[float, float] = (1e-3, 3.0)) -> ScalingLaw:
-    """Fit L(D) = E + B / D^beta by least squares (variable projection).
+    """Fit L(D) = E + B / D^beta by least squares (variable projection), E ≥ 0, B ≥ 0.
 
-    For a fixed beta the model is linear in (E, B), solved exactly; beta is found by a
-    log-spaced grid followed by golden-section refinement. ``B`` is constrained ≥ 0 (loss
-    falls with data); if the data never fall, the fit is the constant mean (B = 0).
-    Needs at least 3 points with distinct positive token counts.
+    For a fixed beta the model is linear in (E, B), solved exactly under the constraints
+    (an unconstrained optimum with E < 0 is replaced by the better of E = 0 and B = 0); beta
+    is found by a log-spaced grid followed by golden-section refinement. If the losses never
+    fall, the fit is the constant mean (B = 0). Needs at least 3 points with distinct positive
+    token counts and finite, non-negative losses; otherwise, or when the fit is not finite,
+    raises :class:`ScalingLawError`.
     """
     pts = [(float(t), float(v)) for t, v in zip(tokens, losses, strict=True)]
     if len(pts) < 3:
-        raise ValueError(f"fit_scaling_law needs at least 3 points, got {len(pts)}")
+        raise ScalingLawError(f"fit_scaling_law needs at least 3 points, got {len(pts)}")
     for t, v in pts:
         if not (math.isfinite(t) and t > 0):
-            raise ValueError(f"token counts must be positive and finite, got {t}")
-        if not math.isfinite(v):
-            raise ValueError(f"loss at {t:g} tokens is {v}")
+            raise ScalingLawError(f"token counts must be positive and finite, got {t}")
+        if not math.isfinite(v) or v < 0:
+            raise ScalingLawError(f"loss at {t:g} tokens is {v}")
     if len({t for t, _ in pts}) < 3:
-        raise ValueError("fit_scaling_law needs at least 3 distinct token counts")
+        raise ScalingLawError("fit_scaling_law needs at least 3 distinct token counts")
     # scale tokens for conditioning: L = E + B' (D/s)^-beta with B = B' s^beta
     s = min(t for t, _ in pts)
     xs = [t / s for t, _ in pts]
     ys = [v for _, v in pts]
 
     def sse(beta: float) -> tuple[float, float, float]:
-        e, b, err = _linfit([x ** -beta for x in xs], ys)
-        if b < 0:
-            mean = sum(ys) / len(ys)
-            return mean, 0.0, sum((y - mean) ** 2 for y in ys)
-        return e, b, err
+        return _fit_fixed_beta([x ** -beta for x in xs], ys)
 
     lo, hi = math.log(beta_range[0]), math.log(beta_range[1])
     grid = [math.exp(lo + (hi - lo) * i / 200) for i in range(201)]
@@ -235,31 +270,103 @@ def fit_scaling_law(tokens: Sequence[float], losses: Sequence[float],
     if errs[k] < err:
         beta = grid[k]
         e, b_scaled, err = sse(beta)
-    return ScalingLaw(E=e, B=b_scaled * s ** beta, beta=beta, rmse=math.sqrt(err / len(ys)))
+    law = ScalingLaw(E=e, B=b_scaled * s ** beta, beta=beta, rmse=math.sqrt(err / len(ys)))
+    if not all(math.isfinite(x) for x in (law.E, law.B, law.beta, law.rmse)):
+        raise ScalingLawError(f"the fit did not converge to a finite law: {law}")
+    return law
 
 
-def predict_targets(checkpoints: Sequence[tuple[float, Mapping[str, float]]], budget_tokens: float,
-                    sigma: float = 0.0) -> tuple[dict[str, float], dict[str, ScalingLaw], float]:
-    """Velocitune target losses from a proxy run's checkpoints.
+def predict_targets(checkpoints: Sequence[tuple[float, Mapping[str, float]]],
+                    budget_tokens: float) -> tuple[dict[str, float], dict[str, ScalingLaw], float]:
+    """Velocitune target losses from a proxy run's checkpoints (§2.1, App. B).
 
     ``checkpoints`` are (tokens seen, {domain: eval loss}) in training order. Fits one law per
-    domain on all points and extrapolates to ``budget_tokens``. Returns (targets, laws,
-    change), where ``change`` is the largest absolute change of a domain's prediction against
-    the fit without the last checkpoint (inf with fewer than 4 checkpoints): collecting can
-    stop once it falls below ``sigma`` (Velocitune App. B).
+    domain on all points and extrapolates to ``budget_tokens`` (the real run's tokens). Returns
+    (targets, laws, change), where ``change`` is the largest absolute difference, over domains,
+    between the predictions of the previous checkpoint set (all but the last checkpoint) and of
+    the current set (inf with fewer than 4 checkpoints): App. B stops collecting once it is
+    below σ. A failed fit raises :class:`ScalingLawError` naming the domain.
     """
     if len(checkpoints) < 3:
-        raise ValueError(f"need at least 3 proxy checkpoints, got {len(checkpoints)}")
+        raise ScalingLawError(f"need at least 3 proxy checkpoints, got {len(checkpoints)}")
     domains = list(checkpoints[0][1])
     toks = [float(t) for t, _ in checkpoints]
     laws, targets = {}, {}
     change = 0.0 if len(checkpoints) >= 4 else math.inf
     for d in domains:
         ys = [_aligned(domains, c[1], f"checkpoint {i}")[d] for i, c in enumerate(checkpoints)]
-        law = fit_scaling_law(toks, ys)
+        try:
+            law = fit_scaling_law(toks, ys)
+            prev = fit_scaling_law(toks[:-1], ys[:-1]) if len(checkpoints) >= 4 else None
+        except ScalingLawError as e:
+            raise ScalingLawError(f"domain {d!r}: scaling-law fit failed: {e}") from None
         laws[d] = law
         targets[d] = float(law.predict(budget_tokens))
-        if len(checkpoints) >= 4:
-            prev = fit_scaling_law(toks[:-1], ys[:-1])
+        if prev is not None:
             change = max(change, abs(float(prev.predict(budget_tokens)) - targets[d]))
     return targets, laws, change
+
+
+def epoch_weights(epochs: Mapping[str, float], sizes: Mapping[str, float], budget_tokens: float,
+                  fill: str) -> dict[str, float]:
+    """Base-mix weights from target epochs per source (domain upsampling §3.1, Table 2).
+
+    Source i contributes e_i · size_i tokens of the ``budget_tokens``; the ``fill`` source (large
+    web data) takes the rest. Weights are token shares of the budget (sum to 1). Raises
+    ``ValueError`` when the chosen epochs already exceed the budget or a size is unknown.
+    """
+    if budget_tokens <= 0:
+        raise ValueError(f"budget_tokens must be > 0, got {budget_tokens}")
+    if fill in epochs:
+        raise ValueError(f"domain {fill!r}: the fill domain takes the rest, it cannot also have epochs")
+    if fill not in sizes:
+        raise ValueError(f"domain {fill!r}: fill domain has no size")
+    out: dict[str, float] = {}
+    for d, e in epochs.items():
+        e = _finite(d, "epochs", e)
+        if e < 0:
+            raise ValueError(f"domain {d!r}: negative epochs {e}")
+        if d not in sizes:
+            raise ValueError(f"domain {d!r}: no size (tokens) known")
+        out[d] = e * _finite(d, "size", sizes[d]) / budget_tokens
+    used = sum(out.values())
+    if used > 1.0 + 1e-12:
+        raise ValueError(f"the chosen epochs need {used * budget_tokens:.6g} tokens, more than the budget "
+                         f"{budget_tokens:.6g}: nothing is left for the fill domain {fill!r}")
+    out[fill] = max(1.0 - used, 0.0)
+    return out
+
+
+class TargetEstimator:
+    """Velocitune App. B: collect proxy checkpoints until the predicted targets settle.
+
+    :meth:`add` takes one checkpoint (tokens seen, {domain: eval loss}); from the 4th on it fits
+    the current checkpoint set and the previous one (all but the newest) and returns True once
+    the largest change of a domain's predicted target at ``budget_tokens`` is below ``sigma``.
+    ``history`` keeps (checkpoints, change) per check.
+    """
+
+    def __init__(self, budget_tokens: float, sigma: float, min_checkpoints: int = 4):
+        if sigma <= 0:
+            raise ValueError(f"sigma must be > 0, got {sigma}")
+        if min_checkpoints < 4:
+            raise ValueError("min_checkpoints must be ≥ 4: the previous set needs 3 points for a fit")
+        self.budget, self.sigma, self.min_checkpoints = float(budget_tokens), float(sigma), int(min_checkpoints)
+        self.checkpoints: list[tuple[float, dict[str, float]]] = []
+        self.history: list[tuple[int, float]] = []
+        self.targets: dict[str, float] = {}
+        self.laws: dict[str, ScalingLaw] = {}
+        self.change = math.inf
+
+    @property
+    def converged(self) -> bool:
+        return self.change < self.sigma
+
+    def add(self, tokens: float, losses: Mapping[str, float]) -> bool:
+        self.checkpoints.append((float(tokens), dict(losses)))
+        if len(self.checkpoints) >= 3:
+            self.targets, self.laws, change = predict_targets(self.checkpoints, self.budget)
+            if len(self.checkpoints) >= self.min_checkpoints:
+                self.change = change
+                self.history.append((len(self.checkpoints), change))
+        return self.converged

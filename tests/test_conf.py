@@ -13,7 +13,7 @@ from cptkit.errors import CptkitError
 
 SWEEPS = {  # sweep -> (step, extra overrides it is meant to be used with)
     "corrupt_ratio": ("corrupt", []),
-    "synthetic_ratio": ("build-mix", ["mix=synE_stage2"]),
+    "synthetic_ratio": ("build-mix", ["mix=synE_synthetic"]),
     "upsample_duration": ("build-mix", ["mix=upsample_tail"]),
     "ppl_curriculum": ("build-mix", ["mix=demo"]),
     "mixture_controller": ("train", []),

@@ -5,11 +5,16 @@ import math
 import pytest
 
 from cptkit.mixing import (
+    ScalingLawError,
+    TargetEstimator,
     dbl_update,
+    epoch_weights,
     fit_scaling_law,
     predict_targets,
     topic_ppl_update,
+    velocities,
     velocitune_update,
+    velocity,
 )
 from cptkit.training.schedule import lr_at, make_schedule
 
@@ -102,6 +107,77 @@ def test_predict_targets_and_convergence():
     assert targets["x"] == pytest.approx(1.5 + 30 / 1e8 ** 0.35, rel=1e-5)
     assert targets["y"] == pytest.approx(2.2 + 12 / 1e8 ** 0.25, rel=1e-5)
     assert change < 1e-4
+
+
+def test_velocity_is_algorithm_1_literally():
+    # ℓ_init < ℓ_target: the ratio is still Clamp{0, (ℓ_t − ℓ_target)/(ℓ_init − ℓ_target), 1}
+    assert velocity(2.0, 3.0, 2.5) == pytest.approx(0.5)  # (−0.5)/(−1.0)
+    assert velocity(2.0, 3.0, 1.5) == 1.0  # 1.5 → clamped to 1
+    assert velocity(2.0, 3.0, 3.5) == 0.0  # −0.5 → clamped to 0
+    # ℓ_init = ℓ_target (the only undefined case): 1 while above the target, else 0
+    assert (velocity(2.0, 2.0, 2.5), velocity(2.0, 2.0, 2.0), velocity(2.0, 2.0, 1.5)) == (1.0, 0.0, 0.0)
+    # the usual case ℓ_init > ℓ_target: (2.5 − 2)/(3 − 2) = 0.5
+    assert velocity(3.0, 2.0, 2.5) == pytest.approx(0.5)
+    # the optional "learnt" guard: ℓ_init ≤ ℓ_target → 0
+    assert velocity(2.0, 3.0, 2.5, learnt_guard=True) == 0.0 and velocity(2.0, 2.0, 2.5, learnt_guard=True) == 0.0
+    assert velocity(3.0, 2.0, 2.5, learnt_guard=True) == pytest.approx(0.5)
+    # in the update: V = (0.5, 0.25) → w ∝ (e^0.5, e^0.25) = (0.562177, 0.437823)
+    w, init, tgt, cur = {"a": 0.5, "b": 0.5}, {"a": 2.0, "b": 3.0}, {"a": 3.0, "b": 2.0}, {"a": 2.5, "b": 2.25}
+    assert velocities(init, tgt, cur) == pytest.approx({"a": 0.5, "b": 0.25})
+    out = velocitune_update(w, init, tgt, cur)
+    assert out["a"] == pytest.approx(math.exp(0.5) / (math.exp(0.5) + math.exp(0.25)), abs=1e-12)
+    assert out["a"] == pytest.approx(0.562177, abs=1e-6)
+    # with the guard, a (ℓ_init < ℓ_target) counts as learnt: V = (0, 0.25) → a = 1/(1 + e^0.25) = 0.437823
+    assert velocitune_update(w, init, tgt, cur, learnt_guard=True)["a"] == pytest.approx(0.437823, abs=1e-6)
+
+
+def test_scaling_law_E_is_never_negative_and_bad_fits_are_errors():
+    # L = −0.5 + 10/D^0.1 is fitted exactly without a constraint (E = −0.5); with E ≥ 0 the fit has E = 0
+    toks = [1e3 * 4 ** k for k in range(6)]
+    ys = [-0.5 + 10 / t ** 0.1 for t in toks]
+    law = fit_scaling_law(toks, ys)
+    assert law.E == 0.0 and law.B > 0 and law.beta > 0.1  # a steeper power law replaces the negative offset
+    assert law.predict(1e12) > 0
+    with pytest.raises(ScalingLawError, match="loss at 4000 tokens is nan"):
+        fit_scaling_law([1e3, 4e3, 1.6e4], [3.0, float("nan"), 2.0])
+    with pytest.raises(ScalingLawError, match="is -1"):
+        fit_scaling_law([1e3, 4e3, 1.6e4], [3.0, 2.0, -1.0])
+    with pytest.raises(ScalingLawError, match="domain 'zh': scaling-law fit failed"):
+        predict_targets([(1e3, {"en": 3.0, "zh": 3.0}), (4e3, {"en": 2.0, "zh": 2.0}),
+                         (1.6e4, {"en": 1.5, "zh": -1.0})], 1e6)
+
+
+def test_sigma_stopping_on_a_synthetic_loss_curve():
+    # L(D) = 2 + 100/√D: at the checkpoints D = 1e4, 4e4, 1.6e5, 6.4e5 the losses are 3.0, 2.5, 2.25,
+    # 2.125, and the target at the real run's 1e6 tokens is 2 + 100/1000 = 2.1.
+    curve = [(1e4, 3.0), (4e4, 2.5), (1.6e5, 2.25), (6.4e5, 2.125)]
+    est = TargetEstimator(budget_tokens=1e6, sigma=1e-3)
+    stops = [est.add(t, {"d": v}) for t, v in curve]
+    # no previous checkpoint set before the 4th; at the 4th both sets predict 2.1: moved < σ → stop
+    assert stops == [False, False, False, True]
+    assert est.targets["d"] == pytest.approx(2.1, abs=1e-4) and est.history[0][0] == 4
+    # the same curve whose 4th loss falls off the law (2.0 instead of 2.125): the prediction moves
+    # by more than σ between the sets {1..3} (still 2.1) and {1..4}, so collection continues
+    est = TargetEstimator(budget_tokens=1e6, sigma=1e-3)
+    stops = [est.add(t, {"d": v}) for t, v in [*curve[:3], (6.4e5, 2.0)]]
+    assert stops == [False, False, False, False] and est.change > 1e-3
+    # then points that follow the new fit make the prediction settle
+    law = est.laws["d"]
+    assert est.add(2.56e6, {"d": law.predict(2.56e6)}) is True
+
+
+def test_epoch_weights_reproduce_domain_upsampling_table_2():
+    # Table 2 (1T tokens): small CC 367.0B at 0.5 epochs (734B of data), domain 71.7B at 0.5 (143.4B),
+    # code 217.8B at 1 epoch (217.8B); large CC fills the rest: 1 − 0.367 − 0.0717 − 0.2178 = 0.3435
+    sizes = {"small_cc": 734e9, "domain": 143.4e9, "code": 217.8e9, "large_cc": 2321e9}
+    w = epoch_weights({"small_cc": 0.5, "domain": 0.5, "code": 1.0}, sizes, 1e12, fill="large_cc")
+    assert w == pytest.approx({"small_cc": 0.367, "domain": 0.0717, "code": 0.2178, "large_cc": 0.3435}, abs=1e-12)
+    # large CC is then seen 343.5B / 2321B = 0.148 times, as in the table
+    assert w["large_cc"] * 1e12 / sizes["large_cc"] == pytest.approx(0.148, abs=5e-4)
+    with pytest.raises(ValueError, match="more than the budget"):
+        epoch_weights({"small_cc": 2.0}, sizes, 1e12, fill="large_cc")
+    with pytest.raises(ValueError, match="'nope'"):
+        epoch_weights({"nope": 1.0}, sizes, 1e12, fill="large_cc")
 
 
 def test_schedule_phases_and_decay_types():

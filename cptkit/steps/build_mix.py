@@ -52,6 +52,14 @@ class CurriculumConfig:
 
 
 @dataclass
+class ReplayConfig:
+    """Replay: ``share`` of every stage's tokens comes from the ``domains`` (general data)."""
+
+    share: float = 0.0  # in [0, 1]; 0 with domains set: the replay domains get no weight (no-replay arm)
+    domains: list[str] = field(default_factory=list)  # names in mix.domains (or leaves); []: no replay
+
+
+@dataclass
 class MixConfig:
     """A mix recipe (``conf/mix/<name>.yaml``)."""
 
@@ -64,6 +72,8 @@ class MixConfig:
     empty_domains: str = "error"  # a weighted domain without documents: error | drop (from its stages)
     eval_docs: int = 8  # held-out documents per domain for per-domain eval losses
     tail_fraction: float = 0.1  # last share of the budget for an upsampling tail (recipes use it)
+    unique_ids: bool = False  # a record id seen before (earlier --in first) is skipped and counted
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     domains: list[Any] = field(default_factory=list)  # {name, filter, exclude, split_by, split_weights}
     stages: list[Any] = field(default_factory=list)  # {name, fraction, weights: {domain: w}}
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
@@ -158,6 +168,38 @@ def stage_fractions(stages: list[dict]) -> list[float]:
     elif abs(fixed - 1.0) > 1e-6:
         raise CptkitError(f"mix.stages: fractions sum to {fixed:g}, not 1")
     return [float(f) for f in given]
+
+
+def stage_spec_weights(stage: dict, leaves: dict[str, Any], budget: float, fraction: float,
+                       default_fill: str | None, index: int = 0) -> dict[str, float]:
+    """A stage's weights by domain name: its ``weights``, or computed from ``epochs`` per domain.
+
+    ``epochs: {domain: e}`` (domain upsampling §3.1): domain i gets e_i passes over its tokens,
+    the stage's ``fill`` domain (default ``mix.fill``) the rest (:func:`cptkit.mixing.epoch_weights`).
+    Epochs count over ``epochs_of: budget`` (default: the whole ``mix.budget_tokens``, as the
+    paper's Table 2 counts them over the 1T run) or ``stage`` (the stage's own tokens).
+    """
+    from cptkit.mixing import epoch_weights
+
+    name = str(stage.get("name", index))
+    epochs = stage.get("epochs")
+    if not epochs:
+        return dict(stage.get("weights") or {})
+    if stage.get("weights"):
+        raise CptkitError(f"mix stage {name!r}: give weights or epochs, not both")
+    fill = stage.get("fill") or default_fill
+    if not fill:
+        raise CptkitError(f"mix stage {name!r}: epochs need a fill domain (stage fill or mix.fill) for the rest")
+    of = str(stage.get("epochs_of", "budget"))
+    if of not in ("budget", "stage"):
+        raise CptkitError(f"mix stage {name!r}: epochs_of={of!r}: use budget or stage")
+    ref = budget * (fraction if of == "stage" else 1.0)
+    sizes = {k: float(sum(d.tokens for d in leaves.values() if d.name == k or d.parent == k))
+             for k in [*epochs, fill]}
+    try:
+        return epoch_weights({str(k): float(v) for k, v in epochs.items()}, sizes, ref, str(fill))
+    except ValueError as e:
+        raise CptkitError(f"mix stage {name!r}: {e}") from None
 
 
 def curriculum_order(ppl: np.ndarray, order: str, groups: int, seed: int) -> tuple[np.ndarray, list[int]]:
@@ -303,6 +345,43 @@ def plan_counts(stage_seqs: list[int], stage_weights: list[dict[str, float]], av
     return counts, capped
 
 
+def replay_leaves(names: list[str], leaves: dict[str, Domain]) -> list[str]:
+    """The leaf domains named (directly or by their parent) in ``mix.replay.domains``."""
+    return [n for n, d in leaves.items() if n in names or d.parent in names]
+
+
+def apply_replay(weights: dict[str, float], replay: list[str], share: float, tokens: dict[str, int],
+                 stage: str) -> dict[str, float]:
+    """Stage weights (summing to 1) where the ``replay`` domains take exactly ``share`` of the mass.
+
+    The other domains keep their ratios in ``1 - share``. The replay share is split among the
+    replay domains by their weights in the stage when it names any of them, else by their tokens.
+    ``share = 0`` removes the replay domains from the stage (the no-replay arm of an ablation).
+    """
+    if not 0.0 <= share <= 1.0:
+        raise CptkitError(f"mix.replay.share={share:g}: must be in [0, 1]")
+    rest = {k: v for k, v in weights.items() if k not in replay and v > 0}
+    named = {k: weights.get(k, 0.0) for k in replay}
+    if sum(named.values()) <= 0:
+        named = {k: float(tokens.get(k, 0)) for k in replay}
+    if share > 0 and sum(named.values()) <= 0:
+        raise CptkitError(f"mix stage {stage!r}: mix.replay.share={share:g} but the replay domains "
+                          f"{', '.join(replay) or '(none)'} have no tokens")
+    if share < 1 and sum(rest.values()) <= 0:
+        raise CptkitError(f"mix stage {stage!r}: only replay domains have weight; with mix.replay.share={share:g} "
+                          "the stage needs other domains")
+    out: dict[str, float] = {}
+    rs = sum(rest.values())
+    for k, v in rest.items():
+        out[k] = (1.0 - share) * v / rs
+    ns = sum(named.values())
+    if share > 0:
+        for k, v in named.items():
+            if v > 0:
+                out[k] = share * v / ns
+    return out
+
+
 # --- the step -------------------------------------------------------------------------------
 def _load_tokenizer(spec: str | None):
     if not spec:
@@ -339,7 +418,12 @@ def run(cfg: DictConfig) -> dict:
     specs = router.specs
     specs_names = [s["name"] for s in specs]
     specs_names_set = set(specs_names)
-    for name in list(cur.get("domains") or []) + ([mix["fill"]] if mix.get("fill") else []):
+    replay_cfg = mix.get("replay") or {}
+    replay_names = [str(n) for n in replay_cfg.get("domains") or []]
+    replay_share = float(replay_cfg.get("share") or 0.0)
+    if replay_share and not replay_names:
+        raise CptkitError(f"mix.replay.share={replay_share:g} needs mix.replay.domains (the general domains to replay)")
+    for name in list(cur.get("domains") or []) + ([mix["fill"]] if mix.get("fill") else []) + replay_names:
         if name not in specs_names_set and "/" not in name:
             raise CptkitError(f"mix: unknown domain {name!r}; defined: {', '.join(specs_names)}")
 
@@ -436,8 +520,17 @@ def run(cfg: DictConfig) -> dict:
 
         batch: list[tuple[str, Record]] = []
         records_in = 0
+        unique = bool(mix.get("unique_ids"))
+        seen_ids: set[str] = set()
+        repeated = 0
         for rec in job.read(task):
             records_in += 1
+            if unique:
+                rid = str(rec["id"])
+                if rid in seen_ids:
+                    repeated += 1
+                    continue
+                seen_ids.add(rid)
             name = router.route(rec)
             if name is None:
                 unmatched += 1
@@ -501,8 +594,16 @@ def run(cfg: DictConfig) -> dict:
         # the plan: sequences per stage and domain, capped, interleaved
         total_seqs = budget // seq_len
         stage_seqs = allocate(total_seqs, {str(i): f for i, f in enumerate(fractions)})
-        stage_w = [resolve_weights(dict(s.get("weights") or {}), leaves, specs, str(s.get("name", i)),
-                                   str(mix.get("empty_domains", "error"))) for i, s in enumerate(stages)]
+        stage_w = [resolve_weights(stage_spec_weights(s, leaves, budget, fractions[i], mix.get("fill"), i), leaves,
+                                   specs, str(s.get("name", i)), str(mix.get("empty_domains", "error")))
+                   for i, s in enumerate(stages)]
+        replay = replay_leaves(replay_names, leaves)
+        if replay_names and not replay:
+            raise CptkitError(f"mix.replay.domains={replay_names}: no documents matched these domains")
+        if replay_names:
+            leaf_tokens = {n: d.tokens for n, d in leaves.items()}
+            stage_w = [apply_replay(w, replay, replay_share, leaf_tokens, str(stages[i].get("name", i)))
+                       for i, w in enumerate(stage_w)]
         for i, w in enumerate(stage_w):
             empty = [k for k, v in w.items() if v > 0 and available[k] == 0]
             if empty:
@@ -516,7 +617,9 @@ def run(cfg: DictConfig) -> dict:
         counts, capped = plan_counts([stage_seqs[str(i)] for i in range(len(stages))], stage_w, available,
                                      float(mix["max_epochs"]), fill)
         index = {s["name"]: i for i, s in enumerate(stream_domains)}
-        cursor = dict.fromkeys(available, 0)
+        cursor = dict.fromkeys(available, 0)  # next sequence in each domain's (curriculum) order
+        drawn = dict.fromkeys(available, 0)
+        ppl_ordered = {d["name"]: d["curriculum"]["order"] in ("low_to_high", "high_to_low") for d in stream_domains}
         rows = []
         stage_info = []
         start = 0
@@ -524,11 +627,19 @@ def run(cfg: DictConfig) -> dict:
             labels = np.concatenate([np.full(n, index[k], dtype=np.int32) for k, n in c.items() if n > 0]
                                     or [np.zeros(0, dtype=np.int32)])
             labels = np.random.default_rng([seed, i]).permutation(labels)
+            # `curriculum: false` on a stage: its PPL-ordered domains are sampled at random (Llama-3-SynE
+            # §4.2: stage 2 no longer uses the curriculum); other domains keep their order
+            ordered = s.get("curriculum", True) is not False
+            pick = np.random.default_rng([seed, i, 1])
             seqs = np.empty(len(labels), dtype=np.int64)
             for k, dom in enumerate(labels):
                 name = stream_domains[dom]["name"]
-                seqs[k] = cursor[name] % available[name]
-                cursor[name] += 1
+                if not ordered and ppl_ordered[name]:
+                    seqs[k] = int(pick.integers(available[name]))
+                else:
+                    seqs[k] = cursor[name] % available[name]
+                    cursor[name] += 1
+                drawn[name] += 1
             rows.append(np.stack([labels.astype(np.int64), seqs], axis=1))
             n = int(len(labels))
             tot_w = sum(stage_w[i].values())
@@ -536,15 +647,16 @@ def run(cfg: DictConfig) -> dict:
                 "name": str(s.get("name", f"stage{i}")), "fraction": fractions[i], "start": start, "end": start + n,
                 "weights": {k: v / tot_w for k, v in stage_w[i].items()},
                 "sequences": {k: v for k, v in c.items() if v}, "tokens": {k: v * seq_len for k, v in c.items() if v},
+                "curriculum": ordered,
             })
             start += n
         plan = np.concatenate(rows) if rows else np.zeros((0, 2), dtype=np.int64)
         atomic_write_bytes(job.out / "plan.npy", _npy_bytes(plan.astype(np.int64)))
-        epochs = {k: (cursor[k] / available[k] if available[k] else 0.0) for k in available}
+        epochs = {k: (drawn[k] / available[k] if available[k] else 0.0) for k in available}
         for s in stream_domains:
             s["epochs"] = round(epochs[s["name"]], 4)
             s["capped"] = bool(capped.get(s["name"]))
-            s["planned_tokens"] = cursor[s["name"]] * seq_len
+            s["planned_tokens"] = drawn[s["name"]] * seq_len
         for k in fill:
             if epochs[k] > float(mix["max_epochs"]):
                 log.warning("fill domain %s is repeated %.2f times (above mix.max_epochs=%g)", k, epochs[k],
@@ -560,11 +672,20 @@ def run(cfg: DictConfig) -> dict:
         tokens_total = sum(s["tokens"] for s in stream_domains)
         stream = {
             "format": "cptkit-stream/1", "seq_len": seq_len, "dtype": dtype_name, "eos_token_id": eos,
-            "vocab_size": vocab, "tokenizer": str(cfg.tokenizer), "mix": mix.get("name") or "",
+            "vocab_size": vocab, "tokenizer": _tokenizer_ref(cfg.tokenizer), "mix": mix.get("name") or "",
             "budget_tokens": budget, "total_sequences": int(len(plan)), "plan": "plan.npy", "eval": EVAL,
             "domains": stream_domains, "stages": stage_info, "fill": fill, "max_epochs": float(mix["max_epochs"]),
             "seed": seed,
         }
+        if replay_names:
+            replay_tokens = sum(cursor[k] for k in replay) * seq_len
+            stream["replay"] = {
+                "share": replay_share, "domains": replay, "tokens": replay_tokens,
+                "realised_share": replay_tokens / max(int(len(plan)) * seq_len, 1),
+                "epochs": {k: round(epochs[k], 4) for k in replay},
+            }
+        if unique:
+            stream["repeated_ids_skipped"] = repeated
         atomic_write_json(job.out / STREAM, stream)
         (tmp_dir).rmdir()
         res = job.results[task.name]
@@ -574,6 +695,9 @@ def run(cfg: DictConfig) -> dict:
         job.complete(task, seconds=seconds)
         extra: dict[str, Any] = {
             "domains": len(stream_domains), "unmatched records": unmatched,
+            **({"repeated ids skipped": repeated} if unique else {}),
+            **({"replay tokens": stream["replay"]["tokens"],
+                "replay share": round(stream["replay"]["realised_share"], 4)} if replay_names else {}),
             "tokens tokenized": tokens_total, "tokens in stream": int(len(plan)) * seq_len,
             "tokenize tokens/s": tokens_total / tokenize_s if tokenize_s else 0.0,
             "read+tokenize s": read_s,
@@ -595,6 +719,12 @@ def _npy_bytes(arr: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, arr, allow_pickle=False)
     return buf.getvalue()
+
+
+def _tokenizer_ref(spec: str | None) -> str:
+    """The tokenizer as the stream records it: an absolute path when it is one (train may run elsewhere)."""
+    p = Path(str(spec))
+    return str(p.resolve()) if p.exists() else str(spec)
 
 
 def load_stream(path: str | Path) -> dict:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig, register_step
+from cptkit.config import JobConfig, redact, register_step
 from cptkit.errors import CptkitError
 from cptkit.progress import log
 from cptkit.shards import atomic_write_bytes, atomic_write_json
@@ -51,6 +51,7 @@ class ModelConfig:
 @dataclass
 class TopicPPLConfig:
     round_tokens: float = 1e5  # R: tokens per adjustment round
+    round_fraction: float | None = None  # R as a share of the run's tokens (overrides round_tokens); paper 40B/100B
     alpha: float = 0.4
     within_parent: bool = True  # adjust topics within their parent (language), keeping its share
 
@@ -59,12 +60,18 @@ class TopicPPLConfig:
 class VelocituneConfig:
     interval_steps: int = 150  # m
     use_target: bool = True  # false: the ablation V = l_t / l_init
+    learnt_guard: bool = False  # true: l_init <= l_target counts as learnt (V = 0) instead of Algorithm 1's ratio
     targets: Any = None  # target loss per domain {domain: loss}
     targets_file: str | None = None  # _velocitune_targets.json of a proxy run
-    proxy: bool = False  # run the proxy: train on proxy_fraction with default weights, fit, write targets
-    proxy_fraction: float = 0.5
-    proxy_checkpoints: int = 6
-    sigma: float = 0.01  # converged when the prediction moves less than this between checkpoint sets
+    allow_budget_mismatch: bool = False  # use targets extrapolated to another token budget than this run's
+    allow_unconverged: bool = False  # use targets whose proxy stopped at proxy_fraction before converging
+    init_eval_docs: int = 0  # held-out docs per domain for l_init and the proxy's checkpoints (0: all)
+    eval_docs: int | None = None  # the subset S' per domain for velocities (null: train.eval_docs)
+    proxy: bool = False  # run the proxy: token-share weights, checkpoints until the targets settle, write targets
+    proxy_fraction: float = 0.6  # the most of the real run's steps the proxy may train
+    proxy_every: float = 0.05  # a checkpoint every this share of the real run's steps (or steps, if >= 1)
+    proxy_min_checkpoints: int = 4
+    sigma: float = 0.01  # stop when the predicted targets move less than this between checkpoint sets (App. B)
 
 
 @dataclass
@@ -78,8 +85,9 @@ class DBLConfig:
 @dataclass
 class TrainOptions:
     mixture: str = "static"  # static | staged | topic_ppl | velocitune | dbl
-    weights: Any = None  # static weights {domain: w}, "stream" (stage 1), "tokens"; null: stream
-    init_weights: Any = None  # dynamic start: {domain: w}, uniform, stream, tokens; null: per method
+    weights: Any = None  # static: null/stages (each stage's weights in turn), or one mixture: {domain: w}, tokens, uniform
+    init_weights: Any = None  # dynamic start in each stage: {domain: w}, uniform, stage, tokens; null: per method
+    controller_stages: Any = None  # stages a dynamic mixture acts in (null: all); the others keep their static weights
     micro_batch: int = 4
     grad_accum: int = 1
     budget_tokens: float = 0.0  # 0: the stream's planned tokens
@@ -94,20 +102,26 @@ class TrainOptions:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     grad_clip: float = 1.0
-    precision: str = "bf16"  # bf16 | fp32 (| fp16 on GPU)
-    zero_stage: int = 2
-    gradient_checkpointing: bool = True
-    deepspeed_config: str | None = None  # a JSON/YAML file merged over conf/deepspeed
+    precision: str = "auto"  # auto (bf16 on GPU or a CPU with native bf16, else fp32) | bf16 | fp32 | fp16 (GPU)
+    engine: str = "auto"  # auto (DeepSpeed on GPU / >1 process / ZeRO-3 / a DeepSpeed file; else torch) | deepspeed | torch
+    zero_stage: int | None = None  # null: the deepspeed group's stage (deepspeed=zero1|zero2|zero3)
+    gradient_checkpointing: Any = "auto"  # auto (on for models of ≥ 1e8 parameters) | true | false
+    deepspeed_config: str | None = None  # a JSON/YAML DeepSpeed file; its stage/optimizer/scheduler win
     save_every: int = 0  # optimizer steps between checkpoints (0: only at the end)
     keep_last: int = 2
     resume: bool = False
     save_initial: bool = False  # also save the model before training as OUT/model_init (HF format)
     eval_docs: int = 8  # held-out docs per domain used for eval losses
     eval_max_tokens: int = 256
-    eval_every: int = 0  # log per-domain eval losses every N steps (0: off)
+    eval_every: int = 0  # per-domain eval losses every N steps, before step 1 and after the last (0: off)
+    eval_tasks: list[str] = field(default_factory=list)  # few-shot tasks (conf/eval/tasks) at every eval point
+    eval_tasks_limit: int = 50  # first N items per task (0: all)
+    eval_tasks_shots: int | None = 0  # null: the task's default
     threads: int = 0  # torch CPU threads (0: torch's default)
     plot: bool = True
-    tensorboard: bool = False
+    tensorboard: bool = True  # OUT/tensorboard: loss, LR, tokens/s, weights, per-domain eval losses
+    wandb: Any = "auto"  # auto: log to W&B when wandb is installed and WANDB_PROJECT/WANDB_MODE/WANDB_API_KEY is set
+    log_every: int = 0  # progress lines when stderr is not a terminal (0: every ~10% of the steps)
     backend: str = "auto"  # gloo on CPU, nccl on GPU
     topic_ppl: TopicPPLConfig = field(default_factory=TopicPPLConfig)
     velocitune: VelocituneConfig = field(default_factory=VelocituneConfig)
@@ -125,6 +139,80 @@ class TrainJob(JobConfig):
 register_step("train", TrainJob)
 
 
+def check_options(tcfg: Any) -> None:
+    """Refuse invalid ``train.*`` values with one line each, before anything is written."""
+    from cptkit.training.schedule import DECAY_TYPES
+
+    def bad(key: str, value: Any, why: str) -> CptkitError:
+        return CptkitError(f"train.{key}={value}: {why}")
+
+    for key, lo in (("micro_batch", 1), ("grad_accum", 1), ("max_steps", 0), ("save_every", 0), ("keep_last", 0),
+                    ("threads", 0), ("eval_docs", 0), ("eval_max_tokens", 1), ("eval_every", 0), ("log_every", 0)):
+        v = tcfg.get(key)
+        if v is not None and int(v) < lo:
+            raise bad(key, v, f"must be ≥ {lo}")
+    for key in ("budget_tokens", "init_lr", "weight_decay", "grad_clip", "warmup", "decay"):
+        v = float(tcfg.get(key))
+        if not v >= 0 or math.isinf(v):
+            raise bad(key, tcfg.get(key), "must be a finite number ≥ 0")
+    if not float(tcfg.lr) > 0 or math.isinf(float(tcfg.lr)):
+        raise bad("lr", tcfg.lr, "must be > 0")
+    if not float(tcfg.eps) > 0:
+        raise bad("eps", tcfg.eps, "must be > 0")
+    if not 0.0 <= float(tcfg.min_lr_ratio) <= 1.0:
+        raise bad("min_lr_ratio", tcfg.min_lr_ratio, "must be in [0, 1]")
+    if str(tcfg.decay_type) not in DECAY_TYPES:
+        raise bad("decay_type", tcfg.decay_type, f"use one of {', '.join(DECAY_TYPES)}")
+    if len(tcfg.betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in tcfg.betas):
+        raise bad("betas", list(tcfg.betas), "two values in [0, 1)")
+    if str(tcfg.precision) not in ("auto", "bf16", "fp32", "fp16"):
+        raise bad("precision", tcfg.precision, "use auto, bf16, fp32 or fp16 (GPU)")
+    if str(tcfg.engine) not in ("auto", "deepspeed", "torch"):
+        raise bad("engine", tcfg.engine, "use auto, deepspeed or torch")
+    if tcfg.zero_stage is not None and int(tcfg.zero_stage) not in (0, 1, 2, 3):
+        raise bad("zero_stage", tcfg.zero_stage, "use 0, 1, 2 or 3 (or null: the deepspeed group's)")
+    if str(tcfg.gradient_checkpointing).lower() not in ("auto", "true", "false"):
+        raise bad("gradient_checkpointing", tcfg.gradient_checkpointing, "use auto, true or false")
+
+
+def run_identity(config: dict) -> str:
+    """The hash that names a run in its output: its config without ``train.resume`` and ``train.max_steps``
+    (a finished run can be extended to more steps: same run, longer)."""
+    from cptkit.job import config_hash
+
+    train = {k: v for k, v in config.get("train", {}).items() if k not in ("resume", "max_steps")}
+    return config_hash({**config, "train": train})
+
+
+def reopen_finished(out: Path, ckdir: Path, max_steps: int, resume: bool) -> bool:
+    """A finished run asked for another ``max_steps``: reopen it to extend (resume, more steps) or refuse.
+
+    Returns True when the run is to be extended: it resumes from its final checkpoint, and its
+    ``_SUCCESS`` is removed once that checkpoint has loaded."""
+    from cptkit.job import MANIFEST, SUCCESS
+    from cptkit.training.checkpoint import latest_tag, tag_step
+
+    if not (out / SUCCESS).exists() or max_steps <= 0 or not (out / MANIFEST).exists():
+        return False
+    try:
+        done = int(json.loads((out / MANIFEST).read_text())["extra"]["steps"])
+    except (ValueError, KeyError, TypeError):
+        return False
+    if max_steps == done:
+        return False
+    if max_steps < done:
+        raise CptkitError(f"{out}: finished at step {done}; train.max_steps={max_steps} would shorten it "
+                          "(io.overwrite=true starts over)")
+    if not resume:
+        raise CptkitError(f"{out}: finished at step {done}; pass train.resume=true to extend it to "
+                          f"train.max_steps={max_steps}, or io.overwrite=true to start over")
+    tag = latest_tag(ckdir)
+    if tag is None or tag_step(tag) != done:
+        raise CptkitError(f"{out}: finished at step {done} but {ckdir} holds no checkpoint of that step to extend")
+    log.info("extending %s from step %d to %d", out, done, max_steps)
+    return True
+
+
 # --- pieces ---------------------------------------------------------------------------------
 def build_model(mcfg: Any, tokenizer, seq_len: int):
     from cptkit import lm
@@ -136,7 +224,9 @@ def build_model(mcfg: Any, tokenizer, seq_len: int):
     elif mcfg.name == "hf":
         if not mcfg.path:
             raise CptkitError("model=hf needs model.path (an HF directory, a .gguf file or smollm2)")
-        model = lm.load_causal_lm(str(mcfg.path), dtype="float32")
+        from cptkit.training.hf import load_pretrained
+
+        model = load_pretrained(str(mcfg.path))  # a GGUF file is dequantized into a plain, saveable model
     else:
         raise CptkitError(f"model.name={mcfg.name!r}: use tiny_llama or hf")
     try:
@@ -147,17 +237,24 @@ def build_model(mcfg: Any, tokenizer, seq_len: int):
     return model
 
 
-def resolve_weights(spec: Any, stream, default: str) -> dict[str, float]:
-    """Weights from config: a dict, or one of uniform / stream / tokens."""
+def resolve_weights(spec: Any, stream, default: str, stage: Any = None) -> dict[str, float]:
+    """Weights from config: a mapping, or uniform / tokens / stage (``stream``: the same).
+
+    With a ``stage`` (a :class:`~cptkit.training.stages.RunStage`), ``uniform`` and ``tokens``
+    are over the stage's domains and ``stage`` is its weights; without one, over all domains
+    and ``stage`` is the stream's first stage.
+    """
     spec = default if spec is None else spec
+    doms = stage.domains if stage is not None else list(stream.domains)
     if isinstance(spec, str):
         if spec == "uniform":
-            return {d: 1.0 / len(stream.domains) for d in stream.domains}
-        if spec == "stream":
-            return stream.stage_weights(0)
+            return {d: (1.0 / len(doms) if d in doms else 0.0) for d in stream.domains}
+        if spec in ("stage", "stream", "stages"):
+            return dict(stage.weights) if stage is not None else stream.stage_weights(0)
         if spec == "tokens":
-            return stream.token_weights()
-        raise CptkitError(f"weights {spec!r}: give a mapping or one of uniform, stream, tokens")
+            tw = stream.token_weights()
+            return {d: (tw[d] if d in doms else 0.0) for d in stream.domains}
+        raise CptkitError(f"weights {spec!r}: give a mapping or one of uniform, stage, tokens")
     w = dict(spec)
     unknown = [k for k in w if k not in stream.index]
     if unknown:
@@ -165,52 +262,76 @@ def resolve_weights(spec: Any, stream, default: str) -> dict[str, float]:
     return {d: float(w.get(d, 0.0)) for d in stream.domains}
 
 
-def load_targets(vcfg: Any) -> dict[str, float]:
+def load_targets(vcfg: Any, budget_tokens: float = 0.0, domains: list[str] | None = None) -> dict[str, float]:
+    """Velocitune/DBL targets: ``targets`` over a proxy's ``targets_file`` (checked against this run)."""
+    from cptkit.training.velocitune import load_targets_file
+
     targets = {str(k): float(v) for k, v in (vcfg.targets or {}).items()}
     if vcfg.targets_file:
-        p = Path(str(vcfg.targets_file))
-        if not p.exists():
-            raise CptkitError(f"train.velocitune.targets_file={p}: no such file (run with train.velocitune.proxy=true)")
-        targets = {**json.loads(p.read_text())["targets"], **targets}
+        from_file = load_targets_file(str(vcfg.targets_file), budget_tokens, [] if targets else list(domains or []),
+                                      bool(vcfg.allow_budget_mismatch), bool(vcfg.allow_unconverged))
+        targets = {**from_file, **targets}
     return targets
 
 
-def make_controller(tcfg: Any, stream, proxy: bool):
+def make_controller(tcfg: Any, stream, proxy: bool, run_sequences: int | None = None, budget_tokens: float = 0.0):
+    """The run's mixture: the stream's stages in order, a dynamic controller acting within them.
+
+    ``static`` follows the stages with their weights (``train.weights`` = a mapping, ``tokens`` or
+    ``uniform`` gives one mixture for the whole run instead); ``staged`` follows the plan row by
+    row; ``topic_ppl``/``velocitune``/``dbl`` act in ``train.controller_stages`` (default all),
+    restarting in each from ``train.init_weights`` over the stage's domains. The proxy of
+    Velocitune trains with token-share weights (``init_weights``) throughout.
+    """
     from cptkit.training import mixture as mx
+    from cptkit.training.stages import RunStage, StageMixture, run_stages
 
     kind = "static" if proxy else str(tcfg.mixture)
     if kind not in mx.MIXTURES:
         raise CptkitError(f"train.mixture={kind!r}: use one of {', '.join(mx.MIXTURES)}")
+    total = int(stream.meta["total_sequences"])
+    n_run = int(run_sequences) if run_sequences else total
+    doms = list(stream.domains)
+
+    def whole(weights: dict[str, float], name: str) -> list[RunStage]:
+        bad = [d for d, w in weights.items() if not w >= 0]
+        if bad:
+            raise CptkitError(f"train.weights: weight of {bad[0]!r} is {weights[bad[0]]}; weights must be >= 0")
+        tot = sum(weights.values())
+        if tot <= 0:
+            raise CptkitError("train.weights put no mass on any domain")
+        return [RunStage(name, 0, n_run, {d: w / tot for d, w in weights.items()})]
+
     if proxy:
-        return mx.Controller(stream.domains, resolve_weights(tcfg.init_weights, stream, "tokens"))
+        return StageMixture(whole(resolve_weights(tcfg.init_weights, stream, "tokens"), "proxy"))
     if kind == "static":
-        return mx.Controller(stream.domains, resolve_weights(tcfg.weights, stream, "stream"))
+        if tcfg.weights is None or tcfg.weights in ("stages", "stream"):
+            return StageMixture(run_stages(stream.meta["stages"], doms, total, n_run))
+        return StageMixture(whole(resolve_weights(tcfg.weights, stream, "stage"), "all"))
+    stages = run_stages(stream.meta["stages"], doms, total, n_run)
     if kind == "staged":
-        return mx.Staged(stream.domains)
+        return StageMixture(stages, exact_plan=True)
+    cs = [str(x) for x in tcfg.controller_stages] if tcfg.controller_stages is not None else None
+    default_init = "uniform" if kind == "velocitune" else "stage"
+    first = dict.fromkeys(doms, 1.0)  # placeholder: entering a stage it acts in sets the start weights
     if kind == "topic_ppl":
-        return mx.TopicPPL(stream.domains, resolve_weights(tcfg.init_weights, stream, "stream"), stream.parents,
-                           float(tcfg.topic_ppl.round_tokens), float(tcfg.topic_ppl.alpha),
-                           bool(tcfg.topic_ppl.within_parent))
-    targets = load_targets(tcfg.velocitune)
-    if kind == "velocitune":
-        return mx.Velocitune(stream.domains, resolve_weights(tcfg.init_weights, stream, "uniform"), targets,
-                             int(tcfg.velocitune.interval_steps), bool(tcfg.velocitune.use_target))
-    return mx.DBL(stream.domains, resolve_weights(tcfg.init_weights, stream, "stream"), targets,
-                  int(tcfg.dbl.interval_steps), float(tcfg.dbl.eta), float(tcfg.dbl.smoothing), bool(tcfg.dbl.clip))
-
-
-def eval_losses(model, tokenizer, records: list[dict], tcfg: Any, seq_len: int) -> dict[str, float]:
-    """Per-domain token-weighted eval loss on the stream's held-out documents."""
-    from cptkit.lm import group_losses
-
-    was_training = model.training
-    model.eval()
-    try:
-        res = group_losses(model, tokenizer, records, group_by="domain", max_docs_per_group=int(tcfg.eval_docs),
-                           max_length=seq_len, max_tokens=int(tcfg.eval_max_tokens))
-    finally:
-        model.train(was_training)
-    return {d: float(v["loss"]) for d, v in res.items()}
+        tp = tcfg.topic_ppl
+        frac = tp.round_fraction
+        if frac is not None and not 0 < float(frac) <= 1:
+            raise CptkitError(f"train.topic_ppl.round_fraction={frac}: must be in (0, 1]")
+        round_tokens = float(frac) * budget_tokens if frac is not None else float(tp.round_tokens)
+        ctl: Any = mx.TopicPPL(doms, first, stream.parents, round_tokens, float(tp.alpha), bool(tp.within_parent))
+    else:
+        vcfg = tcfg.velocitune
+        targets = load_targets(vcfg, budget_tokens, doms)
+        if kind == "velocitune":
+            ctl = mx.Velocitune(doms, first, targets, int(vcfg.interval_steps), bool(vcfg.use_target),
+                                bool(vcfg.learnt_guard), int(vcfg.init_eval_docs),
+                                None if vcfg.eval_docs is None else int(vcfg.eval_docs))
+        else:
+            ctl = mx.DBL(doms, first, targets, int(tcfg.dbl.interval_steps), float(tcfg.dbl.eta),
+                         float(tcfg.dbl.smoothing), bool(tcfg.dbl.clip))
+    return StageMixture(stages, ctl, cs, lambda st: resolve_weights(tcfg.init_weights, stream, default_init, st))
 
 
 def plot_weights(path: Path, out: Path) -> str | None:
@@ -247,13 +368,18 @@ def _truncate_jsonl(path: Path, max_step: int) -> None:
 
 
 def _rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """torch/python/numpy RNG states as tensors, numbers and lists (``weights_only`` loadable)."""
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": [str(name), torch.from_numpy(np.asarray(key, dtype=np.int64)), int(pos), int(has_gauss),
+                      float(gauss)]}
 
 
 def _set_rng_state(s: dict[str, Any]) -> None:
     torch.set_rng_state(s["torch"])
     random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
+    name, key, pos, has_gauss, gauss = s["numpy"]
+    np.random.set_state((name, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
 
 
 # --- the step -------------------------------------------------------------------------------
@@ -275,8 +401,7 @@ def run(cfg: DictConfig) -> dict:
     OmegaConf.set_struct(cfg, False)
     cfg.train.resume = False
     OmegaConf.set_struct(cfg, True)
-    if tcfg.precision not in ("bf16", "fp32", "fp16"):
-        raise CptkitError(f"train.precision={tcfg.precision!r}: use bf16, fp32 or fp16 (GPU)")
+    check_options(tcfg)
     if int(tcfg.threads) > 0:
         torch.set_num_threads(int(tcfg.threads))
 
@@ -286,7 +411,10 @@ def run(cfg: DictConfig) -> dict:
     job = None
     if rank == 0:
         job = Job(cfg, tasks=[Task(0, [], name="train")], needs_inputs=False)
+        job.hash = run_identity(job.config)
+        extend = reopen_finished(out, ckdir, int(tcfg.max_steps), resume)
         job.__enter__()
+        job.already_done = job.already_done and not extend
     torch.distributed.barrier()
     try:
         result = _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, job)
@@ -300,24 +428,31 @@ def run(cfg: DictConfig) -> dict:
 
 
 def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, job) -> dict:
-    import deepspeed
-
     from cptkit.job import TaskResult
     from cptkit.lm import load_tokenizer
-    from cptkit.mixing import normalize, predict_targets
+    from cptkit.mixing import normalize
+    from cptkit.training.checkpoint import check_resumable, prune, tag_for
     from cptkit.training.data import Sampler
-    from cptkit.training.engine import deepspeed_config, param_groups
-    from cptkit.training.schedule import make_schedule, torch_scheduler
+    from cptkit.training.engine import full_state_dict, make_engine
+    from cptkit.training.metrics import evaluate_point, load_eval_tasks, plot_curves
+    from cptkit.training.mixture import domain_losses
+    from cptkit.training.runlog import RunLog, plot_loss
+    from cptkit.training.schedule import make_schedule
+    from cptkit.training.stages import draw_batch
 
     if job is not None and job.already_done:
         return job.finish()
     has_ckpt = (ckdir / "latest").exists()
+    if has_ckpt and not resume and cfg.io.get("overwrite"):  # start over, as the error below suggests
+        if rank == 0:
+            shutil.rmtree(ckdir)
+        has_ckpt = False
     if has_ckpt and not resume:
         raise CptkitError(f"{out}: holds checkpoints of an unfinished run; pass train.resume=true to continue "
                           "it or io.overwrite=true to start over")
     if resume and not has_ckpt:
         log.warning("train.resume=true but %s has no checkpoint: starting from step 0", ckdir)
-    tok_spec = cfg.tokenizer or stream.meta.get("tokenizer")
+    tok_spec = cfg.tokenizer or stream.tokenizer_spec()
     tokenizer = load_tokenizer(str(tok_spec))
     if len(tokenizer) < int(stream.meta["vocab_size"]):
         raise CptkitError(f"tokenizer {tok_spec} has {len(tokenizer)} tokens, the stream was built with "
@@ -328,21 +463,22 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
     budget = float(tcfg.budget_tokens) or float(stream.meta["total_sequences"] * seq_len)
     total_steps = int(tcfg.max_steps) or max(1, math.ceil(budget / (global_seqs * seq_len)))
     full_budget = total_steps * global_seqs * seq_len
-    vcfg = tcfg.velocitune
-    proxy_points: list[int] = []
-    if proxy:
-        total_steps = max(int(vcfg.proxy_checkpoints), round(total_steps * float(vcfg.proxy_fraction)))
-        n = int(vcfg.proxy_checkpoints)
-        if n < 3:
-            raise CptkitError("train.velocitune.proxy_checkpoints must be ≥ 3 for a scaling-law fit")
-        proxy_points = sorted({max(1, round(total_steps * (k + 1) / n)) for k in range(n)})
-    schedule = make_schedule(float(tcfg.lr), total_steps, warmup=tcfg.warmup, decay=tcfg.decay,
-                             init_lr=float(tcfg.init_lr), decay_type=str(tcfg.decay_type),
-                             min_lr_ratio=float(tcfg.min_lr_ratio))
+    try:
+        schedule = make_schedule(float(tcfg.lr), total_steps, warmup=tcfg.warmup, decay=tcfg.decay,
+                                 init_lr=float(tcfg.init_lr), decay_type=str(tcfg.decay_type),
+                                 min_lr_ratio=float(tcfg.min_lr_ratio))
+    except ValueError as e:
+        raise CptkitError(f"train schedule ({total_steps} steps): {e}") from None
+    controller = make_controller(tcfg, stream, proxy, total_steps * global_seqs, full_budget)
+    proxy_run = None
+    if proxy:  # the proxy follows the real run's schedule and stops early (Velocitune App. B)
+        from cptkit.training.velocitune import ProxyRun
 
-    controller = make_controller(tcfg, stream, proxy)
+        proxy_run = ProxyRun(tcfg.velocitune, total_steps, global_seqs * seq_len)
+        total_steps = proxy_run.max_steps
     eval_recs = stream.eval_records()
     needs_eval = controller.dynamic or proxy or int(tcfg.eval_every) > 0
+    eval_tasks = load_eval_tasks(list(tcfg.eval_tasks)) if tcfg.eval_every and tcfg.eval_tasks else []
     if needs_eval:
         have = {r["domain"] for r in eval_recs}
         missing = [d for d in stream.domains if d not in have]
@@ -355,11 +491,6 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
     if model.get_input_embeddings().num_embeddings < int(stream.meta["vocab_size"]):
         raise CptkitError(f"model has {model.get_input_embeddings().num_embeddings} embeddings, fewer than the "
                           f"stream's vocabulary ({stream.meta['vocab_size']})")
-    if tcfg.gradient_checkpointing:
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.x
-            model.activation_checkpointing_enable({"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if tcfg.save_initial and rank == 0 and not (out / "model_init").exists():
         # The "base" of a from-scratch demo run, for evaluate-compare against the trained model.
         tmp = out / ".model_init.tmp"
@@ -367,25 +498,14 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         os.replace(tmp, out / "model_init")
-    model.train()
-    base = OmegaConf.to_container(cfg.deepspeed, resolve=True) or {}
-    if tcfg.deepspeed_config:
-        p = Path(str(tcfg.deepspeed_config))
-        if not p.exists():
-            raise CptkitError(f"train.deepspeed_config={p}: no such file")
-        extra = json.loads(p.read_text()) if p.suffix == ".json" else OmegaConf.to_container(OmegaConf.load(p))
-        base = {**base, **extra}  # type: ignore[dict-item]
-    ds_cfg = deepspeed_config(base, micro_batch=micro, grad_accum=accum, world=world, lr=float(tcfg.lr),
-                              betas=(float(tcfg.betas[0]), float(tcfg.betas[1])), eps=float(tcfg.eps),
-                              weight_decay=float(tcfg.weight_decay), grad_clip=float(tcfg.grad_clip),
-                              precision=str(tcfg.precision), zero_stage=int(tcfg.zero_stage))
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(model, float(tcfg.weight_decay)),
-                                           config=ds_cfg, lr_scheduler=lambda opt: torch_scheduler(opt, schedule))
+    engine, engine_info = make_engine(model, tcfg, deepspeed_base=OmegaConf.to_container(cfg.deepspeed, resolve=True)
+                                      or {}, world=world, schedule=schedule)
     sampler = Sampler(stream, int(cfg.seed))
 
     step, tokens, weight_sum, elapsed = 0, 0, dict.fromkeys(stream.domains, 0.0), 0.0
     proxy_log: list[tuple[float, dict[str, float]]] = []
     if resume and has_ckpt:
+        check_resumable(ckdir, engine_info["engine"])
         path, state = engine.load_checkpoint(str(ckdir))
         if path is None:
             raise CptkitError(f"{ckdir}: cannot load the latest checkpoint")
@@ -396,24 +516,17 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
         controller.load_state_dict(state["controller"])
         _set_rng_state(state["rng"])
         if rank == 0:
+            (out / "_SUCCESS").unlink(missing_ok=True)  # extending a finished run: unfinished until it ends
             log.info("resumed from %s at step %d (%d tokens)", path, step, tokens)
             for name in ("metrics.jsonl", "weights.jsonl"):
                 _truncate_jsonl(out / name, step)
     elif rank == 0:
         for name in ("metrics.jsonl", "weights.jsonl"):
             (out / name).unlink(missing_ok=True)
+    for t_ck, l_ck in proxy_log if proxy_run is not None else []:
+        proxy_run.add(t_ck, l_ck)
 
-    tb = None
-    if rank == 0 and tcfg.tensorboard:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            tb = SummaryWriter(str(out / "tensorboard"))
-        except ImportError:
-            log.warning("train.tensorboard=true but tensorboard is not installed (pip install tensorboard)")
-    advance = job.add_bar("train steps", total_steps) if job is not None else (lambda n=1: None)
-    if job is not None and step:
-        advance(step)
+    runlog = RunLog(out, tcfg, job, total_steps, step, redact(job.config) if job is not None else None)
     metrics_f = open(out / "metrics.jsonl", "a") if rank == 0 else None  # noqa: SIM115
     weights_f = open(out / "weights.jsonl", "a") if rank == 0 else None  # noqa: SIM115
 
@@ -427,11 +540,9 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
         state = {"step": step, "tokens": tokens, "elapsed": elapsed, "weight_sum": weight_sum,
                  "sampler": sampler.state_dict(), "controller": controller.state_dict(), "rng": _rng_state(),
                  "proxy_log": proxy_log}
-        engine.save_checkpoint(str(ckdir), tag=f"step{step:08d}", client_state=state)
-        if rank == 0 and int(tcfg.keep_last) > 0:
-            tags = sorted(p for p in ckdir.glob("step*") if p.is_dir())
-            for old in tags[:-int(tcfg.keep_last)]:
-                shutil.rmtree(old, ignore_errors=True)
+        engine.save_checkpoint(str(ckdir), tag=tag_for(step), client_state=state)
+        if rank == 0:
+            prune(ckdir, int(tcfg.keep_last))
 
     if step == 0 and controller.weights is not None:
         log_weights({"event": "init"})
@@ -439,21 +550,28 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
     data_s = mix_s = 0.0
     t_run = time.time()
     while step < total_steps:
-        t0 = time.time()
+        t0, c0 = time.time(), time.process_time()
         info: dict[str, Any] = {}
+        entered = controller.begin_step(sampler.position)  # a stage starting with this step
+        if entered:
+            log_weights({"event": "stage", "stage": entered})
         if controller.dynamic and controller.wants_eval(step, tokens):
             te = time.time()
-            losses = eval_losses(engine.module, tokenizer, eval_recs, tcfg, seq_len)
+            losses = domain_losses(engine.module, tokenizer, eval_recs, controller.eval_docs(step, int(tcfg.eval_docs)),
+                                   int(tcfg.eval_max_tokens), seq_len)
             upd = controller.update(step, tokens, losses)
             info = {"eval_loss": losses, **upd}
             log_weights({"event": "update", **info})
             mix_s += time.time() - te
         elif tcfg.eval_every and step % int(tcfg.eval_every) == 0:
-            info = {"eval_loss": eval_losses(engine.module, tokenizer, eval_recs, tcfg, seq_len)}
+            info = {**evaluate_point(engine.module, tokenizer, eval_recs, tcfg, seq_len, eval_tasks),
+                    "eval_tokens": tokens}
         td = time.time()
-        pairs = sampler.draw(global_seqs, controller.weights)
+        pairs, mix_info = draw_batch(controller, sampler, global_seqs, stream.domains,
+                                     lambda name: log_weights({"event": "stage", "stage": name}))
         data = sampler.batch(pairs)
         data_s += time.time() - td
+        lr_used = float(engine.get_lr()[0])  # this step's LR (cptkit's schedule or a user DeepSpeed scheduler)
         step_loss = 0.0
         for j in range(accum):
             lo = (j * world + rank) * micro
@@ -466,49 +584,51 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
         if world > 1:
             torch.distributed.all_reduce(loss_t)
             loss_t /= world
-        lr_used = schedule.lr(step)
         step += 1
         tokens += global_seqs * seq_len
-        w_now = controller.weights
-        if w_now is None:
-            counts = np.bincount([d for d, _ in pairs], minlength=len(stream.domains))
-            w_now = {d: float(counts[i]) / len(pairs) for i, d in enumerate(stream.domains)}
+        w_now = mix_info.pop("weights_used")
         for d in stream.domains:
             weight_sum[d] += w_now[d]
-        dt = time.time() - t0
+        dt, dc = time.time() - t0, time.process_time() - c0
         elapsed += dt
         loss_hist.append(float(loss_t.item()))
         if metrics_f is not None:
             rec = {"step": step, "tokens": tokens, "loss": float(loss_t.item()), "lr": lr_used,
-                   "tokens_per_s": global_seqs * seq_len / dt if dt > 0 else 0.0, "seconds": dt,
-                   "weights": {d: round(v, 6) for d, v in w_now.items()}, **info}
+                   "tokens_per_s": global_seqs * seq_len / dt if dt > 0 else 0.0, "seconds": dt, "cpu_seconds": dc,
+                   "weights": {d: round(v, 6) for d, v in w_now.items()}, **mix_info, **info}
             metrics_f.write(json.dumps(rec) + "\n")
             metrics_f.flush()
-            if tb is not None:
-                tb.add_scalar("loss", rec["loss"], step)
-                tb.add_scalar("lr", lr_used, step)
-                for d, v in w_now.items():
-                    tb.add_scalar(f"weight/{d}", v, step)
-        if proxy and step in proxy_points:
-            losses = eval_losses(engine.module, tokenizer, eval_recs, tcfg, seq_len)
+            runlog.step(step, rec)
+        if proxy_run is not None and proxy_run.is_checkpoint(step):
+            losses = domain_losses(engine.module, tokenizer, eval_recs, proxy_run.eval_docs,
+                                   int(tcfg.eval_max_tokens), seq_len)
             proxy_log.append((float(tokens), losses))
-        advance(1)
+            if proxy_run.add(tokens, losses):
+                total_steps = step  # the targets settled: stop the proxy here
         if (int(tcfg.save_every) and step % int(tcfg.save_every) == 0) or step == total_steps:
             save()
     run_s = time.time() - t_run
+    if metrics_f is not None and tcfg.eval_every:  # the end point of the forgetting curves
+        point = evaluate_point(engine.module, tokenizer, eval_recs, tcfg, seq_len, eval_tasks)
+        metrics_f.write(json.dumps({"step": step, "tokens": tokens, "event": "eval", **point,
+                                    "eval_tokens": tokens}) + "\n")
+        runlog.scalars(step, point)
     if metrics_f is not None:
         metrics_f.close()
     if weights_f is not None:
+        if loss_hist:  # the weights in force at the end: a static run's trajectory is a line, not a dot
+            weights_f.write(json.dumps({"step": step, "tokens": tokens, "event": "end",
+                                        "weights": {d: round(v, 6) for d, v in w_now.items()}}) + "\n")
         weights_f.close()
-    if tb is not None:
-        tb.close()
+    runlog.close()
 
     extra: dict[str, Any] = {"steps": step, "tokens": tokens, "world size": world,
                              "final loss": loss_hist[-1] if loss_hist else float("nan"),
                              "tokens/s": (len(loss_hist) * global_seqs * seq_len / run_s) if run_s > 0 else 0.0,
                              "data+mixture share of step time": (data_s + mix_s) / run_s if run_s > 0 else 0.0,
                              "data loader s": data_s, "mixture eval+update s": mix_s, "run s": run_s,
-                             "mixture": "proxy" if proxy else str(tcfg.mixture)}
+                             "mixture": "proxy" if proxy else str(tcfg.mixture), **engine_info}
+    final_sd = full_state_dict(engine)  # ZeRO-3: gathered from every rank (collective); else None
     if rank == 0:
         avg = normalize(weight_sum) if sum(weight_sum.values()) > 0 else {}
         atomic_write_json(out / "avg_weights.json", {"weights": avg, "steps": step})
@@ -521,21 +641,27 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
             note = plot_weights(out / "weights.jsonl", out / "weights.png")
             if note:
                 log.warning(note)
-        if proxy:
-            targets, laws, change = predict_targets(proxy_log, budget_tokens=full_budget, sigma=float(vcfg.sigma))
-            atomic_write_json(out / "_velocitune_targets.json", {
-                "targets": targets, "budget_tokens": full_budget, "change": change,
-                "converged": bool(change < float(vcfg.sigma)), "sigma": float(vcfg.sigma),
-                "laws": {d: {"E": law.E, "B": law.B, "beta": law.beta, "rmse": law.rmse} for d, law in laws.items()},
-                "checkpoints": [{"tokens": t, "losses": v} for t, v in proxy_log]})
-            if not change < float(vcfg.sigma):
-                log.warning("velocitune proxy: the predicted targets still moved by %.4g (> sigma %.4g); "
-                            "consider a larger train.velocitune.proxy_fraction", change, float(vcfg.sigma))
-            extra["velocitune targets"] = json.dumps({d: round(v, 4) for d, v in targets.items()})
+        if tcfg.plot:
+            note = plot_loss(out / "metrics.jsonl", out / "loss.png")
+            if note:
+                log.warning(note)
+        if tcfg.plot and tcfg.eval_every:
+            note = plot_curves(out, out / "curves.png")
+            if note:
+                log.warning(note)
+        if proxy_run is not None:
+            res = proxy_run.result(stream.domains, str(stream.path), step)
+            atomic_write_json(out / "_velocitune_targets.json", res)
+            if not res["converged"]:
+                log.warning("velocitune proxy: stopped at proxy_fraction (%d steps) with the targets still moving "
+                            "by %.4g (>= sigma %.4g): a run using them needs train.velocitune.allow_unconverged=true",
+                            step, res["change"] if res["change"] is not None else float("inf"), res["sigma"])
+            extra["velocitune targets"] = json.dumps({d: round(v, 4) for d, v in res["targets"].items()})
+            extra["velocitune proxy steps"] = step
         model_dir = out / "model"
         tmp = out / ".model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        engine.module.save_pretrained(str(tmp))
+        engine.module.save_pretrained(str(tmp), state_dict=final_sd)
         tokenizer.save_pretrained(str(tmp))
         shutil.rmtree(model_dir, ignore_errors=True)
         os.replace(tmp, model_dir)

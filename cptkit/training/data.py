@@ -19,24 +19,121 @@ from typing import Any
 import numpy as np
 
 from cptkit.errors import CptkitError
-from cptkit.steps.build_mix import load_stream
+
+STREAM = "_stream.json"
+FORMAT = "cptkit-stream/1"
+_DOMAIN_KEYS = ("name", "parent", "tokens", "sequences")
+_KEYS = ("seq_len", "dtype", "eos_token_id", "vocab_size", "domains", "plan", "total_sequences")
+
+
+def read_stream_meta(path: Path) -> dict[str, Any]:
+    """Read and check a stream's ``_stream.json``: valid JSON, the keys train needs, sane values."""
+    p = path / STREAM
+    if not p.is_file():
+        raise CptkitError(f"{path}: not a build-mix stream (no {STREAM}); run cptkit build-mix first")
+    try:
+        meta = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CptkitError(f"{p}: malformed JSON ({e}); rebuild the stream with cptkit build-mix") from None
+    if not isinstance(meta, dict):
+        raise CptkitError(f"{p}: malformed stream description (a JSON object expected)")
+    missing = [k for k in _KEYS if k not in meta]
+    if missing:
+        raise CptkitError(f"{p}: malformed stream description: no {missing[0]!r}")
+    fmt = meta.get("format", FORMAT)
+    if fmt != FORMAT:
+        raise CptkitError(f"{p}: format {fmt!r} is not {FORMAT!r}")
+    try:
+        if int(meta["seq_len"]) < 2 or int(meta["vocab_size"]) < 1:
+            raise ValueError("seq_len < 2 or vocab_size < 1")
+        if np.dtype(meta["dtype"]).kind not in "ui":
+            raise ValueError(f"dtype {meta['dtype']!r} is not an integer type")
+        int(meta["eos_token_id"])
+        if not isinstance(meta["domains"], list) or not meta["domains"]:
+            raise ValueError("no domains")
+        for i, d in enumerate(meta["domains"]):
+            if not isinstance(d, dict) or any(k not in d for k in _DOMAIN_KEYS) or (int(d["tokens"]) and "file" not in d):
+                raise ValueError(f"domain #{i} lacks one of {', '.join(_DOMAIN_KEYS)}, file")
+            if int(d["tokens"]) < 0:
+                raise ValueError(f"domain {d['name']!r} has a negative token count")
+    except (TypeError, ValueError) as e:
+        raise CptkitError(f"{p}: malformed stream description: {e}") from None
+    return meta
 
 
 class Stream:
-    """Memory-mapped token files of a build-mix output."""
+    """Memory-mapped token files of a build-mix output, validated on open (one-line errors)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.meta = load_stream(self.path)
-        self.seq_len = int(self.meta["seq_len"])
-        self.eos = int(self.meta["eos_token_id"])
-        self.domains: list[str] = [d["name"] for d in self.meta["domains"]]
+        self.meta = read_stream_meta(self.path)
+        meta, where = self.meta, self.path / STREAM
+        self.seq_len = int(meta["seq_len"])
+        self.eos = int(meta["eos_token_id"])
+        self.domains: list[str] = [d["name"] for d in meta["domains"]]
         self.index = {n: i for i, n in enumerate(self.domains)}
-        self.parents = {d["name"]: d["parent"] for d in self.meta["domains"]}
-        self.tokens = [np.memmap(self.path / d["file"], dtype=self.meta["dtype"], mode="r")
-                       if d["tokens"] else np.zeros(0, dtype=self.meta["dtype"]) for d in self.meta["domains"]]
-        self.sequences = [int(d["sequences"]) for d in self.meta["domains"]]
-        self.plan = np.load(self.path / self.meta["plan"], mmap_mode="r")
+        self.parents = {d["name"]: d["parent"] for d in meta["domains"]}
+        itemsize = np.dtype(meta["dtype"]).itemsize
+        self.tokens = []
+        for d in meta["domains"]:
+            n_tok = int(d["tokens"])
+            if not n_tok:
+                self.tokens.append(np.zeros(0, dtype=meta["dtype"]))
+                continue
+            f = self.inside(d["file"], f"domain {d['name']!r} file")
+            if not f.is_file():
+                raise CptkitError(f"{f}: token file of domain {d['name']!r} is missing ({where} lists it)")
+            size = f.stat().st_size
+            if size != n_tok * itemsize:
+                raise CptkitError(f"{f}: {size:,} bytes, but {where} says {n_tok:,} {meta['dtype']} tokens "
+                                  f"({n_tok * itemsize:,} bytes): truncated or replaced; rebuild the stream")
+            self.tokens.append(np.memmap(f, dtype=meta["dtype"], mode="r"))
+        self.sequences = [int(d["sequences"]) for d in meta["domains"]]
+        for d, n, toks in zip(self.domains, self.sequences, self.tokens, strict=True):
+            if n < 0 or n * self.seq_len > len(toks):
+                raise CptkitError(f"{where}: domain {d!r} claims {n} sequences of {self.seq_len} tokens, "
+                                  f"more than its {len(toks):,} tokens")
+        plan = self.inside(meta["plan"], "plan")
+        if not plan.is_file():
+            raise CptkitError(f"{plan}: the stream's plan is missing; rebuild the stream with cptkit build-mix")
+        try:
+            self.plan = np.load(plan, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise CptkitError(f"{plan}: not a readable plan ({str(e).splitlines()[0]})") from None
+        if self.plan.ndim != 2 or (len(self.plan) and self.plan.shape[1] != 2):
+            raise CptkitError(f"{plan}: expected (sequences, 2) domain/sequence pairs, got shape {self.plan.shape}")
+        if len(self.plan):
+            dom = np.asarray(self.plan[:, 0])
+            if dom.min() < 0 or dom.max() >= len(self.domains):
+                raise CptkitError(f"{plan}: domain index out of range (the stream has {len(self.domains)} domains)")
+
+    def inside(self, rel: Any, what: str) -> Path:
+        """``rel`` resolved inside the stream directory; paths that leave it are refused."""
+        if not isinstance(rel, str) or not rel:
+            raise CptkitError(f"{self.path / STREAM}: {what} must be a relative path, got {rel!r}")
+        root = self.path.resolve()
+        p = (root / rel).resolve()
+        if Path(rel).is_absolute() or not p.is_relative_to(root):
+            raise CptkitError(f"{self.path / STREAM}: {what} {rel!r} points outside the stream directory")
+        return p
+
+    def tokenizer_spec(self) -> str:
+        """The stream's tokenizer: a name (smollm2) or a path, resolved against the current directory,
+        then the stream's; a relative path found in neither is an error naming both."""
+        spec = self.meta.get("tokenizer")
+        if not spec or spec == "None":
+            raise CptkitError(f"{self.path / STREAM}: records no tokenizer; pass tokenizer=PATH")
+        spec = str(spec)
+        p = Path(spec)
+        if p.is_absolute():
+            return spec
+        for cand in (p, self.path / p):
+            if cand.exists():
+                return str(cand.resolve())
+        if "/" not in spec and not spec.endswith(".gguf"):
+            return spec  # a name such as smollm2
+        raise CptkitError(f"{self.path / STREAM}: tokenizer {spec!r} is a relative path found neither from "
+                          f"{Path.cwd()} nor from the stream; pass tokenizer=PATH")
 
     def sequence(self, domain: int, k: int) -> np.ndarray:
         n = self.sequences[domain]
@@ -54,7 +151,7 @@ class Stream:
         return {d["name"]: d["tokens"] / tot for d in self.meta["domains"]}
 
     def eval_records(self) -> list[dict[str, Any]]:
-        p = self.path / self.meta["eval"]
+        p = self.inside(self.meta["eval"], "eval")
         if not p.exists():
             return []
         with gzip.open(p, "rt", encoding="utf-8") as f:
@@ -70,9 +167,15 @@ class Sampler:
         self.position = 0  # sequences drawn so far (plan position)
         self.cursor = [0] * len(stream.domains)
         self.drawn = [0] * len(stream.domains)
+        self.ppl_ordered = [(d.get("curriculum") or {}).get("order") in ("low_to_high", "high_to_low")
+                            for d in stream.meta["domains"]]
 
-    def draw(self, n: int, weights: dict[str, float] | None) -> list[tuple[int, int]]:
-        """The next ``n`` (domain, sequence index) pairs: from the plan when ``weights`` is None."""
+    def draw(self, n: int, weights: dict[str, float] | None, ordered: bool = True) -> list[tuple[int, int]]:
+        """The next ``n`` (domain, sequence index) pairs: from the plan when ``weights`` is None.
+
+        ``ordered=False`` (a stage without curriculum): PPL-ordered domains give a random sequence
+        instead of their next one (seeded; their position is kept for a later ordered stage).
+        """
         out = []
         if weights is None:
             plan = self.stream.plan
@@ -88,6 +191,9 @@ class Sampler:
                 raise CptkitError("mixture weights put no mass on a domain with sequences")
             doms = self.rng.choice(len(p), size=n, p=p / p.sum())
             for d in doms:
+                if not ordered and self.ppl_ordered[d]:
+                    out.append((int(d), int(self.rng.integers(max(self.stream.sequences[d], 1)))))
+                    continue
                 out.append((int(d), self.cursor[d]))
                 self.cursor[d] += 1
         for d, _ in out:

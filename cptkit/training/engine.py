@@ -1,4 +1,4 @@
-"""DeepSpeed setup: process group, engine config, CPU workarounds (see docs/training.md).
+"""Training engines: DeepSpeed (process group, config, CPU workarounds) and one-process torch.
 
 On CPU, DeepSpeed would JIT-compile two C++ ops with g++ (~4 minutes): the shared-memory
 all-reduce op, built inside ``init_distributed``, and fused Adam. We skip the first by
@@ -9,12 +9,16 @@ replacing ``build_shm_op`` in the module ``deepspeed.comm.torch`` (reached throu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from cptkit.errors import CptkitError
 
 
 def on_gpu() -> bool:
@@ -67,29 +71,182 @@ def init_distributed(backend: str = "auto") -> tuple[int, int]:
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16); elsewhere it is emulated."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(precision: str) -> str:
+    """``auto``: bf16 on a GPU that has it or a CPU with native bf16, otherwise fp32."""
+    if precision != "auto":
+        return precision
+    if on_gpu():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if cpu_has_bf16() else "fp32"
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def deepspeed_config(base: dict[str, Any], *, micro_batch: int, grad_accum: int, world: int, lr: float,
                      betas: tuple[float, float], eps: float, weight_decay: float, grad_clip: float,
-                     precision: str, zero_stage: int | None) -> dict[str, Any]:
-    """The DeepSpeed config: ``base`` (conf/deepspeed/*.yaml or a JSON file) plus the train options."""
-    cfg = {k: v for k, v in base.items()}
-    cfg["train_micro_batch_size_per_gpu"] = micro_batch
-    cfg["gradient_accumulation_steps"] = grad_accum
-    cfg["train_batch_size"] = micro_batch * grad_accum * world
-    cfg["gradient_clipping"] = grad_clip
+                     precision: str, zero_stage: int | None, user: dict[str, Any] | None = None,
+                     user_name: str = "train.deepspeed_config") -> dict[str, Any]:
+    """The DeepSpeed config: ``base`` (``conf/deepspeed/*.yaml``), then ``user`` (a JSON/YAML file) over it.
+
+    What the user file sets wins: ZeRO stage, optimizer, scheduler, clipping, precision. Batch
+    sizes must agree with ``train.micro_batch``/``grad_accum`` (cptkit slices the data by them),
+    and an explicit ``train.zero_stage`` or ``train.precision`` that contradicts the file is an
+    error rather than a silent choice. ``precision`` may be ``auto`` (see :func:`resolve_precision`).
+    """
+    user = dict(user or {})
+    cfg = _merge(base, user)
+    want = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": grad_accum,
+            "train_batch_size": micro_batch * grad_accum * world}
+    for key, value in want.items():
+        if key in user and int(user[key]) != value:
+            raise CptkitError(f"{user_name}: {key}={user[key]} disagrees with train.micro_batch={micro_batch} "
+                              f"× train.grad_accum={grad_accum} × {world} process(es) = {value}; set train.* to match")
+        cfg[key] = value
+    cfg.setdefault("gradient_clipping", grad_clip)
     cfg.setdefault("steps_per_print", 10**9)
     cfg.setdefault("wall_clock_breakdown", False)
     zero = dict(cfg.get("zero_optimization") or {})
+    user_stage = (user.get("zero_optimization") or {}).get("stage")
     if zero_stage is not None:
+        if user_stage is not None and int(user_stage) != int(zero_stage):
+            raise CptkitError(f"{user_name}: zero_optimization.stage={user_stage} contradicts "
+                              f"train.zero_stage={zero_stage}; drop one of them")
         zero["stage"] = int(zero_stage)
+    zero.setdefault("stage", 0)
     cfg["zero_optimization"] = zero
-    cfg["bf16"] = {"enabled": precision == "bf16"}
-    cfg["fp16"] = {"enabled": precision == "fp16"}
-    params = {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay}
-    if not on_gpu():
-        params["torch_adam"] = True  # no fused_adam JIT build on CPU
-    cfg["optimizer"] = {"type": "AdamW", "params": params}
-    cfg.pop("scheduler", None)  # the LR schedule is cptkit's (train.lr_*)
+    file_prec = [p for p in ("bf16", "fp16") if (user.get(p) or {}).get("enabled")]
+    if file_prec:
+        if precision not in ("auto", file_prec[0]):
+            raise CptkitError(f"{user_name}: {file_prec[0]}.enabled=true contradicts train.precision={precision}; "
+                              "drop one of them")
+        precision = file_prec[0]
+    precision = resolve_precision(precision)
+    cfg["bf16"] = {**(cfg.get("bf16") or {}), "enabled": precision == "bf16"}
+    cfg["fp16"] = {**(cfg.get("fp16") or {}), "enabled": precision == "fp16"}
+    if "optimizer" in user:  # the user's optimizer and its hyper-parameters win over train.lr/betas/...
+        opt = dict(user["optimizer"])
+        opt["params"] = dict(opt.get("params") or {})
+        if not on_gpu() and str(opt.get("type", "")).lower() in ("adam", "adamw"):
+            opt["params"].setdefault("torch_adam", True)  # no fused_adam JIT build on CPU
+        cfg["optimizer"] = opt
+    else:
+        params = {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay}
+        if not on_gpu():
+            params["torch_adam"] = True  # no fused_adam JIT build on CPU
+        cfg["optimizer"] = {"type": "AdamW", "params": params}
+    if "scheduler" not in user:
+        cfg.pop("scheduler", None)  # the LR schedule is cptkit's (train.lr, warmup, decay)
     return cfg
+
+
+def use_deepspeed(engine: str, world: int, user_config: bool, zero_stage: int) -> bool:
+    """``train.engine=auto``: DeepSpeed on GPU, with several processes, a user DeepSpeed file or ZeRO-3;
+    one CPU process otherwise runs :class:`TorchEngine` (ZeRO has nothing to shard across one process)."""
+    if engine == "deepspeed":
+        return True
+    if engine == "torch":
+        if world > 1:
+            raise CptkitError(f"train.engine=torch runs one process, not {world}; use train.engine=deepspeed")
+        if user_config:
+            raise CptkitError("train.engine=torch ignores DeepSpeed settings: drop train.deepspeed_config "
+                              "or use train.engine=deepspeed")
+        return False
+    if engine != "auto":
+        raise CptkitError(f"train.engine={engine!r}: use auto, deepspeed or torch")
+    return on_gpu() or world > 1 or user_config or zero_stage >= 3
+
+
+class TorchEngine:
+    """One process, plain PyTorch: the loop a user would write, behind DeepSpeed's engine interface.
+
+    AdamW (``torch.optim``, foreach), gradient clipping, gradient accumulation (``backward``
+    scales by 1/accum; ``step`` updates at the boundary), bf16 through ``torch.autocast`` over
+    fp32 weights, and checkpoints read with ``weights_only=True`` (:mod:`cptkit.training.checkpoint`).
+    """
+
+    def __init__(self, model: torch.nn.Module, groups: list[dict[str, Any]], *, lr: float,
+                 betas: tuple[float, float], eps: float, grad_clip: float, precision: str, grad_accum: int,
+                 lr_scheduler: Any = None):
+        self.module = model
+        self.optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+        self.lr_scheduler = lr_scheduler(self.optimizer) if callable(lr_scheduler) else None
+        self.grad_clip = float(grad_clip)
+        self.precision = precision
+        self.accum = int(grad_accum)
+        self.micro_steps = 0
+        self.global_steps = 0
+        device = "cuda" if on_gpu() else "cpu"
+        self.module.to(device)
+        self.device = device
+        self._autocast = precision in ("bf16", "fp16")
+        self._dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+
+    def zero_optimization_stage(self) -> int:
+        return 0
+
+    def __call__(self, **kw: Any) -> Any:
+        kw = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        if self._autocast:
+            with torch.autocast(self.device, dtype=self._dtype):
+                return self.module(**kw)
+        return self.module(**kw)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss / self.accum if self.accum > 1 else loss).backward()
+
+    def step(self) -> None:
+        self.micro_steps += 1
+        if self.micro_steps % self.accum:
+            return
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self.global_steps += 1
+
+    def get_lr(self) -> list[float]:
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def save_checkpoint(self, save_dir: str, tag: str, client_state: dict[str, Any]) -> None:
+        from cptkit.training.checkpoint import save_torch
+
+        save_torch(Path(save_dir), tag, {
+            "module": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+            "global_steps": self.global_steps, "micro_steps": self.micro_steps, "client_state": client_state})
+
+    def load_checkpoint(self, load_dir: str) -> tuple[str | None, dict[str, Any] | None]:
+        from cptkit.training.checkpoint import latest_tag, load_torch
+
+        ckdir = Path(load_dir)
+        tag = latest_tag(ckdir)
+        if tag is None:
+            return None, None
+        state = load_torch(ckdir, tag)
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        self.global_steps = int(state.get("global_steps", 0))
+        self.micro_steps = int(state.get("micro_steps", 0))
+        return str(ckdir / tag), state["client_state"]
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -99,3 +256,102 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
         if p.requires_grad:
             (no_decay if p.ndim < 2 else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def load_user_deepspeed(path: str | None) -> dict[str, Any]:
+    """A user DeepSpeed config (JSON or YAML) as a dict; missing or malformed files are one-line errors."""
+    if not path:
+        return {}
+    p = Path(str(path))
+    if not p.is_file():
+        raise CptkitError(f"train.deepspeed_config={p}: no such file")
+    try:
+        if p.suffix == ".json":
+            import json
+
+            data = json.loads(p.read_text())
+        else:
+            from omegaconf import OmegaConf
+
+            data = OmegaConf.to_container(OmegaConf.load(p), resolve=True)
+    except Exception as e:  # noqa: BLE001 - any parse error is the user's file
+        raise CptkitError(f"{p}: not a valid DeepSpeed config: {str(e).splitlines()[0] if str(e) else e}") from None
+    if not isinstance(data, dict):
+        raise CptkitError(f"{p}: a DeepSpeed config must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def checkpointing_wanted(setting: Any, model: torch.nn.Module) -> bool:
+    """``train.gradient_checkpointing``: true/false, or auto = on for models of ≥ 1e8 parameters."""
+    if isinstance(setting, bool):
+        return setting
+    if str(setting).lower() in ("true", "false"):
+        return str(setting).lower() == "true"
+    if str(setting) != "auto":
+        raise CptkitError(f"train.gradient_checkpointing={setting!r}: use auto, true or false")
+    return sum(p.numel() for p in model.parameters()) >= 100_000_000
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5.x
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def make_engine(model: torch.nn.Module, tcfg: Any, *, deepspeed_base: dict[str, Any], world: int,
+                schedule: Any) -> tuple[Any, dict[str, Any]]:
+    """The engine for ``train.*``: :class:`TorchEngine` or a DeepSpeed engine (checkpoint loads guarded).
+
+    Returns the engine and what was chosen (engine, ZeRO stage, precision, gradient checkpointing).
+    """
+    from cptkit.training.checkpoint import guard_deepspeed
+    from cptkit.training.schedule import torch_scheduler
+
+    user = load_user_deepspeed(tcfg.deepspeed_config)
+    micro, accum = int(tcfg.micro_batch), int(tcfg.grad_accum)
+    betas = (float(tcfg.betas[0]), float(tcfg.betas[1]))
+    ds_cfg = deepspeed_config(deepspeed_base, micro_batch=micro, grad_accum=accum, world=world, lr=float(tcfg.lr),
+                              betas=betas, eps=float(tcfg.eps), weight_decay=float(tcfg.weight_decay),
+                              grad_clip=float(tcfg.grad_clip), precision=str(tcfg.precision),
+                              zero_stage=None if tcfg.zero_stage is None else int(tcfg.zero_stage), user=user,
+                              user_name=str(tcfg.deepspeed_config))
+    stage = int(ds_cfg["zero_optimization"]["stage"])
+    precision = "bf16" if ds_cfg["bf16"]["enabled"] else "fp16" if ds_cfg["fp16"]["enabled"] else "fp32"
+    if precision == "fp16" and not on_gpu():
+        raise CptkitError("train.precision=fp16 needs a GPU; use bf16 or fp32 on CPU")
+    ckpt = checkpointing_wanted(tcfg.gradient_checkpointing, model)
+    if ckpt:
+        enable_checkpointing(model)
+    model.train()
+    groups = param_groups(model, float(tcfg.weight_decay))
+    user_lr = ((user.get("optimizer") or {}).get("params") or {}).get("lr")
+    if user_lr is not None and "scheduler" not in user:  # the user's optimizer LR is the schedule's peak
+        schedule = dataclasses.replace(schedule, peak_lr=float(user_lr))
+    sched = (lambda opt: torch_scheduler(opt, schedule))  # noqa: E731
+    if use_deepspeed(str(tcfg.engine), world, bool(user), stage):
+        import deepspeed
+
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_cfg,
+                                               lr_scheduler=None if "scheduler" in ds_cfg else sched)
+        guard_deepspeed(engine)
+        got = int(engine.zero_optimization_stage())
+        if got != stage:  # pragma: no cover - a DeepSpeed that ignores the config
+            raise CptkitError(f"DeepSpeed runs ZeRO stage {got}, not the configured {stage}")
+        kind, stage = "deepspeed", got
+    else:
+        engine = TorchEngine(model, groups, lr=float(tcfg.lr), betas=betas, eps=float(tcfg.eps),
+                             grad_clip=float(tcfg.grad_clip), precision=precision, grad_accum=accum,
+                             lr_scheduler=sched)
+        kind, stage = "torch", 0
+    info = {"engine": kind, "zero stage": stage, "precision": precision,
+            "gradient checkpointing": "on" if ckpt else "off",
+            "lr scheduler": "deepspeed (user file)" if "scheduler" in ds_cfg and kind == "deepspeed" else "cptkit"}
+    return engine, info
+
+
+def full_state_dict(engine: Any) -> dict[str, torch.Tensor] | None:
+    """The whole model's weights where the module holds only a shard (ZeRO-3; call on every rank), else None."""
+    if getattr(engine, "zero_optimization_stage", lambda: 0)() == 3:
+        return engine._zero3_consolidated_16bit_state_dict()
+    return None

@@ -4,12 +4,17 @@ A controller holds the current domain weights and, when it is dynamic, asks for 
 eval losses at its interval and updates the weights with the pure functions of
 :mod:`cptkit.mixing`:
 
-* ``static``: fixed weights (``train.weights``, the stream's first stage, or ``tokens``).
-* ``staged``: follows the stream's plan (stages, upsampling tail, curriculum) exactly.
+* ``static``: each stage's weights in turn (default), or one mixture (``train.weights``).
+* ``staged``: follows the stream's plan (stages, upsampling tail, curriculum) row by row.
 * ``topic_ppl``: Llama-3-SynE: every ``round_tokens``, ``topic_ppl_update`` on per-domain PPL
   (within each parent, e.g. topics within a language, so the language ratio stays fixed).
-* ``velocitune``: every ``interval_steps``, ``velocitune_update`` with ℓ_init measured at step 0.
+* ``velocitune``: every ``interval_steps``, ``velocitune_update`` with ℓ_init measured before
+  step 0 on the full held-out set and ℓ_t on a subset (§2.1).
 * ``dbl``: every ``interval_steps``, ``dbl_update`` against the target losses.
+
+A dynamic controller acts within a stage (:mod:`cptkit.training.stages`): ``enter_stage``
+restricts it to the stage's domains (``active``) and its start weights; updates touch only
+those domains, the others keep weight 0.
 """
 
 from __future__ import annotations
@@ -24,15 +29,30 @@ MIXTURES = ("static", "staged", "topic_ppl", "velocitune", "dbl")
 
 
 class Controller:
-    """Base: static weights. ``weights is None`` means "follow the stream's plan"."""
+    """Base: fixed weights over ``domains``; the dynamic controllers below update them."""
 
     name = "static"
     dynamic = False
+    needs_init = False  # wants an evaluation before step 0 even outside its stages
 
     def __init__(self, domains: list[str], weights: dict[str, float] | None):
         self.domains = domains
+        self.active = list(domains)
         self.weights = mixing.normalize(weights) if weights is not None else None
         self.updates = 0
+
+    def enter_stage(self, domains: list[str], weights: dict[str, float]) -> None:
+        """Act on ``domains`` only (a stage's domain set), starting from ``weights`` (0 elsewhere)."""
+        keep = set(domains)
+        self.active = [d for d in self.domains if d in keep]
+        w = {d: (float(weights.get(d, 0.0)) if d in keep else 0.0) for d in self.domains}
+        if sum(w.values()) <= 0:
+            raise CptkitError(f"mixture start weights put no mass on the stage's domains {', '.join(self.active)}")
+        self.weights = mixing.normalize(w)
+
+    def _set_active(self, new: dict[str, float]) -> None:
+        """New weights for the active domains; the others stay 0."""
+        self.weights = mixing.normalize({d: new.get(d, 0.0) if d in new else 0.0 for d in self.domains})
 
     def wants_eval(self, step: int, tokens: int) -> bool:
         """Whether per-domain eval losses are needed before optimizer step ``step``."""
@@ -43,18 +63,12 @@ class Controller:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"weights": self.weights, "updates": self.updates}
+        return {"weights": self.weights, "updates": self.updates, "active": self.active}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.weights = state["weights"]
         self.updates = int(state["updates"])
-
-
-class Staged(Controller):
-    name = "staged"
-
-    def __init__(self, domains: list[str]):
-        super().__init__(domains, None)
+        self.active = list(state.get("active") or self.domains)
 
 
 class TopicPPL(Controller):
@@ -82,7 +96,7 @@ class TopicPPL(Controller):
             return {"ppl": ppl}
         assert self.weights is not None
         groups: dict[str, list[str]] = {}
-        for d in self.domains:
+        for d in self.active:
             groups.setdefault(self.parents[d] if self.within_parent else "", []).append(d)
         new: dict[str, float] = {}
         for members in groups.values():
@@ -93,7 +107,7 @@ class TopicPPL(Controller):
             upd = mixing.topic_ppl_update({d: self.weights[d] for d in members}, {d: self.prev[d] for d in members},
                                           {d: ppl[d] for d in members}, alpha=self.alpha)
             new.update({d: mass * upd[d] for d in members})
-        self.weights = mixing.normalize(new)
+        self._set_active(new)
         self.prev = ppl
         self.updates += 1
         return {"ppl": ppl}
@@ -111,7 +125,8 @@ class Velocitune(Controller):
     dynamic = True
 
     def __init__(self, domains: list[str], weights: dict[str, float], targets: dict[str, float] | None,
-                 interval_steps: int, use_target: bool = True):
+                 interval_steps: int, use_target: bool = True, learnt_guard: bool = False,
+                 init_eval_docs: int = 0, eval_docs: int | None = None):
         super().__init__(domains, weights)
         if use_target:
             if not targets:
@@ -123,20 +138,35 @@ class Velocitune(Controller):
         if interval_steps <= 0:
             raise CptkitError(f"train.velocitune.interval_steps={interval_steps}: must be > 0")
         self.targets = {d: float(targets[d]) for d in domains} if targets else None
-        self.interval, self.use_target = int(interval_steps), use_target
+        self.interval, self.use_target, self.learnt_guard = int(interval_steps), use_target, learnt_guard
+        self.init_docs, self.subset_docs = int(init_eval_docs), eval_docs
         self.init: dict[str, float] | None = None
+
+    @property
+    def needs_init(self) -> bool:  # type: ignore[override]
+        return self.init is None
 
     def wants_eval(self, step: int, tokens: int) -> bool:
         return self.init is None or (step > 0 and step % self.interval == 0)
 
-    def update(self, step: int, tokens: int, losses: dict[str, float]) -> dict[str, Any]:
-        cur = {d: losses[d] for d in self.domains}
+    def eval_docs(self, step: int, default: int) -> int:
+        """ℓ_init on the full held-out set (``init_eval_docs``, 0 = all); ℓ_t on a subset S' (§2.1)."""
         if self.init is None:
-            self.init = cur
-            return {"init_loss": cur}
+            return self.init_docs
+        return int(self.subset_docs) if self.subset_docs is not None else int(default)
+
+    def update(self, step: int, tokens: int, losses: dict[str, float]) -> dict[str, Any]:
+        if self.init is None:
+            self.init = {d: losses[d] for d in self.domains}
+            return {"init_loss": self.init}
         assert self.weights is not None
-        v = mixing.velocities(self.init, self.targets, cur, use_target=self.use_target)
-        self.weights = mixing.velocitune_update(self.weights, self.init, self.targets, cur, use_target=self.use_target)
+        act = self.active
+        cur = {d: losses[d] for d in act}
+        init = {d: self.init[d] for d in act}
+        tgt = {d: self.targets[d] for d in act} if self.targets else None
+        v = mixing.velocities(init, tgt, cur, use_target=self.use_target, learnt_guard=self.learnt_guard)
+        self._set_active(mixing.velocitune_update({d: self.weights[d] for d in act}, init, tgt, cur,
+                                                  use_target=self.use_target, learnt_guard=self.learnt_guard))
         self.updates += 1
         return {"velocity": v}
 
@@ -168,8 +198,24 @@ class DBL(Controller):
 
     def update(self, step: int, tokens: int, losses: dict[str, float]) -> dict[str, Any]:
         assert self.weights is not None
-        cur = {d: losses[d] for d in self.domains}
-        self.weights = mixing.dbl_update(self.weights, self.targets, cur, eta=self.eta, smoothing=self.smoothing,
-                                         clip=self.clip)
+        act = self.active
+        cur = {d: losses[d] for d in act}
+        self._set_active(mixing.dbl_update({d: self.weights[d] for d in act}, {d: self.targets[d] for d in act}, cur,
+                                           eta=self.eta, smoothing=self.smoothing, clip=self.clip))
         self.updates += 1
-        return {"distance": {d: cur[d] - self.targets[d] for d in self.domains}}
+        return {"distance": {d: cur[d] - self.targets[d] for d in act}}
+
+
+def domain_losses(model, tokenizer, records: list[dict], max_docs: int, max_tokens: int,
+                  seq_len: int) -> dict[str, float]:
+    """Per-domain token-weighted eval loss on the first ``max_docs`` held-out docs per domain (0: all)."""
+    from cptkit.lm import group_losses
+
+    was_training = model.training
+    model.eval()
+    try:
+        res = group_losses(model, tokenizer, records, group_by="domain", max_docs_per_group=int(max_docs) or None,
+                           max_length=seq_len, max_tokens=int(max_tokens))
+    finally:
+        model.train(was_training)
+    return {d: float(v["loss"]) for d, v in res.items()}

@@ -1,0 +1,140 @@
+"""Training checkpoints: safe loading, the ``latest`` tag, and the plain-torch engine's files.
+
+Every checkpoint file is read with ``torch.load(weights_only=True)``: tensors, containers and
+numbers only, plus the three DeepSpeed classes its ZeRO optimizer state holds (allow-listed in
+:func:`safe_globals`). A planted pickle that would run code is refused with one line; nothing
+in it is executed. DeepSpeed's own loader (``weights_only=False``) is replaced on every engine
+by :func:`guard_deepspeed`. The ``latest`` file may only name a ``stepNNNNNNNN`` directory
+inside the checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cptkit.errors import CptkitError
+
+TAG_RE = re.compile(r"step\d{8}")
+TORCH_STATE = "cptkit_state.pt"  # the plain-torch engine's file inside a tag directory
+
+
+def tag_for(step: int) -> str:
+    return f"step{step:08d}"
+
+
+def safe_globals() -> list[Any]:
+    """Classes allowed in a checkpoint besides tensors and plain containers (DeepSpeed ZeRO state)."""
+    out: list[Any] = []
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+
+        out += [LossScaler, ZeroStageEnum, fragment_address]
+    except ImportError:  # pragma: no cover - deepspeed is a dependency
+        pass
+    return out
+
+
+def _reason(e: BaseException) -> str:
+    msg = str(e)
+    m = re.search(r"GLOBAL ([A-Za-z_][\w.]*)", msg)
+    if m:
+        return f"it holds {m.group(1)}, which is not plain tensor data (a pickle that can run code)"
+    lines = [x.strip() for x in msg.splitlines() if x.strip()]
+    return lines[-1] if lines else type(e).__name__
+
+
+def safe_load(path: str | Path, map_location: Any = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)`` with the DeepSpeed allow-list; refusals are one line."""
+    try:
+        with torch.serialization.safe_globals(safe_globals()):
+            return torch.load(str(path), map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise CptkitError(f"{path}: checkpoint file is missing") from None
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, AttributeError) as e:
+        raise CptkitError(f"{path}: refusing to load this checkpoint: {_reason(e)}") from None
+
+
+def guard_deepspeed(engine: Any) -> None:
+    """Make a DeepSpeed engine read its checkpoint files through :func:`safe_load`."""
+    ce = getattr(engine, "checkpoint_engine", None)
+    if ce is not None:
+        ce.load = lambda path, map_location=None: safe_load(path, map_location or "cpu")
+
+
+def latest_tag(ckdir: Path) -> str | None:
+    """The tag named by ``ckdir/latest`` (validated: ``stepNNNNNNNN``, a directory inside ``ckdir``)."""
+    p = ckdir / "latest"
+    if not p.exists():
+        return None
+    tag = p.read_text(errors="replace").strip()
+    if not TAG_RE.fullmatch(tag):
+        raise CptkitError(f"{p}: names {tag[:60]!r}, not a checkpoint tag (stepNNNNNNNN)")
+    if not (ckdir / tag).is_dir():
+        raise CptkitError(f"{p}: names {tag}, but {ckdir / tag} does not exist")
+    return tag
+
+
+def tag_step(tag: str) -> int:
+    return int(tag[4:])
+
+
+def write_latest(ckdir: Path, tag: str) -> None:
+    tmp = ckdir / f".latest.tmp-{os.getpid()}"
+    tmp.write_text(tag)
+    os.replace(tmp, ckdir / "latest")
+
+
+def prune(ckdir: Path, keep_last: int) -> None:
+    """Keep the newest ``keep_last`` tag directories (0: keep all)."""
+    if keep_last <= 0:
+        return
+    tags = sorted(p for p in ckdir.glob("step*") if p.is_dir() and TAG_RE.fullmatch(p.name))
+    for old in tags[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_torch(ckdir: Path, tag: str, state: dict[str, Any]) -> Path:
+    """Write ``state`` as ``ckdir/tag/cptkit_state.pt`` (complete or absent), then point ``latest`` at it."""
+    final = ckdir / tag
+    tmp = ckdir / f".{tag}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save(state, tmp / TORCH_STATE)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    write_latest(ckdir, tag)
+    return final
+
+
+def load_torch(ckdir: Path, tag: str) -> dict[str, Any]:
+    path = ckdir / tag / TORCH_STATE
+    if not path.exists():
+        if any((ckdir / tag).glob("*model_states.pt")):
+            raise CptkitError(f"{ckdir / tag}: a DeepSpeed checkpoint; resume it with train.engine=deepspeed")
+        raise CptkitError(f"{path}: checkpoint file is missing")
+    state = safe_load(path)
+    if not isinstance(state, dict) or not {"module", "optimizer", "client_state"} <= set(state):
+        raise CptkitError(f"{path}: not a cptkit checkpoint (module/optimizer/client_state missing)")
+    return state
+
+
+def check_resumable(ckdir: Path, engine_kind: str) -> str:
+    """The validated latest tag of ``ckdir``, refusing a checkpoint written by the other engine."""
+    tag = latest_tag(ckdir)
+    if tag is None:
+        raise CptkitError(f"{ckdir}: no 'latest' checkpoint to resume from")
+    is_torch = (ckdir / tag / TORCH_STATE).exists()
+    if engine_kind == "deepspeed" and is_torch:
+        raise CptkitError(f"{ckdir / tag}: written by the torch engine; resume it with train.engine=torch")
+    if engine_kind == "torch" and not is_torch and any((ckdir / tag).glob("*model_states.pt")):
+        raise CptkitError(f"{ckdir / tag}: a DeepSpeed checkpoint; resume it with train.engine=deepspeed")
+    return tag
