@@ -346,17 +346,14 @@ def plot_weights(path: Path, out: Path) -> str | None:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if not rows:
         return None
+    from cptkit.training.runlog import save_figure
+
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     for d in rows[0]["weights"]:
         ax.plot([r["tokens"] for r in rows], [r["weights"][d] for r in rows], drawstyle="steps-post", label=d)
     ax.set_xlabel("tokens")
     ax.set_ylabel("domain weight")
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    os.replace(tmp, out)
+    save_figure(fig, out)
     return None
 
 

@@ -133,10 +133,17 @@ def plot_loss(metrics: Path, out: Path) -> str | None:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, lw=1, label=f"eval {d}")
     ax.set_xlabel("tokens")
     ax.set_ylabel("loss (nats/token)")
-    ax.legend(fontsize=7, loc="best")
+    save_figure(fig, out)
+    return None
+
+
+def save_figure(fig: Any, out: Path) -> None:
+    """Legend, layout, and an atomic PNG write (a reader never sees half a file)."""
+    import matplotlib.pyplot as plt
+
+    fig.axes[0].legend(fontsize=7, loc="best")
     fig.tight_layout()
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     fig.savefig(tmp, format="png")
     plt.close(fig)
     os.replace(tmp, out)
-    return None
