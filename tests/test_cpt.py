@@ -40,9 +40,14 @@ def tok(corpus_records, tmp_path_factory):
 def test_replay_share_in_the_stream_and_manifest(corpus_dir, tok, tmp_path):
     from cptkit.training.data import Stream
 
-    # the same records twice: with unique_ids every id counts once (the first input wins)
+    # the same records twice (a copy of the corpus: the reader drops a path given twice): with
+    # unique_ids every id counts once (the first input wins), and the reader's id check stands aside
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(corpus_dir, copy, ignore=shutil.ignore_patterns("_*", ".cptkit"))
     res = build_stream(corpus_dir, tok, tmp_path / "s", [*CPT_DOMAINS, "mix.replay.share=0.25", "mix.unique_ids=true",
-                                                           f"io.inputs=['{corpus_dir}','{corpus_dir}']",
+                                                           f"io.inputs=['{corpus_dir}','{copy}']",
                                                            "mix.budget_tokens=64000", "mix.seq_len=64"])
     st = res["stream"]
     n_docs = sum(d["docs"] + d["eval_docs"] for d in st["domains"])

@@ -454,6 +454,10 @@ def run(cfg: DictConfig) -> dict:
         return scorer is not None and (not ppl_domains or leaf in ppl_domains or leaf.split("/", 1)[0] in ppl_domains)
 
     task = Task(0, inputs, name="mix")
+    if mix.get("unique_ids"):
+        # mix.unique_ids: a repeated id is expected (a retrieved page and its corpus copy) and the
+        # mix keeps the first one, so the reader's duplicate-id check would refuse the very case.
+        cfg.io.unique_ids = False
     with Job(cfg, tasks=[task], needs_inputs=False) as job:
         if not job.pending():
             return job.finish()
