@@ -38,11 +38,11 @@ def tok(corpus_records, tmp_path_factory):
 
 
 def test_replay_share_in_the_stream_and_manifest(corpus_dir, tok, tmp_path):
-    from cptkit.training.data import Stream
-
     # the same records twice (a copy of the corpus: the reader drops a path given twice): with
     # unique_ids every id counts once (the first input wins), and the reader's id check stands aside
     import shutil
+
+    from cptkit.training.data import Stream
 
     copy = tmp_path / "copy"
     shutil.copytree(corpus_dir, copy, ignore=shutil.ignore_patterns("_*", ".cptkit"))
