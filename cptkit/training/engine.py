@@ -32,8 +32,13 @@ def free_port() -> int:
 
 
 def slurm_env() -> None:
-    """Map SLURM's task variables onto torch.distributed's when launched by ``srun``."""
-    if "SLURM_PROCID" in os.environ and "RANK" not in os.environ:
+    """Map SLURM's task variables onto torch.distributed's when launched by ``srun``.
+
+    SLURM's variables win over an inherited ``RANK``/``WORLD_SIZE`` (a parent process may have
+    exported its own), except under a launcher of its own (``torchrun``, ``deepspeed``).
+    """
+    launcher = "TORCHELASTIC_RUN_ID" in os.environ or "CROSS_RANK" in os.environ
+    if "SLURM_PROCID" in os.environ and not launcher:
         os.environ["RANK"] = os.environ["SLURM_PROCID"]
         os.environ["WORLD_SIZE"] = os.environ.get("SLURM_NTASKS", "1")
         os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
