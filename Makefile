@@ -71,8 +71,10 @@ TOKENIZER   ?= smollm2
 MODEL       ?= model=tiny_llama model.hidden=128 model.layers=2 model.heads=4
 TRAIN_ARGS  ?= train.micro_batch=4 train.lr=3e-3 train.warmup=0.05 train.threads=2 train.precision=fp32 \
                train.eval_docs=32
-BASE_STEPS  ?= 120
-BASE_ARGS   ?= train.weights={general:1} train.eval_every=40
+# The base is annealed like a released checkpoint (the LR decays to 10% over the last quarter);
+# the arms re-warm to the peak LR, which is where forgetting comes from (Gupta et al. 2023).
+BASE_STEPS  ?= 240
+BASE_ARGS   ?= train.weights={general:1} train.eval_every=40 train.decay=0.25 train.min_lr_ratio=0.1
 # Start the arms from your own pretrained model instead: BASE_MODEL=DIR (no base phase is run)
 BASE_MODEL  ?= $(DATA)/runs/base/model
 CPT_STEPS   ?= 60
