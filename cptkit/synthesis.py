@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
 # -- words and sentences -------------------------------------------------------------------
@@ -220,11 +220,3 @@ def cut_words(text: str, max_words: int) -> str:
 def sample_demos(pool_size: int, k: int, rng: random.Random) -> list[int]:
     """``k`` distinct demonstration indices (all when the pool is smaller), in drawn order."""
     return rng.sample(range(pool_size), min(k, pool_size))
-
-
-def count_reasons(reasons: Iterable[str | None]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for r in reasons:
-        if r:
-            out[r] = out.get(r, 0) + 1
-    return dict(sorted(out.items()))

@@ -92,9 +92,9 @@ class TrainOptions:
     grad_accum: int = 1
     budget_tokens: float = 0.0  # 0: the stream's planned tokens
     max_steps: int = 0  # 0: from the budget
-    lr: float = 1e-5  # peak
+    lr: float = 1e-4  # peak
     init_lr: float = 1e-7
-    warmup: float = 0.0  # steps (≥ 1) or fraction (< 1)
+    warmup: float = 0.05  # steps (≥ 1) or fraction (< 1)
     decay: float = 0.0  # steps or fraction at the end; 0: constant after warmup
     decay_type: str = "linear"  # linear | cosine | 1-sqrt | exponential
     min_lr_ratio: float = 0.0

@@ -1,0 +1,88 @@
+"""Every per-step example of the README runs as written, on a toy ``make demo``.
+
+The ``data/`` the examples read is made by the Makefile's own ``pipeline`` target at toy sizes
+(Make variables below) on the demo-corpus slice; then each README command runs from a directory
+laid out like the repository root (``examples/``, ``data/``, a fresh ``out/``), with the
+embedded SmolLM2 as the LLM. Only these overrides are added to the commands as written, to keep
+them small: :func:`toy_overrides`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from readme_commands import Command, ok, readme_commands, run_commands, table
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+TOY_MAKE = {
+    "N_SEEDS": "2",
+    "EXPAND_ARGS": "expand.rounds=1 expand.questions_per_seed=1 llm.max_new_tokens=32",
+    "TOP_K": "60",
+    "TOPIC_SAMPLE": "80",
+    "SYNTH_ARGS": "synth.mode=code synth.code.num_problems=2 synth.code.demos=2 synth.code.discipline=mathematics "
+                  "synth.trim_truncated=true llm.max_new_tokens=48",
+    "MIX_ARGS": "mix.budget_tokens=16384 mix.seq_len=64 mix.eval_docs=4",
+    "MODEL": "model=tiny_llama model.hidden=32 model.layers=1 model.heads=2",
+    "TRAIN_ARGS": "train.micro_batch=2 train.lr=3e-3 train.threads=1 train.precision=fp32 train.eval_docs=4",
+    "BASE_STEPS": "8",
+    "CPT_STEPS": "4",
+    "EVAL_ARGS": "eval.limit=8 eval.shots=0 eval.ppl.max_length=64 eval.ppl.max_tokens=64 eval.ppl.max_docs_per_group=4",
+}
+
+
+def toy_overrides(c: Command) -> list[str]:
+    """What the test adds to a README command: LLM output lengths, sample counts, model and
+    stream sizes. Everything else (inputs, outputs, the README's own overrides) is as written."""
+    args = " ".join(c.argv)
+    step = c.step
+    extra: list[str] = []
+    if step == "demo-corpus":
+        extra = ["corpus.limit_per_source=150"]  # the slice data/corpus already holds
+    elif step in ("expand-queries", "synthesize-qa"):
+        extra = ["llm.max_new_tokens=32"]
+    elif step == "label-topics-annotate" and "loglikelihood" in args:
+        extra = ["topics.sample=3"]
+    elif step == "build-mix":
+        extra = ["mix.budget_tokens=16384", "mix.seq_len=64", "mix.eval_docs=4"]
+    elif step == "train":
+        extra = ["train.micro_batch=2", "train.threads=1", "train.eval_docs=4"]
+        if "model=hf" not in args:
+            extra += ["model.hidden=32", "model.layers=1", "model.heads=2"]
+    elif step == "evaluate" and "eval.suite" not in args:
+        extra = ["eval.limit=8", "eval.ppl.max_docs_per_group=4", "eval.ppl.max_length=64"]
+    return extra
+
+
+@pytest.mark.slow
+def test_readme_examples_run_as_written(tmp_path: Path, corpus_dir: Path, smollm2: str) -> None:
+    root = tmp_path / "repo"
+    data = root / "data"
+    data.mkdir(parents=True)
+    (root / "examples").symlink_to(REPO / "examples")
+    shutil.copytree(corpus_dir, data / "corpus")
+    make = ["make", "-C", str(REPO), "-o", ".venv/.installed", f"BIN={BIN}", f"DATA={data}",
+            *(f"{k}={v}" for k, v in TOY_MAKE.items()), "pipeline"]
+    r = subprocess.run(make, capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (data / "eval" / "cpt.md").read_text().startswith("| model |")
+
+    commands = readme_commands()
+    assert len(commands) >= 20 and {c.step for c in commands} >= {
+        "expand-queries", "retrieve", "dedup", "score-quality", "label-topics", "synthesize-qa", "corrupt",
+        "build-mix", "train", "evaluate"}
+    for c in commands:
+        c.extra = toy_overrides(c)
+    results = run_commands(commands, root, cptkit=[str(BIN / "cptkit")], timeout=900)
+    failed = [r for r in results if not ok(r)]
+    assert not failed, table(results) + "".join(f"\n$ {r.command.text}\n{r.stderr[-1500:]}" for r in failed)
+    # every command that names an output finished it
+    for c in commands:
+        if "--out" in c.argv and not c.expect_failure:
+            out = root / c.argv[c.argv.index("--out") + 1]
+            assert (out / "_SUCCESS").exists(), f"{c.text}: no {out}/_SUCCESS"
