@@ -140,7 +140,8 @@ def main() -> None:
                     [[k] + [f"{v.get(t, float('nan')):.2f}" for t in TOPICS] for k, v in per_topic.items()]))
     print(body)
     write_section("annotate", "Topic annotators and classifiers on source-labelled text",
-                  "python bench/annotate.py" + (" --skip-llm" if args.skip_llm else ""), body)
+                  f"python bench/annotate.py --per-topic {args.per_topic} --llm-per-topic {args.llm_per_topic}"
+                  + (" --skip-llm" if args.skip_llm else ""), body)
 
 
 def write_names(d: Path) -> Path:

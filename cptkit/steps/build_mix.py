@@ -414,7 +414,8 @@ def run(cfg: DictConfig) -> dict:
     cur = mix["curriculum"]
     if cur["order"] not in CURRICULUM_ORDERS:
         raise CptkitError(f"mix.curriculum.order={cur['order']!r}: use one of {', '.join(CURRICULUM_ORDERS)}")
-    router = Router(list(mix["domains"]))
+    router = Router([OmegaConf.to_container(s, resolve=True) if OmegaConf.is_config(s) else s
+                     for s in mix["domains"]])  # plain dicts: a record is routed without OmegaConf lookups
     specs = router.specs
     specs_names = [s["name"] for s in specs]
     specs_names_set = set(specs_names)
@@ -492,7 +493,7 @@ def run(cfg: DictConfig) -> dict:
             if not batch:
                 return
             t = time.time()
-            enc = tok([r["text"] for _, r in batch], add_special_tokens=False)["input_ids"]
+            enc = tok([r["text"] for _, r in batch], add_special_tokens=False, return_attention_mask=False)["input_ids"]
             tokenize_s += time.time() - t
             ppls = [float("nan")] * len(batch)
             score = [i for i, (name, _) in enumerate(batch) if wants_ppl(name)]
@@ -525,6 +526,7 @@ def run(cfg: DictConfig) -> dict:
         batch: list[tuple[str, Record]] = []
         records_in = 0
         unique = bool(mix.get("unique_ids"))
+        batch_docs = int(opts.batch_docs)  # read once: an OmegaConf lookup per record costs ~50 µs
         seen_ids: set[str] = set()
         repeated = 0
         for rec in job.read(task):
@@ -540,7 +542,7 @@ def run(cfg: DictConfig) -> dict:
                 unmatched += 1
                 continue
             batch.append((name, rec))
-            if len(batch) >= int(opts.batch_docs):
+            if len(batch) >= batch_docs:
                 flush(batch)
                 batch = []
         flush(batch)
