@@ -182,3 +182,28 @@ def test_missing_data_exits_2_with_one_line_and_writes_nothing(tiny, tmp_path):
                                    f"eval.data_dir={tmp_path}", "eval.tasks=[math]"])
     assert res.exit_code != 0 and isinstance(res.exception, CptkitError) and res.exception.exit_code == 2
     assert "MATH.tar" in str(res.exception) and not (tmp_path / "o").exists()
+
+
+def test_unreachable_hub_is_the_same_one_line_error_without_retries(tiny, tmp_path, monkeypatch):
+    """Online mode (no HF_HUB_OFFLINE) on a machine that cannot reach the hub: the missing-data
+    line at once, naming the hub dataset, instead of datasets' logged retries."""
+    import socket
+
+    from cptkit.eval import tasks
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    tasks.hub_reachable.cache_clear()
+    model_dir, _, _ = tiny
+    try:
+        res = CliRunner().invoke(app, ["evaluate", "--model", str(model_dir), "--out", str(tmp_path / "o"),
+                                       f"eval.data_dir={tmp_path}", "eval.tasks=[mmlu]"])
+    finally:
+        tasks.hub_reachable.cache_clear()
+    assert isinstance(res.exception, CptkitError) and res.exception.exit_code == 2
+    msg = str(res.exception)
+    assert "unreachable" in msg and "cais/mmlu" in msg and "\n" not in msg and not (tmp_path / "o").exists()

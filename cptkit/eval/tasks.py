@@ -21,6 +21,7 @@ the few-shot split is the test split).
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import random
 import re
@@ -124,6 +125,24 @@ def hf_offline() -> bool:
     return any(os.environ.get(k, "").lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
+@functools.cache
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub's host (``HF_ENDPOINT``, default huggingface.co) accepts a connection.
+
+    Checked once per process, so an offline machine gets its one-line "no data" error at once
+    instead of after ``datasets``' retries (~25 s per task, logged)."""
+    import os
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def _data_format(task: EvalTask, split: str, p: Path) -> str:
     fmt = task.spec.get("data_format")
     if isinstance(fmt, dict):
@@ -191,6 +210,8 @@ def load_docs(task: EvalTask, split: str) -> list[dict]:
                 ds = datasets.load_dataset(fmt, data_files={split: str(p)}, split=split)
             docs = [dict(r) for r in ds]
     elif task.spec.get("hub") and not hf_offline():
+        if not hub_reachable():
+            raise _missing(task, split, p, f"not at {p}, and the hub ({task.spec['hub']['path']}) is unreachable")
         try:
             docs = _from_hub(task, split)
         except Exception as e:  # noqa: BLE001 - any hub failure is a user-facing "no data"
