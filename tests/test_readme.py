@@ -47,8 +47,8 @@ def toy_overrides(c: Command) -> list[str]:
     elif step in ("expand-queries", "synthesize-qa"):
         extra = ["llm.max_new_tokens=32"]
     elif step == "label-topics-annotate" and "loglikelihood" in args:
-        extra = ["topics.sample=3"]
-    elif step == "build-mix":
+        extra = ["topics.sample=2"]
+    elif step == "build-mix" and "mix=demo_cpt" in args:
         extra = ["mix.budget_tokens=16384", "mix.seq_len=64", "mix.eval_docs=4"]
     elif step == "train":
         extra = ["train.micro_batch=2", "train.threads=1", "train.eval_docs=4"]
@@ -66,7 +66,7 @@ def test_readme_examples_run_as_written(tmp_path: Path, corpus_dir: Path, smollm
     data.mkdir(parents=True)
     (root / "examples").symlink_to(REPO / "examples")
     shutil.copytree(corpus_dir, data / "corpus")
-    make = ["make", "-C", str(REPO), "-o", ".venv/.installed", f"BIN={BIN}", f"DATA={data}",
+    make = ["make", "-j2", "-C", str(REPO), "-o", ".venv/.installed", f"BIN={BIN}", f"DATA={data}",
             *(f"{k}={v}" for k, v in TOY_MAKE.items()), "pipeline"]
     r = subprocess.run(make, capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
