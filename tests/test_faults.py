@@ -435,7 +435,9 @@ def test_sigint_says_what_was_kept_and_resumes(corpus_records, tmp_path):
     ref = tmp_path / "ref"
     subprocess.run([*CLI, *args, "--out", str(ref)], check=True, timeout=300)
     out = tmp_path / "out"
-    proc = subprocess.Popen([*CLI, *args, "--out", str(out)], stderr=subprocess.PIPE, text=True)
+    # a background job of a non-interactive shell (nohup make test &) inherits SIGINT ignored: undo that
+    proc = subprocess.Popen([*CLI, *args, "--out", str(out)], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     done = out / ".cptkit" / "done"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
