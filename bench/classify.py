@@ -233,6 +233,7 @@ def main() -> None:
 
     from omegaconf import OmegaConf
 
+    from cptkit.step import map_batches
     from cptkit.steps.corrupt import CorruptConfig, Corrupter
 
     cdocs = [{"id": r["id"], "text": r["text"], "lang": "en"} for r in python_docs(args.corrupt_docs)]
@@ -241,7 +242,7 @@ def main() -> None:
 
     cor.corrupt_batch(cdocs[:8], Counter())  # load spaCy + WordNet outside the timing
     stats: Counter = Counter()
-    cr = rate(lambda: list(cor.map(iter(cdocs), stats)), len(cdocs), repeat=1)
+    cr = rate(lambda: list(map_batches(cdocs, 64, cor.corrupt_batch, stats)), len(cdocs), repeat=1)
     realised = stats["changed"] / max(stats["candidates"], 1)
     rows.append([f"corrupt ratio 0.3 (spaCy sm + WordNet; realised {realised:.3f})", len(cdocs), f"{cr:,.1f}", ""])
 

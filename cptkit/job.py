@@ -26,6 +26,7 @@ import os
 import shutil
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -507,13 +508,26 @@ class Job:
                                                   "read": [fingerprint(f) for f in task.inputs],
                                                   "config_hash": self.hash, **res.__dict__})
 
-    def run_map(self, fn: Callable[[Iterator[Record]], Iterator[Record]]) -> None:
-        """Apply ``fn`` (records in → records out) to every pending task, task by task."""
+    def run_map(self, fn: Callable[[Iterator[Record], Counter], Iterator[Record]],
+                stats_key: str = "stats") -> Counter:
+        """Apply ``fn(records, stats)`` to every pending task, task by task; store each task's
+        ``stats`` (and seconds) in its marker. Returns the stats of every finished task merged
+        (this run's, earlier runs' and other processes' of a sliced run)."""
         for task in self.pending():
+            t0 = time.time()
+            stats: Counter = Counter()
             with self.writer(task) as w:
-                for rec in fn(self.read(task)):
+                for rec in fn(self.read(task), stats):
                     w.write(rec)
-            self.complete(task, w)
+            self.complete(task, w, seconds=time.time() - t0, **{stats_key: dict(stats)})
+        return self.merged(stats_key)
+
+    def merged(self, key: str) -> Counter:
+        """The counters stored under ``key`` by every finished task, added up."""
+        total: Counter = Counter()
+        for res in self.all_results().values():
+            total.update(res.get("extra", {}).get(key, {}))
+        return total
 
     # -- the end ---------------------------------------------------------------------------
     def all_results(self) -> dict[str, dict]:

@@ -10,9 +10,7 @@ Records whose language (their ``lang`` field, else detected) is not English get 
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,8 +19,8 @@ from omegaconf import DictConfig
 from cptkit.config import JobConfig, check, register_step
 from cptkit.corruption import KINDS, Lexicon, Token, corrupt_text, rng_for, wordnet_lexicon
 from cptkit.errors import CptkitError
-from cptkit.job import Job
 from cptkit.records import Record
+from cptkit.step import MapStep
 
 
 @dataclass
@@ -142,37 +140,32 @@ class Corrupter:
             stats["changed"] += reports[i]["changed"]
         return out
 
-    def map(self, recs: Iterator[Record], stats: Counter) -> Iterator[Record]:
-        batch: list[Record] = []
-        for rec in recs:
-            batch.append(rec)
-            if len(batch) >= int(self.c.batch_size):
-                yield from self.corrupt_batch(batch, stats)
-                batch = []
-        if batch:
-            yield from self.corrupt_batch(batch, stats)
+
+class Corrupt(MapStep):
+    """Corrupt every record of every input shard; the summary gives the realised ratio per kind."""
+
+    name = "corrupt"
+    stats_key = "corruption"
+
+    def __init__(self, cfg: DictConfig):
+        super().__init__(cfg, batch_size=cfg.corrupt.batch_size)
+        self.corrupter = Corrupter(cfg.corrupt)
+
+    def process(self, batch: list[Record], stats: Counter) -> list[Record]:
+        return self.corrupter.corrupt_batch(batch, stats)
+
+    def summary(self, total: Counter) -> dict[str, Any]:
+        cand, changed = total["candidates"], total["changed"]
+        rows: dict[str, Any] = {"target ratio": self.corrupter.ratio,
+                                "realised ratio": changed / cand if cand else 0.0,
+                                "candidate units": cand, "changed units": changed,
+                                "changed occurrences / candidate occurrences":
+                                    f"{total['changed occurrences']} / {total['candidate occurrences']}"}
+        for kind in KINDS:
+            rows[f"{kind}: changed / candidates"] = f"{total[f'changed {kind}']} / {total[f'candidates {kind}']}"
+        rows["records not English (numbers only)"] = total["records not English (numbers only)"]
+        return rows
 
 
 def run(cfg: DictConfig) -> dict:
-    corrupter = Corrupter(cfg.corrupt)
-    with Job(cfg) as job:
-        for task in job.pending():
-            t0 = time.time()
-            stats: Counter = Counter()
-            with job.writer(task) as w:
-                for rec in corrupter.map(job.read(task), stats):
-                    w.write(rec)
-            job.complete(task, w, seconds=time.time() - t0, corruption=dict(stats))
-        total: Counter = Counter()
-        for res in job.all_results().values():
-            total.update(res.get("extra", {}).get("corruption", {}))
-        cand, changed = total["candidates"], total["changed"]
-        extra: dict[str, Any] = {"target ratio": corrupter.ratio,
-                                 "realised ratio": changed / cand if cand else 0.0,
-                                 "candidate units": cand, "changed units": changed,
-                                 "changed occurrences / candidate occurrences":
-                                     f"{total['changed occurrences']} / {total['candidate occurrences']}"}
-        for kind in KINDS:
-            extra[f"{kind}: changed / candidates"] = f"{total[f'changed {kind}']} / {total[f'candidates {kind}']}"
-        extra["records not English (numbers only)"] = total["records not English (numbers only)"]
-        return job.finish(extra=extra)
+    return Corrupt(cfg).run()

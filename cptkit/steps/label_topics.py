@@ -8,9 +8,7 @@ Sibling commands: ``label-topics-annotate`` (LLM zero-shot labels) and ``label-t
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +18,8 @@ from omegaconf import DictConfig
 from cptkit.classify import CLASSIFIER_JSON, load_classifier
 from cptkit.config import CONF_DIR, JobConfig, register_step
 from cptkit.errors import CptkitError
-from cptkit.job import Job
 from cptkit.records import Record
+from cptkit.step import MapStep
 from cptkit.topics import Taxonomy, load_taxonomy, taxonomy_path
 
 
@@ -106,36 +104,27 @@ def label_batch(batch: list[Record], models: dict[str, Any], cfg: DictConfig, st
     return batch
 
 
+class LabelTopics(MapStep):
+    """Language, then that language's topic classifier, for every record."""
+
+    name = "label-topics"
+    stats_key = "topics"
+
+    def __init__(self, cfg: DictConfig):
+        super().__init__(cfg, batch_size=cfg.topics.batch_size)
+        self.models = load_models(cfg)
+
+    def process(self, batch: list[Record], stats: Counter) -> list[Record]:
+        return label_batch(batch, self.models, self.cfg, stats)
+
+    def summary(self, total: Counter) -> dict[str, Any]:
+        rows = {"labelled": total.pop("labelled", 0),
+                "no classifier for language": total.pop("no classifier for language", 0)}
+        return rows | dict(sorted(total.items()))
+
+
 def run(cfg: DictConfig) -> dict:
-    models = load_models(cfg)
-
-    batch_size = int(cfg.topics.batch_size)
-
-    def mapper(recs: Iterator[Record], stats: Counter) -> Iterator[Record]:
-        batch: list[Record] = []
-        for rec in recs:
-            batch.append(rec)
-            if len(batch) >= batch_size:
-                yield from label_batch(batch, models, cfg, stats)
-                batch = []
-        if batch:
-            yield from label_batch(batch, models, cfg, stats)
-
-    with Job(cfg) as job:
-        for task in job.pending():
-            t0 = time.time()
-            stats: Counter = Counter()
-            with job.writer(task) as w:
-                for rec in mapper(job.read(task), stats):
-                    w.write(rec)
-            job.complete(task, w, seconds=time.time() - t0, topics=dict(stats))
-        total: Counter = Counter()
-        for res in job.all_results().values():
-            total.update(res.get("extra", {}).get("topics", {}))
-        extra = {"labelled": total.pop("labelled", 0),
-                 "no classifier for language": total.pop("no classifier for language", 0)}
-        extra |= dict(sorted(total.items()))
-        return job.finish(extra=extra)
+    return LabelTopics(cfg).run()
 
 
 def distribution(extra: dict[str, Any]) -> dict[str, list[tuple[str, int]]]:

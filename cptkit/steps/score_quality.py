@@ -15,7 +15,6 @@ set and its score is below it, so a threshold can be swept over one scored outpu
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,8 +23,8 @@ from omegaconf import DictConfig
 from cptkit.classify import expected_value, load_classifier, numeric_labels
 from cptkit.config import JobConfig, register_step
 from cptkit.errors import CptkitError
-from cptkit.job import Job
 from cptkit.records import Record
+from cptkit.step import MapStep
 
 
 @dataclass
@@ -73,53 +72,48 @@ class Scorer:
         return expected_value(probs, self.clf.labels)
 
 
-def score_records(recs: Iterator[Record], scorers: list[Scorer], batch_size: int,
-                  counts: Counter[str]) -> Iterator[Record]:
-    """Add every scorer's field to each record; drop those below a set threshold (counted)."""
+def score_batch(batch: list[Record], scorers: list[Scorer], stats: Counter[str]) -> list[Record]:
+    """Add every scorer's field to each record; keep those not below a set threshold (drops counted)."""
+    texts = [r["text"] for r in batch]
+    scores = [s.score(texts) for s in scorers]
+    kept = []
+    for i, rec in enumerate(batch):
+        keep = True
+        for s, sc in zip(scorers, scores, strict=True):
+            v = round(float(sc[i]), 6)
+            rec[s.field] = v
+            if s.min_score is not None and v < s.min_score:
+                keep = False
+                stats[f"dropped ({s.field} < {s.min_score})"] += 1
+        if keep:
+            kept.append(rec)
+    return kept
 
-    def flush(batch: list[Record]) -> Iterator[Record]:
-        texts = [r["text"] for r in batch]
-        scores = [s.score(texts) for s in scorers]
-        for i, rec in enumerate(batch):
-            keep = True
-            for s, sc in zip(scorers, scores, strict=True):
-                v = round(float(sc[i]), 6)
-                rec[s.field] = v
-                if s.min_score is not None and v < s.min_score:
-                    keep = False
-                    counts[f"dropped ({s.field} < {s.min_score})"] += 1
-            if keep:
-                yield rec
 
-    batch: list[Record] = []
-    for rec in recs:
-        batch.append(rec)
-        if len(batch) >= batch_size:
-            yield from flush(batch)
-            batch = []
-    if batch:
-        yield from flush(batch)
+class ScoreQuality(MapStep):
+    """Score (and optionally filter) every input shard."""
+
+    name = "score-quality"
+    stats_key = "dropped"
+
+    def __init__(self, cfg: DictConfig):
+        super().__init__(cfg, batch_size=cfg.batch_size)
+        self.scorers = [Scorer(kind, cfg[kind]) for kind in ("quality", "edu") if cfg[kind].model]
+        if not self.scorers:
+            raise CptkitError("score-quality needs quality.model=DIR and/or edu.model=DIR "
+                              "(train one with cptkit score-quality-train)")
+        for kind in ("quality", "edu"):
+            if cfg[kind].min_score is not None and not cfg[kind].model:
+                raise CptkitError(f"{kind}.min_score is set but {kind}.model is not")
+
+    def process(self, batch: list[Record], stats: Counter[str]) -> list[Record]:
+        return score_batch(batch, self.scorers, stats)
+
+    def summary(self, total: Counter[str]) -> dict:
+        rows: dict = {f"{s.field} model": str(self.cfg[s.kind].model) for s in self.scorers}
+        rows |= {f"dropped ({s.field} < {s.min_score})": 0 for s in self.scorers if s.min_score is not None}
+        return rows | dict(total)
 
 
 def run(cfg: DictConfig) -> dict:
-    """Score (and optionally filter) every input shard."""
-    scorers = [Scorer(kind, cfg[kind]) for kind in ("quality", "edu") if cfg[kind].model]
-    if not scorers:
-        raise CptkitError("score-quality needs quality.model=DIR and/or edu.model=DIR "
-                          "(train one with cptkit score-quality-train)")
-    for kind in ("quality", "edu"):
-        if cfg[kind].min_score is not None and not cfg[kind].model:
-            raise CptkitError(f"{kind}.min_score is set but {kind}.model is not")
-    with Job(cfg) as job:
-        for task in job.pending():
-            counts: Counter[str] = Counter()
-            with job.writer(task) as w:
-                for rec in score_records(job.read(task), scorers, int(cfg.batch_size), counts):
-                    w.write(rec)
-            job.complete(task, w, dropped=dict(counts))
-        total: Counter[str] = Counter({f"dropped ({s.field} < {s.min_score})": 0 for s in scorers
-                                       if s.min_score is not None})
-        for res in job.all_results().values():
-            total.update(res.get("extra", {}).get("dropped", {}))
-        extra: dict = {f"{s.field} model": str(cfg[s.kind].model) for s in scorers}
-        return job.finish(extra=extra | dict(total))
+    return ScoreQuality(cfg).run()
