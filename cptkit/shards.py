@@ -17,6 +17,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -347,7 +348,13 @@ class ShardWriter:
 
     Every shard is written under a hidden temporary name and renamed once closed, so a reader
     never sees a partial shard. Output to ``-`` streams plain JSONL to stdout instead.
+
+    Lines are gathered into chunks of ``CHUNK`` bytes, and each chunk is compressed and written
+    by a background thread while the caller produces the next (zlib and zstd release the GIL):
+    compression overlaps the step's own work. The bytes are those of writing line by line.
     """
+
+    CHUNK = 256 * 2**10
 
     def __init__(
         self,
@@ -372,6 +379,10 @@ class ShardWriter:
         self._final: Path | None = None
         self._bytes = 0
         self._in_shard = 0
+        self._buf: list[bytes] = []
+        self._buf_bytes = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
 
     def _suffix(self) -> str:
         return {"gz": ".jsonl.gz", "zst": ".jsonl.zst", "none": ".jsonl"}[self.compression]
@@ -392,9 +403,27 @@ class ShardWriter:
             self._fh = self._raw
         self._bytes = self._in_shard = 0
 
+    def _flush(self) -> None:
+        """Hand the gathered lines to the writer thread (after the previous chunk is written)."""
+        if not self._buf:
+            return
+        chunk = b"".join(self._buf)
+        self._buf, self._buf_bytes = [], 0
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="cptkit-shard-writer")
+        self._wait()
+        self._pending = self._pool.submit(self._fh.write, chunk)  # type: ignore[union-attr]
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()  # re-raises the writer thread's error (e.g. disk full)
+
     def _close_shard(self) -> None:
         if self._fh is None:
             return
+        self._flush()
+        self._wait()
         if self._fh is not self._raw:
             self._fh.close()
         assert self._raw is not None and self._tmp is not None and self._final is not None
@@ -413,8 +442,10 @@ class ShardWriter:
             return
         if self._fh is None:
             self._open()
-        assert self._fh is not None
-        self._fh.write(line)
+        self._buf.append(line)
+        self._buf_bytes += len(line)
+        if self._buf_bytes >= self.CHUNK:
+            self._flush()
         self._bytes += len(line)
         self._in_shard += 1
         if (self.max_bytes and self._bytes >= self.max_bytes) or (
@@ -426,10 +457,24 @@ class ShardWriter:
         if self.stdout:
             sys.stdout.buffer.flush()
         else:
-            self._close_shard()
+            try:
+                self._close_shard()
+            finally:
+                self._stop()
+
+    def _stop(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def abort(self) -> None:
         """Drop the shard being written (its temporary file); finished shards stay."""
+        self._buf, self._buf_bytes = [], 0
+        try:
+            self._wait()
+        except Exception:  # noqa: BLE001 - the shard is being dropped anyway
+            pass
+        self._stop()
         if self._raw is not None:
             self._raw.close()
         if self._tmp is not None and self._tmp.exists():

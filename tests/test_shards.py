@@ -108,3 +108,32 @@ def test_a_file_named_twice_is_read_once(tmp_path):
     (d / "b.jsonl").write_bytes(_lines([{"id": "b", "text": "y"}]))
     got = resolve_inputs([str(d), str(d / "b.jsonl"), str(d / "*.jsonl")])
     assert [f.path for f in got] == [str(d / "a.jsonl"), str(d / "b.jsonl")]
+
+
+def test_background_compression_writes_the_bytes_of_a_line_by_line_gzip(tmp_path):
+    """Chunks go through the writer thread; the shard equals gzip of the lines written one by one."""
+    import io
+
+    from cptkit.records import dumps
+
+    recs = [{"id": f"r{i}", "text": f"line {i} " + "x" * (i % 977)} for i in range(3000)]
+    assert sum(len(dumps(r)) for r in recs) > 3 * ShardWriter.CHUNK  # several chunks in flight
+    with ShardWriter(tmp_path, "part-00000") as w:
+        for r in recs:
+            w.write(r)
+    ref = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=ref, mtime=0, compresslevel=6) as g:
+        for r in recs:
+            g.write((dumps(r) + "\n").encode())
+    assert w.files == ["part-00000-0000.jsonl.gz"]
+    assert (tmp_path / w.files[0]).read_bytes() == ref.getvalue()
+
+
+def test_a_failing_writer_thread_raises_in_the_caller_and_leaves_no_shard(tmp_path):
+    w = ShardWriter(tmp_path, "part-00000")
+    w.write({"id": "a", "text": "x"})
+    w._fh.close()  # the compressor's stream is gone: the thread's write fails
+    with pytest.raises(ValueError, match="closed"), w:
+        for i in range(2000):
+            w.write({"id": f"r{i}", "text": "y" * 500})
+    assert list(tmp_path.iterdir()) == []
