@@ -47,13 +47,16 @@ def corpus() -> Path:
     return build_corpus_slice()
 
 
-def hf_pack(records: list[dict], tok, seq_len: int) -> tuple[int, float]:
-    """The peer: datasets map(tokenize) + group_texts, as in transformers' run_clm.py."""
+def hf_pack(records: list[dict], tok_dir: Path, seq_len: int) -> tuple[int, float]:
+    """The peer: datasets map(tokenize) + group_texts, as in transformers' run_clm.py (tokenizer load
+    included, as in cptkit's timing)."""
     from datasets import Dataset, disable_progress_bars
+    from transformers import AutoTokenizer
 
     disable_progress_bars()
-    eos = tok.eos_token_id
     t = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    eos = tok.eos_token_id
     ds = Dataset.from_list([{"text": r["text"]} for r in records])
     ds = ds.map(lambda b: {"input_ids": [x + [eos] for x in tok(b["text"], add_special_tokens=False)["input_ids"]]},
                 batched=True, remove_columns=["text"])
@@ -68,15 +71,17 @@ def hf_pack(records: list[dict], tok, seq_len: int) -> tuple[int, float]:
     return n_tok, time.perf_counter() - t
 
 
-def hf_pack_files(src: Path, tok, seq_len: int, work: Path) -> tuple[int, float]:
-    """The peer end to end, as a user runs it on files: load_dataset("json") on the same shards
-    (a fresh cache), map(tokenize) + group_texts, save_to_disk: reading and writing included."""
+def hf_pack_files(src: Path, tok_dir: Path, seq_len: int, work: Path) -> tuple[int, float]:
+    """The peer end to end, as a user runs it on files: load the tokenizer, load_dataset("json") on
+    the same shards (a fresh cache), map(tokenize) + group_texts, save_to_disk."""
     from datasets import disable_progress_bars, load_dataset
+    from transformers import AutoTokenizer
 
     disable_progress_bars()
-    eos = tok.eos_token_id
     shutil.rmtree(work, ignore_errors=True)
     t = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    eos = tok.eos_token_id
     files = sorted(str(p) for p in src.glob("part-*.jsonl*"))
     ds = load_dataset("json", data_files=files, split="train", cache_dir=str(work / "cache"))
     ds = ds.map(lambda b: {"input_ids": [x + [eos] for x in tok(b["text"], add_special_tokens=False)["input_ids"]]},
@@ -278,14 +283,11 @@ def main() -> None:
 
     from cptkit.steps import build_mix, train
 
-    src = corpus()
+    src = Path(args.corpus) if args.corpus else corpus()
     records = read_jsonl_dir(src)
     work = Path(tempfile.mkdtemp(prefix="cptkit-bench-train-"))
     try:
         tok_dir = make_tokenizer(records, work / "tok", vocab_size=2048)
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(tok_dir))
         # packing: cptkit build-mix vs datasets map + group_texts
         rows_pack = []
         best_c = best_h = best_f = 0.0
@@ -300,9 +302,9 @@ def main() -> None:
             dt = time.perf_counter() - t
             n_c = sum(d["tokens"] for d in res["stream"]["domains"])
             best_c = max(best_c, n_c / dt)
-            n_h, dh = hf_pack(records, tok, args.seq_len)
+            n_h, dh = hf_pack(records, tok_dir, args.seq_len)
             best_h = max(best_h, n_h / dh)
-            n_f, df = hf_pack_files(src, tok, args.seq_len, work / "hf")
+            n_f, df = hf_pack_files(src, tok_dir, args.seq_len, work / "hf")
             best_f = max(best_f, n_f / df)
         rows_pack.append(["cptkit build-mix: read shards, tokenize, shuffle, pack, plan, write", n_c, best_c,
                           best_c / best_h, best_c / best_f])
@@ -333,12 +335,12 @@ def main() -> None:
     body = (
         "No GPU was lent to the session that wrote this section: CPU only (tokens/s and MFU of a 0.5–1B "
         "model against an HF Trainer run were not measured).\n\n"
-        "**Packing** (demo-corpus slice, byte-level BPE 2048, sequences of "
-        f"{args.seq_len}; best of 3):\n\n"
+        f"**Packing** ({src.name}: {len(records):,} documents, {sum(len(r['text']) for r in records):,} characters; "
+        f"byte-level BPE 2048, sequences of {args.seq_len}; best of 3 interleaved repeats):\n\n"
         + table(["packer", "tokens", "tokens/s", "× in-memory peer", "× file peer"], rows_pack)
         + "\n\nThe in-memory peer starts from parsed records and writes nothing; the file peer and cptkit "
         "read the same JSONL.gz shards and write their packed output. Both tokenize with the same fast "
-        "tokenizer in batches (its Rust threads)."
+        "tokenizer in batches (its Rust threads); every timing includes loading the tokenizer."
         + f"\n\n**Training step overhead** (Llama hidden {args.hidden}, {args.layers} layers, micro-batch "
         f"{args.micro_batch} × {args.seq_len} tokens, train's default engine and precision on CPU, {args.steps} steps; "
         "target: data loader + mixture < 5% of step time):\n\n"

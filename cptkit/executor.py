@@ -91,8 +91,8 @@ def waves(step: str, cfg: Any, n: int) -> list[list[list[str]]]:
 
 def _member(step: str, overrides: list[str]) -> dict[str, Any]:
     """One slice, in a Ray worker: the same code path as ``cptkit STEP`` (errors come back as text)."""
-    from cptkit.cli import execute, step_module
     from cptkit.config import compose_step
+    from cptkit.steps import execute, step_module
 
     step_module(step)
     try:

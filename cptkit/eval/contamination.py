@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
+REPORT = "_contamination.json"  # written by evaluate-contamination, read by evaluate eval.contamination=
+
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 

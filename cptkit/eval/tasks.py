@@ -92,6 +92,13 @@ class EvalTask:
 
 
 # --- loading ------------------------------------------------------------------------------------
+def task_dir(ec: Any) -> str:
+    """The task YAML directory of an ``eval`` config section (default: conf/eval/tasks)."""
+    from cptkit.config import CONF_DIR
+
+    return str(ec.task_dir or CONF_DIR / "eval" / "tasks")
+
+
 def load_task(name: str, task_dir: str | Path, data_dir: str | Path) -> EvalTask:
     """Read ``<task_dir>/<name>.yaml`` (or a path to a YAML file) and validate its keys."""
     path = Path(name) if str(name).endswith((".yaml", ".yml")) else Path(task_dir) / f"{name}.yaml"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -113,3 +114,27 @@ class Searcher(ABC):
     @abstractmethod
     def get_scores(self, query: list[str]) -> np.ndarray:
         """Scores of all documents for one query (float64, length ``n_docs``)."""
+
+
+def bm25_params(rc: Any) -> BM25Params:
+    """The BM25 parameters of a ``retrieve`` config section (one-line error when invalid)."""
+    from cptkit.errors import CptkitError
+
+    try:
+        k1 = None if rc.k1 is None else float(rc.k1)  # None: the variant's default (DEFAULT_K1)
+        return BM25Params(k1=k1, b=float(rc.b), idf=str(rc.idf), epsilon=float(rc.epsilon))
+    except ValueError as e:
+        raise CptkitError(f"retrieve: {e}") from None
+
+
+def bm25_tokenizer(rc: Any) -> Any:
+    """The :class:`cptkit.text.tokenize.Tokenizer` of a ``retrieve`` config section."""
+    from omegaconf import OmegaConf
+
+    from cptkit.errors import CptkitError
+    from cptkit.text.tokenize import Tokenizer
+
+    try:
+        return Tokenizer(OmegaConf.to_container(rc.tokenizer, resolve=True))  # type: ignore[arg-type]
+    except (ValueError, TypeError) as e:
+        raise CptkitError(f"retrieve.tokenizer: {e}") from None

@@ -82,10 +82,6 @@ class EvaluateJob(JobConfig):
 register_step("evaluate", EvaluateJob)
 
 
-def task_dir(ec) -> str:
-    return str(ec.task_dir or CONF_DIR / "eval" / "tasks")
-
-
 def model_info(spec: str, model) -> dict[str, Any]:
     """What identifies the model in the results: spec, class, parameters, weight-file hash."""
     import hashlib
@@ -126,7 +122,7 @@ def run(cfg: DictConfig) -> dict:
     if not inputs and not task_names:
         raise CptkitError("nothing to evaluate: pass --in HELDOUT for perplexity and/or eval.tasks=[...] / eval.suite=NAME")
     # Load task definitions (and data) before the model: bad task files and missing data fail fast.
-    etasks = [] if ec.engine == "lm_eval" else [T.load_task(n, task_dir(ec), ec.data_dir) for n in task_names]
+    etasks = [] if ec.engine == "lm_eval" else [T.load_task(n, T.task_dir(ec), ec.data_dir) for n in task_names]
     for t in etasks:
         T.load_docs(t, t.spec["test_split"])
     contam = load_contamination(str(ec.contamination), [t.name for t in etasks] or task_names) if ec.contamination else None
@@ -221,7 +217,7 @@ def load_suite(name: str) -> dict[str, Any]:
 
 def load_contamination(path: str, tasks: list[str]) -> dict[str, Any]:
     """The ``_contamination.json`` of ``evaluate-contamination`` (a dir or the file), checked to cover ``tasks``."""
-    from cptkit.steps.evaluate_contamination import REPORT
+    from cptkit.eval.contamination import REPORT
 
     p = Path(path).expanduser()
     f = p / REPORT if p.is_dir() else p

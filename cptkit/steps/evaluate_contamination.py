@@ -22,7 +22,6 @@ from cptkit.job import Job
 from cptkit.progress import console
 from cptkit.shards import atomic_write_json
 
-REPORT = "_contamination.json"
 ACTIONS = ("none", "flag", "drop")
 
 
@@ -72,8 +71,8 @@ def item_texts(task, limit: int | None, mode: str) -> list[str]:
 
 def run(cfg: DictConfig) -> dict:
     from cptkit.eval import tasks as T
-    from cptkit.eval.contamination import BenchmarkIndex, contamination_report, ngram_hashes
-    from cptkit.steps.evaluate import task_dir
+    from cptkit.eval.contamination import REPORT, BenchmarkIndex, contamination_report, ngram_hashes
+    from cptkit.eval.tasks import task_dir
 
     ec = cfg.eval
     if ec.action not in ACTIONS:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
+from cptkit.classifier_report import check_quality, params_of, report, tuning_rows
 from cptkit.classify import TrainParams, save_classifier, train_classifier
 from cptkit.config import JobConfig, register_step
 from cptkit.errors import CptkitError
@@ -21,7 +22,6 @@ from cptkit.job import Job, Task
 from cptkit.progress import log
 from cptkit.shards import resolve_inputs
 from cptkit.steps.label_topics import TopicsConfig, languages_of, taxonomies
-from cptkit.steps.score_quality_train import check_quality, params_of, report, tuning_rows
 
 
 @dataclass

@@ -21,14 +21,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from cptkit.config import JobConfig, check, register_step
 from cptkit.errors import CptkitError
-from cptkit.index.base import BM25Params
+from cptkit.index.base import BM25Params, bm25_params, bm25_tokenizer
 from cptkit.index.elasticsearch import EsConfig, EsIndex
 from cptkit.index.sharded import OpenShardedIndex, is_sharded
 from cptkit.index.store import BACKENDS, OpenIndex, build_index, is_finished
 from cptkit.job import Job, Task
 from cptkit.progress import log
 from cptkit.shards import InputFile, iter_records, resolve_inputs
-from cptkit.text.tokenize import Tokenizer, TokenizerConfig
+from cptkit.text.tokenize import TokenizerConfig
 
 RUN_FILE = "_run.tsv"
 MAX_TOP_K = 10_000_000
@@ -90,21 +90,6 @@ def _sources(inputs: list[InputFile]) -> list[dict]:
     return [{"path": str(Path(f.path).resolve()), "size": f.size} for f in inputs]
 
 
-def _params(rc: DictConfig) -> BM25Params:
-    try:
-        k1 = None if rc.k1 is None else float(rc.k1)  # None: the variant's default (DEFAULT_K1)
-        return BM25Params(k1=k1, b=float(rc.b), idf=str(rc.idf), epsilon=float(rc.epsilon))
-    except ValueError as e:
-        raise CptkitError(f"retrieve: {e}") from None
-
-
-def _tokenizer(rc: DictConfig) -> Tokenizer:
-    try:
-        return Tokenizer(OmegaConf.to_container(rc.tokenizer, resolve=True))  # type: ignore[arg-type]
-    except (ValueError, TypeError) as e:
-        raise CptkitError(f"retrieve.tokenizer: {e}") from None
-
-
 def _same_sources(meta: dict, corpus: list[InputFile]) -> bool:
     return [{"path": s["path"], "size": s["size"]} for s in meta.get("sources", [])] == _sources(corpus)
 
@@ -116,7 +101,7 @@ def _open_or_build(job: Job, rc: DictConfig, corpus: list[InputFile]) -> tuple[A
     if job.stdout and not rc.index:
         raise CptkitError("with --out - pass --index DIR (the index cannot live in the output)")
     index_dir = Path(str(rc.index)) if rc.index else job.out / INDEX_SUBDIR
-    tokenizer, params = _tokenizer(rc), _params(rc)
+    tokenizer, params = bm25_tokenizer(rc), bm25_params(rc)
     if rc.dtype not in ("float32", "float64"):
         raise CptkitError(f"retrieve.dtype must be float32 or float64, got {rc.dtype!r}")
     build_s = 0.0
@@ -150,7 +135,7 @@ def _open_or_build(job: Job, rc: DictConfig, corpus: list[InputFile]) -> tuple[A
 
 def _open_es(job: Job, rc: DictConfig, corpus: list[InputFile]) -> tuple[EsIndex, float]:
     """The Elasticsearch/OpenSearch index: reuse it, or bulk-index ``corpus`` into it."""
-    tokenizer, params = _tokenizer(rc), _params(rc)
+    tokenizer, params = bm25_tokenizer(rc), bm25_params(rc)
     es_cfg = OmegaConf.to_container(rc.es, resolve=True)
     idx = EsIndex(EsConfig(**es_cfg), tokenizer, params, text_field=str(rc.text_field))  # type: ignore[arg-type]
     t0 = time.time()
@@ -174,7 +159,7 @@ def run(cfg: DictConfig) -> dict:
         raise CptkitError("no queries given: pass --queries FILE (or retrieve.queries=FILE)")
     q_inputs = resolve_inputs(q_specs)
     corpus = resolve_inputs(list(cfg.io.inputs)) if cfg.io.inputs else []
-    params = _params(rc)
+    params = bm25_params(rc)
     with Job(cfg, inputs=q_inputs + corpus, tasks=[Task(0, q_inputs)]) as job:
         extra: dict[str, Any] = {}
         for task in job.pending():

@@ -17,12 +17,13 @@ from omegaconf import DictConfig
 
 from cptkit.config import register_step
 from cptkit.errors import CptkitError
+from cptkit.index.base import bm25_params, bm25_tokenizer
 from cptkit.index.sharded import shard_dir, shard_files
 from cptkit.index.store import build_index
 from cptkit.job import Job, Task
 from cptkit.records import Record
 from cptkit.shards import resolve_inputs
-from cptkit.steps.retrieve import RetrieveJob, _params, _tokenizer
+from cptkit.steps.retrieve import RetrieveJob
 
 register_step("retrieve-index", RetrieveJob)
 
@@ -41,7 +42,7 @@ def run(cfg: DictConfig) -> dict:
                           "split the corpus into more files or use fewer shards")
     if rc.dtype not in ("float32", "float64"):
         raise CptkitError(f"retrieve.dtype must be float32 or float64, got {rc.dtype!r}")
-    tokenizer, params = _tokenizer(rc), _params(rc)
+    tokenizer, params = bm25_tokenizer(rc), bm25_params(rc)
     position = {f.path: i for i, f in enumerate(corpus)}
     tasks = [Task(i, [corpus[f] for f in shard_files(len(corpus), i, n_shards)]) for i in range(n_shards)]
     with Job(cfg, inputs=corpus, tasks=tasks) as job:

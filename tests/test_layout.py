@@ -1,0 +1,71 @@
+"""The import graph keeps the layout honest: infrastructure and algorithms never import steps or
+the CLI; a step imports another step only when it is that step's sibling command
+(``label-topics-train`` → ``label-topics``), and never a private name of another module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent / "cptkit"
+DISPATCH = {"cptkit.steps"}  # the package itself: execute() / step_module(), the one way to run a step
+
+
+def imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """``(module, imported names, line)`` for every ``import``/``from`` in ``path`` (nested ones too)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.module, [a.name for a in node.names], node.lineno))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names]
+    return out
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    return ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+
+
+def files() -> list[Path]:
+    return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_infrastructure_and_algorithms_import_no_step_and_no_cli():
+    bad = []
+    for p in files():
+        me = module_name(p)
+        if me.startswith("cptkit.steps") or me in ("cptkit.cli", "cptkit.__main__"):
+            continue
+        for mod, names, line in imports(p):
+            targets = [mod] + [f"{mod}.{n}" for n in names]
+            if any(t == "cptkit.cli" or (t.startswith("cptkit.steps.") and mod not in DISPATCH) for t in targets):
+                bad.append(f"{p.relative_to(PKG.parent)}:{line} imports {mod} {names}")
+    assert not bad, "\n".join(bad)
+
+
+def test_a_step_imports_only_its_own_family_and_no_private_names():
+    bad = []
+    for p in files():
+        me = module_name(p)
+        for mod, names, line in imports(p):
+            where = f"{p.relative_to(PKG.parent)}:{line}"
+            if mod.startswith("cptkit.") and mod != me:
+                private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+                if private:
+                    bad.append(f"{where} imports private {private} from {mod}")
+            if me.startswith("cptkit.steps.") and mod.startswith("cptkit.steps."):
+                mine, other = me.rsplit(".", 1)[1], mod.rsplit(".", 1)[1]
+                if not mine.startswith(other + "_"):
+                    bad.append(f"{where}: step {mine} imports step {other} (not its sibling command)")
+            if me.startswith("cptkit.steps.") and mod == "cptkit.cli":
+                bad.append(f"{where}: a step imports the CLI")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_rules_catch_a_violation(tmp_path):
+    """The checker itself: a planted private cross-module import and an upward import are found."""
+    f = tmp_path / "x.py"
+    f.write_text("from cptkit.steps.retrieve import _params\nimport cptkit.cli\n")
+    found = imports(f)
+    assert ("cptkit.steps.retrieve", ["_params"], 1) in found and ("cptkit.cli", [], 2) in found
