@@ -160,3 +160,26 @@ def test_bad_recipe_is_one_line_error(corpus_dir, tok, tmp_path):
     assert r.returncode == 2
     assert "unknown domain 'nope'" in r.stderr and "Traceback" not in r.stderr
     assert not out.exists()
+
+
+def test_split_by_values_that_sanitise_alike_stay_apart(corpus_records, tok, tmp_path):
+    """``split_by`` values "a b", "a_b" and "a/b" would share one file name once sanitised: each
+    leaf domain still gets exactly its own documents' tokens."""
+    from conftest import write_jsonl
+    from transformers import AutoTokenizer
+
+    groups = ["a b", "a_b", "a/b"]
+    recs = [{**r, "grp": groups[i % 3]} for i, r in enumerate(corpus_records[:90])]
+    write_jsonl(tmp_path / "in" / "part.jsonl", recs)
+    res = build_stream(tmp_path / "in", tok, tmp_path / "out", [
+        "mix.domains=[{name:g,split_by:grp}]", "mix.stages=[{name:s,weights:{g:1}}]", "mix.fill=null",
+        "mix.eval_docs=0", "mix.curriculum.order=none", "mix.budget_tokens=20000", "mix.seq_len=64"])
+    doms = {d["name"]: d for d in res["stream"]["domains"]}
+    assert sorted(doms) == sorted(f"g/{g}" for g in groups)
+    t = AutoTokenizer.from_pretrained(str(tok))
+    for g in groups:
+        d = doms[f"g/{g}"]
+        want = [tid for r in recs if r["grp"] == g
+                for tid in t(r["text"], add_special_tokens=False)["input_ids"] + [t.eos_token_id]]
+        got = np.fromfile(tmp_path / "out" / d["file"], dtype=res["stream"]["dtype"]).tolist()
+        assert d["docs"] == 30 and got == want

@@ -19,7 +19,6 @@ import gzip
 import heapq
 import json
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,10 +222,6 @@ def _hash(seed: int, rid: str) -> int:
     return xxhash.xxh64_intdigest(rid.encode(), seed=seed)
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-
-
 # --- the domain table -----------------------------------------------------------------------
 @dataclass
 class Domain:
@@ -396,11 +391,34 @@ def _load_tokenizer(spec: str | None):
     return tok
 
 
-def run(cfg: DictConfig) -> dict:
+# --- the step: settings, route + tokenize, write domains, plan, write the stream ------------
+@dataclass
+class MixSettings:
+    """The validated recipe (``cfg.mix`` as plain data) and the options every phase reads."""
+
+    mix: dict
+    seed: int
+    seq_len: int
+    budget: int
+    stages: list[dict]
+    fractions: list[float]
+    cur: dict
+    router: Router
+    replay_names: list[str]
+    replay_share: float
+    unique: bool
+    eval_k: int
+    batch_docs: int
+
+    @property
+    def order(self) -> str:
+        return str(self.cur["order"])
+
+
+def mix_settings(cfg: DictConfig) -> MixSettings:
+    """Read and check the recipe: one-line errors for anything inconsistent, before any work."""
     mix = OmegaConf.to_container(cfg.mix, resolve=True)
     assert isinstance(mix, dict)
-    opts = cfg.build_mix
-    seed = int(cfg.seed)
     seq_len = int(mix["seq_len"])
     if seq_len < 2:
         raise CptkitError(f"mix.seq_len={seq_len}: must be ≥ 2")
@@ -416,46 +434,303 @@ def run(cfg: DictConfig) -> dict:
         raise CptkitError(f"mix.curriculum.order={cur['order']!r}: use one of {', '.join(CURRICULUM_ORDERS)}")
     router = Router([OmegaConf.to_container(s, resolve=True) if OmegaConf.is_config(s) else s
                      for s in mix["domains"]])  # plain dicts: a record is routed without OmegaConf lookups
-    specs = router.specs
-    specs_names = [s["name"] for s in specs]
-    specs_names_set = set(specs_names)
+    names = [s["name"] for s in router.specs]
     replay_cfg = mix.get("replay") or {}
     replay_names = [str(n) for n in replay_cfg.get("domains") or []]
     replay_share = float(replay_cfg.get("share") or 0.0)
     if replay_share and not replay_names:
         raise CptkitError(f"mix.replay.share={replay_share:g} needs mix.replay.domains (the general domains to replay)")
     for name in list(cur.get("domains") or []) + ([mix["fill"]] if mix.get("fill") else []) + replay_names:
-        if name not in specs_names_set and "/" not in name:
-            raise CptkitError(f"mix: unknown domain {name!r}; defined: {', '.join(specs_names)}")
+        if name not in names and "/" not in name:
+            raise CptkitError(f"mix: unknown domain {name!r}; defined: {', '.join(names)}")
+    return MixSettings(mix=mix, seed=int(cfg.seed), seq_len=seq_len, budget=budget, stages=stages,
+                       fractions=fractions, cur=cur, router=router, replay_names=replay_names,
+                       replay_share=replay_share, unique=bool(mix.get("unique_ids")), eval_k=int(mix["eval_docs"]),
+                       batch_docs=int(cfg.build_mix.batch_docs))
 
-    specs_in = list(cfg.io.inputs) or list(mix.get("sources") or [])
+
+def token_dtype(setting: str, vocab: int) -> np.dtype:
+    """``build_mix.dtype`` (auto: uint16 when the vocabulary fits) for a vocabulary of ``vocab``."""
+    name = "uint16" if setting == "auto" and vocab <= 65535 else "uint32" if setting == "auto" else setting
+    if name not in ("uint16", "uint32") or (name == "uint16" and vocab > 65535):
+        raise CptkitError(f"build_mix.dtype={setting}: use auto, uint16 (vocab ≤ 65535) or uint32 (vocab {vocab})")
+    return np.dtype(name)
+
+
+class DomainFiles:
+    """Route + tokenize: every routed record's tokens (and EOS) are appended to its leaf domain's raw
+    file; per domain the ``eval_k`` documents with the smallest id hash are held out instead."""
+
+    def __init__(self, s: MixSettings, tmp_dir: Path, tok: Any, dtype: np.dtype, scorer: Any = None):
+        self.s, self.tmp_dir, self.tok, self.dtype, self.scorer = s, tmp_dir, tok, dtype, scorer
+        self.eos = int(tok.eos_token_id)
+        self.leaves: dict[str, Domain] = {}
+        self.tokenize_s = 0.0
+        self._ppl_domains = set(s.cur.get("domains") or [])
+
+    def wants_ppl(self, leaf: str) -> bool:
+        """Whether ``leaf`` is ordered by the curriculum's perplexity."""
+        pd = self._ppl_domains
+        return self.scorer is not None and (not pd or leaf in pd or leaf.split("/", 1)[0] in pd)
+
+    def raw_path(self, d: Domain) -> Path:
+        return self.tmp_dir / f"{d.index:03d}.raw"  # by index: leaf names may sanitise alike
+
+    def leaf(self, name: str) -> Domain:
+        if name not in self.leaves:
+            d = Domain(name, name.split("/", 1)[0], len(self.leaves))
+            d.file = open(self.raw_path(d), "wb")  # noqa: SIM115
+            self.leaves[name] = d
+        return self.leaves[name]
+
+    def emit(self, d: Domain, rid: str, ids: list[int], ppl: float) -> None:
+        arr = np.asarray(ids + [self.eos], dtype=self.dtype)
+        d.file.write(arr.tobytes())
+        d.lengths.append(len(arr))
+        d.ids.append(rid)
+        d.ppl.append(ppl)
+        d.docs += 1
+        d.tokens += len(arr)
+
+    def add(self, batch: list[tuple[str, Record]]) -> None:
+        """Tokenize a batch of ``(leaf, record)`` (and score it for a PPL curriculum); file the tokens."""
+        if not batch:
+            return
+        t = time.time()
+        enc = self.tok([r["text"] for _, r in batch], add_special_tokens=False, return_attention_mask=False)["input_ids"]
+        self.tokenize_s += time.time() - t
+        ppls = [float("nan")] * len(batch)
+        score = [i for i, (name, _) in enumerate(batch) if self.wants_ppl(name)]
+        if score:
+            from cptkit.lm import document_losses
+
+            model, stok = self.scorer
+            res = document_losses(model, stok, [batch[i][1]["text"] for i in score],
+                                  batch_size=int(self.s.cur["batch_size"]), max_tokens=int(self.s.cur["max_tokens"]))
+            for i, (nll, n) in zip(score, res, strict=True):
+                ppls[i] = math.exp(nll / n) if n else float("inf")
+        eval_k, seed = self.s.eval_k, self.s.seed
+        for (name, rec), ids, p in zip(batch, enc, ppls, strict=True):
+            if not ids:
+                continue
+            d = self.leaf(name)
+            rid = str(rec["id"])
+            if eval_k > 0:  # keep the eval_k docs with the smallest hash as held-out eval set
+                item = (-_hash(seed, rid), rid, {"id": rid, "text": rec["text"], "domain": name, "_ids": ids, "_ppl": p})
+                if len(d.heldout) < eval_k:
+                    heapq.heappush(d.heldout, item)  # type: ignore[arg-type]
+                    continue
+                if item[0] > d.heldout[0][0]:
+                    item = heapq.heapreplace(d.heldout, item)  # type: ignore[arg-type]
+                rec2 = item[2]
+                self.emit(d, rec2["id"], rec2["_ids"], rec2["_ppl"])
+            else:
+                self.emit(d, rid, ids, p)
+
+    def close(self) -> None:
+        for d in self.leaves.values():
+            if d.docs == 0 and d.heldout:  # a tiny domain: its eval docs must also be trained on
+                log.warning("domain %s has only %d documents: they are both eval and training documents",
+                            d.name, len(d.heldout))
+                for _, _, rec2 in sorted(d.heldout, key=lambda t: (-t[0], t[1])):
+                    self.emit(d, rec2["id"], rec2["_ids"], rec2["_ppl"])
+            d.file.close()
+
+
+@dataclass
+class RouteStats:
+    records_in: int = 0
+    unmatched: int = 0
+    repeated: int = 0
+
+
+def route_and_tokenize(records: Any, s: MixSettings, files: DomainFiles) -> RouteStats:
+    """Route every record to its leaf domain (skipping repeated ids with ``mix.unique_ids``) and
+    tokenize in batches of ``build_mix.batch_docs``."""
+    st = RouteStats()
+    batch: list[tuple[str, Record]] = []
+    seen_ids: set[str] = set()
+    for rec in records:
+        st.records_in += 1
+        if s.unique:
+            rid = str(rec["id"])
+            if rid in seen_ids:
+                st.repeated += 1
+                continue
+            seen_ids.add(rid)
+        name = s.router.route(rec)
+        if name is None:
+            st.unmatched += 1
+            continue
+        batch.append((name, rec))
+        if len(batch) >= s.batch_docs:
+            files.add(batch)
+            batch = []
+    files.add(batch)
+    files.close()
+    if not files.leaves:
+        raise CptkitError(f"build-mix: none of the {st.records_in} records matched a domain filter")
+    return st
+
+
+def write_domains(files: DomainFiles, s: MixSettings, tok_dir: Path) -> list[dict]:
+    """Order each domain's documents (curriculum, shuffle or as read) and write its token file and
+    document offsets; returns the stream's domain table."""
+    order = s.order
+    stream_domains = []
+    for name in sorted(files.leaves, key=lambda n: files.leaves[n].index):
+        d = files.leaves[name]
+        lengths = np.asarray(d.lengths, dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        rng_seed = _hash(s.seed, name) % 2**32
+        groups: list[int] = []
+        if files.wants_ppl(name) and d.docs:
+            perm, groups = curriculum_order(np.asarray(d.ppl), order, int(s.cur["groups"]), rng_seed)
+        elif order == "none":
+            perm = np.arange(d.docs)
+        else:
+            perm = np.random.default_rng(rng_seed).permutation(d.docs)
+        raw = np.fromfile(files.raw_path(d), dtype=files.dtype)
+        fname = f"d{d.index:03d}"
+        final = np.concatenate([raw[starts[i]:starts[i] + lengths[i]] for i in perm]) if d.docs else raw[:0]
+        atomic_write_bytes(tok_dir / f"{fname}.bin", final.tobytes())
+        offsets = np.concatenate([[0], np.cumsum(lengths[perm])]).astype(np.int64)
+        atomic_write_bytes(tok_dir / f"{fname}.docs.npy", _npy_bytes(offsets))
+        files.raw_path(d).unlink()
+        ppl_sorted = np.asarray(d.ppl)[perm] if d.docs else np.asarray([])
+        group_ppl = []
+        if groups:
+            bounds = groups + [d.docs]
+            group_ppl = [float(np.exp(np.mean(np.log(ppl_sorted[a:b])))) if b > a else None
+                         for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        stream_domains.append({
+            "name": name, "parent": d.parent, "file": f"tokens/{fname}.bin",
+            "docs_file": f"tokens/{fname}.docs.npy", "docs": d.docs, "tokens": int(d.tokens),
+            "sequences": int(d.tokens // s.seq_len), "eval_docs": len(d.heldout),
+            "curriculum": {"order": order if files.wants_ppl(name) else ("random" if order != "none" else "none"),
+                           "group_starts": groups, "group_ppl": group_ppl},
+        })
+    for sd in stream_domains:
+        if sd["sequences"] == 0:
+            log.warning("domain %s has %d tokens, fewer than one sequence of %d", sd["name"], sd["tokens"], s.seq_len)
+    return stream_domains
+
+
+@dataclass
+class Plan:
+    """Which sequence of which domain the trainer reads at each position, stage by stage."""
+
+    rows: np.ndarray  # (sequences, 2): domain index, sequence index in the domain's order
+    stages: list[dict]
+    fill: list[str]
+    replay: list[str]
+    replay_tokens: int
+    epochs: dict[str, float]
+
+
+def plan_stream(stream_domains: list[dict], leaves: dict[str, Domain], s: MixSettings) -> Plan:
+    """Sequences per stage and domain (weights, replay, fill, ``max_epochs`` caps), interleaved at
+    random per stage from ``(seed, stage)``; sets each domain's epochs and planned tokens."""
+    mix, seq_len, stages, fractions = s.mix, s.seq_len, s.stages, s.fractions
+    available = {sd["name"]: sd["sequences"] for sd in stream_domains}
+    total_seqs = s.budget // seq_len
+    stage_seqs = allocate(total_seqs, {str(i): f for i, f in enumerate(fractions)})
+    stage_w = [resolve_weights(stage_spec_weights(st, leaves, s.budget, fractions[i], mix.get("fill"), i), leaves,
+                               s.router.specs, str(st.get("name", i)), str(mix.get("empty_domains", "error")))
+               for i, st in enumerate(stages)]
+    replay = replay_leaves(s.replay_names, leaves)
+    if s.replay_names and not replay:
+        raise CptkitError(f"mix.replay.domains={s.replay_names}: no documents matched these domains")
+    if s.replay_names:
+        leaf_tokens = {n: d.tokens for n, d in leaves.items()}
+        stage_w = [apply_replay(w, replay, s.replay_share, leaf_tokens, str(stages[i].get("name", i)))
+                   for i, w in enumerate(stage_w)]
+    for i, w in enumerate(stage_w):
+        empty = [k for k, v in w.items() if v > 0 and available[k] == 0]
+        if empty:
+            raise CptkitError(f"mix stage {stages[i].get('name', i)!r}: domain {empty[0]!r} has weight but "
+                              f"fewer than {seq_len} tokens")
+    fill = []
+    if mix.get("fill"):
+        fill = [n for n in available if n == mix["fill"] or n.split("/", 1)[0] == mix["fill"]]
+        if not fill:
+            raise CptkitError(f"mix.fill={mix['fill']!r}: no documents matched that domain")
+    counts, capped = plan_counts([stage_seqs[str(i)] for i in range(len(stages))], stage_w, available,
+                                 float(mix["max_epochs"]), fill)
+    index = {sd["name"]: i for i, sd in enumerate(stream_domains)}
+    cursor = dict.fromkeys(available, 0)  # next sequence in each domain's (curriculum) order
+    drawn = dict.fromkeys(available, 0)
+    ppl_ordered = {d["name"]: d["curriculum"]["order"] in ("low_to_high", "high_to_low") for d in stream_domains}
+    rows = []
+    stage_info = []
+    start = 0
+    for i, (st, c) in enumerate(zip(stages, counts, strict=True)):
+        labels = np.concatenate([np.full(n, index[k], dtype=np.int32) for k, n in c.items() if n > 0]
+                                or [np.zeros(0, dtype=np.int32)])
+        labels = np.random.default_rng([s.seed, i]).permutation(labels)
+        # `curriculum: false` on a stage: its PPL-ordered domains are sampled at random (Llama-3-SynE
+        # §4.2: stage 2 no longer uses the curriculum); other domains keep their order
+        ordered = st.get("curriculum", True) is not False
+        pick = np.random.default_rng([s.seed, i, 1])
+        seqs = np.empty(len(labels), dtype=np.int64)
+        for k, dom in enumerate(labels):
+            name = stream_domains[dom]["name"]
+            if not ordered and ppl_ordered[name]:
+                seqs[k] = int(pick.integers(available[name]))
+            else:
+                seqs[k] = cursor[name] % available[name]
+                cursor[name] += 1
+            drawn[name] += 1
+        rows.append(np.stack([labels.astype(np.int64), seqs], axis=1))
+        n = int(len(labels))
+        tot_w = sum(stage_w[i].values())
+        stage_info.append({
+            "name": str(st.get("name", f"stage{i}")), "fraction": fractions[i], "start": start, "end": start + n,
+            "weights": {k: v / tot_w for k, v in stage_w[i].items()},
+            "sequences": {k: v for k, v in c.items() if v}, "tokens": {k: v * seq_len for k, v in c.items() if v},
+            "curriculum": ordered,
+        })
+        start += n
+    plan = np.concatenate(rows) if rows else np.zeros((0, 2), dtype=np.int64)
+    epochs = {k: (drawn[k] / available[k] if available[k] else 0.0) for k in available}
+    for sd in stream_domains:
+        sd["epochs"] = round(epochs[sd["name"]], 4)
+        sd["capped"] = bool(capped.get(sd["name"]))
+        sd["planned_tokens"] = drawn[sd["name"]] * seq_len
+    for k in fill:
+        if epochs[k] > float(mix["max_epochs"]):
+            log.warning("fill domain %s is repeated %.2f times (above mix.max_epochs=%g)", k, epochs[k],
+                        float(mix["max_epochs"]))
+    return Plan(rows=plan.astype(np.int64), stages=stage_info, fill=fill, replay=replay,
+                replay_tokens=sum(cursor[k] for k in replay) * seq_len, epochs=epochs)
+
+
+def eval_bytes(stream_domains: list[dict], leaves: dict[str, Domain]) -> bytes:
+    """The held-out documents of every domain as JSONL.gz (fixed mtime: same bytes every run)."""
+    lines = []
+    for sd in stream_domains:
+        for _, _, rec in sorted(leaves[sd["name"]].heldout, key=lambda t: (-t[0], t[1])):
+            lines.append(dumps({k: v for k, v in rec.items() if not k.startswith("_")}))
+    return gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
+
+
+def run(cfg: DictConfig) -> dict:
+    s = mix_settings(cfg)
+    specs_in = list(cfg.io.inputs) or list(s.mix.get("sources") or [])
     if not specs_in:
         raise CptkitError("build-mix: no input: pass --in PATH or list mix.sources in the recipe")
     inputs = resolve_inputs(specs_in)
     tok = _load_tokenizer(cfg.tokenizer)
-    eos = int(tok.eos_token_id)
-    vocab = len(tok)
-    dtype_name = str(opts.dtype)
-    if dtype_name == "auto":
-        dtype_name = "uint16" if vocab <= 65535 else "uint32"
-    if dtype_name not in ("uint16", "uint32") or (dtype_name == "uint16" and vocab > 65535):
-        raise CptkitError(f"build_mix.dtype={opts.dtype}: use auto, uint16 (vocab ≤ 65535) or uint32 (vocab {vocab})")
-    dtype = np.dtype(dtype_name)
-    order = cur["order"]
+    dtype = token_dtype(str(cfg.build_mix.dtype), len(tok))
     scorer = None
-    if order in ("low_to_high", "high_to_low"):
-        if not cur.get("model"):
-            raise CptkitError(f"mix.curriculum.order={order} needs mix.curriculum.model (the PPL scoring model)")
+    if s.order in ("low_to_high", "high_to_low"):
+        if not s.cur.get("model"):
+            raise CptkitError(f"mix.curriculum.order={s.order} needs mix.curriculum.model (the PPL scoring model)")
         from cptkit.lm import load_causal_lm, load_tokenizer
 
-        scorer = (load_causal_lm(str(cur["model"])), load_tokenizer(str(cur["model"])))
-    ppl_domains = set(cur.get("domains") or [])
-
-    def wants_ppl(leaf: str) -> bool:
-        return scorer is not None and (not ppl_domains or leaf in ppl_domains or leaf.split("/", 1)[0] in ppl_domains)
-
+        scorer = (load_causal_lm(str(s.cur["model"])), load_tokenizer(str(s.cur["model"])))
     task = Task(0, inputs, name="mix")
-    if mix.get("unique_ids"):
+    if s.unique:
         # mix.unique_ids: a repeated id is expected (a retrieved page and its corpus copy) and the
         # mix keeps the first one, so the reader's duplicate-id check would refuse the very case.
         cfg.io.unique_ids = False
@@ -463,260 +738,70 @@ def run(cfg: DictConfig) -> dict:
         if not job.pending():
             return job.finish()
         t0 = time.time()
-        tmp_dir = job.out / ".cptkit" / "tmp"
-        tok_dir = job.out / "tokens"
+        tmp_dir, tok_dir = job.out / ".cptkit" / "tmp", job.out / "tokens"
         for d in (tmp_dir, tok_dir):
             d.mkdir(parents=True, exist_ok=True)
-        leaves: dict[str, Domain] = {}
-        unmatched = 0
-        eval_k = int(mix["eval_docs"])
-        tokenize_s = 0.0
-
-        def leaf(name: str) -> Domain:
-            if name not in leaves:
-                d = Domain(name, name.split("/", 1)[0], len(leaves))
-                d.file = open(tmp_dir / f"{_safe(name)}.raw", "wb")  # noqa: SIM115
-                leaves[name] = d
-            return leaves[name]
-
-        def emit(d: Domain, rid: str, ids: list[int], ppl: float) -> None:
-            arr = np.asarray(ids + [eos], dtype=dtype)
-            d.file.write(arr.tobytes())
-            d.lengths.append(len(arr))
-            d.ids.append(rid)
-            d.ppl.append(ppl)
-            d.docs += 1
-            d.tokens += len(arr)
-
-        def flush(batch: list[tuple[str, Record]]) -> None:
-            nonlocal tokenize_s
-            if not batch:
-                return
-            t = time.time()
-            enc = tok([r["text"] for _, r in batch], add_special_tokens=False, return_attention_mask=False)["input_ids"]
-            tokenize_s += time.time() - t
-            ppls = [float("nan")] * len(batch)
-            score = [i for i, (name, _) in enumerate(batch) if wants_ppl(name)]
-            if score:
-                from cptkit.lm import document_losses
-
-                model, stok = scorer  # type: ignore[misc]
-                res = document_losses(model, stok, [batch[i][1]["text"] for i in score],
-                                      batch_size=int(cur["batch_size"]), max_tokens=int(cur["max_tokens"]))
-                for i, (nll, n) in zip(score, res, strict=True):
-                    ppls[i] = math.exp(nll / n) if n else float("inf")
-            for (name, rec), ids, p in zip(batch, enc, ppls, strict=True):
-                if not ids:
-                    continue
-                d = leaf(name)
-                rid = str(rec["id"])
-                if eval_k > 0:  # keep the eval_k docs with the smallest hash as held-out eval set
-                    item = (-_hash(seed, rid), rid, {"id": rid, "text": rec["text"], "domain": name,
-                                                     "_ids": ids, "_ppl": p})
-                    if len(d.heldout) < eval_k:
-                        heapq.heappush(d.heldout, item)  # type: ignore[arg-type]
-                        continue
-                    if item[0] > d.heldout[0][0]:
-                        item = heapq.heapreplace(d.heldout, item)  # type: ignore[arg-type]
-                    rec2 = item[2]
-                    emit(d, rec2["id"], rec2["_ids"], rec2["_ppl"])
-                else:
-                    emit(d, rid, ids, p)
-
-        batch: list[tuple[str, Record]] = []
-        records_in = 0
-        unique = bool(mix.get("unique_ids"))
-        batch_docs = int(opts.batch_docs)  # read once: an OmegaConf lookup per record costs ~50 µs
-        seen_ids: set[str] = set()
-        repeated = 0
-        for rec in job.read(task):
-            records_in += 1
-            if unique:
-                rid = str(rec["id"])
-                if rid in seen_ids:
-                    repeated += 1
-                    continue
-                seen_ids.add(rid)
-            name = router.route(rec)
-            if name is None:
-                unmatched += 1
-                continue
-            batch.append((name, rec))
-            if len(batch) >= batch_docs:
-                flush(batch)
-                batch = []
-        flush(batch)
-        for d in leaves.values():
-            if d.docs == 0 and d.heldout:  # a tiny domain: its eval docs must also be trained on
-                log.warning("domain %s has only %d documents: they are both eval and training documents",
-                            d.name, len(d.heldout))
-                for _, _, rec2 in sorted(d.heldout, key=lambda t: (-t[0], t[1])):
-                    emit(d, rec2["id"], rec2["_ids"], rec2["_ppl"])
-            d.file.close()
-        if not leaves:
-            raise CptkitError(f"build-mix: none of the {records_in} records matched a domain filter")
+        files = DomainFiles(s, tmp_dir, tok, dtype, scorer)
+        read = route_and_tokenize(job.read(task), s, files)
         read_s = time.time() - t0
-
-        # order documents per domain and write the final token files
-        stream_domains = []
-        for name in sorted(leaves, key=lambda n: leaves[n].index):
-            d = leaves[name]
-            lengths = np.asarray(d.lengths, dtype=np.int64)
-            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-            rng_seed = _hash(seed, name) % 2**32
-            groups: list[int] = []
-            if wants_ppl(name) and d.docs:
-                perm, groups = curriculum_order(np.asarray(d.ppl), order, int(cur["groups"]), rng_seed)
-            elif order == "none":
-                perm = np.arange(d.docs)
-            else:
-                perm = np.random.default_rng(rng_seed).permutation(d.docs)
-            raw = np.fromfile(tmp_dir / f"{_safe(name)}.raw", dtype=dtype)
-            fname = f"d{d.index:03d}"
-            final = np.concatenate([raw[starts[i]:starts[i] + lengths[i]] for i in perm]) if d.docs else raw[:0]
-            atomic_write_bytes(tok_dir / f"{fname}.bin", final.tobytes())
-            offsets = np.concatenate([[0], np.cumsum(lengths[perm])]).astype(np.int64)
-            buf = _npy_bytes(offsets)
-            atomic_write_bytes(tok_dir / f"{fname}.docs.npy", buf)
-            (tmp_dir / f"{_safe(name)}.raw").unlink()
-            ppl_sorted = np.asarray(d.ppl)[perm] if d.docs else np.asarray([])
-            group_ppl = []
-            if groups:
-                bounds = groups + [d.docs]
-                group_ppl = [float(np.exp(np.mean(np.log(ppl_sorted[a:b])))) if b > a else None
-                             for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-            stream_domains.append({
-                "name": name, "parent": d.parent, "file": f"tokens/{fname}.bin",
-                "docs_file": f"tokens/{fname}.docs.npy", "docs": d.docs, "tokens": int(d.tokens),
-                "sequences": int(d.tokens // seq_len), "eval_docs": len(d.heldout),
-                "curriculum": {"order": order if wants_ppl(name) else ("random" if order != "none" else "none"),
-                               "group_starts": groups, "group_ppl": group_ppl},
-            })
-        available = {s["name"]: s["sequences"] for s in stream_domains}
-        for s in stream_domains:
-            if s["sequences"] == 0:
-                log.warning("domain %s has %d tokens, fewer than one sequence of %d", s["name"], s["tokens"], seq_len)
-
-        # the plan: sequences per stage and domain, capped, interleaved
-        total_seqs = budget // seq_len
-        stage_seqs = allocate(total_seqs, {str(i): f for i, f in enumerate(fractions)})
-        stage_w = [resolve_weights(stage_spec_weights(s, leaves, budget, fractions[i], mix.get("fill"), i), leaves,
-                                   specs, str(s.get("name", i)), str(mix.get("empty_domains", "error")))
-                   for i, s in enumerate(stages)]
-        replay = replay_leaves(replay_names, leaves)
-        if replay_names and not replay:
-            raise CptkitError(f"mix.replay.domains={replay_names}: no documents matched these domains")
-        if replay_names:
-            leaf_tokens = {n: d.tokens for n, d in leaves.items()}
-            stage_w = [apply_replay(w, replay, replay_share, leaf_tokens, str(stages[i].get("name", i)))
-                       for i, w in enumerate(stage_w)]
-        for i, w in enumerate(stage_w):
-            empty = [k for k, v in w.items() if v > 0 and available[k] == 0]
-            if empty:
-                raise CptkitError(f"mix stage {stages[i].get('name', i)!r}: domain {empty[0]!r} has weight but "
-                                  f"fewer than {seq_len} tokens")
-        fill = []
-        if mix.get("fill"):
-            fill = [n for n in available if n == mix["fill"] or n.split("/", 1)[0] == mix["fill"]]
-            if not fill:
-                raise CptkitError(f"mix.fill={mix['fill']!r}: no documents matched that domain")
-        counts, capped = plan_counts([stage_seqs[str(i)] for i in range(len(stages))], stage_w, available,
-                                     float(mix["max_epochs"]), fill)
-        index = {s["name"]: i for i, s in enumerate(stream_domains)}
-        cursor = dict.fromkeys(available, 0)  # next sequence in each domain's (curriculum) order
-        drawn = dict.fromkeys(available, 0)
-        ppl_ordered = {d["name"]: d["curriculum"]["order"] in ("low_to_high", "high_to_low") for d in stream_domains}
-        rows = []
-        stage_info = []
-        start = 0
-        for i, (s, c) in enumerate(zip(stages, counts, strict=True)):
-            labels = np.concatenate([np.full(n, index[k], dtype=np.int32) for k, n in c.items() if n > 0]
-                                    or [np.zeros(0, dtype=np.int32)])
-            labels = np.random.default_rng([seed, i]).permutation(labels)
-            # `curriculum: false` on a stage: its PPL-ordered domains are sampled at random (Llama-3-SynE
-            # §4.2: stage 2 no longer uses the curriculum); other domains keep their order
-            ordered = s.get("curriculum", True) is not False
-            pick = np.random.default_rng([seed, i, 1])
-            seqs = np.empty(len(labels), dtype=np.int64)
-            for k, dom in enumerate(labels):
-                name = stream_domains[dom]["name"]
-                if not ordered and ppl_ordered[name]:
-                    seqs[k] = int(pick.integers(available[name]))
-                else:
-                    seqs[k] = cursor[name] % available[name]
-                    cursor[name] += 1
-                drawn[name] += 1
-            rows.append(np.stack([labels.astype(np.int64), seqs], axis=1))
-            n = int(len(labels))
-            tot_w = sum(stage_w[i].values())
-            stage_info.append({
-                "name": str(s.get("name", f"stage{i}")), "fraction": fractions[i], "start": start, "end": start + n,
-                "weights": {k: v / tot_w for k, v in stage_w[i].items()},
-                "sequences": {k: v for k, v in c.items() if v}, "tokens": {k: v * seq_len for k, v in c.items() if v},
-                "curriculum": ordered,
-            })
-            start += n
-        plan = np.concatenate(rows) if rows else np.zeros((0, 2), dtype=np.int64)
-        atomic_write_bytes(job.out / "plan.npy", _npy_bytes(plan.astype(np.int64)))
-        epochs = {k: (drawn[k] / available[k] if available[k] else 0.0) for k in available}
-        for s in stream_domains:
-            s["epochs"] = round(epochs[s["name"]], 4)
-            s["capped"] = bool(capped.get(s["name"]))
-            s["planned_tokens"] = drawn[s["name"]] * seq_len
-        for k in fill:
-            if epochs[k] > float(mix["max_epochs"]):
-                log.warning("fill domain %s is repeated %.2f times (above mix.max_epochs=%g)", k, epochs[k],
-                            float(mix["max_epochs"]))
-
-        # held-out eval documents
-        eval_lines = []
-        for s in stream_domains:
-            for _, _, rec in sorted(leaves[s["name"]].heldout, key=lambda t: (-t[0], t[1])):
-                eval_lines.append(dumps({k: v for k, v in rec.items() if not k.startswith("_")}))
-        atomic_write_bytes(job.out / EVAL, gzip.compress(("\n".join(eval_lines) + "\n").encode(), mtime=0))
-
-        tokens_total = sum(s["tokens"] for s in stream_domains)
-        stream = {
-            "format": "cptkit-stream/1", "seq_len": seq_len, "dtype": dtype_name, "eos_token_id": eos,
-            "vocab_size": vocab, "tokenizer": _tokenizer_ref(cfg.tokenizer), "mix": mix.get("name") or "",
-            "budget_tokens": budget, "total_sequences": int(len(plan)), "plan": "plan.npy", "eval": EVAL,
-            "domains": stream_domains, "stages": stage_info, "fill": fill, "max_epochs": float(mix["max_epochs"]),
-            "seed": seed,
-        }
-        if replay_names:
-            replay_tokens = sum(cursor[k] for k in replay) * seq_len
-            stream["replay"] = {
-                "share": replay_share, "domains": replay, "tokens": replay_tokens,
-                "realised_share": replay_tokens / max(int(len(plan)) * seq_len, 1),
-                "epochs": {k: round(epochs[k], 4) for k in replay},
-            }
-        if unique:
-            stream["repeated_ids_skipped"] = repeated
+        stream_domains = write_domains(files, s, tok_dir)
+        plan = plan_stream(stream_domains, files.leaves, s)
+        atomic_write_bytes(job.out / "plan.npy", _npy_bytes(plan.rows))
+        atomic_write_bytes(job.out / EVAL, eval_bytes(stream_domains, files.leaves))
+        stream = stream_info(s, cfg, tok, dtype, stream_domains, plan, read)
         atomic_write_json(job.out / STREAM, stream)
-        (tmp_dir).rmdir()
+        tmp_dir.rmdir()
         res = job.results[task.name]
-        res.records_out = sum(s["docs"] for s in stream_domains)
-        res.files += [s["file"] for s in stream_domains] + ["plan.npy", STREAM, EVAL]
-        seconds = time.time() - t0
-        job.complete(task, seconds=seconds)
-        extra: dict[str, Any] = {
-            "domains": len(stream_domains), "unmatched records": unmatched,
-            **({"repeated ids skipped": repeated} if unique else {}),
-            **({"replay tokens": stream["replay"]["tokens"],
-                "replay share": round(stream["replay"]["realised_share"], 4)} if replay_names else {}),
-            "tokens tokenized": tokens_total, "tokens in stream": int(len(plan)) * seq_len,
-            "tokenize tokens/s": tokens_total / tokenize_s if tokenize_s else 0.0,
-            "read+tokenize s": read_s,
-        }
-        for s in stream_domains:
-            extra[f"epochs {s['name']}"] = s["epochs"]
-        for st in stage_info:
-            extra[f"stage {st['name']} tokens"] = (st["end"] - st["start"]) * seq_len
-        result = job.finish(extra=extra)
+        res.records_out = sum(sd["docs"] for sd in stream_domains)
+        res.files += [sd["file"] for sd in stream_domains] + ["plan.npy", STREAM, EVAL]
+        job.complete(task, seconds=time.time() - t0)
+        result = job.finish(extra=summary(stream, read, files.tokenize_s, read_s))
         manifest = json.loads((job.out / MANIFEST).read_text())
         manifest["stream"] = {k: v for k, v in stream.items() if k != "domains"} | {"domains": stream_domains}
         atomic_write_json(job.out / MANIFEST, manifest)
         return result | {"stream": stream}
+
+
+def stream_info(s: MixSettings, cfg: DictConfig, tok: Any, dtype: np.dtype, stream_domains: list[dict], plan: Plan,
+                read: RouteStats) -> dict:
+    """``_stream.json``: what the trainer needs to read the stream (format cptkit-stream/1)."""
+    n_seqs = int(len(plan.rows))
+    stream = {
+        "format": "cptkit-stream/1", "seq_len": s.seq_len, "dtype": dtype.name, "eos_token_id": int(tok.eos_token_id),
+        "vocab_size": len(tok), "tokenizer": _tokenizer_ref(cfg.tokenizer), "mix": s.mix.get("name") or "",
+        "budget_tokens": s.budget, "total_sequences": n_seqs, "plan": "plan.npy", "eval": EVAL,
+        "domains": stream_domains, "stages": plan.stages, "fill": plan.fill, "max_epochs": float(s.mix["max_epochs"]),
+        "seed": s.seed,
+    }
+    if s.replay_names:
+        stream["replay"] = {
+            "share": s.replay_share, "domains": plan.replay, "tokens": plan.replay_tokens,
+            "realised_share": plan.replay_tokens / max(n_seqs * s.seq_len, 1),
+            "epochs": {k: round(plan.epochs[k], 4) for k in plan.replay},
+        }
+    if s.unique:
+        stream["repeated_ids_skipped"] = read.repeated
+    return stream
+
+
+def summary(stream: dict, read: RouteStats, tokenize_s: float, read_s: float) -> dict[str, Any]:
+    """The summary-table and manifest rows of a build-mix run."""
+    domains = stream["domains"]
+    tokens_total = sum(sd["tokens"] for sd in domains)
+    extra: dict[str, Any] = {
+        "domains": len(domains), "unmatched records": read.unmatched,
+        **({"repeated ids skipped": read.repeated} if "repeated_ids_skipped" in stream else {}),
+        **({"replay tokens": stream["replay"]["tokens"],
+            "replay share": round(stream["replay"]["realised_share"], 4)} if "replay" in stream else {}),
+        "tokens tokenized": tokens_total, "tokens in stream": stream["total_sequences"] * stream["seq_len"],
+        "tokenize tokens/s": tokens_total / tokenize_s if tokenize_s else 0.0,
+        "read+tokenize s": read_s,
+    }
+    for sd in domains:
+        extra[f"epochs {sd['name']}"] = sd["epochs"]
+    for st in stream["stages"]:
+        extra[f"stage {st['name']} tokens"] = (st["end"] - st["start"]) * stream["seq_len"]
+    return extra
 
 
 def _npy_bytes(arr: np.ndarray) -> bytes:
