@@ -391,7 +391,6 @@ def run(cfg: DictConfig) -> dict:
     if cfg.io.output in (None, "-"):
         raise CptkitError("train: pass --out DIR for checkpoints, metrics and the final model")
     stream = Stream(str(cfg.io.inputs[0]))
-    seq_len = stream.seq_len
     proxy = bool(tcfg.velocitune.proxy)
     resume = bool(tcfg.resume)
     # `resume` does not change what the run computes: keep it out of the config hash
@@ -414,7 +413,7 @@ def run(cfg: DictConfig) -> dict:
         job.already_done = job.already_done and not extend
     torch.distributed.barrier()
     try:
-        result = _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, job)
+        result = _train(RunSpec(cfg, stream, proxy, resume, rank, world, out, job))
     except BaseException as e:
         if job is not None:
             job.__exit__(type(e), e, e.__traceback__)
@@ -424,31 +423,207 @@ def run(cfg: DictConfig) -> dict:
     return result
 
 
-def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, job) -> dict:
+@dataclass
+class RunSpec:
+    """What this process trains, where, and as which rank (resolved once by :func:`run`)."""
+
+    cfg: DictConfig
+    stream: Any
+    proxy: bool
+    resume: bool
+    rank: int
+    world: int
+    out: Path
+    job: Any  # the Job on rank 0, None elsewhere
+
+    @property
+    def tcfg(self) -> Any:
+        return self.cfg.train
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.stream.seq_len)
+
+    @property
+    def ckdir(self) -> Path:
+        return self.out / "checkpoints"
+
+
+@dataclass
+class TrainState:
+    """Where the run is: saved in every checkpoint with the sampler, controller and RNG states."""
+
+    step: int = 0
+    tokens: int = 0
+    elapsed: float = 0.0
+    weight_sum: dict[str, float] = field(default_factory=dict)
+    proxy_log: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+
+    def state_dict(self, sampler: Any, controller: Any) -> dict[str, Any]:
+        return {"step": self.step, "tokens": self.tokens, "elapsed": self.elapsed, "weight_sum": self.weight_sum,
+                "sampler": sampler.state_dict(), "controller": controller.state_dict(), "rng": _rng_state(),
+                "proxy_log": self.proxy_log}
+
+    def load_state_dict(self, state: dict[str, Any], sampler: Any, controller: Any) -> None:
+        self.step, self.tokens, self.elapsed = int(state["step"]), int(state["tokens"]), float(state["elapsed"])
+        self.weight_sum = state["weight_sum"]
+        self.proxy_log = [tuple(x) for x in state.get("proxy_log", [])]  # type: ignore[misc]
+        sampler.load_state_dict(state["sampler"])
+        controller.load_state_dict(state["controller"])
+        _set_rng_state(state["rng"])
+
+
+class Checkpointer:
+    """Engine checkpoints under ``OUT/checkpoints`` (the last ``train.keep_last`` kept)."""
+
+    def __init__(self, engine: Any, spec: RunSpec):
+        self.engine, self.dir, self.rank, self.keep = engine, spec.ckdir, spec.rank, int(spec.tcfg.keep_last)
+
+    def save(self, state: TrainState, sampler: Any, controller: Any) -> None:
+        from cptkit.training.checkpoint import prune, tag_for
+
+        self.engine.save_checkpoint(str(self.dir), tag=tag_for(state.step),
+                                    client_state=state.state_dict(sampler, controller))
+        if self.rank == 0:
+            prune(self.dir, self.keep)
+
+    def load(self, engine_name: str) -> tuple[str, dict[str, Any]]:
+        """The latest checkpoint's path and client state (after checking it fits this engine)."""
+        from cptkit.training.checkpoint import check_resumable
+
+        check_resumable(self.dir, engine_name)
+        path, state = self.engine.load_checkpoint(str(self.dir))
+        if path is None:
+            raise CptkitError(f"{self.dir}: cannot load the latest checkpoint")
+        return path, state
+
+
+class MetricsLog:
+    """``metrics.jsonl`` (a line per step and per eval point) and ``weights.jsonl`` (the mixture
+    weights at init, each stage and update, and the end), written by rank 0; plus the RunLog
+    (TensorBoard, progress)."""
+
+    FILES = ("metrics.jsonl", "weights.jsonl")
+
+    def __init__(self, spec: RunSpec, runlog: Any, resumed_at: int | None):
+        self.runlog = runlog
+        self.metrics = self.weights = None
+        if spec.rank != 0:
+            return
+        for name in self.FILES:  # a resumed run drops what came after its checkpoint
+            if resumed_at is None:
+                (spec.out / name).unlink(missing_ok=True)
+            else:
+                _truncate_jsonl(spec.out / name, resumed_at)
+        self.metrics = open(spec.out / "metrics.jsonl", "a")  # noqa: SIM115
+        self.weights = open(spec.out / "weights.jsonl", "a")  # noqa: SIM115
+
+    def weights_event(self, state: TrainState, weights: Any, info: dict[str, Any]) -> None:
+        if self.weights is not None:
+            self.weights.write(json.dumps({"step": state.step, "tokens": state.tokens, "weights": weights, **info}) + "\n")
+            self.weights.flush()
+
+    def step(self, step: int, rec: dict[str, Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.write(json.dumps(rec) + "\n")
+            self.metrics.flush()
+            self.runlog.step(step, rec)
+
+    def eval_point(self, state: TrainState, point: dict[str, Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.write(json.dumps({"step": state.step, "tokens": state.tokens, "event": "eval", **point,
+                                           "eval_tokens": state.tokens}) + "\n")
+            self.runlog.scalars(state.step, point)
+
+    def close(self, state: TrainState, last_weights: dict[str, float] | None) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.weights is not None:
+            if last_weights is not None:  # the weights in force at the end: a static run's trajectory is a line
+                self.weights.write(json.dumps({"step": state.step, "tokens": state.tokens, "event": "end",
+                                               "weights": {d: round(v, 6) for d, v in last_weights.items()}}) + "\n")
+            self.weights.close()
+        self.runlog.close()
+
+
+def prepare_checkpoints(spec: RunSpec) -> bool:
+    """Whether there is a checkpoint to resume from; refuses to mix a new run into an old one."""
+    has_ckpt = (spec.ckdir / "latest").exists()
+    if has_ckpt and not spec.resume and spec.cfg.io.get("overwrite"):  # start over, as the error below suggests
+        if spec.rank == 0:
+            shutil.rmtree(spec.ckdir)
+        has_ckpt = False
+    if has_ckpt and not spec.resume:
+        raise CptkitError(f"{spec.out}: holds checkpoints of an unfinished run; pass train.resume=true to continue "
+                          "it or io.overwrite=true to start over")
+    if spec.resume and not has_ckpt:
+        log.warning("train.resume=true but %s has no checkpoint: starting from step 0", spec.ckdir)
+    return has_ckpt
+
+
+def write_outputs(spec: RunSpec, engine: Any, tokenizer: Any, state: TrainState, proxy_run: Any,
+                  extra: dict[str, Any]) -> None:
+    """Rank 0's end of run: time-averaged weights (and as a recipe), plots, the proxy's targets, the model."""
+    from cptkit.mixing import normalize
+    from cptkit.training.engine import full_state_dict
+    from cptkit.training.metrics import plot_curves
+    from cptkit.training.runlog import plot_loss
+
+    out, tcfg = spec.out, spec.tcfg
+    final_sd = full_state_dict(engine)  # ZeRO-3: gathered from every rank (collective); else None
+    if spec.rank != 0:
+        return
+    avg = normalize(state.weight_sum) if sum(state.weight_sum.values()) > 0 else {}
+    atomic_write_json(out / "avg_weights.json", {"weights": avg, "steps": state.step})
+    recipe = {"name": f"reweighted_{out.name}", "stages": [{"name": "reweighted", "weights": avg}]}
+    atomic_write_bytes(out / "mix_reweighted.yaml",
+                       ("# time-averaged weights of this run; use: train.mixture=static "
+                        "train.weights=<these weights>, or as a mix stage\n"
+                        + OmegaConf.to_yaml(OmegaConf.create(recipe))).encode())
+    plots = []
+    if tcfg.plot and (out / "weights.jsonl").exists():
+        plots.append(lambda: plot_weights(out / "weights.jsonl", out / "weights.png"))
+    if tcfg.plot:
+        plots.append(lambda: plot_loss(out / "metrics.jsonl", out / "loss.png"))
+    if tcfg.plot and tcfg.eval_every:
+        plots.append(lambda: plot_curves(out, out / "curves.png"))
+    for plot in plots:
+        note = plot()
+        if note:
+            log.warning(note)
+    if proxy_run is not None:
+        res = proxy_run.result(spec.stream.domains, str(spec.stream.path), state.step)
+        atomic_write_json(out / "_velocitune_targets.json", res)
+        if not res["converged"]:
+            log.warning("velocitune proxy: stopped at proxy_fraction (%d steps) with the targets still moving "
+                        "by %.4g (>= sigma %.4g): a run using them needs train.velocitune.allow_unconverged=true",
+                        state.step, res["change"] if res["change"] is not None else float("inf"), res["sigma"])
+        extra["velocitune targets"] = json.dumps({d: round(v, 4) for d, v in res["targets"].items()})
+        extra["velocitune proxy steps"] = state.step
+    model_dir, tmp = out / "model", out / ".model.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    engine.module.save_pretrained(str(tmp), state_dict=final_sd)
+    tokenizer.save_pretrained(str(tmp))
+    shutil.rmtree(model_dir, ignore_errors=True)
+    os.replace(tmp, model_dir)
+
+
+def _train(spec: RunSpec) -> dict:
     from cptkit.job import TaskResult
     from cptkit.lm import load_tokenizer
-    from cptkit.mixing import normalize
-    from cptkit.training.checkpoint import check_resumable, prune, tag_for
     from cptkit.training.data import Sampler
-    from cptkit.training.engine import full_state_dict, make_engine
-    from cptkit.training.metrics import evaluate_point, load_eval_tasks, plot_curves
+    from cptkit.training.engine import make_engine
+    from cptkit.training.metrics import evaluate_point, load_eval_tasks
     from cptkit.training.mixture import domain_losses
-    from cptkit.training.runlog import RunLog, plot_loss
+    from cptkit.training.runlog import RunLog
     from cptkit.training.schedule import make_schedule
     from cptkit.training.stages import draw_batch
 
+    cfg, tcfg, stream, seq_len = spec.cfg, spec.tcfg, spec.stream, spec.seq_len
+    rank, world, out, job = spec.rank, spec.world, spec.out, spec.job
     if job is not None and job.already_done:
         return job.finish()
-    has_ckpt = (ckdir / "latest").exists()
-    if has_ckpt and not resume and cfg.io.get("overwrite"):  # start over, as the error below suggests
-        if rank == 0:
-            shutil.rmtree(ckdir)
-        has_ckpt = False
-    if has_ckpt and not resume:
-        raise CptkitError(f"{out}: holds checkpoints of an unfinished run; pass train.resume=true to continue "
-                          "it or io.overwrite=true to start over")
-    if resume and not has_ckpt:
-        log.warning("train.resume=true but %s has no checkpoint: starting from step 0", ckdir)
+    has_ckpt = prepare_checkpoints(spec)
     tok_spec = cfg.tokenizer or stream.tokenizer_spec()
     tokenizer = load_tokenizer(str(tok_spec))
     if len(tokenizer) < int(stream.meta["vocab_size"]):
@@ -466,15 +641,15 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
                                  min_lr_ratio=float(tcfg.min_lr_ratio))
     except ValueError as e:
         raise CptkitError(f"train schedule ({total_steps} steps): {e}") from None
-    controller = make_controller(tcfg, stream, proxy, total_steps * global_seqs, full_budget)
+    controller = make_controller(tcfg, stream, spec.proxy, total_steps * global_seqs, full_budget)
     proxy_run = None
-    if proxy:  # the proxy follows the real run's schedule and stops early (Velocitune App. B)
+    if spec.proxy:  # the proxy follows the real run's schedule and stops early (Velocitune App. B)
         from cptkit.training.velocitune import ProxyRun
 
         proxy_run = ProxyRun(tcfg.velocitune, total_steps, global_seqs * seq_len)
         total_steps = proxy_run.max_steps
     eval_recs = stream.eval_records()
-    needs_eval = controller.dynamic or proxy or int(tcfg.eval_every) > 0
+    needs_eval = controller.dynamic or spec.proxy or int(tcfg.eval_every) > 0
     eval_tasks = load_eval_tasks(list(tcfg.eval_tasks)) if tcfg.eval_every and tcfg.eval_tasks else []
     if needs_eval:
         have = {r["domain"] for r in eval_recs}
@@ -498,174 +673,108 @@ def _train(cfg, tcfg, stream, seq_len, proxy, resume, rank, world, out, ckdir, j
     engine, engine_info = make_engine(model, tcfg, deepspeed_base=OmegaConf.to_container(cfg.deepspeed, resolve=True)
                                       or {}, world=world, schedule=schedule)
     sampler = Sampler(stream, int(cfg.seed))
+    checkpointer = Checkpointer(engine, spec)
 
-    step, tokens, weight_sum, elapsed = 0, 0, dict.fromkeys(stream.domains, 0.0), 0.0
-    proxy_log: list[tuple[float, dict[str, float]]] = []
-    if resume and has_ckpt:
-        check_resumable(ckdir, engine_info["engine"])
-        path, state = engine.load_checkpoint(str(ckdir))
-        if path is None:
-            raise CptkitError(f"{ckdir}: cannot load the latest checkpoint")
-        step, tokens, elapsed = int(state["step"]), int(state["tokens"]), float(state["elapsed"])
-        weight_sum = state["weight_sum"]
-        proxy_log = [tuple(x) for x in state.get("proxy_log", [])]  # type: ignore[misc]
-        sampler.load_state_dict(state["sampler"])
-        controller.load_state_dict(state["controller"])
-        _set_rng_state(state["rng"])
+    state = TrainState(weight_sum=dict.fromkeys(stream.domains, 0.0))
+    resumed_at = None
+    if spec.resume and has_ckpt:
+        path, saved = checkpointer.load(engine_info["engine"])
+        state.load_state_dict(saved, sampler, controller)
+        resumed_at = state.step
         if rank == 0:
             (out / "_SUCCESS").unlink(missing_ok=True)  # extending a finished run: unfinished until it ends
-            log.info("resumed from %s at step %d (%d tokens)", path, step, tokens)
-            for name in ("metrics.jsonl", "weights.jsonl"):
-                _truncate_jsonl(out / name, step)
-    elif rank == 0:
-        for name in ("metrics.jsonl", "weights.jsonl"):
-            (out / name).unlink(missing_ok=True)
-    for t_ck, l_ck in proxy_log if proxy_run is not None else []:
+            log.info("resumed from %s at step %d (%d tokens)", path, state.step, state.tokens)
+    for t_ck, l_ck in state.proxy_log if proxy_run is not None else []:
         proxy_run.add(t_ck, l_ck)
 
-    runlog = RunLog(out, tcfg, job, total_steps, step, redact(job.config) if job is not None else None)
-    metrics_f = open(out / "metrics.jsonl", "a") if rank == 0 else None  # noqa: SIM115
-    weights_f = open(out / "weights.jsonl", "a") if rank == 0 else None  # noqa: SIM115
-
-    def log_weights(info: dict[str, Any]) -> None:
-        if weights_f is not None:
-            w = controller.weights
-            weights_f.write(json.dumps({"step": step, "tokens": tokens, "weights": w, **info}) + "\n")
-            weights_f.flush()
-
-    def save() -> None:
-        state = {"step": step, "tokens": tokens, "elapsed": elapsed, "weight_sum": weight_sum,
-                 "sampler": sampler.state_dict(), "controller": controller.state_dict(), "rng": _rng_state(),
-                 "proxy_log": proxy_log}
-        engine.save_checkpoint(str(ckdir), tag=tag_for(step), client_state=state)
-        if rank == 0:
-            prune(ckdir, int(tcfg.keep_last))
-
-    if step == 0 and controller.weights is not None:
-        log_weights({"event": "init"})
+    mlog = MetricsLog(spec, RunLog(out, tcfg, job, total_steps, state.step,
+                                   redact(job.config) if job is not None else None), resumed_at)
+    if state.step == 0 and controller.weights is not None:
+        mlog.weights_event(state, controller.weights, {"event": "init"})
     loss_hist: list[float] = []
+    w_now: dict[str, float] | None = None
     data_s = mix_s = 0.0
     t_run = time.time()
-    while step < total_steps:
+    while state.step < total_steps:
         t0, c0 = time.time(), time.process_time()
         info: dict[str, Any] = {}
         entered = controller.begin_step(sampler.position)  # a stage starting with this step
         if entered:
-            log_weights({"event": "stage", "stage": entered})
-        if controller.dynamic and controller.wants_eval(step, tokens):
+            mlog.weights_event(state, controller.weights, {"event": "stage", "stage": entered})
+        if controller.dynamic and controller.wants_eval(state.step, state.tokens):
             te = time.time()
-            losses = domain_losses(engine.module, tokenizer, eval_recs, controller.eval_docs(step, int(tcfg.eval_docs)),
-                                   int(tcfg.eval_max_tokens), seq_len)
-            upd = controller.update(step, tokens, losses)
+            losses = domain_losses(engine.module, tokenizer, eval_recs,
+                                   controller.eval_docs(state.step, int(tcfg.eval_docs)), int(tcfg.eval_max_tokens),
+                                   seq_len)
+            upd = controller.update(state.step, state.tokens, losses)
             info = {"eval_loss": losses, **upd}
-            log_weights({"event": "update", **info})
+            mlog.weights_event(state, controller.weights, {"event": "update", **info})
             mix_s += time.time() - te
-        elif tcfg.eval_every and step % int(tcfg.eval_every) == 0:
+        elif tcfg.eval_every and state.step % int(tcfg.eval_every) == 0:
             info = {**evaluate_point(engine.module, tokenizer, eval_recs, tcfg, seq_len, eval_tasks),
-                    "eval_tokens": tokens}
+                    "eval_tokens": state.tokens}
         td = time.time()
         pairs, mix_info = draw_batch(controller, sampler, global_seqs, stream.domains,
-                                     lambda name: log_weights({"event": "stage", "stage": name}))
+                                     lambda name: mlog.weights_event(state, controller.weights,
+                                                                     {"event": "stage", "stage": name}))
         data = sampler.batch(pairs)
         data_s += time.time() - td
         lr_used = float(engine.get_lr()[0])  # this step's LR (cptkit's schedule or a user DeepSpeed scheduler)
-        step_loss = 0.0
-        for j in range(accum):
-            lo = (j * world + rank) * micro
-            x = torch.from_numpy(data[lo:lo + micro])
-            outp = engine(input_ids=x, labels=x)
-            engine.backward(outp.loss)
-            engine.step()
-            step_loss += float(outp.loss.detach().float()) / accum
-        loss_t = torch.tensor([step_loss], dtype=torch.float64)
-        if world > 1:
-            torch.distributed.all_reduce(loss_t)
-            loss_t /= world
-        step += 1
-        tokens += global_seqs * seq_len
+        loss = optimizer_step(engine, data, micro, accum, rank, world)
+        state.step += 1
+        state.tokens += global_seqs * seq_len
         w_now = mix_info.pop("weights_used")
         for d in stream.domains:
-            weight_sum[d] += w_now[d]
+            state.weight_sum[d] += w_now[d]
         dt, dc = time.time() - t0, time.process_time() - c0
-        elapsed += dt
-        loss_hist.append(float(loss_t.item()))
-        if metrics_f is not None:
-            rec = {"step": step, "tokens": tokens, "loss": float(loss_t.item()), "lr": lr_used,
-                   "tokens_per_s": global_seqs * seq_len / dt if dt > 0 else 0.0, "seconds": dt, "cpu_seconds": dc,
-                   "weights": {d: round(v, 6) for d, v in w_now.items()}, **mix_info, **info}
-            metrics_f.write(json.dumps(rec) + "\n")
-            metrics_f.flush()
-            runlog.step(step, rec)
-        if proxy_run is not None and proxy_run.is_checkpoint(step):
+        state.elapsed += dt
+        loss_hist.append(loss)
+        mlog.step(state.step, {"step": state.step, "tokens": state.tokens, "loss": loss, "lr": lr_used,
+                               "tokens_per_s": global_seqs * seq_len / dt if dt > 0 else 0.0, "seconds": dt,
+                               "cpu_seconds": dc, "weights": {d: round(v, 6) for d, v in w_now.items()},
+                               **mix_info, **info})
+        if proxy_run is not None and proxy_run.is_checkpoint(state.step):
             losses = domain_losses(engine.module, tokenizer, eval_recs, proxy_run.eval_docs,
                                    int(tcfg.eval_max_tokens), seq_len)
-            proxy_log.append((float(tokens), losses))
-            if proxy_run.add(tokens, losses):
-                total_steps = step  # the targets settled: stop the proxy here
-        if (int(tcfg.save_every) and step % int(tcfg.save_every) == 0) or step == total_steps:
-            save()
+            state.proxy_log.append((float(state.tokens), losses))
+            if proxy_run.add(state.tokens, losses):
+                total_steps = state.step  # the targets settled: stop the proxy here
+        if (int(tcfg.save_every) and state.step % int(tcfg.save_every) == 0) or state.step == total_steps:
+            checkpointer.save(state, sampler, controller)
     run_s = time.time() - t_run
-    if metrics_f is not None and tcfg.eval_every:  # the end point of the forgetting curves
-        point = evaluate_point(engine.module, tokenizer, eval_recs, tcfg, seq_len, eval_tasks)
-        metrics_f.write(json.dumps({"step": step, "tokens": tokens, "event": "eval", **point,
-                                    "eval_tokens": tokens}) + "\n")
-        runlog.scalars(step, point)
-    if metrics_f is not None:
-        metrics_f.close()
-    if weights_f is not None:
-        if loss_hist:  # the weights in force at the end: a static run's trajectory is a line, not a dot
-            weights_f.write(json.dumps({"step": step, "tokens": tokens, "event": "end",
-                                        "weights": {d: round(v, 6) for d, v in w_now.items()}}) + "\n")
-        weights_f.close()
-    runlog.close()
+    if mlog.metrics is not None and tcfg.eval_every:  # the end point of the forgetting curves
+        mlog.eval_point(state, evaluate_point(engine.module, tokenizer, eval_recs, tcfg, seq_len, eval_tasks))
+    mlog.close(state, w_now if loss_hist else None)
 
-    extra: dict[str, Any] = {"steps": step, "tokens": tokens, "world size": world,
+    extra: dict[str, Any] = {"steps": state.step, "tokens": state.tokens, "world size": world,
                              "final loss": loss_hist[-1] if loss_hist else float("nan"),
                              "tokens/s": (len(loss_hist) * global_seqs * seq_len / run_s) if run_s > 0 else 0.0,
                              "data+mixture share of step time": (data_s + mix_s) / run_s if run_s > 0 else 0.0,
                              "data loader s": data_s, "mixture eval+update s": mix_s, "run s": run_s,
-                             "mixture": "proxy" if proxy else str(tcfg.mixture), **engine_info}
-    final_sd = full_state_dict(engine)  # ZeRO-3: gathered from every rank (collective); else None
-    if rank == 0:
-        avg = normalize(weight_sum) if sum(weight_sum.values()) > 0 else {}
-        atomic_write_json(out / "avg_weights.json", {"weights": avg, "steps": step})
-        recipe = {"name": f"reweighted_{out.name}", "stages": [{"name": "reweighted", "weights": avg}]}
-        atomic_write_bytes(out / "mix_reweighted.yaml",
-                           ("# time-averaged weights of this run; use: train.mixture=static "
-                            "train.weights=<these weights>, or as a mix stage\n"
-                            + OmegaConf.to_yaml(OmegaConf.create(recipe))).encode())
-        if tcfg.plot and (out / "weights.jsonl").exists():
-            note = plot_weights(out / "weights.jsonl", out / "weights.png")
-            if note:
-                log.warning(note)
-        if tcfg.plot:
-            note = plot_loss(out / "metrics.jsonl", out / "loss.png")
-            if note:
-                log.warning(note)
-        if tcfg.plot and tcfg.eval_every:
-            note = plot_curves(out, out / "curves.png")
-            if note:
-                log.warning(note)
-        if proxy_run is not None:
-            res = proxy_run.result(stream.domains, str(stream.path), step)
-            atomic_write_json(out / "_velocitune_targets.json", res)
-            if not res["converged"]:
-                log.warning("velocitune proxy: stopped at proxy_fraction (%d steps) with the targets still moving "
-                            "by %.4g (>= sigma %.4g): a run using them needs train.velocitune.allow_unconverged=true",
-                            step, res["change"] if res["change"] is not None else float("inf"), res["sigma"])
-            extra["velocitune targets"] = json.dumps({d: round(v, 4) for d, v in res["targets"].items()})
-            extra["velocitune proxy steps"] = step
-        model_dir = out / "model"
-        tmp = out / ".model.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        engine.module.save_pretrained(str(tmp), state_dict=final_sd)
-        tokenizer.save_pretrained(str(tmp))
-        shutil.rmtree(model_dir, ignore_errors=True)
-        os.replace(tmp, model_dir)
+                             "mixture": "proxy" if spec.proxy else str(tcfg.mixture), **engine_info}
+    write_outputs(spec, engine, tokenizer, state, proxy_run, extra)
     torch.distributed.barrier()
     if job is not None:
         job.results.setdefault(job.tasks[0].name, TaskResult()).files += [
             "model", "metrics.jsonl", "weights.jsonl", "avg_weights.json"]
-        job.complete(job.tasks[0], seconds=elapsed)
+        job.complete(job.tasks[0], seconds=state.elapsed)
         return job.finish(extra=extra) | {"losses": loss_hist}
     return {"losses": loss_hist, **extra}
+
+
+def optimizer_step(engine: Any, data: np.ndarray, micro: int, accum: int, rank: int, world: int) -> float:
+    """One optimizer step over ``accum`` micro-batches of this rank's rows; the loss averaged over
+    micro-batches and ranks."""
+    step_loss = 0.0
+    for j in range(accum):
+        lo = (j * world + rank) * micro
+        x = torch.from_numpy(data[lo:lo + micro])
+        outp = engine(input_ids=x, labels=x)
+        engine.backward(outp.loss)
+        engine.step()
+        step_loss += float(outp.loss.detach().float()) / accum
+    loss_t = torch.tensor([step_loss], dtype=torch.float64)
+    if world > 1:
+        torch.distributed.all_reduce(loss_t)
+        loss_t /= world
+    return float(loss_t.item())
