@@ -12,7 +12,6 @@ and the backend's weights (``model.bin`` for fastText, ``hf/`` for transformers)
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -24,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from cptkit.errors import CptkitError
+from cptkit.text.hashing import unit_hash
 
 CLASSIFIER_JSON = "classifier.json"
 METRICS_JSON = "metrics.json"  # held-out metrics, per-class F1, majority baseline and the tuning trials
@@ -122,12 +122,6 @@ def fasttext_line(text: str, max_chars: int = 4000) -> str:
 def fasttext_line_v1(text: str, max_chars: int = 4000) -> str:
     """The tokenizer of classifiers saved without a ``tokenizer`` version (digits split from letters)."""
     return " ".join(_TOKEN_V1.findall(text[:max_chars].lower()))
-
-
-def unit_hash(seed: int, key: str) -> float:
-    """A number in [0, 1) determined by ``(seed, key)`` only (same in every process)."""
-    h = hashlib.blake2b(f"{seed}\x00{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(h, "big") / 2**64
 
 
 def split_heldout(ids: list[str], fraction: float, seed: int) -> np.ndarray:

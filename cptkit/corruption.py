@@ -29,7 +29,6 @@ not depend on process, hash seed or batch.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 import re
@@ -64,12 +63,6 @@ class Lexicon:
 
     nouns: Callable[[str], list[str]]
     antonyms: Callable[[str], list[str]]
-
-
-def rng_for(seed: int, key: str) -> random.Random:
-    """The generator of one record: a function of ``(seed, key)`` only."""
-    h = hashlib.blake2b(f"{seed}\x00{key}".encode(), digest_size=8).digest()
-    return random.Random(int.from_bytes(h, "big"))
 
 
 def random_number_like(s: str, rng: random.Random) -> str:

@@ -187,7 +187,7 @@ def fewshot_messages(tax: Taxonomy, demos: list[tuple[str, str]], page: str, max
 def pick_demos(examples: list[tuple[str, str, str]], topics: list[str], k: int, seed: int) -> list[tuple[str, str]]:
     """``k`` demonstrations per topic from ``(id, text, topic)`` examples: the smallest hash of
     ``(seed, id)`` per topic, then interleaved round-robin in taxonomy order (no topic last in bulk)."""
-    from cptkit.classify import unit_hash
+    from cptkit.text.hashing import unit_hash
 
     by: dict[str, list[tuple[float, str, str]]] = {t: [] for t in topics}
     for i, text, topic in examples:

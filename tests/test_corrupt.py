@@ -23,11 +23,11 @@ from cptkit.corruption import (
     corrupt_text,
     pluralize,
     random_number_like,
-    rng_for,
 )
 from cptkit.errors import CptkitError
 from cptkit.steps import corrupt
 from cptkit.text import wordnet
+from cptkit.text.hashing import rng_for
 
 
 def test_numbers_keep_their_form():

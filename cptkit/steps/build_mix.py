@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import xxhash
 from omegaconf import DictConfig, OmegaConf
 
 from cptkit.config import JobConfig, register_step
@@ -34,6 +33,7 @@ from cptkit.job import MANIFEST, Job, Task
 from cptkit.progress import log
 from cptkit.records import Record, dumps
 from cptkit.shards import atomic_write_bytes, atomic_write_json, resolve_inputs
+from cptkit.text.hashing import fast_seeded_hash
 
 STREAM = "_stream.json"
 EVAL = "_eval.jsonl.gz"
@@ -216,10 +216,6 @@ def curriculum_order(ppl: np.ndarray, order: str, groups: int, seed: int) -> tup
         parts = parts[::-1]
     starts = np.cumsum([0] + [len(p) for p in parts[:-1]]).tolist()
     return (np.concatenate(parts) if parts else ranked), starts
-
-
-def _hash(seed: int, rid: str) -> int:
-    return xxhash.xxh64_intdigest(rid.encode(), seed=seed)
 
 
 # --- the domain table -----------------------------------------------------------------------
@@ -516,7 +512,7 @@ class DomainFiles:
             d = self.leaf(name)
             rid = str(rec["id"])
             if eval_k > 0:  # keep the eval_k docs with the smallest hash as held-out eval set
-                item = (-_hash(seed, rid), rid, {"id": rid, "text": rec["text"], "domain": name, "_ids": ids, "_ppl": p})
+                item = (-fast_seeded_hash(seed, rid), rid, {"id": rid, "text": rec["text"], "domain": name, "_ids": ids, "_ppl": p})
                 if len(d.heldout) < eval_k:
                     heapq.heappush(d.heldout, item)  # type: ignore[arg-type]
                     continue
@@ -582,7 +578,7 @@ def write_domains(files: DomainFiles, s: MixSettings, tok_dir: Path) -> list[dic
         d = files.leaves[name]
         lengths = np.asarray(d.lengths, dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        rng_seed = _hash(s.seed, name) % 2**32
+        rng_seed = fast_seeded_hash(s.seed, name) % 2**32
         groups: list[int] = []
         if files.wants_ppl(name) and d.docs:
             perm, groups = curriculum_order(np.asarray(d.ppl), order, int(s.cur["groups"]), rng_seed)

@@ -17,10 +17,12 @@ from typing import Any
 from omegaconf import DictConfig
 
 from cptkit.config import JobConfig, check, register_step
-from cptkit.corruption import KINDS, Lexicon, Token, corrupt_text, rng_for, wordnet_lexicon
+from cptkit.corruption import KINDS, Lexicon, Token, corrupt_text, wordnet_lexicon
 from cptkit.errors import CptkitError
 from cptkit.records import Record
 from cptkit.step import MapStep
+from cptkit.text.hashing import rng_for
+from cptkit.text.langid import record_languages
 
 
 @dataclass
@@ -85,15 +87,7 @@ class Corrupter:
             self.lexicon = wordnet_lexicon(wn)
 
     def languages(self, batch: list[Record]) -> list[str]:
-        langs: list[str | None] = [r.get(self.c.lang_field) if isinstance(r.get(self.c.lang_field), str) else None
-                                   for r in batch]
-        missing = [i for i, lang in enumerate(langs) if lang is None]
-        if missing:
-            from cptkit.text.langid import detect
-
-            for i, (lang, _) in zip(missing, detect([batch[i]["text"] for i in missing]), strict=True):
-                langs[i] = lang
-        return [str(lang).lower().split("-")[0].split("_")[0] for lang in langs]
+        return record_languages(batch, str(self.c.lang_field))
 
     def corrupt_batch(self, batch: list[Record], stats: Counter) -> list[Record]:
         if self.ratio == 0:

@@ -20,6 +20,7 @@ from cptkit.config import CONF_DIR, JobConfig, register_step
 from cptkit.errors import CptkitError
 from cptkit.records import Record
 from cptkit.step import MapStep
+from cptkit.text.langid import record_languages
 from cptkit.topics import Taxonomy, load_taxonomy, taxonomy_path
 
 
@@ -41,26 +42,9 @@ class LabelTopicsJob(JobConfig):
 register_step("label-topics", LabelTopicsJob)
 
 
-def norm_lang(lang: Any) -> str:
-    return str(lang).lower().replace("_", "-").split("-")[0]
-
-
 def taxonomies(cfg: DictConfig) -> dict[str, Taxonomy]:
     return {lang: load_taxonomy(taxonomy_path(lang, cfg.topics.taxonomy.get(lang), CONF_DIR))
             for lang in cfg.topics.languages}
-
-
-def languages_of(batch: list[Record], field_name: str, redetect: bool) -> list[str]:
-    """The language of each record: its field when set (unless ``redetect``), else lid.176."""
-    langs: list[str | None] = [None if redetect or not isinstance(r.get(field_name), str) else norm_lang(r[field_name])
-                               for r in batch]
-    todo = [i for i, lang in enumerate(langs) if lang is None]
-    if todo:
-        from cptkit.text.langid import detect
-
-        for i, (lang, _) in zip(todo, detect([batch[i]["text"] for i in todo]), strict=True):
-            langs[i] = norm_lang(lang)
-    return [str(lang) for lang in langs]
 
 
 def load_models(cfg: DictConfig) -> dict[str, Any]:
@@ -86,7 +70,7 @@ def load_models(cfg: DictConfig) -> dict[str, Any]:
 
 def label_batch(batch: list[Record], models: dict[str, Any], cfg: DictConfig, stats: Counter) -> list[Record]:
     lang_field = str(cfg.topics.lang_field)  # read once: an OmegaConf lookup per record cost half the step's time
-    langs = languages_of(batch, lang_field, bool(cfg.topics.redetect))
+    langs = record_languages(batch, lang_field, bool(cfg.topics.redetect))
     for rec, lang in zip(batch, langs, strict=True):
         rec[lang_field] = lang
         rec["topic"], rec["topic_score"] = None, None

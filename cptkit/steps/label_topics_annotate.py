@@ -26,14 +26,15 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
-from cptkit.classify import unit_hash
 from cptkit.config import JobConfig, register_step
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.llm.config import LLMConfig
 from cptkit.records import Record
 from cptkit.shards import atomic_write_bytes, resolve_inputs
-from cptkit.steps.label_topics import TopicsConfig, languages_of, taxonomies
+from cptkit.steps.label_topics import TopicsConfig, taxonomies
+from cptkit.text.hashing import unit_hash
+from cptkit.text.langid import record_languages
 from cptkit.topics import (
     NORMS,
     build_prompt,
@@ -152,7 +153,7 @@ def load_demos(cfg: DictConfig, taxes: dict) -> dict[str, list[tuple[str, str]]]
 
     examples: dict[str, list[tuple[str, str, str]]] = {}
     recs = [r for inp in resolve_inputs([str(a.few_shot_file)]) for r in read_records(inp)]
-    langs = languages_of(recs, str(a.lang_field), bool(a.redetect))
+    langs = record_languages(recs, str(a.lang_field), bool(a.redetect))
     for rec, lang in zip(recs, langs, strict=True):
         if lang not in taxes:
             continue
@@ -271,7 +272,7 @@ def run(cfg: DictConfig) -> dict:
         for task in job.pending():
             t0 = time.time()
             sample = bottom_k(job.read(task), int(a.sample), int(cfg.seed))
-            langs = languages_of(sample, str(a.lang_field), bool(a.redetect))
+            langs = record_languages(sample, str(a.lang_field), bool(a.redetect))
             todo = [(rec, lang) for rec, lang in zip(sample, langs, strict=True) if lang in taxes]
             stats: Counter = Counter(sampled=len(sample), **{"no taxonomy for language": len(sample) - len(todo)})
             gen = load_generator(cfg.llm) if mode != "embedding" else None

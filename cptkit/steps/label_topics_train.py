@@ -21,7 +21,8 @@ from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.progress import log
 from cptkit.shards import resolve_inputs
-from cptkit.steps.label_topics import TopicsConfig, languages_of, taxonomies
+from cptkit.steps.label_topics import TopicsConfig, taxonomies
+from cptkit.text.langid import record_languages
 
 
 @dataclass
@@ -54,7 +55,7 @@ def run(cfg: DictConfig) -> dict:
                 if not isinstance(topic, str):
                     raise CptkitError(f"record {rec['id']!r}: no string field {label_field!r} (label it first)")
                 recs.append(rec)
-            langs = languages_of(recs, str(cfg.topics.lang_field), bool(cfg.topics.redetect))
+            langs = record_languages(recs, str(cfg.topics.lang_field), bool(cfg.topics.redetect))
             all_metrics = {}
             trained: list = []
             for lang in cfg.topics.languages:

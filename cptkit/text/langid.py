@@ -60,3 +60,20 @@ def detect(texts: list[str], max_chars: int = 1000, macro: bool = True) -> list[
             code = lab[0].removeprefix("__label__")
             out[i] = (MACRO.get(code, code) if macro else code, float(min(p[0], 1.0)))
     return out
+
+
+def norm_lang(lang: Any) -> str:
+    """A language tag's primary subtag, lower-case: ``"zh-Hans"``, ``"zh_CN"``, ``"ZH"`` → ``"zh"``."""
+    return str(lang).lower().replace("_", "-").split("-")[0]
+
+
+def record_languages(records: list[dict], field: str = "lang", redetect: bool = False) -> list[str]:
+    """The language of each record: its ``field`` when it is a string (unless ``redetect``), else
+    lid.176 on its text (one batched call); normalised by :func:`norm_lang`."""
+    langs: list[str | None] = [None if redetect or not isinstance(r.get(field), str) else norm_lang(r[field])
+                               for r in records]
+    todo = [i for i, lang in enumerate(langs) if lang is None]
+    if todo:
+        for i, (lang, _) in zip(todo, detect([records[i]["text"] for i in todo]), strict=True):
+            langs[i] = norm_lang(lang)
+    return [str(lang) for lang in langs]
