@@ -253,13 +253,12 @@ def main() -> None:
         rows.append(["MiniLM-L6 (BERT) quality, 2 threads, batch 32, 128 tokens", len(bdocs), f"{bert:,.1f}",
                      f"fastText is {ft / bert:,.0f}x faster"])
 
-    from omegaconf import OmegaConf
 
     from cptkit.step import map_batches
     from cptkit.steps.corrupt import CorruptConfig, Corrupter
 
     cdocs = [{"id": r["id"], "text": r["text"], "lang": "en"} for r in python_docs(args.corrupt_docs)]
-    cor = Corrupter(OmegaConf.structured(CorruptConfig(ratio=0.3)))
+    cor = Corrupter(CorruptConfig(ratio=0.3))
     from collections import Counter
 
     cor.corrupt_batch(cdocs[:8], Counter())  # load spaCy + WordNet outside the timing

@@ -8,7 +8,8 @@ Most steps map records to records (score, label, corrupt, filter). Such a step i
         stats_key = "dropped"
 
         def __init__(self, cfg):
-            super().__init__(cfg, batch_size=cfg.batch_size)
+            super().__init__(cfg)         # self.conf: the typed ScoreQualityJob (OmegaConf.to_object)
+            self.batch_size = self.conf.batch_size
             self.scorers = [...]          # load models once
 
         def process(self, batch, stats):  # a list of records -> the records to write
@@ -32,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from cptkit.job import Job
 from cptkit.records import Record
@@ -59,9 +60,10 @@ class MapStep(ABC):
     name: ClassVar[str]
     stats_key: ClassVar[str] = "stats"  # key of the task stats in each completion marker
 
-    def __init__(self, cfg: DictConfig, batch_size: int = 512) -> None:
-        self.cfg = cfg
-        self.batch_size = int(batch_size)
+    def __init__(self, cfg: DictConfig, batch_size: int | None = None) -> None:
+        self.cfg = cfg  # what Job reads (io, shard, hashing of the run)
+        self.conf: Any = OmegaConf.to_object(cfg)  # the step's typed config dataclass, validated once
+        self.batch_size = int(batch_size) if batch_size is not None else 512
 
     @abstractmethod
     def process(self, batch: list[Record], stats: Stats) -> Iterable[Record]:

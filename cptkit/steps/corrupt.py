@@ -69,12 +69,10 @@ def load_spacy(name: str) -> Any:
 class Corrupter:
     """Holds the tagger and the lexicon; corrupts batches of records."""
 
-    def __init__(self, c: DictConfig):
-        self.c = c
+    def __init__(self, c: CorruptConfig):
+        self.c = c  # validated by CorruptConfig.__post_init__
         self.ratio = float(c.ratio)
-        if not 0.0 <= self.ratio <= 1.0:
-            raise CptkitError(f"corrupt.ratio={self.ratio}: must be in [0, 1]")
-        self.fields = [str(f) for f in c.fields]
+        self.fields = list(c.fields)
         self.nlp: Any = None
         self.lexicon: Lexicon | None = None
 
@@ -82,12 +80,12 @@ class Corrupter:
         if self.nlp is None:
             from cptkit.text.wordnet import load_wordnet
 
-            self.nlp = load_spacy(str(self.c.spacy_model))
-            wn = load_wordnet(self.c.wordnet_cache, self.c.wordnet_dir, bool(self.c.wordnet_fetch))
+            self.nlp = load_spacy(self.c.spacy_model)
+            wn = load_wordnet(self.c.wordnet_cache, self.c.wordnet_dir, self.c.wordnet_fetch)
             self.lexicon = wordnet_lexicon(wn)
 
     def languages(self, batch: list[Record]) -> list[str]:
-        return record_languages(batch, str(self.c.lang_field))
+        return record_languages(batch, self.c.lang_field)
 
     def corrupt_batch(self, batch: list[Record], stats: Counter) -> list[Record]:
         if self.ratio == 0:
@@ -111,10 +109,10 @@ class Corrupter:
         out = [dict(rec) for rec in batch]
         reports: list[dict[str, Any]] = [{"ratio": self.ratio, "lang": langs[i], "candidates": 0, "changed": 0,
                                           "edits": []} for i in range(len(batch))]
-        rngs = [rng_for(int(self.c.seed), str(rec["id"])) for rec in batch]
+        rngs = [rng_for(self.c.seed, str(rec["id"])) for rec in batch]
         for j, (i, f, text) in enumerate(jobs):
             new, rep = corrupt_text(text, self.ratio, rngs[i], tokens.get(j), self.lexicon if j in tokens else None,
-                                    int(self.c.noun_min_count), int(self.c.adj_min_count))
+                                    self.c.noun_min_count, self.c.adj_min_count)
             out[i][f] = new
             r = reports[i]
             r["candidates"] += rep["candidates"]
@@ -142,8 +140,9 @@ class Corrupt(MapStep):
     stats_key = "corruption"
 
     def __init__(self, cfg: DictConfig):
-        super().__init__(cfg, batch_size=cfg.corrupt.batch_size)
-        self.corrupter = Corrupter(cfg.corrupt)
+        super().__init__(cfg)
+        self.batch_size = self.conf.corrupt.batch_size
+        self.corrupter = Corrupter(self.conf.corrupt)
 
     def process(self, batch: list[Record], stats: Counter) -> list[Record]:
         return self.corrupter.corrupt_batch(batch, stats)

@@ -42,12 +42,13 @@ class LabelTopicsJob(JobConfig):
 register_step("label-topics", LabelTopicsJob)
 
 
-def taxonomies(cfg: DictConfig) -> dict[str, Taxonomy]:
+def taxonomies(cfg: Any) -> dict[str, Taxonomy]:
+    """The taxonomy of each of ``cfg.topics.languages`` (a DictConfig or the typed config)."""
     return {lang: load_taxonomy(taxonomy_path(lang, cfg.topics.taxonomy.get(lang), CONF_DIR))
             for lang in cfg.topics.languages}
 
 
-def load_models(cfg: DictConfig) -> dict[str, Any]:
+def load_models(cfg: Any) -> dict[str, Any]:
     if not cfg.topics.model:
         raise CptkitError("label-topics needs topics.model=DIR (train one with cptkit label-topics-train)")
     root = Path(str(cfg.topics.model))
@@ -68,7 +69,7 @@ def load_models(cfg: DictConfig) -> dict[str, Any]:
     return models
 
 
-def label_batch(batch: list[Record], models: dict[str, Any], cfg: DictConfig, stats: Counter) -> list[Record]:
+def label_batch(batch: list[Record], models: dict[str, Any], cfg: Any, stats: Counter) -> list[Record]:
     lang_field = str(cfg.topics.lang_field)  # read once: an OmegaConf lookup per record cost half the step's time
     langs = record_languages(batch, lang_field, bool(cfg.topics.redetect))
     for rec, lang in zip(batch, langs, strict=True):
@@ -95,11 +96,12 @@ class LabelTopics(MapStep):
     stats_key = "topics"
 
     def __init__(self, cfg: DictConfig):
-        super().__init__(cfg, batch_size=cfg.topics.batch_size)
-        self.models = load_models(cfg)
+        super().__init__(cfg)
+        self.batch_size = self.conf.topics.batch_size
+        self.models = load_models(self.conf)
 
     def process(self, batch: list[Record], stats: Counter) -> list[Record]:
-        return label_batch(batch, self.models, self.cfg, stats)
+        return label_batch(batch, self.models, self.conf, stats)
 
     def summary(self, total: Counter) -> dict[str, Any]:
         rows = {"labelled": total.pop("labelled", 0),

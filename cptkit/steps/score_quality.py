@@ -48,10 +48,9 @@ register_step("score-quality", ScoreQualityJob)
 class Scorer:
     """One configured scorer: a loaded classifier and how its probabilities become a score."""
 
-    def __init__(self, kind: str, cfg: DictConfig):
-        self.kind, self.field = kind, str(cfg.field)
-        self.min_score = None if cfg.min_score is None else float(cfg.min_score)
-        self.clf = load_classifier(str(cfg.model))
+    def __init__(self, kind: str, cfg: ScorerConfig):
+        self.kind, self.field, self.min_score = kind, cfg.field, cfg.min_score
+        self.clf = load_classifier(cfg.model)
         labels = self.clf.labels
         if kind == "quality":
             pos = cfg.positive or self.clf.info.get("positive")
@@ -97,20 +96,22 @@ class ScoreQuality(MapStep):
     stats_key = "dropped"
 
     def __init__(self, cfg: DictConfig):
-        super().__init__(cfg, batch_size=cfg.batch_size)
-        self.scorers = [Scorer(kind, cfg[kind]) for kind in ("quality", "edu") if cfg[kind].model]
+        super().__init__(cfg)
+        c: ScoreQualityJob = self.conf
+        self.batch_size = c.batch_size
+        self.scorers = [Scorer(kind, sc) for kind, sc in (("quality", c.quality), ("edu", c.edu)) if sc.model]
         if not self.scorers:
             raise CptkitError("score-quality needs quality.model=DIR and/or edu.model=DIR "
                               "(train one with cptkit score-quality-train)")
-        for kind in ("quality", "edu"):
-            if cfg[kind].min_score is not None and not cfg[kind].model:
+        for kind, sc in (("quality", c.quality), ("edu", c.edu)):
+            if sc.min_score is not None and not sc.model:
                 raise CptkitError(f"{kind}.min_score is set but {kind}.model is not")
 
     def process(self, batch: list[Record], stats: Counter[str]) -> list[Record]:
         return score_batch(batch, self.scorers, stats)
 
     def summary(self, total: Counter[str]) -> dict:
-        rows: dict = {f"{s.field} model": str(self.cfg[s.kind].model) for s in self.scorers}
+        rows: dict = {f"{s.field} model": getattr(self.conf, s.kind).model for s in self.scorers}
         rows |= {f"dropped ({s.field} < {s.min_score})": 0 for s in self.scorers if s.min_score is not None}
         return rows | dict(total)
 
