@@ -1,13 +1,15 @@
 """Progress bars and summary tables on stderr (never stdout, which may carry data).
 
-On a terminal, live Rich bars; when stderr is not a terminal (a log file, a batch job), one log
-line per bar every ``CPTKIT_PROGRESS_INTERVAL`` seconds (default 30) instead.
+On a terminal, live Rich bars and Rich log records; when stderr is not a terminal (a log file, a
+batch job), plain one-line log records and one log line per bar every
+``CPTKIT_PROGRESS_INTERVAL`` seconds (default 30) instead.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -30,6 +32,23 @@ console = Console(stderr=True)
 log = logging.getLogger("cptkit")
 
 
+class PlainHandler(logging.StreamHandler):
+    """One unwrapped line per record (``LEVEL    message``) on the current ``sys.stderr``: what a
+    log file, a batch job's output or CI needs (grep-able; Rich would wrap at 80 columns)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self.setFormatter(logging.Formatter("%(levelname)-8s %(message)s"))
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: ANN201 - sys.stderr as it is now (pytest's capture, a redirect)
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # noqa: ANN001 - StreamHandler.__init__ assigns it
+        pass
+
+
 def setup_logging(quiet: bool = False) -> None:
     from cptkit.redact import RedactingFilter, install_log_redaction
 
@@ -39,7 +58,8 @@ def setup_logging(quiet: bool = False) -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TQDM_DISABLE", "1")
     if not log.handlers:
-        handler = RichHandler(console=console, show_path=False, show_time=False, markup=False)
+        handler: logging.Handler = (RichHandler(console=console, show_path=False, show_time=False, markup=False)
+                                    if console.is_terminal else PlainHandler())
         handler.addFilter(RedactingFilter())
         log.addHandler(handler)
         log.propagate = False
