@@ -12,7 +12,7 @@ import pytest
 from mixdata import build_stream, make_tokenizer
 
 from cptkit.errors import CptkitError
-from cptkit.steps.build_mix import allocate, curriculum_order, matches, plan_counts, stage_fractions
+from cptkit.mix.recipe import allocate, curriculum_order, matches, plan_counts, stage_fractions
 
 
 def test_filters_and_allocation():

@@ -8,7 +8,7 @@ import pytest
 from mixdata import build_stream, make_tokenizer
 
 from cptkit.errors import CptkitError
-from cptkit.steps.build_mix import apply_replay
+from cptkit.mix.recipe import apply_replay
 
 # the "domain" is Python documentation, "general" everything else of the corpus slice
 CPT_DOMAINS = ["mix.domains=[{name:domain,filter:{source:python-docs}},{name:general,filter:{}}]",
@@ -42,7 +42,7 @@ def test_replay_share_in_the_stream_and_manifest(corpus_dir, tok, tmp_path):
     # unique_ids every id counts once (the first input wins), and the reader's id check stands aside
     import shutil
 
-    from cptkit.training.data import Stream
+    from cptkit.mix.stream import Stream
 
     copy = tmp_path / "copy"
     shutil.copytree(corpus_dir, copy, ignore=shutil.ignore_patterns("_*", ".cptkit"))

@@ -182,8 +182,8 @@ def synthetic_qa(corpus_dir: Path, out: Path, n: int = 60) -> Path:
 def test_synE_cpt_two_stages_in_one_run(corpus_dir, tok, scorer, tmp_path):
     import numpy as np
 
+    from cptkit.mix.stream import Sampler, Stream
     from cptkit.steps.build_mix import run as build_mix
-    from cptkit.training.data import Sampler, Stream
 
     qa = synthetic_qa(corpus_dir, tmp_path / "qa")
     # mix=synE_cpt as shipped, on the slice: languages split by source (the slice has no topics), the

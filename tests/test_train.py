@@ -164,7 +164,7 @@ def test_controllers_and_sampler_without_a_model(stream):
 
     import numpy as np
 
-    from cptkit.training.data import Sampler, Stream
+    from cptkit.mix.stream import Sampler, Stream
     from cptkit.training.mixture import TopicPPL
 
     # topic_ppl within parents: topics of one language share that language's mass
@@ -223,6 +223,6 @@ def test_continue_pretraining_the_embedded_smollm2(corpus_dir, smollm2, tmp_path
 
 
 def eval_records(stream: Path) -> list[dict]:
-    from cptkit.training.data import Stream
+    from cptkit.mix.stream import Stream
 
     return Stream(stream).eval_records()

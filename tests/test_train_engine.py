@@ -324,7 +324,7 @@ def test_bad_streams_are_one_line(stream, tmp_path, case):
 
 def test_stream_tokenizer_path_is_absolute_and_train_runs_elsewhere(corpus_dir, corpus_records, tmp_path):
     from cptkit.errors import CptkitError
-    from cptkit.training.data import Stream
+    from cptkit.mix.stream import Stream
 
     tok = make_tokenizer(corpus_records, tmp_path / "work" / "tok")
     env = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -382,7 +382,7 @@ def _set_rng_state(s: dict[str, Any]) -> None:
 # --- the step -------------------------------------------------------------------------------
 def run(cfg: DictConfig) -> dict:
     from cptkit.job import Job, Task
-    from cptkit.training.data import Stream
+    from cptkit.mix.stream import Stream
     from cptkit.training.engine import init_distributed
 
     tcfg = cfg.train
@@ -611,7 +611,7 @@ def write_outputs(spec: RunSpec, engine: Any, tokenizer: Any, state: TrainState,
 def _train(spec: RunSpec) -> dict:
     from cptkit.job import TaskResult
     from cptkit.lm import load_tokenizer
-    from cptkit.training.data import Sampler
+    from cptkit.mix.stream import Sampler
     from cptkit.training.engine import make_engine
     from cptkit.training.metrics import evaluate_point, load_eval_tasks
     from cptkit.training.mixture import domain_losses

@@ -1,0 +1,297 @@
+"""A mixture recipe as pure functions: which domain a record belongs to, how a stage's weights
+become sequence counts (epoch caps, fill, replay), and curriculum orders (SPEC §8).
+
+No I/O here: :mod:`cptkit.mix.stream` writes and reads streams with these.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cptkit.errors import CptkitError
+from cptkit.progress import log
+from cptkit.records import Record
+
+CURRICULUM_ORDERS = ("none", "random", "low_to_high", "high_to_low")
+
+
+def field_value(rec: Record, key: str) -> Any:
+    """A record field by dotted path (``meta.topic``); a plain key also looks inside ``meta``."""
+    cur: Any = rec
+    for part in key.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            cur = None
+            break
+        cur = cur[part]
+    if cur is None and "." not in key and isinstance(rec.get("meta"), dict):
+        cur = rec["meta"].get(key)
+    return cur
+
+
+def _cond(value: Any, want: Any) -> bool:
+    if isinstance(want, dict) and "exists" in want:
+        return (value is not None) == bool(want["exists"])
+    if value is None:
+        return False
+    if isinstance(want, dict):
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            return False
+        return (want.get("min") is None or v >= float(want["min"])) and \
+               (want.get("max") is None or v <= float(want["max"]))
+    options = want if isinstance(want, list) else [want]
+    values = value if isinstance(value, list) else [value]
+    return any(str(v) == str(o) for v in values for o in options)
+
+
+def matches(rec: Record, include: dict | None, exclude: dict | None = None) -> bool:
+    """All ``include`` conditions hold and no ``exclude`` condition holds.
+
+    A condition is ``field: value``, ``field: [any, of]``, ``field: {min: x, max: y}`` or
+    ``field: {exists: true}``.
+    """
+    for key, want in (include or {}).items():
+        if not _cond(field_value(rec, key), want):
+            return False
+    return not any(_cond(field_value(rec, key), want) for key, want in (exclude or {}).items())
+
+
+def allocate(total: int, weights: dict[str, float]) -> dict[str, int]:
+    """Split ``total`` into integer counts proportional to ``weights`` (largest remainder)."""
+    s = sum(weights.values())
+    if total <= 0 or s <= 0:
+        return {k: 0 for k in weights}
+    exact = {k: total * w / s for k, w in weights.items()}
+    out = {k: int(math.floor(v)) for k, v in exact.items()}
+    rest = total - sum(out.values())
+    for k in sorted(exact, key=lambda k: (-(exact[k] - out[k]), list(exact).index(k)))[:rest]:
+        out[k] += 1
+    return out
+
+
+def stage_fractions(stages: list[dict]) -> list[float]:
+    """Stage fractions of the budget; at most one stage may omit its fraction (the remainder)."""
+    given = [s.get("fraction") for s in stages]
+    open_ = [i for i, f in enumerate(given) if f is None]
+    if len(open_) > 1:
+        raise CptkitError("mix.stages: at most one stage may leave out its fraction")
+    fixed = sum(float(f) for f in given if f is not None)
+    if any(f is not None and not 0 < float(f) <= 1 for f in given):
+        raise CptkitError(f"mix.stages: fractions must be in (0, 1], got {given}")
+    if open_:
+        if fixed >= 1:
+            raise CptkitError(f"mix.stages: the given fractions sum to {fixed:g}, nothing left for stage "
+                              f"{stages[open_[0]].get('name')!r}")
+        given[open_[0]] = 1.0 - fixed
+    elif abs(fixed - 1.0) > 1e-6:
+        raise CptkitError(f"mix.stages: fractions sum to {fixed:g}, not 1")
+    return [float(f) for f in given]
+
+
+def stage_spec_weights(stage: dict, leaves: dict[str, Any], budget: float, fraction: float,
+                       default_fill: str | None, index: int = 0) -> dict[str, float]:
+    """A stage's weights by domain name: its ``weights``, or computed from ``epochs`` per domain.
+
+    ``epochs: {domain: e}`` (domain upsampling §3.1): domain i gets e_i passes over its tokens,
+    the stage's ``fill`` domain (default ``mix.fill``) the rest (:func:`cptkit.mixing.epoch_weights`).
+    Epochs count over ``epochs_of: budget`` (default: the whole ``mix.budget_tokens``, as the
+    paper's Table 2 counts them over the 1T run) or ``stage`` (the stage's own tokens).
+    """
+    from cptkit.mixing import epoch_weights
+
+    name = str(stage.get("name", index))
+    epochs = stage.get("epochs")
+    if not epochs:
+        return dict(stage.get("weights") or {})
+    if stage.get("weights"):
+        raise CptkitError(f"mix stage {name!r}: give weights or epochs, not both")
+    fill = stage.get("fill") or default_fill
+    if not fill:
+        raise CptkitError(f"mix stage {name!r}: epochs need a fill domain (stage fill or mix.fill) for the rest")
+    of = str(stage.get("epochs_of", "budget"))
+    if of not in ("budget", "stage"):
+        raise CptkitError(f"mix stage {name!r}: epochs_of={of!r}: use budget or stage")
+    ref = budget * (fraction if of == "stage" else 1.0)
+    sizes = {k: float(sum(d.tokens for d in leaves.values() if d.name == k or d.parent == k))
+             for k in [*epochs, fill]}
+    try:
+        return epoch_weights({str(k): float(v) for k, v in epochs.items()}, sizes, ref, str(fill))
+    except ValueError as e:
+        raise CptkitError(f"mix stage {name!r}: {e}") from None
+
+
+def curriculum_order(ppl: np.ndarray, order: str, groups: int, seed: int) -> tuple[np.ndarray, list[int]]:
+    """Document order for a PPL curriculum and the group boundaries (start offsets).
+
+    Documents are sorted by PPL, cut into ``groups`` groups of (nearly) equal size, the groups
+    ordered low → high (or high → low), and documents shuffled within each group (seeded).
+    """
+    n = len(ppl)
+    rng = np.random.default_rng(seed)
+    ranked = np.argsort(ppl, kind="stable")
+    bounds = [round(n * g / groups) for g in range(groups + 1)]
+    parts = [rng.permutation(ranked[bounds[g]:bounds[g + 1]]) for g in range(groups)]
+    if order == "high_to_low":
+        parts = parts[::-1]
+    starts = np.cumsum([0] + [len(p) for p in parts[:-1]]).tolist()
+    return (np.concatenate(parts) if parts else ranked), starts
+
+
+# --- the domain table -----------------------------------------------------------------------
+@dataclass
+class Domain:
+    name: str
+    parent: str
+    index: int
+    docs: int = 0
+    tokens: int = 0
+    file: Any = None
+    lengths: list[int] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    ppl: list[float] = field(default_factory=list)
+    heldout: list[tuple[int, str, Record]] = field(default_factory=list)  # max-heap by -hash
+
+
+class Router:
+    """Assigns records to (leaf) domains: the first matching domain, split by a field if asked."""
+
+    def __init__(self, specs: list[dict]):
+        if not specs:
+            raise CptkitError("mix.domains is empty: define at least one domain")
+        self.specs = specs
+        names = [str(s.get("name") or "") for s in specs]
+        for n in names:
+            if not n:
+                raise CptkitError("mix.domains: every domain needs a name")
+        if len(set(names)) != len(names):
+            raise CptkitError(f"mix.domains: duplicate domain names in {names}")
+
+    def route(self, rec: Record) -> str | None:
+        for spec in self.specs:
+            if matches(rec, spec.get("filter"), spec.get("exclude")):
+                by = spec.get("split_by")
+                if not by:
+                    return spec["name"]
+                v = field_value(rec, by)
+                return f"{spec['name']}/{v if v is not None else 'other'}"
+        return None
+
+
+def resolve_weights(weights: dict[str, float], leaves: dict[str, Domain], specs: list[dict],
+                    stage: str, empty: str = "error") -> dict[str, float]:
+    """Stage weights over leaf domains: a parent's weight is split by ``split_weights`` or tokens.
+
+    A weighted domain that matched no document is an error, or with ``empty="drop"`` is left out
+    of the stage (the other weights keep their ratios).
+    """
+    by_parent: dict[str, list[Domain]] = {}
+    for d in leaves.values():
+        by_parent.setdefault(d.parent, []).append(d)
+    spec_of = {s["name"]: s for s in specs}
+    out: dict[str, float] = {}
+    for key, w in weights.items():
+        w = float(w)
+        if w < 0 or math.isnan(w):
+            raise CptkitError(f"mix stage {stage!r}: weight of {key!r} is {w}")
+        if key in leaves and leaves[key].parent == key:
+            out[key] = out.get(key, 0.0) + w
+        elif key in leaves:
+            out[key] = out.get(key, 0.0) + w
+        elif key in by_parent:
+            kids = by_parent[key]
+            split = (spec_of.get(key) or {}).get("split_weights") or {}
+            if split:
+                share = {d.name: float(split.get(d.name.split("/", 1)[1], 0.0)) for d in kids}
+            else:
+                share = {d.name: float(d.tokens) for d in kids}
+            tot = sum(share.values())
+            if tot <= 0:
+                raise CptkitError(f"mix stage {stage!r}: domain {key!r} has weight {w:g} but its parts have none")
+            for name, s in share.items():
+                out[name] = out.get(name, 0.0) + w * s / tot
+        elif key in spec_of:
+            if w > 0 and empty == "drop":
+                log.warning("mix stage %r: domain %r matched no documents; its weight %g is dropped", stage, key, w)
+            elif w > 0:
+                raise CptkitError(f"mix stage {stage!r}: domain {key!r} has weight {w:g} but no documents "
+                                  "matched its filter")
+        else:
+            raise CptkitError(f"mix stage {stage!r}: unknown domain {key!r}; defined: "
+                              f"{', '.join(s['name'] for s in specs)}")
+    if sum(out.values()) <= 0:
+        raise CptkitError(f"mix stage {stage!r}: all weights are 0")
+    return out
+
+
+def plan_counts(stage_seqs: list[int], stage_weights: list[dict[str, float]], available: dict[str, int],
+                max_epochs: float, fill: list[str]) -> tuple[list[dict[str, int]], dict[str, bool]]:
+    """Sequences per stage and domain, capping each domain at ``max_epochs`` passes.
+
+    A capped domain's excess moves, in the same stage, to the ``fill`` domains (by their
+    weights there, else by their sizes); fill domains are exempt from the cap. Without a fill
+    domain, a cap violation is an error.
+    """
+    counts = [allocate(n, w) for n, w in zip(stage_seqs, stage_weights, strict=True)]
+    capped: dict[str, bool] = {}
+    for d, avail in available.items():
+        demand = sum(c.get(d, 0) for c in counts)
+        limit = math.floor(max_epochs * avail)
+        if d in fill or demand <= limit:
+            continue
+        if not fill:
+            raise CptkitError(f"domain {d!r} would be repeated {demand / max(avail, 1):.2f} times "
+                              f"(> mix.max_epochs={max_epochs:g}); set mix.fill to a large domain or raise "
+                              "mix.max_epochs")
+        capped[d] = True
+        keep = allocate(limit, {i: c.get(d, 0) for i, c in enumerate(counts)})
+        for i, c in enumerate(counts):
+            excess = c.get(d, 0) - keep[i]
+            c[d] = keep[i]
+            fw = {f: stage_weights[i].get(f, 0.0) for f in fill}
+            if sum(fw.values()) <= 0:
+                fw = {f: float(available[f]) for f in fill}
+            for f, extra in allocate(excess, fw).items():
+                c[f] = c.get(f, 0) + extra
+    return counts, capped
+
+
+def replay_leaves(names: list[str], leaves: dict[str, Domain]) -> list[str]:
+    """The leaf domains named (directly or by their parent) in ``mix.replay.domains``."""
+    return [n for n, d in leaves.items() if n in names or d.parent in names]
+
+
+def apply_replay(weights: dict[str, float], replay: list[str], share: float, tokens: dict[str, int],
+                 stage: str) -> dict[str, float]:
+    """Stage weights (summing to 1) where the ``replay`` domains take exactly ``share`` of the mass.
+
+    The other domains keep their ratios in ``1 - share``. The replay share is split among the
+    replay domains by their weights in the stage when it names any of them, else by their tokens.
+    ``share = 0`` removes the replay domains from the stage (the no-replay arm of an ablation).
+    """
+    if not 0.0 <= share <= 1.0:
+        raise CptkitError(f"mix.replay.share={share:g}: must be in [0, 1]")
+    rest = {k: v for k, v in weights.items() if k not in replay and v > 0}
+    named = {k: weights.get(k, 0.0) for k in replay}
+    if sum(named.values()) <= 0:
+        named = {k: float(tokens.get(k, 0)) for k in replay}
+    if share > 0 and sum(named.values()) <= 0:
+        raise CptkitError(f"mix stage {stage!r}: mix.replay.share={share:g} but the replay domains "
+                          f"{', '.join(replay) or '(none)'} have no tokens")
+    if share < 1 and sum(rest.values()) <= 0:
+        raise CptkitError(f"mix stage {stage!r}: only replay domains have weight; with mix.replay.share={share:g} "
+                          "the stage needs other domains")
+    out: dict[str, float] = {}
+    rs = sum(rest.values())
+    for k, v in rest.items():
+        out[k] = (1.0 - share) * v / rs
+    ns = sum(named.values())
+    if share > 0:
+        for k, v in named.items():
+            if v > 0:
+                out[k] = share * v / ns
+    return out

@@ -1,0 +1,568 @@
+"""The build-mix stream format, written and read in one place (docs/mixing.md).
+
+A stream directory holds ``_stream.json`` (format ``cptkit-stream/1``: sequence length, token
+dtype, EOS, vocabulary, tokenizer, the domain table, stages), one token file per leaf domain
+(``tokens/dNNN.bin``: the domain's documents in their order, EOS after each) with document offsets
+(``tokens/dNNN.docs.npy``), ``plan.npy`` ((domain, sequence) for the whole budget, stage by stage)
+and ``_eval.jsonl.gz`` (held-out documents per domain).
+
+* Writing (build-mix): :class:`DomainFiles` + :func:`route_and_tokenize` (route and tokenize),
+  :func:`write_domains` (order, pack, write), :func:`plan_stream`, :func:`eval_bytes`,
+  :func:`stream_info`.
+* Reading (train): :class:`Stream` (per-domain packed sequences) and :class:`Sampler` (the
+  domain of every sequence of a global batch, from the plan or from mixture weights; its state is
+  part of a checkpoint).
+"""
+
+from __future__ import annotations
+
+import gzip
+import heapq
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cptkit.errors import CptkitError
+from cptkit.mix.recipe import (
+    Domain,
+    Router,
+    allocate,
+    apply_replay,
+    curriculum_order,
+    plan_counts,
+    replay_leaves,
+    resolve_weights,
+    stage_spec_weights,
+)
+from cptkit.progress import log
+from cptkit.records import Record, dumps
+from cptkit.shards import atomic_write_bytes
+from cptkit.text.hashing import fast_seeded_hash
+
+STREAM = "_stream.json"
+EVAL = "_eval.jsonl.gz"
+FORMAT = "cptkit-stream/1"
+
+
+# --- writing --------------------------------------------------------------------------------
+@dataclass
+class MixSettings:
+    """The validated recipe (``cfg.mix`` as plain data) and the options every phase reads."""
+
+    mix: dict
+    seed: int
+    seq_len: int
+    budget: int
+    stages: list[dict]
+    fractions: list[float]
+    cur: dict
+    router: Router
+    replay_names: list[str]
+    replay_share: float
+    unique: bool
+    eval_k: int
+    batch_docs: int
+
+    @property
+    def order(self) -> str:
+        return str(self.cur["order"])
+
+
+def token_dtype(setting: str, vocab: int) -> np.dtype:
+    """``build_mix.dtype`` (auto: uint16 when the vocabulary fits) for a vocabulary of ``vocab``."""
+    name = "uint16" if setting == "auto" and vocab <= 65535 else "uint32" if setting == "auto" else setting
+    if name not in ("uint16", "uint32") or (name == "uint16" and vocab > 65535):
+        raise CptkitError(f"build_mix.dtype={setting}: use auto, uint16 (vocab ≤ 65535) or uint32 (vocab {vocab})")
+    return np.dtype(name)
+
+
+class DomainFiles:
+    """Route + tokenize: every routed record's tokens (and EOS) are appended to its leaf domain's raw
+    file; per domain the ``eval_k`` documents with the smallest id hash are held out instead."""
+
+    def __init__(self, s: MixSettings, tmp_dir: Path, tok: Any, dtype: np.dtype, scorer: Any = None):
+        self.s, self.tmp_dir, self.tok, self.dtype, self.scorer = s, tmp_dir, tok, dtype, scorer
+        self.eos = int(tok.eos_token_id)
+        self.leaves: dict[str, Domain] = {}
+        self.tokenize_s = 0.0
+        self._ppl_domains = set(s.cur.get("domains") or [])
+
+    def wants_ppl(self, leaf: str) -> bool:
+        """Whether ``leaf`` is ordered by the curriculum's perplexity."""
+        pd = self._ppl_domains
+        return self.scorer is not None and (not pd or leaf in pd or leaf.split("/", 1)[0] in pd)
+
+    def raw_path(self, d: Domain) -> Path:
+        return self.tmp_dir / f"{d.index:03d}.raw"  # by index: leaf names may sanitise alike
+
+    def leaf(self, name: str) -> Domain:
+        if name not in self.leaves:
+            d = Domain(name, name.split("/", 1)[0], len(self.leaves))
+            d.file = open(self.raw_path(d), "wb")  # noqa: SIM115
+            self.leaves[name] = d
+        return self.leaves[name]
+
+    def emit(self, d: Domain, rid: str, ids: list[int], ppl: float) -> None:
+        arr = np.asarray(ids + [self.eos], dtype=self.dtype)
+        d.file.write(arr.tobytes())
+        d.lengths.append(len(arr))
+        d.ids.append(rid)
+        d.ppl.append(ppl)
+        d.docs += 1
+        d.tokens += len(arr)
+
+    def add(self, batch: list[tuple[str, Record]]) -> None:
+        """Tokenize a batch of ``(leaf, record)`` (and score it for a PPL curriculum); file the tokens."""
+        if not batch:
+            return
+        t = time.time()
+        enc = self.tok([r["text"] for _, r in batch], add_special_tokens=False, return_attention_mask=False)["input_ids"]
+        self.tokenize_s += time.time() - t
+        ppls = [float("nan")] * len(batch)
+        score = [i for i, (name, _) in enumerate(batch) if self.wants_ppl(name)]
+        if score:
+            from cptkit.lm import document_losses
+
+            model, stok = self.scorer
+            res = document_losses(model, stok, [batch[i][1]["text"] for i in score],
+                                  batch_size=int(self.s.cur["batch_size"]), max_tokens=int(self.s.cur["max_tokens"]))
+            for i, (nll, n) in zip(score, res, strict=True):
+                ppls[i] = math.exp(nll / n) if n else float("inf")
+        eval_k, seed = self.s.eval_k, self.s.seed
+        for (name, rec), ids, p in zip(batch, enc, ppls, strict=True):
+            if not ids:
+                continue
+            d = self.leaf(name)
+            rid = str(rec["id"])
+            if eval_k > 0:  # keep the eval_k docs with the smallest hash as held-out eval set
+                item = (-fast_seeded_hash(seed, rid), rid, {"id": rid, "text": rec["text"], "domain": name, "_ids": ids, "_ppl": p})
+                if len(d.heldout) < eval_k:
+                    heapq.heappush(d.heldout, item)  # type: ignore[arg-type]
+                    continue
+                if item[0] > d.heldout[0][0]:
+                    item = heapq.heapreplace(d.heldout, item)  # type: ignore[arg-type]
+                rec2 = item[2]
+                self.emit(d, rec2["id"], rec2["_ids"], rec2["_ppl"])
+            else:
+                self.emit(d, rid, ids, p)
+
+    def close(self) -> None:
+        for d in self.leaves.values():
+            if d.docs == 0 and d.heldout:  # a tiny domain: its eval docs must also be trained on
+                log.warning("domain %s has only %d documents: they are both eval and training documents",
+                            d.name, len(d.heldout))
+                for _, _, rec2 in sorted(d.heldout, key=lambda t: (-t[0], t[1])):
+                    self.emit(d, rec2["id"], rec2["_ids"], rec2["_ppl"])
+            d.file.close()
+
+
+@dataclass
+class RouteStats:
+    records_in: int = 0
+    unmatched: int = 0
+    repeated: int = 0
+
+
+def route_and_tokenize(records: Any, s: MixSettings, files: DomainFiles) -> RouteStats:
+    """Route every record to its leaf domain (skipping repeated ids with ``mix.unique_ids``) and
+    tokenize in batches of ``build_mix.batch_docs``."""
+    st = RouteStats()
+    batch: list[tuple[str, Record]] = []
+    seen_ids: set[str] = set()
+    for rec in records:
+        st.records_in += 1
+        if s.unique:
+            rid = str(rec["id"])
+            if rid in seen_ids:
+                st.repeated += 1
+                continue
+            seen_ids.add(rid)
+        name = s.router.route(rec)
+        if name is None:
+            st.unmatched += 1
+            continue
+        batch.append((name, rec))
+        if len(batch) >= s.batch_docs:
+            files.add(batch)
+            batch = []
+    files.add(batch)
+    files.close()
+    if not files.leaves:
+        raise CptkitError(f"build-mix: none of the {st.records_in} records matched a domain filter")
+    return st
+
+
+def write_domains(files: DomainFiles, s: MixSettings, tok_dir: Path) -> list[dict]:
+    """Order each domain's documents (curriculum, shuffle or as read) and write its token file and
+    document offsets; returns the stream's domain table."""
+    order = s.order
+    stream_domains = []
+    for name in sorted(files.leaves, key=lambda n: files.leaves[n].index):
+        d = files.leaves[name]
+        lengths = np.asarray(d.lengths, dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        rng_seed = fast_seeded_hash(s.seed, name) % 2**32
+        groups: list[int] = []
+        if files.wants_ppl(name) and d.docs:
+            perm, groups = curriculum_order(np.asarray(d.ppl), order, int(s.cur["groups"]), rng_seed)
+        elif order == "none":
+            perm = np.arange(d.docs)
+        else:
+            perm = np.random.default_rng(rng_seed).permutation(d.docs)
+        raw = np.fromfile(files.raw_path(d), dtype=files.dtype)
+        fname = f"d{d.index:03d}"
+        final = np.concatenate([raw[starts[i]:starts[i] + lengths[i]] for i in perm]) if d.docs else raw[:0]
+        atomic_write_bytes(tok_dir / f"{fname}.bin", final.tobytes())
+        offsets = np.concatenate([[0], np.cumsum(lengths[perm])]).astype(np.int64)
+        atomic_write_bytes(tok_dir / f"{fname}.docs.npy", npy_bytes(offsets))
+        files.raw_path(d).unlink()
+        ppl_sorted = np.asarray(d.ppl)[perm] if d.docs else np.asarray([])
+        group_ppl = []
+        if groups:
+            bounds = groups + [d.docs]
+            group_ppl = [float(np.exp(np.mean(np.log(ppl_sorted[a:b])))) if b > a else None
+                         for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        stream_domains.append({
+            "name": name, "parent": d.parent, "file": f"tokens/{fname}.bin",
+            "docs_file": f"tokens/{fname}.docs.npy", "docs": d.docs, "tokens": int(d.tokens),
+            "sequences": int(d.tokens // s.seq_len), "eval_docs": len(d.heldout),
+            "curriculum": {"order": order if files.wants_ppl(name) else ("random" if order != "none" else "none"),
+                           "group_starts": groups, "group_ppl": group_ppl},
+        })
+    for sd in stream_domains:
+        if sd["sequences"] == 0:
+            log.warning("domain %s has %d tokens, fewer than one sequence of %d", sd["name"], sd["tokens"], s.seq_len)
+    return stream_domains
+
+
+@dataclass
+class Plan:
+    """Which sequence of which domain the trainer reads at each position, stage by stage."""
+
+    rows: np.ndarray  # (sequences, 2): domain index, sequence index in the domain's order
+    stages: list[dict]
+    fill: list[str]
+    replay: list[str]
+    replay_tokens: int
+    epochs: dict[str, float]
+
+
+def plan_stream(stream_domains: list[dict], leaves: dict[str, Domain], s: MixSettings) -> Plan:
+    """Sequences per stage and domain (weights, replay, fill, ``max_epochs`` caps), interleaved at
+    random per stage from ``(seed, stage)``; sets each domain's epochs and planned tokens."""
+    mix, seq_len, stages, fractions = s.mix, s.seq_len, s.stages, s.fractions
+    available = {sd["name"]: sd["sequences"] for sd in stream_domains}
+    total_seqs = s.budget // seq_len
+    stage_seqs = allocate(total_seqs, {str(i): f for i, f in enumerate(fractions)})
+    stage_w = [resolve_weights(stage_spec_weights(st, leaves, s.budget, fractions[i], mix.get("fill"), i), leaves,
+                               s.router.specs, str(st.get("name", i)), str(mix.get("empty_domains", "error")))
+               for i, st in enumerate(stages)]
+    replay = replay_leaves(s.replay_names, leaves)
+    if s.replay_names and not replay:
+        raise CptkitError(f"mix.replay.domains={s.replay_names}: no documents matched these domains")
+    if s.replay_names:
+        leaf_tokens = {n: d.tokens for n, d in leaves.items()}
+        stage_w = [apply_replay(w, replay, s.replay_share, leaf_tokens, str(stages[i].get("name", i)))
+                   for i, w in enumerate(stage_w)]
+    for i, w in enumerate(stage_w):
+        empty = [k for k, v in w.items() if v > 0 and available[k] == 0]
+        if empty:
+            raise CptkitError(f"mix stage {stages[i].get('name', i)!r}: domain {empty[0]!r} has weight but "
+                              f"fewer than {seq_len} tokens")
+    fill = []
+    if mix.get("fill"):
+        fill = [n for n in available if n == mix["fill"] or n.split("/", 1)[0] == mix["fill"]]
+        if not fill:
+            raise CptkitError(f"mix.fill={mix['fill']!r}: no documents matched that domain")
+    counts, capped = plan_counts([stage_seqs[str(i)] for i in range(len(stages))], stage_w, available,
+                                 float(mix["max_epochs"]), fill)
+    index = {sd["name"]: i for i, sd in enumerate(stream_domains)}
+    cursor = dict.fromkeys(available, 0)  # next sequence in each domain's (curriculum) order
+    drawn = dict.fromkeys(available, 0)
+    ppl_ordered = {d["name"]: d["curriculum"]["order"] in ("low_to_high", "high_to_low") for d in stream_domains}
+    rows = []
+    stage_info = []
+    start = 0
+    for i, (st, c) in enumerate(zip(stages, counts, strict=True)):
+        labels = np.concatenate([np.full(n, index[k], dtype=np.int32) for k, n in c.items() if n > 0]
+                                or [np.zeros(0, dtype=np.int32)])
+        labels = np.random.default_rng([s.seed, i]).permutation(labels)
+        # `curriculum: false` on a stage: its PPL-ordered domains are sampled at random (Llama-3-SynE
+        # §4.2: stage 2 no longer uses the curriculum); other domains keep their order
+        ordered = st.get("curriculum", True) is not False
+        pick = np.random.default_rng([s.seed, i, 1])
+        seqs = np.empty(len(labels), dtype=np.int64)
+        for k, dom in enumerate(labels):
+            name = stream_domains[dom]["name"]
+            if not ordered and ppl_ordered[name]:
+                seqs[k] = int(pick.integers(available[name]))
+            else:
+                seqs[k] = cursor[name] % available[name]
+                cursor[name] += 1
+            drawn[name] += 1
+        rows.append(np.stack([labels.astype(np.int64), seqs], axis=1))
+        n = int(len(labels))
+        tot_w = sum(stage_w[i].values())
+        stage_info.append({
+            "name": str(st.get("name", f"stage{i}")), "fraction": fractions[i], "start": start, "end": start + n,
+            "weights": {k: v / tot_w for k, v in stage_w[i].items()},
+            "sequences": {k: v for k, v in c.items() if v}, "tokens": {k: v * seq_len for k, v in c.items() if v},
+            "curriculum": ordered,
+        })
+        start += n
+    plan = np.concatenate(rows) if rows else np.zeros((0, 2), dtype=np.int64)
+    epochs = {k: (drawn[k] / available[k] if available[k] else 0.0) for k in available}
+    for sd in stream_domains:
+        sd["epochs"] = round(epochs[sd["name"]], 4)
+        sd["capped"] = bool(capped.get(sd["name"]))
+        sd["planned_tokens"] = drawn[sd["name"]] * seq_len
+    for k in fill:
+        if epochs[k] > float(mix["max_epochs"]):
+            log.warning("fill domain %s is repeated %.2f times (above mix.max_epochs=%g)", k, epochs[k],
+                        float(mix["max_epochs"]))
+    return Plan(rows=plan.astype(np.int64), stages=stage_info, fill=fill, replay=replay,
+                replay_tokens=sum(cursor[k] for k in replay) * seq_len, epochs=epochs)
+
+
+def eval_bytes(stream_domains: list[dict], leaves: dict[str, Domain]) -> bytes:
+    """The held-out documents of every domain as JSONL.gz (fixed mtime: same bytes every run)."""
+    lines = []
+    for sd in stream_domains:
+        for _, _, rec in sorted(leaves[sd["name"]].heldout, key=lambda t: (-t[0], t[1])):
+            lines.append(dumps({k: v for k, v in rec.items() if not k.startswith("_")}))
+    return gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
+
+
+def stream_info(s: MixSettings, tokenizer: str | None, tok: Any, dtype: np.dtype, stream_domains: list[dict],
+                plan: Plan, read: RouteStats) -> dict:
+    """``_stream.json``: what the trainer needs to read the stream (format cptkit-stream/1)."""
+    n_seqs = int(len(plan.rows))
+    stream = {
+        "format": "cptkit-stream/1", "seq_len": s.seq_len, "dtype": dtype.name, "eos_token_id": int(tok.eos_token_id),
+        "vocab_size": len(tok), "tokenizer": tokenizer_ref(tokenizer), "mix": s.mix.get("name") or "",
+        "budget_tokens": s.budget, "total_sequences": n_seqs, "plan": "plan.npy", "eval": EVAL,
+        "domains": stream_domains, "stages": plan.stages, "fill": plan.fill, "max_epochs": float(s.mix["max_epochs"]),
+        "seed": s.seed,
+    }
+    if s.replay_names:
+        stream["replay"] = {
+            "share": s.replay_share, "domains": plan.replay, "tokens": plan.replay_tokens,
+            "realised_share": plan.replay_tokens / max(n_seqs * s.seq_len, 1),
+            "epochs": {k: round(plan.epochs[k], 4) for k in plan.replay},
+        }
+    if s.unique:
+        stream["repeated_ids_skipped"] = read.repeated
+    return stream
+
+
+def npy_bytes(arr: np.ndarray) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+def tokenizer_ref(spec: str | None) -> str:
+    """The tokenizer as the stream records it: an absolute path when it is one (train may run elsewhere)."""
+    p = Path(str(spec))
+    return str(p.resolve()) if p.exists() else str(spec)
+
+
+# --- reading --------------------------------------------------------------------------------
+_DOMAIN_KEYS = ("name", "parent", "tokens", "sequences")
+_KEYS = ("seq_len", "dtype", "eos_token_id", "vocab_size", "domains", "plan", "total_sequences")
+
+
+def read_stream_meta(path: Path) -> dict[str, Any]:
+    """Read and check a stream's ``_stream.json``: valid JSON, the keys train needs, sane values."""
+    p = path / STREAM
+    if not p.is_file():
+        raise CptkitError(f"{path}: not a build-mix stream (no {STREAM}); run cptkit build-mix first")
+    try:
+        meta = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CptkitError(f"{p}: malformed JSON ({e}); rebuild the stream with cptkit build-mix") from None
+    if not isinstance(meta, dict):
+        raise CptkitError(f"{p}: malformed stream description (a JSON object expected)")
+    missing = [k for k in _KEYS if k not in meta]
+    if missing:
+        raise CptkitError(f"{p}: malformed stream description: no {missing[0]!r}")
+    fmt = meta.get("format", FORMAT)
+    if fmt != FORMAT:
+        raise CptkitError(f"{p}: format {fmt!r} is not {FORMAT!r}")
+    try:
+        if int(meta["seq_len"]) < 2 or int(meta["vocab_size"]) < 1:
+            raise ValueError("seq_len < 2 or vocab_size < 1")
+        if np.dtype(meta["dtype"]).kind not in "ui":
+            raise ValueError(f"dtype {meta['dtype']!r} is not an integer type")
+        int(meta["eos_token_id"])
+        if not isinstance(meta["domains"], list) or not meta["domains"]:
+            raise ValueError("no domains")
+        for i, d in enumerate(meta["domains"]):
+            if not isinstance(d, dict) or any(k not in d for k in _DOMAIN_KEYS) or (int(d["tokens"]) and "file" not in d):
+                raise ValueError(f"domain #{i} lacks one of {', '.join(_DOMAIN_KEYS)}, file")
+            if int(d["tokens"]) < 0:
+                raise ValueError(f"domain {d['name']!r} has a negative token count")
+    except (TypeError, ValueError) as e:
+        raise CptkitError(f"{p}: malformed stream description: {e}") from None
+    return meta
+
+
+class Stream:
+    """Memory-mapped token files of a build-mix output, validated on open (one-line errors)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.meta = read_stream_meta(self.path)
+        meta, where = self.meta, self.path / STREAM
+        self.seq_len = int(meta["seq_len"])
+        self.eos = int(meta["eos_token_id"])
+        self.domains: list[str] = [d["name"] for d in meta["domains"]]
+        self.index = {n: i for i, n in enumerate(self.domains)}
+        self.parents = {d["name"]: d["parent"] for d in meta["domains"]}
+        itemsize = np.dtype(meta["dtype"]).itemsize
+        self.tokens = []
+        for d in meta["domains"]:
+            n_tok = int(d["tokens"])
+            if not n_tok:
+                self.tokens.append(np.zeros(0, dtype=meta["dtype"]))
+                continue
+            f = self.inside(d["file"], f"domain {d['name']!r} file")
+            if not f.is_file():
+                raise CptkitError(f"{f}: token file of domain {d['name']!r} is missing ({where} lists it)")
+            size = f.stat().st_size
+            if size != n_tok * itemsize:
+                raise CptkitError(f"{f}: {size:,} bytes, but {where} says {n_tok:,} {meta['dtype']} tokens "
+                                  f"({n_tok * itemsize:,} bytes): truncated or replaced; rebuild the stream")
+            self.tokens.append(np.memmap(f, dtype=meta["dtype"], mode="r"))
+        self.sequences = [int(d["sequences"]) for d in meta["domains"]]
+        for d, n, toks in zip(self.domains, self.sequences, self.tokens, strict=True):
+            if n < 0 or n * self.seq_len > len(toks):
+                raise CptkitError(f"{where}: domain {d!r} claims {n} sequences of {self.seq_len} tokens, "
+                                  f"more than its {len(toks):,} tokens")
+        plan = self.inside(meta["plan"], "plan")
+        if not plan.is_file():
+            raise CptkitError(f"{plan}: the stream's plan is missing; rebuild the stream with cptkit build-mix")
+        try:
+            self.plan = np.load(plan, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise CptkitError(f"{plan}: not a readable plan ({str(e).splitlines()[0]})") from None
+        if self.plan.ndim != 2 or (len(self.plan) and self.plan.shape[1] != 2):
+            raise CptkitError(f"{plan}: expected (sequences, 2) domain/sequence pairs, got shape {self.plan.shape}")
+        if len(self.plan):
+            dom = np.asarray(self.plan[:, 0])
+            if dom.min() < 0 or dom.max() >= len(self.domains):
+                raise CptkitError(f"{plan}: domain index out of range (the stream has {len(self.domains)} domains)")
+
+    def inside(self, rel: Any, what: str) -> Path:
+        """``rel`` resolved inside the stream directory; paths that leave it are refused."""
+        if not isinstance(rel, str) or not rel:
+            raise CptkitError(f"{self.path / STREAM}: {what} must be a relative path, got {rel!r}")
+        root = self.path.resolve()
+        p = (root / rel).resolve()
+        if Path(rel).is_absolute() or not p.is_relative_to(root):
+            raise CptkitError(f"{self.path / STREAM}: {what} {rel!r} points outside the stream directory")
+        return p
+
+    def tokenizer_spec(self) -> str:
+        """The stream's tokenizer: a name (smollm2) or a path, resolved against the current directory,
+        then the stream's; a relative path found in neither is an error naming both."""
+        spec = self.meta.get("tokenizer")
+        if not spec or spec == "None":
+            raise CptkitError(f"{self.path / STREAM}: records no tokenizer; pass tokenizer=PATH")
+        spec = str(spec)
+        p = Path(spec)
+        if p.is_absolute():
+            return spec
+        for cand in (p, self.path / p):
+            if cand.exists():
+                return str(cand.resolve())
+        if "/" not in spec and not spec.endswith(".gguf"):
+            return spec  # a name such as smollm2
+        raise CptkitError(f"{self.path / STREAM}: tokenizer {spec!r} is a relative path found neither from "
+                          f"{Path.cwd()} nor from the stream; pass tokenizer=PATH")
+
+    def sequence(self, domain: int, k: int) -> np.ndarray:
+        n = self.sequences[domain]
+        if n == 0:
+            raise CptkitError(f"{self.path}: domain {self.domains[domain]!r} has no full sequence to sample")
+        k %= n
+        return np.asarray(self.tokens[domain][k * self.seq_len:(k + 1) * self.seq_len], dtype=np.int64)
+
+    def stage_weights(self, stage: int = 0) -> dict[str, float]:
+        w = self.meta["stages"][stage]["weights"]
+        return {d: float(w.get(d, 0.0)) for d in self.domains}
+
+    def token_weights(self) -> dict[str, float]:
+        tot = sum(d["tokens"] for d in self.meta["domains"])
+        return {d["name"]: d["tokens"] / tot for d in self.meta["domains"]}
+
+    def eval_records(self) -> list[dict[str, Any]]:
+        p = self.inside(self.meta["eval"], "eval")
+        if not p.exists():
+            return []
+        with gzip.open(p, "rt", encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+
+class Sampler:
+    """Deterministic global-batch sampler over a :class:`Stream`; ``state_dict`` for resume."""
+
+    def __init__(self, stream: Stream, seed: int):
+        self.stream = stream
+        self.rng = np.random.default_rng(seed)
+        self.position = 0  # sequences drawn so far (plan position)
+        self.cursor = [0] * len(stream.domains)
+        self.drawn = [0] * len(stream.domains)
+        self.ppl_ordered = [(d.get("curriculum") or {}).get("order") in ("low_to_high", "high_to_low")
+                            for d in stream.meta["domains"]]
+
+    def draw(self, n: int, weights: dict[str, float] | None, ordered: bool = True) -> list[tuple[int, int]]:
+        """The next ``n`` (domain, sequence index) pairs: from the plan when ``weights`` is None.
+
+        ``ordered=False`` (a stage without curriculum): PPL-ordered domains give a random sequence
+        instead of their next one (seeded; their position is kept for a later ordered stage).
+        """
+        out = []
+        if weights is None:
+            plan = self.stream.plan
+            if len(plan) == 0:
+                raise CptkitError(f"{self.stream.path}: the stream's plan is empty")
+            for i in range(n):
+                d, k = plan[(self.position + i) % len(plan)]
+                out.append((int(d), int(k)))
+        else:
+            p = np.asarray([weights.get(d, 0.0) for d in self.stream.domains], dtype=np.float64)
+            p = np.where(np.asarray(self.stream.sequences) > 0, p, 0.0)
+            if p.sum() <= 0:
+                raise CptkitError("mixture weights put no mass on a domain with sequences")
+            doms = self.rng.choice(len(p), size=n, p=p / p.sum())
+            for d in doms:
+                if not ordered and self.ppl_ordered[d]:
+                    out.append((int(d), int(self.rng.integers(max(self.stream.sequences[d], 1)))))
+                    continue
+                out.append((int(d), self.cursor[d]))
+                self.cursor[d] += 1
+        for d, _ in out:
+            self.drawn[d] += 1
+        self.position += n
+        return out
+
+    def batch(self, pairs: list[tuple[int, int]]) -> np.ndarray:
+        return np.stack([self.stream.sequence(d, k) for d, k in pairs])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position, "cursor": list(self.cursor), "drawn": list(self.drawn),
+                "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position = int(state["position"])
+        self.cursor = [int(c) for c in state["cursor"]]
+        self.drawn = [int(c) for c in state["drawn"]]
+        self.rng.bit_generator.state = state["rng"]
