@@ -5,11 +5,11 @@ documentation in English and Chinese), plus planted copies of random documents: 
 with one contiguous span of 0.5-8% of their words replaced (13-gram Jaccard from ~0.5 to ~0.98,
 many right around the 0.8 threshold) and exact copies (case and spacing changed).
 
-Every method sees the same texts in the same order and the same shingles (``cptkit.minhash.tokenize``
+Every method sees the same texts in the same order and the same shingles (``cptkit.dedup.minhash.tokenize``
 words, lower-cased, 13-grams) and keeps the first document of each duplicate group:
 
 * **cptkit dedup** - the step end to end (reads the gzipped JSONL shards, writes the kept ones);
-  **cptkit.minhash in memory** the same algorithm on the list of texts, like the baselines.
+  **cptkit.dedup.minhash in memory** the same algorithm on the list of texts, like the baselines.
 * **datasketch, per shingle** - ``MinHash.update`` per shingle + ``MinHashLSH(threshold=0.8)``,
   query then insert (the baseline a user would write); **datasketch, update_batch** the same with
   one batched update per document.
@@ -44,7 +44,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._report import table, write_section  # noqa: E402
-from cptkit import minhash as mh  # noqa: E402
+from cptkit.dedup import minhash as mh  # noqa: E402
 
 THRESHOLD, NUM_PERM, NGRAM = 0.8, 128, 13
 EDITS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.08)
@@ -269,7 +269,7 @@ def main() -> None:
         # warm numba's on-disk cache so compile time is not timed
         run_cptkit(docs[:50], _small(docs[:50], work), work / "warm")
         methods = {"cptkit dedup (step, end to end)": (run_cptkit, docs, shard_dir, work),
-                   "cptkit.minhash in memory (same algorithm, no I/O)": (run_cptkit_memory, docs),
+                   "cptkit.dedup.minhash in memory (same algorithm, no I/O)": (run_cptkit_memory, docs),
                    "datasketch, MinHash.update per shingle + MinHashLSH": (run_datasketch, docs, False),
                    "datasketch, update_batch + MinHashLSH": (run_datasketch, docs, True),
                    "rensa, RMinHash + RMinHashLSH (16 bands)": (run_rensa, docs)}

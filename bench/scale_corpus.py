@@ -2,7 +2,7 @@
 dictionary and man-page package listed in ``PACKAGES`` (Debian 12 main), split into paragraphs.
 
 Each package is fetched with ``apt-get download`` into the demo corpus's .deb cache and unpacked
-with ``dpkg -x`` (cptkit.corpus). Text comes from HTML (tags stripped at block boundaries), man
+with ``dpkg -x`` (cptkit.demo.corpus). Text comes from HTML (tags stripped at block boundaries), man
 pages (roff stripped), dictd databases (one entry per paragraph), fortunes (``%`` separated) and
 plain text files. Paragraphs are blank-line separated, whitespace-normalised and kept when they
 have 80 to 4,000 characters (longer ones are cut at sentence ends). The paragraphs of all packages
@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cptkit.corpus import cache_dir, extract_deb, fetch_deb, strip_roff  # noqa: E402
+from cptkit.demo.corpus import cache_dir, extract_deb, fetch_deb, strip_roff  # noqa: E402
 
 PACKAGES = [
     "python3.11-doc", "maxima-doc", "octave-doc", "r-doc-html", "perl-doc", "ruby3.1-doc", "rust-doc",

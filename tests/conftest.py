@@ -44,7 +44,7 @@ def read_jsonl_dir(directory: str | Path) -> list[dict]:
 
 def _corpus_key(limit: int) -> str:
     h = hashlib.sha256(f"limit={limit}\n".encode())
-    for rel in ("cptkit/corpus.py", "cptkit/steps/demo_corpus.py", "conf/demo_corpus.yaml"):
+    for rel in ("cptkit/demo/corpus.py", "cptkit/steps/demo_corpus.py", "conf/demo_corpus.yaml"):
         h.update((ROOT / rel).read_bytes())
     return h.hexdigest()[:16]
 

@@ -11,9 +11,9 @@ import pytest
 from conftest import CORPUS_SLICE, read_jsonl_dir
 from typer.testing import CliRunner
 
-from cptkit import corpus as C
 from cptkit.cli import app
 from cptkit.config import compose_step
+from cptkit.demo import corpus as C
 from cptkit.errors import CptkitError
 
 runner = CliRunner()

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import read_jsonl_dir, write_jsonl
 
-from cptkit import minhash as mh
 from cptkit.config import compose_step
+from cptkit.dedup import minhash as mh
 from cptkit.errors import CptkitError
 from cptkit.steps.dedup import run
 

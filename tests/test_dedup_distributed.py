@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from conftest import write_jsonl
 
-from cptkit import minhash as mh
 from cptkit.config import compose_step
+from cptkit.dedup import minhash as mh
 from cptkit.errors import CptkitError
 from cptkit.steps.dedup import run
 

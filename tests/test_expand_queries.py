@@ -79,7 +79,7 @@ def test_pool_near_duplicates_are_removed_and_seeds_kept():
     kept, dropped = pool.add([{"id": "a", "text": near}, {"id": "b", "text": other}, {"id": "c", "text": other + " "}])
     assert [r["id"] for r in kept] == ["b"] and dropped == 2
     assert [r["id"] for r in pool.records] == ["s1", "s2", "b"]
-    from cptkit.minhash import collision_probability
+    from cptkit.dedup.minhash import collision_probability
 
     assert (pool.bands, pool.rows) == (18, 7)  # most rows per band with recall >= 0.95 at J = 0.8
     assert collision_probability(0.8, 18, 7) >= 0.95

@@ -1,4 +1,4 @@
-"""cptkit.minhash: banding maths, shingling, signatures, LSH candidates, clustering (real text)."""
+"""cptkit.dedup.minhash: banding maths, shingling, signatures, LSH candidates, clustering (real text)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from datasketch.lsh import _optimal_param
 
-from cptkit import minhash as mh
+from cptkit.dedup import minhash as mh
 
 MASK64 = (1 << 64) - 1
 

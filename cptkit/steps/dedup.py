@@ -15,7 +15,7 @@ Three resumable phases (docs/dedup.md):
 Memory holds the signatures (``num_perm * 4`` bytes per document), not the texts.
 
 ``dedup.cluster=mapreduce|redis`` replaces phase 2 by a bucket map/reduce that never holds all
-signatures (:mod:`cptkit.dedup_scale`): map per shard, reduce per partition, then verification and
+signatures (:mod:`cptkit.dedup.scale`): map per shard, reduce per partition, then verification and
 union-find over the candidate pairs; ``dedup.phase=map|reduce|final`` runs one phase (job arrays).
 The output is identical to the in-memory clustering.
 """
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from omegaconf import DictConfig
 
-from cptkit import dedup_scale as scale
-from cptkit import minhash as mh
 from cptkit.config import JobConfig, register_step
+from cptkit.dedup import minhash as mh
+from cptkit.dedup import scale
 from cptkit.errors import BadInput, CptkitError
 from cptkit.job import STATE_DIR, Job, Task
 from cptkit.progress import log

@@ -2,7 +2,7 @@
 
 One task per source (resumable; a finished source is skipped on rerun). Each package is
 fetched with ``apt-get download`` into ``corpus.cache_dir`` and unpacked with ``dpkg -x``;
-parsing lives in :mod:`cptkit.corpus`.
+parsing lives in :mod:`cptkit.demo.corpus`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig
 
 from cptkit.config import JobConfig, register_step
-from cptkit.corpus import DEFAULT_CACHE, SOURCES, cache_dir, extract_deb, fetch_deb, source_records
+from cptkit.demo.corpus import (
+    DEFAULT_CACHE,
+    SOURCES,
+    cache_dir,
+    extract_deb,
+    fetch_deb,
+    source_records,
+)
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.progress import log

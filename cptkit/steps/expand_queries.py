@@ -9,7 +9,7 @@ questions (keyword seeds use cptkit's keyword prompt, everything else App. E's Q
 prompt), each new question gets an answer and a chain of thought (App. E's Thought Generation
 prompt). After every generation stage the outputs are cleaned (incomplete / non-natural-language
 / too short ... dropped and counted) and near-duplicates of anything already in the pool are
-removed with MinHash-LSH (cptkit.minhash, verified Jaccard). Seeds, questions, answers and
+removed with MinHash-LSH (cptkit.dedup.minhash, verified Jaccard). Seeds, questions, answers and
 thoughts are all written as queries; generated records carry ``meta.generator`` (prompt, model,
 sampling parameters, seed).
 
@@ -51,7 +51,7 @@ class CleanConfig:
 
 @dataclass
 class QueryDedupConfig:
-    """MinHash-LSH near-duplicate removal of the query pool (cptkit.minhash)."""
+    """MinHash-LSH near-duplicate removal of the query pool (cptkit.dedup.minhash)."""
 
     enabled: bool = True
     threshold: float = 0.8
@@ -117,7 +117,7 @@ class QueryPool:
         self.records: list[Record] = []
         self.enabled = bool(cfg.enabled)
         if self.enabled:
-            from cptkit.minhash import Shingler, lsh_params
+            from cptkit.dedup.minhash import Shingler, lsh_params
 
             self.sh = Shingler(ngram=int(cfg.ngram), num_perm=int(cfg.num_perm), seed=int(cfg.seed))
             self.bands, self.rows = lsh_params(float(cfg.threshold), int(cfg.num_perm), float(cfg.target_recall))
@@ -139,7 +139,12 @@ class QueryPool:
         if not self.enabled:
             self.records += candidates
             return candidates, 0
-        from cptkit.minhash import band_keys, candidate_pairs, jaccard_sorted, union_find_roots
+        from cptkit.dedup.minhash import (
+            band_keys,
+            candidate_pairs,
+            jaccard_sorted,
+            union_find_roots,
+        )
 
         texts = [r["text"] for r in candidates]
         sig = np.vstack([self.sig, self.sh.signatures(texts)])

@@ -13,7 +13,7 @@ band buckets never meet in one process (docs/dedup.md, "Scale-out"):
   their member list; equal exact hashes give ``(duplicate, first)`` rows.
   ``OUT/.cptkit/pairs/p-PPPP.npz`` and marker ``OUT/.cptkit/reduce/p-PPPP.json``.
 * **final** (:func:`candidates`): the exact duplicates of all partitions fix the documents that
-  enter LSH; :func:`cptkit.minhash.merge_candidates` drops the others and re-pairs big buckets, which
+  enter LSH; :func:`cptkit.dedup.minhash.merge_candidates` drops the others and re-pairs big buckets, which
   gives exactly the candidate pairs of the in-memory path. Verification and union-find follow.
 
 Documents are named ``task << 32 | row`` during map (global indices need every shard's count) and
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
-from cptkit import minhash as mh
+from cptkit.dedup import minhash as mh
 from cptkit.errors import CptkitError
 from cptkit.job import STATE_DIR, Job, Task
 from cptkit.progress import log
