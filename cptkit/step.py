@@ -33,8 +33,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from cptkit.config import typed_config
 from cptkit.job import Job
 from cptkit.records import Record
 
@@ -62,7 +63,7 @@ class MapStep(ABC):
 
     def __init__(self, cfg: DictConfig, batch_size: int | None = None) -> None:
         self.cfg = cfg  # what Job reads (io, shard, hashing of the run)
-        self.conf: Any = OmegaConf.to_object(cfg)  # the step's typed config dataclass, validated once
+        self.conf: Any = typed_config(cfg)  # the step's typed config dataclass, validated once
         self.batch_size = int(batch_size) if batch_size is not None else 512
 
     @abstractmethod

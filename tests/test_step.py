@@ -71,3 +71,20 @@ def test_a_map_step_runs_tasks_merges_their_stats_and_resumes(tmp_path):
     res2 = Shout(cfg, batch_size=10).run()
     assert Shout.calls == calls + 2 and res2["extra"] == res["extra"]
     assert read_jsonl_dir(out) == got
+
+
+def test_typed_config_also_from_a_config_that_lost_its_root_type():
+    """``@hydra.main`` (sweeps) hands steps an untyped root: it is merged into the step's schema."""
+    from omegaconf import OmegaConf
+
+    from cptkit.config import typed_config
+    from cptkit.steps.corrupt import CorruptConfig, CorruptJob
+
+    step_module("corrupt")
+    cfg = compose_step("corrupt", ["io.inputs=[x]", "io.output=y", "corrupt.ratio=0.5"])
+    plain = OmegaConf.create(OmegaConf.to_container(cfg))
+    assert not isinstance(OmegaConf.to_object(plain), CorruptJob)
+    for c in (cfg, plain):
+        conf = typed_config(c)
+        assert isinstance(conf, CorruptJob) and isinstance(conf.corrupt, CorruptConfig)
+        assert conf.corrupt.ratio == 0.5 and conf.io.output == "y"
