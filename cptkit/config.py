@@ -136,20 +136,6 @@ def schema_of(name: str) -> type | None:
     return _SCHEMAS.get(name)
 
 
-def typed_config(cfg: DictConfig) -> Any:
-    """``cfg`` as its step's typed dataclass (``OmegaConf.to_object``; ``__post_init__`` runs).
-
-    A config composed by ``@hydra.main`` (sweeps) has lost its root type: it is merged into the
-    step's registered schema first."""
-    obj = OmegaConf.to_object(cfg)
-    if dataclasses.is_dataclass(obj):
-        return obj
-    schema = _SCHEMAS.get(str(cfg.get("step") or ""))
-    if schema is None:
-        raise CptkitError(f"no registered config schema for step {cfg.get('step')!r}")
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg))
-
-
 def _config_group(key: str) -> bool:
     return key.startswith("hydra") or (CONF_DIR / key.replace(".", "/")).is_dir()
 

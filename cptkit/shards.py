@@ -403,12 +403,16 @@ class ShardWriter:
             self._fh = self._raw
         self._bytes = self._in_shard = 0
 
-    def _flush(self) -> None:
-        """Hand the gathered lines to the writer thread (after the previous chunk is written)."""
+    def _flush(self, last: bool = False) -> None:
+        """Hand the gathered lines to the writer thread (after the previous chunk is written); a
+        shard's only chunk is written here (no thread for small shards)."""
         if not self._buf:
             return
         chunk = b"".join(self._buf)
         self._buf, self._buf_bytes = [], 0
+        if last and self._pool is None:
+            self._fh.write(chunk)  # type: ignore[union-attr]
+            return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="cptkit-shard-writer")
         self._wait()
@@ -422,7 +426,7 @@ class ShardWriter:
     def _close_shard(self) -> None:
         if self._fh is None:
             return
-        self._flush()
+        self._flush(last=True)
         self._wait()
         if self._fh is not self._raw:
             self._fh.close()

@@ -7,10 +7,10 @@ Most steps map records to records (score, label, corrupt, filter). Such a step i
         name = "score-quality"
         stats_key = "dropped"
 
-        def __init__(self, cfg):
-            super().__init__(cfg)         # self.conf: the typed ScoreQualityJob (OmegaConf.to_object)
-            self.batch_size = self.conf.batch_size
-            self.scorers = [...]          # load models once
+        batch_key = "batch_size"      # where the batch size is in the typed config
+
+        def setup(self):                  # self.conf: the typed ScoreQualityJob
+            self.scorers = [...]          # load models once, fail early on bad settings
 
         def process(self, batch, stats):  # a list of records -> the records to write
             ...
@@ -28,14 +28,14 @@ datatrove's ``Stats``), the summary table and the manifest.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import typed_config
 from cptkit.job import Job
 from cptkit.records import Record
 
@@ -60,11 +60,17 @@ class MapStep(ABC):
 
     name: ClassVar[str]
     stats_key: ClassVar[str] = "stats"  # key of the task stats in each completion marker
+    batch_key: ClassVar[str] = "batch_size"  # dotted path of the batch size in the typed config
 
     def __init__(self, cfg: DictConfig, batch_size: int | None = None) -> None:
         self.cfg = cfg  # what Job reads (io, shard, hashing of the run)
-        self.conf: Any = typed_config(cfg)  # the step's typed config dataclass, validated once
-        self.batch_size = int(batch_size) if batch_size is not None else 512
+        self.conf: Any = OmegaConf.to_object(cfg)  # the step's typed config dataclass, validated once
+        self.batch_size = int(batch_size or functools.reduce(getattr, self.batch_key.split("."), self.conf))
+        self.setup()
+
+    def setup(self) -> None:
+        """Load models and check settings once, before any task runs (``self.conf`` is set)."""
+        return None
 
     @abstractmethod
     def process(self, batch: list[Record], stats: Stats) -> Iterable[Record]:

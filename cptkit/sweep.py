@@ -72,9 +72,11 @@ def multirun(step: str, overrides: list[str]) -> None:
     def _main(cfg: DictConfig) -> None:
         from hydra.core.hydra_config import HydraConfig
 
+        from cptkit.config import schema_of
 
         hc = HydraConfig.get()
-        cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+        # a plain copy without Hydra's node, typed again as the step's schema (as compose_step returns it)
+        cfg = OmegaConf.merge(OmegaConf.structured(schema_of(step)), OmegaConf.to_container(cfg, resolve=False))
         cfg = finalize(cfg, step, list(hc.overrides.task))
         OmegaConf.set_struct(cfg, False)
         cfg.io.output = member_output(cfg.io.output, member_dirname(list(hc.overrides.task), swept))

@@ -73,18 +73,22 @@ def test_a_map_step_runs_tasks_merges_their_stats_and_resumes(tmp_path):
     assert read_jsonl_dir(out) == got
 
 
-def test_typed_config_also_from_a_config_that_lost_its_root_type():
-    """``@hydra.main`` (sweeps) hands steps an untyped root: it is merged into the step's schema."""
-    from omegaconf import OmegaConf
-
-    from cptkit.config import typed_config
+def test_a_map_step_gets_its_typed_config_and_batch_size_from_it(tmp_path):
+    """``self.conf`` is the step's dataclass (validated), ``batch_key`` finds the batch size in it,
+    and ``setup`` runs once before any work."""
     from cptkit.steps.corrupt import CorruptConfig, CorruptJob
 
+    class Probe(MapStep):
+        name = "probe"
+        batch_key = "corrupt.batch_size"
+
+        def setup(self):
+            self.ready = isinstance(self.conf, CorruptJob) and isinstance(self.conf.corrupt, CorruptConfig)
+
+        def process(self, batch, stats):
+            return batch
+
     step_module("corrupt")
-    cfg = compose_step("corrupt", ["io.inputs=[x]", "io.output=y", "corrupt.ratio=0.5"])
-    plain = OmegaConf.create(OmegaConf.to_container(cfg))
-    assert not isinstance(OmegaConf.to_object(plain), CorruptJob)
-    for c in (cfg, plain):
-        conf = typed_config(c)
-        assert isinstance(conf, CorruptJob) and isinstance(conf.corrupt, CorruptConfig)
-        assert conf.corrupt.ratio == 0.5 and conf.io.output == "y"
+    cfg = compose_step("corrupt", [f"io.inputs=[{tmp_path}]", f"io.output={tmp_path / 'o'}", "corrupt.batch_size=7"])
+    p = Probe(cfg)
+    assert p.ready and p.batch_size == 7 and Probe(cfg, batch_size=3).batch_size == 3

@@ -139,9 +139,9 @@ class Corrupt(MapStep):
     name = "corrupt"
     stats_key = "corruption"
 
-    def __init__(self, cfg: DictConfig):
-        super().__init__(cfg)
-        self.batch_size = self.conf.corrupt.batch_size
+    batch_key = "corrupt.batch_size"
+
+    def setup(self) -> None:
         self.corrupter = Corrupter(self.conf.corrupt)
 
     def process(self, batch: list[Record], stats: Counter) -> list[Record]:

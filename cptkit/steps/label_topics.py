@@ -95,9 +95,9 @@ class LabelTopics(MapStep):
     name = "label-topics"
     stats_key = "topics"
 
-    def __init__(self, cfg: DictConfig):
-        super().__init__(cfg)
-        self.batch_size = self.conf.topics.batch_size
+    batch_key = "topics.batch_size"
+
+    def setup(self) -> None:
         self.models = load_models(self.conf)
 
     def process(self, batch: list[Record], stats: Counter) -> list[Record]:

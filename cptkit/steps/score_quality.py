@@ -95,10 +95,8 @@ class ScoreQuality(MapStep):
     name = "score-quality"
     stats_key = "dropped"
 
-    def __init__(self, cfg: DictConfig):
-        super().__init__(cfg)
+    def setup(self) -> None:
         c: ScoreQualityJob = self.conf
-        self.batch_size = c.batch_size
         self.scorers = [Scorer(kind, sc) for kind, sc in (("quality", c.quality), ("edu", c.edu)) if sc.model]
         if not self.scorers:
             raise CptkitError("score-quality needs quality.model=DIR and/or edu.model=DIR "
