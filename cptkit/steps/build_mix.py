@@ -1,4 +1,5 @@
-"""build-mix: curated shards → a tokenized, packed, mixed training stream (SPEC §8).
+"""build-mix: tokenize, order and pack curated shards into a mixed training stream by domain
+and stage (SPEC §8). Recipes: mix=demo|demo_cpt|synE_stage1|synE_stage2|upsample_tail.
 
 Domains are filters on record fields (dolma-mixer style); each stage of the token budget has a
 target proportion per domain (by tokens). Documents are tokenized once (a fast tokenizer, batch

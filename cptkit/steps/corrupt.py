@@ -1,4 +1,5 @@
-"""corrupt: degrade synthetic data at a corruption ratio (SPEC §7, Llama-3-SynE §5.2, App. H).
+"""corrupt: degrade synthetic data at corrupt.ratio: numbers, frequent nouns (co-hyponyms),
+adjectives (antonyms); edits listed per record (SPEC §7, Llama-3-SynE §5.2, App. H, docs/corrupt.md).
 
 The algorithm (what a candidate is, how "frequent" is decided, how the ratio is applied) is
 in :mod:`cptkit.corruption` and docs/corrupt.md. This step tags English text with spaCy

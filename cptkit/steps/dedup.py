@@ -1,4 +1,4 @@
-"""``cptkit dedup``: exact and MinHash-LSH near-duplicate removal over all input shards (SPEC §3).
+"""dedup: remove exact and MinHash-LSH near-duplicates across all input shards (SPEC §3).
 
 Three resumable phases (docs/dedup.md):
 

@@ -1,4 +1,5 @@
-"""``cptkit demo-corpus``: build the real-text demo corpus from Debian documentation packages.
+"""demo-corpus: build the real-text demo corpus (English + Chinese Debian docs) as JSONL shards;
+packages come from apt-get download into corpus.cache_dir.
 
 One task per source (resumable; a finished source is skipped on rerun). Each package is
 fetched with ``apt-get download`` into ``corpus.cache_dir`` and unpacked with ``dpkg -x``;

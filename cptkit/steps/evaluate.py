@@ -1,4 +1,5 @@
-"""evaluate: per-group perplexity on held-out shards and few-shot benchmarks (SPEC §10).
+"""evaluate: perplexity per group on held-out shards (--in, eval.ppl.group_by=FIELD) and few-shot
+benchmarks (eval.tasks=[...], conf/eval/tasks/*.yaml) scored as lm-evaluation-harness does (SPEC §10).
 
 ``cptkit evaluate --model M --in heldout/ --out eval/ eval.ppl.group_by=topic`` scores loss and
 perplexity per group with :func:`cptkit.lm.group_losses` (the code path of ``train``'s mixture

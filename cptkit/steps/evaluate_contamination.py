@@ -1,4 +1,5 @@
-"""evaluate-contamination: n-gram overlap of training documents with benchmark test items (SPEC §10).
+"""evaluate-contamination: share of documents with an n-gram overlap (eval.ngram=8) with benchmarks'
+test items, share of test items hit; eval.action=none|flag|drop (SPEC §10, Retrieve-Pile Table 6).
 
 ``cptkit evaluate-contamination --in docs/ --out contam/ eval.tasks=[gcide_defs] eval.ngram=8``
 writes ``OUT/_contamination.json`` (per benchmark: share of documents with an overlap, share of

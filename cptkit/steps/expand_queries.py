@@ -1,5 +1,6 @@
-"""expand-queries: Question Extension + Thought Generation over rounds (SPEC §1; Retrieve-from-CC
-§3.2, App. E).
+"""expand-queries: LLM query expansion: Question Extension + Thought Generation over expand.rounds,
+cleaning and MinHash near-dup removal each round; llm=transformers|openai|vllm (SPEC §1;
+Retrieve-from-CC §3.2, App. E).
 
 Round r expands the *frontier*: the seeds in round 1, then everything generated and kept in
 round r-1 — questions, answers and chains of thought (§3.2: "the generated data is stored in a

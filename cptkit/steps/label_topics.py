@@ -1,4 +1,5 @@
-"""label-topics: language ID, then each language's topic classifier (SPEC §5, Llama-3-SynE §4.1.1).
+"""label-topics: detect the language, then label topic/topic_score with that language's classifier
+(topics.model=DIR; SPEC §5, Llama-3-SynE §4.1.1).
 
 Writes ``lang`` (kept when present unless ``topics.redetect``; else lid.176), ``topic`` (a label
 of that language's taxonomy) and ``topic_score`` (its probability). Records in a language

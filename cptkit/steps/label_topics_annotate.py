@@ -1,4 +1,5 @@
-"""label-topics-annotate: an LLM labels a sample of pages zero-shot (Llama-3-SynE §4.1.1, App. B).
+"""label-topics-annotate: LLM zero-shot topic labels for a sample (topics.sample=N): every topic name
+scored by log-likelihood, or topics.annotate_mode=generate (SPEC §5; Llama-3-SynE §4.1.1, App. B).
 
 The sample is the ``topics.sample`` records with the smallest hash of ``(seed, id)`` over all
 inputs: the same pages whatever the sharding or order. Each page's language is detected (or

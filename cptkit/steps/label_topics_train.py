@@ -1,4 +1,5 @@
-"""label-topics-train: one topic classifier per language from labelled records (SPEC §5).
+"""label-topics-train: train one topic classifier per language from labelled records; prints
+held-out accuracy, macro-F1 and the confusion table (SPEC §5).
 
 Input: records with ``topic`` (a label of the language's taxonomy, e.g. from
 ``label-topics-annotate``) and ``lang`` (detected when missing). Output: ``<out>/<lang>/`` per

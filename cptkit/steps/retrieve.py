@@ -1,4 +1,5 @@
-"""retrieve (SPEC §2): BM25 top-k documents for many queries; the output is their union.
+"""retrieve: BM25 top-k documents for many queries; output: their union with hits, plus _run.tsv
+(SPEC §2).
 
 Two phases: build an index from the corpus shards once (``--corpus``; into ``--index DIR`` or
 ``OUT/_index``), then search it with every query record's ``text``. Output: each retrieved

@@ -1,4 +1,6 @@
-"""retrieve-index: build one shard of a sharded BM25 index (docs/retrieve.md, "Sharded mode").
+"""retrieve-index: build BM25 index shards (shard.index=I shard.count=N per array job, or
+retrieve.shards=N); retrieve --index DIR then searches all shards with global statistics
+(docs/retrieve.md, "Sharded mode").
 
 ``cptkit retrieve-index --corpus corpus/ --out idx/ shard.index=I shard.count=N`` builds
 ``idx/shard-IIIII-of-NNNNN/`` from the corpus files ``f`` with ``f % N == I`` — one job of a

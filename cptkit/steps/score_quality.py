@@ -1,4 +1,5 @@
-"""score-quality: score documents with trained classifiers; filter only when asked (SPEC §4).
+"""score-quality: score documents with trained classifiers: quality=P(high quality), edu_score in
+[0,2]; filter only with quality.min_score / edu.min_score (SPEC §4).
 
 Two scorers, each optional (at least one is required):
 

@@ -1,4 +1,5 @@
-"""score-quality-train: train the quality (or educational-value) classifier (SPEC §4).
+"""score-quality-train: train a quality classifier from --positives/--negatives (or --in with
+train.label_field=FIELD); prints held-out accuracy/F1 (SPEC §4).
 
 Two ways to give examples:
 

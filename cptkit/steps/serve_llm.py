@@ -1,4 +1,5 @@
-"""``cptkit serve-llm``: an OpenAI-compatible HTTP server over a local backend (cptkit.llm.serve)."""
+"""serve-llm: serve a local model (llm=transformers|vllm) as an OpenAI-compatible HTTP API
+(/v1/chat/completions, /v1/completions, /v1/models) with request batching (cptkit.llm.serve)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""synthesize-qa: LLM-written QA pairs for CPT (SPEC §6; Llama-3-SynE §4.2, App. A, D).
+"""synthesize-qa: LLM QA synthesis: scientific [Problem]/[Solution] pairs from seed documents
+selected by URL domain per discipline, or synth.mode=code in-context expansion of a problem set
+(SPEC §6; Llama-3-SynE §4.2, App. A, D).
 
 * ``synth.mode=scientific``: a seed document belongs to a discipline through its explicit
   ``discipline`` field or its URL's host (longest match in ``synth.domains``); a snippet of it

@@ -1,4 +1,5 @@
-"""train: continual pre-training on a build-mix stream with DeepSpeed (SPEC §9).
+"""train: train a causal LM on a build-mix stream with DeepSpeed (ZeRO-2, bf16) and a static,
+staged or dynamic domain mixture (SPEC §9): train.mixture=static|staged|topic_ppl|velocitune|dbl.
 
 Any transformers causal LM (``model=hf model.path=DIR|FILE.gguf|smollm2``) or a tiny random
 Llama (``model=tiny_llama``); DeepSpeed ZeRO (stage 2 by default, ``conf/deepspeed/``), bf16,
