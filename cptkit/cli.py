@@ -1,49 +1,78 @@
-"""The ``cptkit`` command line: one thin Typer command per step.
+"""The ``cptkit`` command line: one command per step, generated from the step's declaration.
 
-Each command maps its options onto config keys, composes ``conf/<step>.yaml`` with the
-trailing Hydra overrides (``key=value``, ``+key=value``) and calls ``cptkit.steps.<step>.run``.
-With ``-m`` the same step function runs under ``@hydra.main`` as a multirun (sweeps, SLURM).
+A step's command maps its declared options onto config keys (:class:`cptkit.step.Option`),
+composes ``conf/<step>.yaml`` with the trailing Hydra overrides (``key=value``, ``+key=value``)
+and runs the step (:func:`cptkit.steps.execute`). With ``-m`` the same step runs under
+``@hydra.main`` as a multirun (sweeps, SLURM).
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Annotated, Any
 
 import typer
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 from cptkit.errors import CptkitError
-from cptkit.steps import execute, step_module
+from cptkit.steps import execute, step_help, step_module, step_names
 
 __all__ = ["app", "execute", "main", "step_module", "MODULES"]
 
 
 class StepCommand(TyperCommand):
-    """A command whose listing shows its whole description and whose ``--help`` ends with the
-    step's config keys, defaults and help (generated from the typed schema)."""
-
-    def get_short_help_str(self, limit: int = 45) -> str:
-        return " ".join((self.short_help or self.help or "").split())
+    """A step's command: its ``--help`` ends with the step's config keys, defaults and help
+    (generated from the typed schema)."""
 
     def format_epilog(self, ctx: Any, formatter: Any) -> None:
         super().format_epilog(ctx, formatter)
-        if self.name in MODULES:
-            from cptkit.cli_help import config_help
+        from cptkit.cli_help import config_help
 
-            formatter.write("\n" + config_help(self.name))
+        formatter.write("\n" + config_help(self.name))
 
 
-def command(name: str, **kw: Any):
-    """``app.command`` with :class:`StepCommand` (full descriptions, config keys in --help)."""
-    return app.command(name, cls=StepCommand, **kw)
+# The order of `cptkit --help` (pipeline order); a step not named here is listed after these.
+ORDER = ("demo-corpus", "expand-queries", "retrieve-index", "retrieve", "dedup", "score-quality-train",
+         "score-quality", "label-topics-annotate", "label-topics-train", "label-topics", "synthesize-qa",
+         "corrupt", "build-mix", "train", "evaluate", "evaluate-contamination", "evaluate-compare", "serve-llm")
+
+# Step name -> module under cptkit/steps, found from the file names (nothing imported).
+MODULES: dict[str, str] = {name: name.replace("-", "_") for name in step_names()}
+
+
+class Commands(TyperGroup):
+    """The command group: the Typer commands below plus one generated command per step module,
+    built only when that step is invoked or asked for ``--help`` (so ``cptkit --help`` imports no
+    step)."""
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        names = set(super().list_commands(ctx)) | set(step_names())
+        return sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any | None:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is None and cmd_name in step_names():
+            cmd = step_command(cmd_name)
+        return cmd
+
+    def format_commands(self, ctx: typer.Context, formatter: Any) -> None:
+        rows, steps = [], set(step_names())
+        for name in self.list_commands(ctx):
+            if name in steps:
+                rows.append((name, step_help(name)))
+            elif (cmd := super().get_command(ctx, name)) is not None and not cmd.hidden:
+                rows.append((name, " ".join((cmd.short_help or cmd.help or "").split())))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 CTX = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": ["-h", "--help"]}
 app = typer.Typer(
     name="cptkit",
+    cls=Commands,
     help="Composable steps for continual pre-training. Each step reads and writes sharded JSONL; "
     "trailing KEY=VALUE words are Hydra overrides (see conf/<step>.yaml).",
     no_args_is_help=True,
@@ -53,45 +82,48 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# Step name -> module under cptkit/steps (imported lazily so --help stays fast).
-MODULES: dict[str, str] = {}
-
-In = Annotated[list[str] | None, typer.Option("--in", "-i", metavar="PATH", help="Input: file, directory of shards, glob, or - (stdin). Repeatable.")]
-Out = Annotated[str | None, typer.Option("--out", "-o", metavar="PATH", help="Output directory (or - for stdout). {key} placeholders are filled from the config.")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no summary table.")]
 Cfg = Annotated[str | None, typer.Option("--cfg", "-c", metavar="job|hydra|all", help="Print the config (job: the step's, hydra: Hydra's, all: both) and exit; secrets are redacted. Add --resolve to resolve ${...} interpolations; --info prints the config search path and defaults list instead.")]
-SkipBad = Annotated[bool, typer.Option("--skip-bad-lines", help="Skip and count malformed input lines instead of failing.")]
 
 
-def _q(value: str) -> str:
-    """Quote a value for Hydra's override grammar."""
-    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+def step_command(name: str) -> Any:
+    """The command of step ``name``, generated from its declaration (:func:`cptkit.step.step`):
+    each declared option sets its config key, ``--cfg`` prints the config, trailing words are
+    Hydra overrides."""
+    from cptkit.steps import declaration
 
+    decl = declaration(name)
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("ctx", kw, annotation=typer.Context)]
+    for o in decl.options:
+        if o.flag:
+            params.append(inspect.Parameter(o.dest, kw, default=False,
+                                            annotation=Annotated[bool, typer.Option(*o.flags, help=o.help)]))
+        else:
+            kind = list[str] | None if o.multiple else str | None
+            info = typer.Option(*o.flags, metavar=o.metavar, help=o.help)
+            params.append(inspect.Parameter(o.dest, kw, default=None, annotation=Annotated[kind, info]))
+    params.append(inspect.Parameter("show_cfg", kw, default=None, annotation=Cfg))
 
-def io_overrides(inputs: list[str] | None = None, out: str | None = None, quiet: bool = False,
-                 skip_bad: bool = False) -> list[str]:
-    ov = []
-    if inputs:
-        ov.append("io.inputs=[" + ",".join(_q(i) for i in inputs) + "]")
-    if out is not None:
-        ov.append(f"io.output={_q(out)}")
-    if quiet:
-        ov.append("quiet=true")
-    if skip_bad:
-        ov.append("io.skip_bad_lines=true")
-    return ov
+    def command(ctx: typer.Context, show_cfg: str | None = None, **values: Any) -> None:
+        overrides = [ov for o in decl.options if (ov := o.override(values[o.dest])) is not None]
+        invoke(ctx, name, overrides, show_cfg)
+
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    one = typer.Typer(rich_markup_mode=None, add_completion=False)
+    one.command(name, cls=StepCommand, context_settings=CTX, help=step_help(name))(command)
+    return typer.main.get_command(one)
 
 
 def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | None = None) -> None:
     """Compose the step's config from option-derived and trailing overrides and run it."""
-    extra = list(ctx.args)
+    extra = [a for a in ctx.args if not a.startswith("--local_rank")]  # the deepspeed launcher adds it
     resolve = "--resolve" in extra
     info = "--info" in extra
     extra = [a for a in extra if a not in ("--resolve", "--info")]
     unknown = [a for a in extra if a.startswith("--") and "=" not in a]
     if unknown:
         raise CptkitError(f"unknown option {unknown[0]} for 'cptkit {step}' (see cptkit {step} --help)")
-    step_module(step)  # registers the schema
     from cptkit.executor import split_executor_args
 
     executor, extra = split_executor_args(extra)
@@ -147,16 +179,14 @@ def hydra_info(step: str, overrides: list[str]) -> str:
     name = step.replace("-", "_")
     lines = [f"cptkit {step}", f"config: {CONF_DIR / (name + '.yaml')}", "config search path:",
              f"  file://{CONF_DIR}", "  pkg://hydra.conf (Hydra's own defaults)", "defaults list:",
-             f"  _schema_{name} (the dataclass schema, cptkit.steps.{MODULES[step]})"]
+             f"  _schema_{name} (the dataclass schema, cptkit.steps.{name})"]
     lines += [f"  {group}: {choice}" for group, choice in cfg.hydra.runtime.choices.items()
               if not str(group).startswith("hydra/")]
-    lines += [f"  {name} (conf/{name}.yaml)", "overrides:"]
+    if (CONF_DIR / f"{name}.yaml").exists():
+        lines.append(f"  {name} (conf/{name}.yaml)")
+    lines.append("overrides:")
     lines += [f"  {redact_text(o)}" for o in overrides] or ["  (none)"]
     return "\n".join(lines) + "\n"
-
-
-def register(step: str, module: str):
-    MODULES[step] = module
 
 
 def _print_version(value: bool) -> None:
@@ -175,149 +205,7 @@ def _root(
     """Composable steps for continual pre-training."""
 
 
-# --- steps, in pipeline order (the order of `cptkit --help`) -------------------------------
-Files = Annotated[list[str] | None, typer.Option(metavar="PATH", help="JSONL file, directory or glob. Repeatable.")]
-Corpus = Annotated[list[str] | None, typer.Option("--corpus", "--in", "-i", metavar="PATH", help="Corpus shards to index (file, directory, glob); --in and -i name it as in every other step. Repeatable.")]
-Model = Annotated[str | None, typer.Option("--model", metavar="MODEL", help="HF model dir, .gguf file, or smollm2.")]
-
-
-def data_step(name: str, module: str, help: str) -> None:
-    """Register the usual command: --in/--out/--quiet/--cfg/--skip-bad-lines + overrides."""
-    register(name, module)
-
-    def run_step(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
-                cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
-        invoke(ctx, name, io_overrides(inputs, out, quiet, skip_bad), cfg)
-
-    run_step.__name__ = run_step.__qualname__ = name.replace("-", "_")
-    command(name, context_settings=CTX, help=help)(run_step)
-
-
-def _list(key: str, values: list[str]) -> str:
-    return f"{key}=[" + ",".join(_q(v) for v in values) + "]"
-
-
-register("demo-corpus", "demo_corpus")
-
-
-@command("demo-corpus", context_settings=CTX,
-             help="Build the real-text demo corpus (English + Chinese Debian docs) as JSONL shards; "
-             "packages come from apt-get download into corpus.cache_dir.")
-def demo_corpus(ctx: typer.Context, out: Out = None, quiet: Quiet = False, cfg: Cfg = None) -> None:
-    invoke(ctx, "demo-corpus", io_overrides(None, out, quiet), cfg)
-
-
-data_step("expand-queries", "expand_queries",
-          "LLM query expansion: Question Extension + Thought Generation over expand.rounds, "
-          "cleaning and MinHash near-dup removal each round; llm=transformers|openai|vllm (SPEC §1).")
-
-register("retrieve-index", "retrieve_index")
-
-
-@command("retrieve-index", context_settings=CTX,
-             help="Build BM25 index shards (shard.index=I shard.count=N per array job, or retrieve.shards=N); "
-             "retrieve --index DIR then searches all shards with global statistics (docs/retrieve.md).")
-def retrieve_index(ctx: typer.Context, corpus: Corpus = None, out: Out = None, quiet: Quiet = False,
-                   cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
-    invoke(ctx, "retrieve-index", io_overrides(corpus, out, quiet, skip_bad), cfg)
-
-
-register("retrieve", "retrieve")
-
-
-@command("retrieve", context_settings=CTX,
-             help="BM25 top-k documents for many queries; output: their union with hits, plus _run.tsv (SPEC §2).")
-def retrieve(
-    ctx: typer.Context,
-    queries: Annotated[list[str] | None, typer.Option("--queries", metavar="PATH", help="Query records (their `text` is searched). Repeatable.")] = None,
-    corpus: Corpus = None,
-    index: Annotated[str | None, typer.Option("--index", metavar="PATH", help="Index directory: reused if finished, else built there from --corpus.")] = None,
-    out: Out = None,
-    quiet: Quiet = False,
-    cfg: Cfg = None,
-    skip_bad: SkipBad = False,
-) -> None:
-    overrides = io_overrides(corpus, out, quiet, skip_bad)
-    if queries:
-        overrides.append(_list("retrieve.queries", queries))
-    if index is not None:
-        overrides.append(f"retrieve.index={_q(index)}")
-    invoke(ctx, "retrieve", overrides, cfg)
-
-
-data_step("dedup", "dedup", "Remove exact and MinHash-LSH near-duplicates across all shards (SPEC §3).")
-
-register("score-quality-train", "score_quality_train")
-
-
-@command("score-quality-train", context_settings=CTX,
-             help="Train a quality classifier from --positives/--negatives (or --in with "
-             "train.label_field=FIELD); prints held-out accuracy/F1 (SPEC §4).")
-def score_quality_train(ctx: typer.Context, positives: Files = None, negatives: Files = None,
-                        inputs: In = None, out: Out = None, quiet: Quiet = False, cfg: Cfg = None,
-                        skip_bad: SkipBad = False) -> None:
-    ov = io_overrides(inputs, out, quiet, skip_bad)
-    if positives:
-        ov.append(_list("train.positives", positives))
-    if negatives:
-        ov.append(_list("train.negatives", negatives))
-    invoke(ctx, "score-quality-train", ov, cfg)
-
-
-data_step("score-quality", "score_quality",
-          "Score documents with trained classifiers: quality=P(high quality), edu_score in [0,2]; "
-          "filter only with quality.min_score / edu.min_score (SPEC §4).")
-data_step("label-topics-annotate", "label_topics_annotate",
-          "LLM zero-shot topic labels for a sample (topics.sample=N): every topic name scored by "
-          "log-likelihood, or topics.annotate_mode=generate (SPEC §5).")
-data_step("label-topics-train", "label_topics_train",
-          "Train one topic classifier per language from labelled records; prints held-out "
-          "accuracy, macro-F1 and the confusion table (SPEC §5).")
-data_step("label-topics", "label_topics",
-          "Detect the language, then label topic/topic_score with that language's classifier "
-          "(topics.model=DIR; SPEC §5).")
-data_step("synthesize-qa", "synthesize_qa",
-          "LLM QA synthesis: scientific [Problem]/[Solution] pairs from seed documents selected by "
-          "URL domain per discipline, or synth.mode=code in-context expansion of a problem set (SPEC §6).")
-data_step("corrupt", "corrupt",
-          "Degrade synthetic data at corrupt.ratio: numbers, frequent nouns (co-hyponyms), "
-          "adjectives (antonyms); edits listed per record (SPEC §7, docs/corrupt.md).")
-data_step("build-mix", "build_mix",
-          "Tokenize, order and pack curated shards into a mixed training stream by domain "
-          "and stage (SPEC §8). Recipes: mix=demo|demo_cpt|synE_stage1|synE_stage2|upsample_tail.")
-
-register("train", "train")
-
-
-@command("train", context_settings=CTX,
-             help="Train a causal LM on a build-mix stream with DeepSpeed (ZeRO-2, bf16) and a static, "
-             "staged or dynamic domain mixture (SPEC §9): train.mixture=static|staged|topic_ppl|velocitune|dbl.")
-def train(ctx: typer.Context, inputs: In = None, out: Out = None, quiet: Quiet = False,
-          cfg: Cfg = None) -> None:
-    ctx.args[:] = [a for a in ctx.args if not a.startswith("--local_rank")]  # the deepspeed launcher adds it
-    invoke(ctx, "train", io_overrides(inputs, out, quiet), cfg)
-
-
-register("evaluate", "evaluate")
-
-
-@command("evaluate", context_settings=CTX,
-             help="Perplexity per group on held-out shards (--in, eval.ppl.group_by=FIELD) and few-shot "
-             "benchmarks (eval.tasks=[...], conf/eval/tasks/*.yaml) scored as lm-evaluation-harness does (SPEC §10).")
-def evaluate(ctx: typer.Context, model: Model = None, inputs: In = None, out: Out = None, quiet: Quiet = False,
-             cfg: Cfg = None, skip_bad: SkipBad = False) -> None:
-    overrides = io_overrides(inputs, out, quiet, skip_bad)
-    if model is not None:
-        overrides.append(f"eval.model={_q(model)}")
-    invoke(ctx, "evaluate", overrides, cfg)
-
-
-data_step("evaluate-contamination", "evaluate_contamination",
-          "Share of documents with an n-gram overlap (eval.ngram=8) with benchmarks' test items, "
-          "share of test items hit; eval.action=none|flag|drop (SPEC §10, Retrieve-Pile Table 6).")
-
-
-@command("evaluate-compare", help="Side-by-side table of evaluate outputs (first = baseline) with deltas.")
+@app.command("evaluate-compare", help="Side-by-side table of evaluate outputs (first = baseline) with deltas.")
 def evaluate_compare(
     runs: Annotated[list[str], typer.Argument(help="evaluate output dirs (or _results.json files); NAME=DIR to label.")],
     out: Annotated[str | None, typer.Option("--out", "-o", metavar="PATH", help="Also write the table: .md (markdown) or .json.")] = None,
@@ -351,16 +239,6 @@ def evaluate_compare(
         atomic_write_bytes(Path(out), body.encode())
     else:
         sys.stdout.write(md)
-
-
-register("serve-llm", "serve_llm")
-
-
-@command("serve-llm", context_settings=CTX,
-             help="Serve a local model (llm=transformers|vllm) as an OpenAI-compatible HTTP API "
-             "(/v1/chat/completions, /v1/completions, /v1/models) with request batching.")
-def serve_llm(ctx: typer.Context, quiet: Quiet = False, cfg: Cfg = None) -> None:
-    invoke(ctx, "serve-llm", io_overrides(None, None, quiet), cfg)
 
 
 def main() -> None:

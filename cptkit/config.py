@@ -118,10 +118,12 @@ def compose_step(name: str, overrides: list[str] | None = None, *, hydra_node: b
     leaves interpolations as written (``--cfg job`` without ``--resolve``)."""
     config_name = name.replace("-", "_")
     overrides = list(overrides or [])
-    if not (CONF_DIR / f"{config_name}.yaml").exists():
-        raise CptkitError(f"no config for step {name!r}: {CONF_DIR / (config_name + '.yaml')} is missing")
+    if not (CONF_DIR / f"{config_name}.yaml").exists():  # a step whose defaults are all in its dataclass
+        if name not in _SCHEMAS:
+            raise CptkitError(f"no config for step {name!r}: neither a declared schema nor {CONF_DIR / (config_name + '.yaml')}")
+        config_name = f"_schema_{config_name}"
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name=config_name):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name=name.replace("-", "_")):
             cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra_node)
     except (HydraException, OmegaConfBaseException) as e:
         raise CptkitError(redact_text(explain(e, name))) from None

@@ -1,13 +1,24 @@
-"""The shape of a record-mapping step: declare the batch work, the framework runs the rest.
+"""The shape of a step: one module in ``cptkit/steps/``, one declaration, the framework does the rest.
 
-Most steps map records to records (score, label, corrupt, filter). Such a step is one subclass of
+A step module's docstring starts with ``name: what it does`` (the command's help), defines its
+typed config (a :class:`cptkit.config.JobConfig` dataclass validated in ``__post_init__``) and
+declares its work with :func:`step`::
+
+    @step("score-quality", ScoreQualityJob)           # options: DATA (--in --out -q --skip-bad-lines)
+    def run(cfg: DictConfig) -> dict:
+        return ScoreQuality(cfg).run()
+
+From that declaration come the Typer command ``cptkit score-quality`` (options mapped onto config
+keys, ``--cfg``, ``--help`` listing every config key), the Hydra schema ``_schema_score_quality``
+that ``conf/score_quality.yaml`` extends, and the runner used by single runs, multiruns and job
+arrays (:func:`cptkit.steps.execute`). Adding a step takes one file.
+
+Most steps map records to records (score, label, corrupt, filter). Their work is one subclass of
 :class:`MapStep`::
 
     class ScoreQuality(MapStep):
-        name = "score-quality"
         stats_key = "dropped"
-
-        batch_key = "batch_size"      # where the batch size is in the typed config
+        batch_key = "batch_size"          # where the batch size is in the typed config
 
         def setup(self):                  # self.conf: the typed ScoreQualityJob
             self.scorers = [...]          # load models once, fail early on bad settings
@@ -32,10 +43,12 @@ import functools
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 
+from cptkit.config import register_step
 from cptkit.job import Job
 from cptkit.records import Record
 
@@ -58,7 +71,6 @@ def map_batches(records: Iterable[Record], batch_size: int,
 class MapStep(ABC):
     """A step that maps batches of records to records; subclasses implement :meth:`process`."""
 
-    name: ClassVar[str]
     stats_key: ClassVar[str] = "stats"  # key of the task stats in each completion marker
     batch_key: ClassVar[str] = "batch_size"  # dotted path of the batch size in the typed config
 
@@ -86,3 +98,73 @@ class MapStep(ABC):
             total = job.run_map(lambda recs, stats: map_batches(recs, self.batch_size, self.process, stats),
                                 self.stats_key)
             return job.finish(extra=self.summary(total))
+
+
+# --- the declaration: one decorator per step module ---------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    """A command-line option of a step and the config key it sets (``--queries F`` ->
+    ``retrieve.queries=[F]``). ``multiple``: repeatable, sets a list; ``flag``: a switch, sets true."""
+
+    flags: tuple[str, ...]
+    key: str
+    help: str
+    multiple: bool = False
+    flag: bool = False
+    metavar: str = "PATH"
+
+    @property
+    def dest(self) -> str:
+        return self.key.replace(".", "__")
+
+    def override(self, value: Any) -> str | None:
+        """The Hydra override for the option's parsed value (None: not given)."""
+        if self.flag:
+            return f"{self.key}=true" if value else None
+        if self.multiple:
+            return f"{self.key}=[" + ",".join(quote(v) for v in value) + "]" if value else None
+        return None if value is None else f"{self.key}={quote(value)}"
+
+
+def quote(value: Any) -> str:
+    """A value quoted for Hydra's override grammar."""
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+IN = Option(("--in", "-i"), "io.inputs", "Input: file, directory of shards, glob, or - (stdin). Repeatable.",
+            multiple=True)
+OUT = Option(("--out", "-o"), "io.output",
+             "Output directory (or - for stdout). {key} placeholders are filled from the config.")
+QUIET = Option(("--quiet", "-q"), "quiet", "No progress bar, no summary table.", flag=True)
+SKIP_BAD = Option(("--skip-bad-lines",), "io.skip_bad_lines", "Skip and count malformed input lines instead of failing.",
+                  flag=True)
+DATA = (IN, OUT, QUIET, SKIP_BAD)  # the options of a step that maps input shards to output shards
+
+
+@dataclass(frozen=True)
+class Step:
+    """A step as declared by :func:`step`: everything the CLI, Hydra and sweeps need."""
+
+    name: str
+    schema: type  # the root config dataclass (a JobConfig), stored as Hydra schema ``_schema_<name>``
+    run: Callable[[DictConfig], Any]  # the work, on the composed and validated config
+    options: tuple[Option, ...] = DATA  # command-line options (``--cfg`` and ``--help`` are added)
+
+
+STEPS: dict[str, Step] = {}  # filled as step modules are imported (cptkit.steps.step_module)
+
+
+def step(name: str, schema: type, options: tuple[Option, ...] = DATA):
+    """Declare the decorated ``run(cfg)`` as step ``name``: its config schema (registered for
+    ``conf/<name>.yaml`` to extend) and its command-line options. The Typer command, its
+    ``--help`` (the module docstring's first paragraph, then every config key), multiruns and
+    the runner are generated from this one declaration."""
+
+    def declare(run: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
+        register_step(name, schema)
+        STEPS[name] = Step(name, schema, run, tuple(options))
+        return run
+
+    return declare

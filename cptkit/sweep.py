@@ -66,6 +66,8 @@ def multirun(step: str, overrides: list[str]) -> None:
                               "(docs/records.md, Secrets)")
     install_log_redaction()
     config_name = step.replace("-", "_")
+    if not (CONF_DIR / f"{config_name}.yaml").exists():  # all defaults in the step's dataclass
+        config_name = f"_schema_{config_name}"
     swept = swept_keys(overrides)
 
     @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name=config_name)

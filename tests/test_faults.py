@@ -487,7 +487,7 @@ def test_version_help_and_step_config_keys(capsys):
     assert code == 0 and out.strip() == f"cptkit {__version__}"
     code, out, _ = cli(["--help"], capsys)
     commands = out[out.index("Commands:"):]
-    assert code == 0 and not any(ln.rstrip().endswith("...") for ln in commands.splitlines()) and "near-duplicates across all shards (SPEC §3)" in " ".join(out.split())
+    assert code == 0 and not any(ln.rstrip().endswith("...") for ln in commands.splitlines()) and "near-duplicates across all input shards (SPEC §3)" in " ".join(out.split())
     code, out, _ = cli(["dedup", "--help"], capsys)
     assert code == 0
     keys = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("  ") and "=" in ln.split()[0]}

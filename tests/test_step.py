@@ -1,15 +1,22 @@
-"""The MapStep framework: batching, per-task stats merged across tasks and runs, resume, summary."""
+"""The step declaration (one file per step: command, schema, runner) and the MapStep framework:
+batching, per-task stats merged across tasks and runs, resume, summary."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 
 from conftest import read_jsonl_dir, write_jsonl
+from hydra.core.config_store import ConfigStore
+from typer.testing import CliRunner
 
-from cptkit.config import compose_step
-from cptkit.step import MapStep, map_batches
-from cptkit.steps import step_module
+import cptkit.steps
+from cptkit.cli import app
+from cptkit.config import compose_step, schema_of
+from cptkit.step import STEPS, MapStep, map_batches
+from cptkit.steps import declaration, step_help, step_module, step_names
 
 
 def test_map_batches_cuts_batches_of_the_given_size_and_a_shorter_last_one():
@@ -79,7 +86,6 @@ def test_a_map_step_gets_its_typed_config_and_batch_size_from_it(tmp_path):
     from cptkit.steps.corrupt import CorruptConfig, CorruptJob
 
     class Probe(MapStep):
-        name = "probe"
         batch_key = "corrupt.batch_size"
 
         def setup(self):
@@ -92,3 +98,97 @@ def test_a_map_step_gets_its_typed_config_and_batch_size_from_it(tmp_path):
     cfg = compose_step("corrupt", [f"io.inputs=[{tmp_path}]", f"io.output={tmp_path / 'o'}", "corrupt.batch_size=7"])
     p = Probe(cfg)
     assert p.ready and p.batch_size == 7 and Probe(cfg, batch_size=3).batch_size == 3
+
+
+def test_every_step_module_declares_the_step_its_file_names():
+    """cptkit/steps/x_y.py declares step x-y: schema registered for conf/x_y.yaml, a runner, a help."""
+    names = step_names()
+    assert len(names) >= 17 and "build-mix" in names and "dedup" in names
+    repo = ConfigStore.instance().repo
+    for name in names:
+        decl = declaration(name)
+        assert decl.name == name and schema_of(name) is decl.schema and callable(decl.run)
+        assert f"_schema_{name.replace('-', '_')}.yaml" in repo
+        assert step_help(name)[:1].isupper() and not step_help(name).startswith((f"{name}:", f"``cptkit {name}``"))
+
+
+def test_cptkit_help_lists_every_step_without_importing_any():
+    code = ("import sys\nfrom typer.testing import CliRunner\nfrom cptkit.cli import app\n"
+            "r = CliRunner().invoke(app, ['--help'])\nprint(r.output)\n"
+            "print('IMPORTED', [m for m in sys.modules if m.startswith('cptkit.steps.')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    listing, imported = out.rsplit("IMPORTED", 1)
+    assert imported.strip() == "[]"
+    for name in step_names():
+        assert f"  {name} " in listing
+    assert "Tokenize, order and pack curated shards" in listing  # build-mix's docstring head
+    # pipeline order, not alphabetical
+    assert listing.index("  expand-queries ") < listing.index("  retrieve ") < listing.index("  dedup ")
+
+
+PLUGIN = '''"""shout-words: upper-case every record's text and append shout.suffix.
+
+A step in one file: the docstring gives the help, the dataclass the config, @step the rest.
+"""
+
+from dataclasses import dataclass, field
+
+from cptkit.config import JobConfig, check
+from cptkit.step import MapStep, step
+
+
+@dataclass
+class ShoutConfig:
+    suffix: str = "!"  # appended to every text
+    batch_size: int = 4
+
+    def __post_init__(self):
+        check(len(self.suffix) <= 3, "suffix", self.suffix, "at most 3 characters")
+
+
+@dataclass
+class ShoutJob(JobConfig):
+    shout: ShoutConfig = field(default_factory=ShoutConfig)
+
+
+class Shout(MapStep):
+    batch_key = "shout.batch_size"
+
+    def process(self, batch, stats):
+        stats["shouted"] += len(batch)
+        return [{**r, "text": r["text"].upper() + self.conf.shout.suffix} for r in batch]
+
+
+@step("shout-words", ShoutJob)
+def run(cfg):
+    return Shout(cfg).run()
+'''
+
+
+def test_a_new_step_is_one_file(tmp_path, monkeypatch):
+    """A step module dropped into the steps package path (here a plugin directory) is a command
+    with its options, a --help listing its config keys, validation and a run; no YAML needed."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "shout_words.py").write_text(PLUGIN)
+    monkeypatch.setattr(cptkit.steps, "__path__", [*cptkit.steps.__path__, str(plugins)])
+    try:
+        runner = CliRunner()
+        r = runner.invoke(app, ["--help"])
+        assert "shout-words" in r.output and "Upper-case every record's text" in r.output
+        r = runner.invoke(app, ["shout-words", "--help"])
+        assert r.exit_code == 0 and "--in" in r.output and "--skip-bad-lines" in r.output
+        assert "shout.suffix=!" in r.output and "appended to every text" in r.output
+        write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": f"a{i}", "text": f"doc {i}"} for i in range(6)])
+        r = runner.invoke(app, ["shout-words", "--in", str(tmp_path / "in"), "--out", str(tmp_path / "out"), "-q",
+                                "shout.suffix=?"])
+        assert r.exit_code == 0, r.output
+        assert [x["text"] for x in read_jsonl_dir(tmp_path / "out")] == [f"DOC {i}?" for i in range(6)]
+        man = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+        assert man["step"] == "shout-words" and man["extra"] == {"shouted": 6}
+        r = runner.invoke(app, ["shout-words", "--in", str(tmp_path / "in"), "--out", str(tmp_path / "o2"),
+                                "shout.suffix=abcd"])
+        assert r.exit_code != 0 and "shout.suffix=abcd: at most 3 characters" in str(r.exception or r.output)
+    finally:
+        STEPS.pop("shout-words", None)
+        sys.modules.pop("cptkit.steps.shout_words", None)

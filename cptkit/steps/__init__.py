@@ -1,19 +1,62 @@
-"""One module per step; each exposes ``run(cfg) -> dict`` and registers its config schema.
+"""One module per step, each declaring itself with :func:`cptkit.step.step`.
 
-The module of step ``name`` is ``cptkit.steps.<name with - as _>``; :func:`execute` is the one
-code path that runs a step on a composed config (single runs from the CLI and sweep members).
+The step ``name`` lives in ``cptkit/steps/<name with - as _>.py``. The steps are found from the
+file names, and a step's one-line help is its module docstring's first paragraph, so the CLI lists
+every step without importing any (``cptkit --help`` stays fast); a step's module is imported only
+when it runs or shows its own ``--help``. :func:`execute` is the one code path that runs a step
+on a composed config (single runs from the CLI, sweep members, job arrays).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+from functools import cache
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 
+def step_files() -> dict[str, Path]:
+    """Every step and its module file (``build_mix.py`` -> ``build-mix``), sorted by name.
+    Searches this package's ``__path__``, so a plugin directory appended to it adds steps."""
+    found: dict[str, Path] = {}
+    for d in __path__:
+        for p in sorted(Path(d).glob("*.py")):
+            if not p.stem.startswith("_"):
+                found.setdefault(p.stem.replace("_", "-"), p)
+    return dict(sorted(found.items()))
+
+
+def step_names() -> list[str]:
+    return list(step_files())
+
+
+@cache
+def step_help(step: str) -> str:
+    """The step's help: its module docstring's first paragraph without the ``name:`` prefix,
+    read from the source (nothing imported)."""
+    doc = ast.get_docstring(ast.parse(step_files()[step].read_text(encoding="utf-8"))) or ""
+    first = " ".join(doc.split("\n\n")[0].split())
+    head, sep, rest = first.partition(": ")
+    text = rest if sep and head.strip("`").removeprefix("cptkit ") == step else first
+    return text[:1].upper() + text[1:]
+
+
 def step_module(step: str) -> ModuleType:
-    """Import (and so register the schema of) the module of ``step``."""
+    """Import (and so declare and register the schema of) the module of ``step``."""
     return importlib.import_module(f"cptkit.steps.{step.replace('-', '_')}")
+
+
+def declaration(step: str) -> Any:
+    """The :class:`cptkit.step.Step` that the module of ``step`` declares."""
+    from cptkit.errors import CptkitError
+    from cptkit.step import STEPS
+
+    step_module(step)
+    if step not in STEPS:
+        raise CptkitError(f"cptkit/steps/{step.replace('-', '_')}.py declares no step {step!r} (@step({step!r}, ...))")
+    return STEPS[step]
 
 
 def execute(step: str, cfg: Any) -> Any:
@@ -25,4 +68,4 @@ def execute(step: str, cfg: Any) -> Any:
     OmegaConf.set_struct(cfg, False)
     cfg.io.output = format_path(cfg.io.output, cfg)
     OmegaConf.set_struct(cfg, True)
-    return step_module(step).run(cfg)
+    return declaration(step).run(cfg)

@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig, register_step
+from cptkit.config import JobConfig
 from cptkit.errors import CptkitError
 from cptkit.job import MANIFEST, Job, Task
 from cptkit.mix.recipe import CURRICULUM_ORDERS, Router, stage_fractions
@@ -42,6 +42,7 @@ from cptkit.mix.stream import (
     write_domains,
 )
 from cptkit.shards import atomic_write_bytes, atomic_write_json, resolve_inputs
+from cptkit.step import step
 
 
 @dataclass
@@ -95,9 +96,6 @@ class BuildMixJob(JobConfig):
     build_mix: BuildMixOptions = field(default_factory=BuildMixOptions)
 
 
-register_step("build-mix", BuildMixJob)
-
-
 def _load_tokenizer(spec: str | None):
     if not spec:
         raise CptkitError("build-mix needs a tokenizer: pass tokenizer=PATH (an HF directory, .gguf or smollm2)")
@@ -146,6 +144,7 @@ def mix_settings(cfg: DictConfig) -> MixSettings:
                        batch_docs=int(cfg.build_mix.batch_docs))
 
 
+@step("build-mix", BuildMixJob)
 def run(cfg: DictConfig) -> dict:
     s = mix_settings(cfg)
     specs_in = list(cfg.io.inputs) or list(s.mix.get("sources") or [])

@@ -17,11 +17,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from cptkit.config import JobConfig, check, register_step
+from cptkit.config import JobConfig, check
 from cptkit.corruption import KINDS, Lexicon, Token, corrupt_text, wordnet_lexicon
 from cptkit.errors import CptkitError
 from cptkit.records import Record
-from cptkit.step import MapStep
+from cptkit.step import MapStep, step
 from cptkit.text.hashing import rng_for
 from cptkit.text.langid import record_languages
 
@@ -50,9 +50,6 @@ class CorruptConfig:
 @dataclass
 class CorruptJob(JobConfig):
     corrupt: CorruptConfig = field(default_factory=CorruptConfig)
-
-
-register_step("corrupt", CorruptJob)
 
 
 def load_spacy(name: str) -> Any:
@@ -137,7 +134,6 @@ class Corrupter:
 class Corrupt(MapStep):
     """Corrupt every record of every input shard; the summary gives the realised ratio per kind."""
 
-    name = "corrupt"
     stats_key = "corruption"
 
     batch_key = "corrupt.batch_size"
@@ -161,5 +157,6 @@ class Corrupt(MapStep):
         return rows
 
 
+@step("corrupt", CorruptJob)
 def run(cfg: DictConfig) -> dict:
     return Corrupt(cfg).run()

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from omegaconf import DictConfig
 
-from cptkit.config import JobConfig, register_step
+from cptkit.config import JobConfig
 from cptkit.dedup import minhash as mh
 from cptkit.dedup import scale
 from cptkit.errors import BadInput, CptkitError
@@ -39,6 +39,7 @@ from cptkit.job import STATE_DIR, Job, Task
 from cptkit.progress import log
 from cptkit.records import dumps
 from cptkit.shards import STDIO, ReadStats, atomic_write_bytes, open_binary, read_records
+from cptkit.step import step
 
 KEPT, EXACT, NEAR = 0, 1, 2
 KINDS = {EXACT: "exact", NEAR: "near"}
@@ -120,9 +121,6 @@ def check_config(d: DictConfig) -> None:
         raise CptkitError(f"dedup.partitions must be in [1, 9999], got {d.partitions}")
     if int(d.redis_batch) < 1:
         raise CptkitError(f"dedup.redis_batch must be >= 1, got {d.redis_batch}")
-
-
-register_step("dedup", DedupJob)  # after check_config: storing the schema runs __post_init__
 
 
 def describe(d: DictConfig, bands: int, rows: int) -> dict:
@@ -436,6 +434,7 @@ def _not_ready(job: Job, phase: str, what: str, missing: list, next_phase: str, 
     return job.finish(extra=extra)
 
 
+@step("dedup", DedupJob)
 def run(cfg: DictConfig) -> dict:
     """Remove exact and near duplicates; keep the first document of every cluster."""
     d = cfg.dedup

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
-from cptkit.config import JobConfig, register_step
+from cptkit.config import JobConfig
 from cptkit.demo.corpus import (
     DEFAULT_CACHE,
     SOURCES,
@@ -25,6 +25,7 @@ from cptkit.demo.corpus import (
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.progress import log
+from cptkit.step import OUT, QUIET, step
 
 
 @dataclass
@@ -42,9 +43,6 @@ class DemoCorpusJob(JobConfig):
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
 
 
-register_step("demo-corpus", DemoCorpusJob)
-
-
 def source_tasks(sources: list[str]) -> list[Task]:
     """One task per source, indexed by the source's fixed position (stable shard names)."""
     order = list(SOURCES)
@@ -56,6 +54,7 @@ def source_tasks(sources: list[str]) -> list[Task]:
     return [Task(order.index(s), [], name=f"{order.index(s):05d}") for s in sorted(sources, key=order.index)]
 
 
+@step("demo-corpus", DemoCorpusJob, options=(OUT, QUIET))
 def run(cfg: DictConfig) -> dict:
     """Write each configured source's records into ``part-TTTTT-KKKK.jsonl.gz`` shards."""
     c = cfg.corpus

@@ -23,11 +23,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from cptkit.config import CONF_DIR, JobConfig, check, register_step
+from cptkit.config import CONF_DIR, JobConfig, check
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.progress import console, log
 from cptkit.shards import atomic_write_json
+from cptkit.step import IN, OUT, QUIET, SKIP_BAD, Option, step
 
 RESULTS = "_results.json"
 
@@ -80,9 +81,6 @@ class EvaluateJob(JobConfig):
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-register_step("evaluate", EvaluateJob)
-
-
 def model_info(spec: str, model) -> dict[str, Any]:
     """What identifies the model in the results: spec, class, parameters, weight-file hash."""
     import hashlib
@@ -102,6 +100,10 @@ def model_info(spec: str, model) -> dict[str, Any]:
     return info
 
 
+MODEL = Option(("--model",), "eval.model", "HF model dir, .gguf file, or smollm2.", metavar="MODEL")
+
+
+@step("evaluate", EvaluateJob, options=(MODEL, IN, OUT, QUIET, SKIP_BAD))
 def run(cfg: DictConfig) -> dict:
     """Perplexity per group (when inputs are given) and benchmark tasks (when ``eval.tasks``)."""
     from cptkit import lm

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig
 from rich.table import Table
 
-from cptkit.config import JobConfig, register_step
+from cptkit.config import JobConfig
 from cptkit.errors import CptkitError
 from cptkit.job import Job
 from cptkit.progress import console
 from cptkit.shards import atomic_write_json
+from cptkit.step import step
 
 ACTIONS = ("none", "flag", "drop")
 
@@ -41,9 +42,6 @@ class ContamConfig:
 @dataclass
 class EvaluateContaminationJob(JobConfig):
     eval: ContamConfig = field(default_factory=ContamConfig)
-
-
-register_step("evaluate-contamination", EvaluateContaminationJob)
 
 
 def item_texts(task, limit: int | None, mode: str) -> list[str]:
@@ -70,6 +68,7 @@ def item_texts(task, limit: int | None, mode: str) -> list[str]:
     return out
 
 
+@step("evaluate-contamination", EvaluateContaminationJob)
 def run(cfg: DictConfig) -> dict:
     from cptkit.eval import tasks as T
     from cptkit.eval.contamination import REPORT, BenchmarkIndex, contamination_report, ngram_hashes

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from cptkit.config import JobConfig, register_step
+from cptkit.config import JobConfig
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.llm.config import LLMConfig
@@ -36,6 +36,7 @@ from cptkit.llm.prompts import PromptConfig, check, max_new_tokens, render
 from cptkit.progress import log
 from cptkit.records import Record
 from cptkit.shards import atomic_write_json, resolve_inputs
+from cptkit.step import step
 from cptkit.synthesis import clean_text, parse_question, parse_thought
 
 
@@ -82,9 +83,6 @@ class ExpandConfig:
 class ExpandQueriesJob(JobConfig):
     llm: LLMConfig = field(default_factory=LLMConfig)
     expand: ExpandConfig = field(default_factory=ExpandConfig)
-
-
-register_step("expand-queries", ExpandQueriesJob)
 
 
 GENERATED_KINDS = ("question", "answer", "thought")
@@ -166,6 +164,7 @@ class QueryPool:
         return kept, len(candidates) - len(kept)
 
 
+@step("expand-queries", ExpandQueriesJob)
 def run(cfg: DictConfig) -> dict[str, Any]:
     ex = cfg.expand
     if int(ex.rounds) < 0 or int(ex.questions_per_seed) < 1:

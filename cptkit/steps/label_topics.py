@@ -17,10 +17,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from cptkit.classify import CLASSIFIER_JSON, load_classifier
-from cptkit.config import CONF_DIR, JobConfig, register_step
+from cptkit.config import CONF_DIR, JobConfig
 from cptkit.errors import CptkitError
 from cptkit.records import Record
-from cptkit.step import MapStep
+from cptkit.step import MapStep, step
 from cptkit.text.langid import record_languages
 from cptkit.topics import Taxonomy, load_taxonomy, taxonomy_path
 
@@ -38,9 +38,6 @@ class TopicsConfig:
 @dataclass
 class LabelTopicsJob(JobConfig):
     topics: TopicsConfig = field(default_factory=TopicsConfig)
-
-
-register_step("label-topics", LabelTopicsJob)
 
 
 def taxonomies(cfg: Any) -> dict[str, Taxonomy]:
@@ -93,7 +90,6 @@ def label_batch(batch: list[Record], models: dict[str, Any], cfg: Any, stats: Co
 class LabelTopics(MapStep):
     """Language, then that language's topic classifier, for every record."""
 
-    name = "label-topics"
     stats_key = "topics"
 
     batch_key = "topics.batch_size"
@@ -110,6 +106,7 @@ class LabelTopics(MapStep):
         return rows | dict(sorted(total.items()))
 
 
+@step("label-topics", LabelTopicsJob)
 def run(cfg: DictConfig) -> dict:
     return LabelTopics(cfg).run()
 

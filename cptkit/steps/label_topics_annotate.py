@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
-from cptkit.config import JobConfig, register_step
+from cptkit.config import JobConfig
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.llm.config import LLMConfig
 from cptkit.records import Record
 from cptkit.shards import atomic_write_bytes, resolve_inputs
+from cptkit.step import step
 from cptkit.steps.label_topics import TopicsConfig, taxonomies
 from cptkit.text.hashing import unit_hash
 from cptkit.text.langid import record_languages
@@ -75,9 +76,6 @@ class AnnotateConfig(TopicsConfig):
 class LabelTopicsAnnotateJob(JobConfig):
     topics: AnnotateConfig = field(default_factory=AnnotateConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
-
-
-register_step("label-topics-annotate", LabelTopicsAnnotateJob)
 
 
 def bottom_k(records: Iterable[Record], k: int, seed: int) -> list[Record]:
@@ -261,6 +259,7 @@ def annotate_loglikelihood(gen, todo: list[tuple[Record, str]], taxes: dict, cfg
     return labelled
 
 
+@step("label-topics-annotate", LabelTopicsAnnotateJob)
 def run(cfg: DictConfig) -> dict:
     from cptkit.llm import load_generator
 

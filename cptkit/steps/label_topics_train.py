@@ -17,11 +17,12 @@ from omegaconf import DictConfig
 
 from cptkit.classifier_report import check_quality, params_of, report, tuning_rows
 from cptkit.classify import TrainParams, save_classifier, train_classifier
-from cptkit.config import JobConfig, register_step
+from cptkit.config import JobConfig
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.progress import log
 from cptkit.shards import resolve_inputs
+from cptkit.step import step
 from cptkit.steps.label_topics import TopicsConfig, taxonomies
 from cptkit.text.langid import record_languages
 
@@ -39,9 +40,7 @@ class LabelTopicsTrainJob(JobConfig):
 
 MIN_EXAMPLES = 10  # fewer labelled records in a language: no classifier for it (too few to split)
 
-register_step("label-topics-train", LabelTopicsTrainJob)
-
-
+@step("label-topics-train", LabelTopicsTrainJob)
 def run(cfg: DictConfig) -> dict:
     taxes = taxonomies(cfg)
     label_field = str(cfg.train.label_field)

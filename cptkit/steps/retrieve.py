@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig, check, register_step
+from cptkit.config import JobConfig, check
 from cptkit.errors import CptkitError
 from cptkit.index.base import BM25Params, bm25_params, bm25_tokenizer
 from cptkit.index.elasticsearch import EsConfig, EsIndex
@@ -29,6 +29,7 @@ from cptkit.index.store import BACKENDS, OpenIndex, build_index, is_finished
 from cptkit.job import Job, Task
 from cptkit.progress import log
 from cptkit.shards import InputFile, iter_records, resolve_inputs
+from cptkit.step import OUT, QUIET, SKIP_BAD, Option, step
 from cptkit.text.tokenize import TokenizerConfig
 
 RUN_FILE = "_run.tsv"
@@ -74,9 +75,6 @@ class RetrieveConfig:
 @dataclass
 class RetrieveJob(JobConfig):
     retrieve: RetrieveConfig = field(default_factory=RetrieveConfig)
-
-
-register_step("retrieve", RetrieveJob)
 
 
 def _specs(value: Any) -> list[str]:
@@ -152,6 +150,14 @@ def _open_es(job: Job, rc: DictConfig, corpus: list[InputFile]) -> tuple[EsIndex
     return idx, time.time() - t0
 
 
+CORPUS = Option(("--corpus", "--in", "-i"), "io.inputs", "Corpus shards to index (file, directory, glob); "
+                "--in and -i name it as in every other step. Repeatable.", multiple=True)
+QUERIES = Option(("--queries",), "retrieve.queries", "Query records (their `text` is searched). Repeatable.",
+                 multiple=True)
+INDEX = Option(("--index",), "retrieve.index", "Index directory: reused if finished, else built there from --corpus.")
+
+
+@step("retrieve", RetrieveJob, options=(QUERIES, CORPUS, INDEX, OUT, QUIET, SKIP_BAD))
 def run(cfg: DictConfig) -> dict:
     """Build or reuse the index, search every query, write the union of hits and the run file."""
     rc = cfg.retrieve

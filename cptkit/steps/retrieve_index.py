@@ -17,7 +17,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from cptkit.config import register_step
 from cptkit.errors import CptkitError
 from cptkit.index.base import bm25_params, bm25_tokenizer
 from cptkit.index.sharded import shard_dir, shard_files
@@ -25,11 +24,11 @@ from cptkit.index.store import build_index
 from cptkit.job import Job, Task
 from cptkit.records import Record
 from cptkit.shards import resolve_inputs
-from cptkit.steps.retrieve import RetrieveJob
+from cptkit.step import OUT, QUIET, SKIP_BAD, step
+from cptkit.steps.retrieve import CORPUS, RetrieveJob
 
-register_step("retrieve-index", RetrieveJob)
 
-
+@step("retrieve-index", RetrieveJob, options=(CORPUS, OUT, QUIET, SKIP_BAD))
 def run(cfg: DictConfig) -> dict:
     """Build this slice's index shards (resumable: finished shards are kept)."""
     rc = cfg.retrieve

@@ -22,10 +22,10 @@ import numpy as np
 from omegaconf import DictConfig
 
 from cptkit.classify import expected_value, load_classifier, numeric_labels
-from cptkit.config import JobConfig, register_step
+from cptkit.config import JobConfig
 from cptkit.errors import CptkitError
 from cptkit.records import Record
-from cptkit.step import MapStep
+from cptkit.step import MapStep, step
 
 
 @dataclass
@@ -41,9 +41,6 @@ class ScoreQualityJob(JobConfig):
     quality: ScorerConfig = field(default_factory=lambda: ScorerConfig(field="quality"))
     edu: ScorerConfig = field(default_factory=lambda: ScorerConfig(field="edu_score"))
     batch_size: int = 512  # documents per classifier call
-
-
-register_step("score-quality", ScoreQualityJob)
 
 
 class Scorer:
@@ -93,7 +90,6 @@ def score_batch(batch: list[Record], scorers: list[Scorer], stats: Counter[str])
 class ScoreQuality(MapStep):
     """Score (and optionally filter) every input shard."""
 
-    name = "score-quality"
     stats_key = "dropped"
 
     def setup(self) -> None:
@@ -115,5 +111,6 @@ class ScoreQuality(MapStep):
         return rows | dict(total)
 
 
+@step("score-quality", ScoreQualityJob)
 def run(cfg: DictConfig) -> dict:
     return ScoreQuality(cfg).run()

@@ -25,11 +25,12 @@ from cptkit.classify import (
     save_classifier,
     train_classifier,
 )
-from cptkit.config import JobConfig, register_step
+from cptkit.config import JobConfig
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.progress import log
 from cptkit.shards import InputFile, resolve_inputs
+from cptkit.step import IN, OUT, QUIET, SKIP_BAD, Option, step
 
 
 @dataclass
@@ -46,9 +47,13 @@ class ScoreQualityTrainJob(JobConfig):
     train: QualityTrainParams = field(default_factory=QualityTrainParams)
 
 
-register_step("score-quality-train", ScoreQualityTrainJob)
+POSITIVES = Option(("--positives",), "train.positives", "JSONL file, directory or glob. Repeatable.",
+                   multiple=True)
+NEGATIVES = Option(("--negatives",), "train.negatives", "JSONL file, directory or glob. Repeatable.",
+                   multiple=True)
 
 
+@step("score-quality-train", ScoreQualityTrainJob, options=(POSITIVES, NEGATIVES, IN, OUT, QUIET, SKIP_BAD))
 def run(cfg: DictConfig) -> dict:
     t = cfg.train
     if t.positives or t.negatives:

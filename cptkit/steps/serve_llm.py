@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig, check, register_step
+from cptkit.config import JobConfig, check
 from cptkit.errors import CptkitError
 from cptkit.llm.config import LLMConfig
 from cptkit.progress import setup_logging
+from cptkit.step import QUIET, step
 
 
 @dataclass
@@ -34,9 +35,7 @@ class ServeLLMJob(JobConfig):
     serve: ServeConfig = field(default_factory=ServeConfig)
 
 
-register_step("serve-llm", ServeLLMJob)
-
-
+@step("serve-llm", ServeLLMJob, options=(QUIET,))
 def run(cfg: DictConfig) -> None:
     from cptkit.llm import load_generator
     from cptkit.llm.serve import serve

@@ -29,7 +29,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from cptkit.config import JobConfig, register_step
+from cptkit.config import JobConfig
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.llm.config import LLMConfig
@@ -37,6 +37,7 @@ from cptkit.llm.prompts import PromptConfig, check, max_new_tokens, render
 from cptkit.progress import log
 from cptkit.records import Record
 from cptkit.shards import atomic_write_json, resolve_inputs
+from cptkit.step import step
 from cptkit.synthesis import (
     count_words,
     discipline_of,
@@ -99,9 +100,6 @@ class SynthesizeQAJob(JobConfig):
     synth: SynthConfig = field(default_factory=SynthConfig)
 
 
-register_step("synthesize-qa", SynthesizeQAJob)
-
-
 def norm_discipline(name: Any) -> str:
     return str(name).strip().lower().replace(" ", "_").replace("-", "_")
 
@@ -135,6 +133,7 @@ def length_band(lo: int, hi: int, tolerance: float) -> tuple[int, int]:
     return math.floor(round(lo * (1 - tolerance), 6)), (math.ceil(round(hi * (1 + tolerance), 6)) if hi else 0)
 
 
+@step("synthesize-qa", SynthesizeQAJob)
 def run(cfg: DictConfig) -> dict[str, Any]:
     sy = cfg.synth
     mode = str(sy.mode)

@@ -29,10 +29,11 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig, redact, register_step
+from cptkit.config import JobConfig, redact
 from cptkit.errors import CptkitError
 from cptkit.progress import log
 from cptkit.shards import atomic_write_bytes, atomic_write_json
+from cptkit.step import IN, OUT, QUIET, step
 
 
 @dataclass
@@ -135,9 +136,6 @@ class TrainJob(JobConfig):
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainOptions = field(default_factory=TrainOptions)
     deepspeed: Any = field(default_factory=dict)
-
-
-register_step("train", TrainJob)
 
 
 def check_options(tcfg: Any) -> None:
@@ -381,6 +379,7 @@ def _set_rng_state(s: dict[str, Any]) -> None:
 
 
 # --- the step -------------------------------------------------------------------------------
+@step("train", TrainJob, options=(IN, OUT, QUIET))
 def run(cfg: DictConfig) -> dict:
     from cptkit.job import Job, Task
     from cptkit.mix.stream import Stream
