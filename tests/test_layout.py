@@ -69,3 +69,57 @@ def test_the_rules_catch_a_violation(tmp_path):
     f.write_text("from cptkit.steps.retrieve import _params\nimport cptkit.cli\n")
     found = imports(f)
     assert ("cptkit.steps.retrieve", ["_params"], 1) in found and ("cptkit.cli", [], 2) in found
+
+
+def import_graph(paths: list[Path]) -> dict[str, set[str]]:
+    """Module -> the cptkit modules it imports (at any depth: a lazy import is still a dependency)."""
+    mods = {module_name(p) for p in paths}
+    graph: dict[str, set[str]] = {}
+    for p in paths:
+        me, deps = module_name(p), set()
+        for mod, names, _ in imports(p):
+            targets = [t for t in [mod, *(f"{mod}.{n}" for n in names)] if t in mods]
+            deps |= {t for t in targets if t != me and not me.startswith(t + ".")}  # not its own package
+        graph[me] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while (w := stack.pop()) != v:
+                comp.append(w)
+            if comp:
+                found.append(sorted([v, *comp]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles():
+    """No two modules depend on each other, directly or around a loop (the CLI and the sweep once did)."""
+    assert cycles(import_graph(files())) == []
+
+
+def test_the_cycle_check_finds_a_planted_cycle(tmp_path):
+    graph = import_graph(files())
+    graph["cptkit.job"] = graph["cptkit.job"] | {"cptkit.cli"}  # cli -> steps -> ... -> job -> cli
+    found = cycles(graph)
+    assert found and any("cptkit.cli" in c and "cptkit.job" in c for c in found)
