@@ -162,13 +162,13 @@ def test_the_presets():
                                    "fasttext_v1"}
     with pytest.raises(ValueError, match="unknown word tokenizer"):
         T.word_tokenizer("nope")
-    assert T.words("Don't stop 机器", "synthesis") == ["Don't", "stop", "机", "器"]
-    assert T.words("Don't stop 机器", "minhash") == ["don", "t", "stop", "机", "器"]
-    assert T.words("Don't stop 机器", "contamination") == ["don", "t", "stop", "机器"]
-    assert T.words("Don't stop 机器", "bm25") == ["don", "t", "stop", "机器"]
-    assert T.words("Don't stop 机器 abc123", "fasttext") == ["don", "'", "t", "stop", "机", "器", "abc123"]
-    assert T.words("Don't stop 机器 abc123", "fasttext_v1") == ["don", "'", "t", "stop", "机", "器", "abc", "123"]
-    assert T.words("a,b  C", "whitespace") == ["a,b", "c"]
+    assert T.word_tokenizer("synthesis")("Don't stop 机器") == ["Don't", "stop", "机", "器"]
+    assert T.word_tokenizer("minhash")("Don't stop 机器") == ["don", "t", "stop", "机", "器"]
+    assert T.word_tokenizer("contamination")("Don't stop 机器") == ["don", "t", "stop", "机器"]
+    assert T.word_tokenizer("bm25")("Don't stop 机器") == ["don", "t", "stop", "机器"]
+    assert T.word_tokenizer("fasttext")("Don't stop 机器 abc123") == ["don", "'", "t", "stop", "机", "器", "abc123"]
+    assert T.word_tokenizer("fasttext_v1")("Don't stop 机器 abc123") == ["don", "'", "t", "stop", "机", "器", "abc", "123"]
+    assert T.word_tokenizer("whitespace")("a,b  C") == ["a,b", "c"]
 
 
 def test_cjk_class_is_the_old_one():
@@ -192,7 +192,7 @@ def test_minhash_tokens_and_token_bytes(name):
 def test_synthesis_words():
     for t in TEXTS:
         assert synthesis.words(t) == OLD_SYNTHESIS.findall(t), t
-        assert T.words(t, "synthesis") == OLD_SYNTHESIS.findall(t)
+        assert T.word_tokenizer("synthesis")(t) == OLD_SYNTHESIS.findall(t)
         old_cut = [m.end() for m in OLD_SYNTHESIS.finditer(t)]
         assert [m.end() for m in T.word_tokenizer("synthesis").regex.finditer(t)] == old_cut
 
@@ -203,7 +203,7 @@ def test_fasttext_lines_v1_and_v2_with_the_ascii_path():
             assert classify.fasttext_line(t, max_chars) == old_fasttext_line(t, max_chars), t
             assert classify.fasttext_line_v1(t, max_chars) == old_fasttext_line_v1(t, max_chars), t
         low = t.lower()
-        assert T.words(t, "fasttext") == OLD_FT.findall(low)  # the ASCII path gives the general tokens
+        assert T.word_tokenizer("fasttext")(t) == OLD_FT.findall(low)  # the ASCII path gives the general tokens
         if low.isascii():
             assert OLD_FT_ASCII.findall(low) == OLD_FT.findall(low)
 
@@ -221,7 +221,7 @@ def test_bm25_terms(cfg):
     for t in TEXTS:
         assert tok(t) == old_bm25(t, **cfg), t
     if not cfg:
-        assert all(T.words(t, "bm25") == old_bm25(t) for t in TEXTS)
+        assert all(T.word_tokenizer("bm25")(t) == old_bm25(t) for t in TEXTS)
 
 
 def test_demo_corpus_cjk_detection():

@@ -54,7 +54,7 @@ queries, more noise). Mixed tokens (``python教程``) are split at script bounda
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,9 +227,6 @@ class Tokenizer:
             toks = [t for t in toks if t not in self._stop]
         return toks
 
-    def many(self, texts: Iterable[str]) -> list[list[str]]:
-        return [self(t) for t in texts]
-
 
 # -- the presets, by name ----------------------------------------------------------------------
 _BM25 = Tokenizer()  # the bm25 preset: the default TokenizerConfig
@@ -245,16 +242,3 @@ def word_tokenizer(preset: str) -> WordTokenizer | Tokenizer:
     except KeyError:
         raise ValueError(f"unknown word tokenizer {preset!r}; choose one of {', '.join(WORD_PRESETS)}") from None
 
-
-def words(text: str, preset: str) -> list[str]:
-    """The tokens of ``text`` under the named preset."""
-    return word_tokenizer(preset)(text)
-
-
-def make_tokenizer(cfg: Any = None) -> Callable[[str], list[str]]:
-    """A tokenizer from a dataclass, a dict or an OmegaConf node."""
-    if cfg is not None and not isinstance(cfg, (TokenizerConfig, dict)):
-        from omegaconf import OmegaConf
-
-        cfg = OmegaConf.to_container(cfg, resolve=True)
-    return Tokenizer(cfg)
