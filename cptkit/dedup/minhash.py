@@ -38,7 +38,6 @@ import xxhash
 
 from cptkit.text.tokenize import word_tokenizer
 
-MAX32 = np.uint32(0xFFFFFFFF)
 POLY_M = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier of the shingle polynomial
 EMPTY = np.uint64(0x5BD1E9955BD1E995)  # the one shingle of a document without words
 

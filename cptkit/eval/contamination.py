@@ -11,7 +11,7 @@ n-gram, nothing kept per document). With 64-bit hashes a false hit needs a colli
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import xxhash
@@ -47,7 +47,6 @@ class BenchmarkIndex:
     items: np.ndarray
     n_items: int
     n_checkable: int = 0  # items with at least n words
-    hit_items: set[int] = field(default_factory=set)
 
     @classmethod
     def build(cls, name: str, texts: list[str], n: int) -> BenchmarkIndex:
