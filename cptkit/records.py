@@ -12,8 +12,6 @@ from typing import Any
 
 Record = dict[str, Any]
 
-REQUIRED = ("id", "text")
-
 
 def validate(obj: Any) -> str | None:
     """Return why ``obj`` is not a valid record, or None when it is."""

@@ -11,16 +11,17 @@ import re
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
+from cptkit.text.tokenize import word_tokenizer
+
 # -- words and sentences -------------------------------------------------------------------
-_CJK = r"\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
-_WORD = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+(?:['’][^\W{_CJK}]+)*")
+_WORD = word_tokenizer("synthesis").regex  # the synthesis preset: apostrophes join words
 _SENT_END = re.compile(r"[.!?。！？…](?:[\"'”’)\]]*)(?=\s|$)|[。！？]")
 _MARKER = re.compile(r"#{2,}\s*[^#\n]{0,40}?\s*#{2,}")
 _WS = re.compile(r"[ \t\r\f\v]+")
 
 
 def words(text: str) -> list[str]:
-    """Word tokens: runs of word characters, and each CJK character on its own."""
+    """Word tokens: runs of word characters (joined by apostrophes), and each CJK character on its own."""
     return _WORD.findall(text)
 
 

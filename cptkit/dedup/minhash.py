@@ -2,9 +2,10 @@
 
 Pipeline for one batch of documents:
 
-1. **Normalise and tokenise** (:func:`tokenize`): lower-case; the ``words`` tokenizer takes runs of
-   word characters (``[^\\W]``, underscore included) and every CJK/kana/hangul character as a
-   token of its own, so Chinese text shingles by characters; ``whitespace`` splits on spaces.
+1. **Normalise and tokenise** (:func:`tokenize`): lower-case; the ``words`` tokenizer (the
+   ``minhash`` preset of :mod:`cptkit.text.tokenize`) takes runs of word characters (``[^\\W]``,
+   underscore included) and every CJK/kana/hangul character as a token of its own, so Chinese
+   text shingles by characters; ``whitespace`` (the ``whitespace`` preset) splits on spaces.
 2. **Hash every word** (:func:`word_hash`): FNV-1a 64 over its UTF-8 bytes, seeded, then
    murmur3's ``fmix64``, in one compiled pass over the document's token bytes.
 3. **Shingles** are word n-grams (default 13). A shingle's 64-bit hash is the polynomial
@@ -29,41 +30,19 @@ Pipeline for one batch of documents:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 
 import numba
 import numpy as np
 import xxhash
 
-MAX32 = np.uint32(0xFFFFFFFF)
+from cptkit.text.tokenize import word_tokenizer
+
 POLY_M = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier of the shingle polynomial
 EMPTY = np.uint64(0x5BD1E9955BD1E995)  # the one shingle of a document without words
 
-_CJK = "\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-TOKEN_PATTERNS = {
-    "words": re.compile(rf"[{_CJK}]|[^\W{_CJK}]+"),
-    "whitespace": re.compile(r"\S+"),
-}
-
-
-
-
-def _ascii_table(tokenizer: str, lowercase: bool) -> bytes:
-    """A ``bytes.translate`` table that turns ASCII text into space-separated tokens.
-
-    Gives exactly the tokens of the regex on ASCII input, ~4x faster (the common case).
-    """
-    word = set(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-    table = []
-    for c in range(256):
-        if lowercase and 65 <= c <= 90:
-            table.append(c + 32)
-        elif tokenizer == "words":
-            table.append(c if c in word else 32)
-        else:  # whitespace: the separators str.split() knows but bytes.split() does not
-            table.append(32 if 0x1C <= c <= 0x1F else c)
-    return bytes(table)
+# dedup.tokenizer name -> its word-tokenizer preset (cptkit.text.tokenize)
+TOKEN_PATTERNS = {"words": word_tokenizer("minhash"), "whitespace": word_tokenizer("whitespace")}
 
 
 def tokenize(text: str, tokenizer: str = "words", lowercase: bool = True) -> list[str]:
@@ -244,7 +223,7 @@ class Shingler:
         self.ngram, self.num_perm, self.seed = ngram, num_perm, seed
         self.lowercase = lowercase
         self._findall = TOKEN_PATTERNS[tokenizer].findall
-        self._table = _ascii_table(tokenizer, lowercase)
+        self._table = TOKEN_PATTERNS[tokenizer].ascii_table(lowercase)
         self.a, self.b = permutations(num_perm, seed)
 
     def word_hash(self, word: str) -> int:

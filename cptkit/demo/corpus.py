@@ -38,6 +38,7 @@ from pathlib import Path
 
 from cptkit.errors import CptkitError
 from cptkit.records import Record
+from cptkit.text.tokenize import CJK_TEXT_CLASS, HAN_UNIFIED
 
 DEFAULT_CACHE = "~/.cache/cptkit/debs"
 CACHE_ENV = "CPTKIT_DEB_CACHE"
@@ -47,11 +48,11 @@ CACHE_ENV = "CPTKIT_DEB_CACHE"
 # Generic helpers
 # --------------------------------------------------------------------------------------------
 
-_CJK = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
+_CJK = re.compile(f"[{CJK_TEXT_CLASS}]")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]|\[[0-9;]*m")
 
 
-_CJK_GAP = re.compile(r"(?<=[\u4e00-\u9fff，。、；：？！）」』]) (?=[\u4e00-\u9fff，。、；：？！（「『])")
+_CJK_GAP = re.compile(f"(?<=[{HAN_UNIFIED}，。、；：？！）」』]) (?=[{HAN_UNIFIED}，。、；：？！（「『])")
 
 
 def join_cjk(text: str) -> str:

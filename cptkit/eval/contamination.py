@@ -11,20 +11,21 @@ n-gram, nothing kept per document). With 64-bit hashes a false hit needs a colli
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import xxhash
 
+from cptkit.text.tokenize import word_tokenizer
+
 REPORT = "_contamination.json"  # written by evaluate-contamination, read by evaluate eval.contamination=
 
-_WORD = re.compile(r"\w+", re.UNICODE)
+_WORDS = word_tokenizer("contamination")
 
 
 def words(text: str) -> list[str]:
     """Lower-cased word tokens (runs of letters, digits, underscore); CJK runs stay whole."""
-    return _WORD.findall(text.lower())
+    return _WORDS(text)
 
 
 def ngram_hashes(text: str, n: int) -> np.ndarray:
@@ -46,7 +47,6 @@ class BenchmarkIndex:
     items: np.ndarray
     n_items: int
     n_checkable: int = 0  # items with at least n words
-    hit_items: set[int] = field(default_factory=set)
 
     @classmethod
     def build(cls, name: str, texts: list[str], n: int) -> BenchmarkIndex:

@@ -20,8 +20,6 @@ from cptkit.errors import CptkitError
 from cptkit.mixing import ScalingLawError, TargetEstimator
 from cptkit.progress import log
 
-TARGETS_FILE = "_velocitune_targets.json"
-
 
 class ProxyRun:
     """When to evaluate, when to stop, and what to write for a Velocitune proxy run."""
