@@ -119,7 +119,7 @@ def run(cfg: DictConfig) -> dict:
     suite = load_suite(ec.suite) if ec.suite else None
     task_names = ec.tasks or (list(suite["tasks"]) if suite else [])
     shots_for = dict(suite["tasks"]) if suite else {}
-    shots_for |= {str(k): int(v) for k, v in (ec.task_shots or {}).items()}  # task_shots: Any (a suite's mapping)
+    shots_for |= {str(k): int(v) for k, v in (ec.task_shots or {}).items()}  # Any-typed: keys, values as written
     if not inputs and not task_names:
         raise CptkitError("nothing to evaluate: pass --in HELDOUT for perplexity and/or eval.tasks=[...] / eval.suite=NAME")
     # Load task definitions (and data) before the model: bad task files and missing data fail fast.
