@@ -3,17 +3,16 @@ training parameters from the config, the quality gate on held-out scores, and th
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+import copy
 
 from cptkit.classify import TrainParams, confusion_text, no_better_than_majority
 from cptkit.errors import CptkitError
 from cptkit.progress import console, log
 
 
-def params_of(cfg: DictConfig, cls: type = TrainParams) -> TrainParams:
-    """The TrainParams part of ``cfg.train`` as a dataclass."""
-    obj = OmegaConf.to_object(cfg.train)
-    keep = {k: getattr(obj, k) for k in ("backend", "heldout", "max_per_class", "max_chars", "min_f1", "tune",
+def params_of(train: TrainParams, cls: type = TrainParams) -> TrainParams:
+    """The TrainParams part of a step's typed ``train`` config (a TrainParams subclass), as its own copy."""
+    keep = {k: copy.deepcopy(getattr(train, k)) for k in ("backend", "heldout", "max_per_class", "max_chars", "min_f1", "tune",
                                          "fasttext", "minilm")}
     return cls(**keep)
 

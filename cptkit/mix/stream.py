@@ -23,7 +23,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,6 +44,9 @@ from cptkit.records import Record, dumps
 from cptkit.shards import atomic_write_bytes
 from cptkit.text.hashing import fast_seeded_hash
 
+if TYPE_CHECKING:
+    from cptkit.steps.build_mix import CurriculumConfig, MixConfig
+
 STREAM = "_stream.json"
 EVAL = "_eval.jsonl.gz"
 FORMAT = "cptkit-stream/1"
@@ -52,15 +55,15 @@ FORMAT = "cptkit-stream/1"
 # --- writing --------------------------------------------------------------------------------
 @dataclass
 class MixSettings:
-    """The validated recipe (``cfg.mix`` as plain data) and the options every phase reads."""
+    """The validated recipe (the typed ``mix`` config) and the options every phase reads."""
 
-    mix: dict
+    mix: MixConfig
     seed: int
     seq_len: int
     budget: int
     stages: list[dict]
     fractions: list[float]
-    cur: dict
+    cur: CurriculumConfig
     router: Router
     replay_names: list[str]
     replay_share: float
@@ -70,7 +73,7 @@ class MixSettings:
 
     @property
     def order(self) -> str:
-        return str(self.cur["order"])
+        return self.cur.order
 
 
 def token_dtype(setting: str, vocab: int) -> np.dtype:
@@ -90,7 +93,7 @@ class DomainFiles:
         self.eos = int(tok.eos_token_id)
         self.leaves: dict[str, Domain] = {}
         self.tokenize_s = 0.0
-        self._ppl_domains = set(s.cur.get("domains") or [])
+        self._ppl_domains = set(s.cur.domains)
 
     def wants_ppl(self, leaf: str) -> bool:
         """Whether ``leaf`` is ordered by the curriculum's perplexity."""
@@ -130,7 +133,7 @@ class DomainFiles:
 
             model, stok = self.scorer
             res = document_losses(model, stok, [batch[i][1]["text"] for i in score],
-                                  batch_size=int(self.s.cur["batch_size"]), max_tokens=int(self.s.cur["max_tokens"]))
+                                  batch_size=self.s.cur.batch_size, max_tokens=self.s.cur.max_tokens)
             for i, (nll, n) in zip(score, res, strict=True):
                 ppls[i] = math.exp(nll / n) if n else float("inf")
         eval_k, seed = self.s.eval_k, self.s.seed
@@ -209,7 +212,7 @@ def write_domains(files: DomainFiles, s: MixSettings, tok_dir: Path) -> list[dic
         rng_seed = fast_seeded_hash(s.seed, name) % 2**32
         groups: list[int] = []
         if files.wants_ppl(name) and d.docs:
-            perm, groups = curriculum_order(np.asarray(d.ppl), order, int(s.cur["groups"]), rng_seed)
+            perm, groups = curriculum_order(np.asarray(d.ppl), order, s.cur.groups, rng_seed)
         elif order == "none":
             perm = np.arange(d.docs)
         else:
@@ -259,8 +262,8 @@ def plan_stream(stream_domains: list[dict], leaves: dict[str, Domain], s: MixSet
     available = {sd["name"]: sd["sequences"] for sd in stream_domains}
     total_seqs = s.budget // seq_len
     stage_seqs = allocate(total_seqs, {str(i): f for i, f in enumerate(fractions)})
-    stage_w = [resolve_weights(stage_spec_weights(st, leaves, s.budget, fractions[i], mix.get("fill"), i), leaves,
-                               s.router.specs, str(st.get("name", i)), str(mix.get("empty_domains", "error")))
+    stage_w = [resolve_weights(stage_spec_weights(st, leaves, s.budget, fractions[i], mix.fill, i), leaves,
+                               s.router.specs, str(st.get("name", i)), mix.empty_domains)
                for i, st in enumerate(stages)]
     replay = replay_leaves(s.replay_names, leaves)
     if s.replay_names and not replay:
@@ -275,12 +278,12 @@ def plan_stream(stream_domains: list[dict], leaves: dict[str, Domain], s: MixSet
             raise CptkitError(f"mix stage {stages[i].get('name', i)!r}: domain {empty[0]!r} has weight but "
                               f"fewer than {seq_len} tokens")
     fill = []
-    if mix.get("fill"):
-        fill = [n for n in available if n == mix["fill"] or n.split("/", 1)[0] == mix["fill"]]
+    if mix.fill:
+        fill = [n for n in available if n == mix.fill or n.split("/", 1)[0] == mix.fill]
         if not fill:
-            raise CptkitError(f"mix.fill={mix['fill']!r}: no documents matched that domain")
+            raise CptkitError(f"mix.fill={mix.fill!r}: no documents matched that domain")
     counts, capped = plan_counts([stage_seqs[str(i)] for i in range(len(stages))], stage_w, available,
-                                 float(mix["max_epochs"]), fill)
+                                 mix.max_epochs, fill)
     index = {sd["name"]: i for i, sd in enumerate(stream_domains)}
     cursor = dict.fromkeys(available, 0)  # next sequence in each domain's (curriculum) order
     drawn = dict.fromkeys(available, 0)
@@ -322,9 +325,9 @@ def plan_stream(stream_domains: list[dict], leaves: dict[str, Domain], s: MixSet
         sd["capped"] = bool(capped.get(sd["name"]))
         sd["planned_tokens"] = drawn[sd["name"]] * seq_len
     for k in fill:
-        if epochs[k] > float(mix["max_epochs"]):
+        if epochs[k] > mix.max_epochs:
             log.warning("fill domain %s is repeated %.2f times (above mix.max_epochs=%g)", k, epochs[k],
-                        float(mix["max_epochs"]))
+                        mix.max_epochs)
     return Plan(rows=plan.astype(np.int64), stages=stage_info, fill=fill, replay=replay,
                 replay_tokens=sum(cursor[k] for k in replay) * seq_len, epochs=epochs)
 
@@ -344,9 +347,9 @@ def stream_info(s: MixSettings, tokenizer: str | None, tok: Any, dtype: np.dtype
     n_seqs = int(len(plan.rows))
     stream = {
         "format": "cptkit-stream/1", "seq_len": s.seq_len, "dtype": dtype.name, "eos_token_id": int(tok.eos_token_id),
-        "vocab_size": len(tok), "tokenizer": tokenizer_ref(tokenizer), "mix": s.mix.get("name") or "",
+        "vocab_size": len(tok), "tokenizer": tokenizer_ref(tokenizer), "mix": s.mix.name or "",
         "budget_tokens": s.budget, "total_sequences": n_seqs, "plan": "plan.npy", "eval": EVAL,
-        "domains": stream_domains, "stages": plan.stages, "fill": plan.fill, "max_epochs": float(s.mix["max_epochs"]),
+        "domains": stream_domains, "stages": plan.stages, "fill": plan.fill, "max_epochs": s.mix.max_epochs,
         "seed": s.seed,
     }
     if s.replay_names:

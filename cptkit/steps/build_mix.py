@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig
+from cptkit.config import JobConfig, check
 from cptkit.errors import CptkitError
 from cptkit.job import MANIFEST, Job, Task
 from cptkit.mix.recipe import CURRICULUM_ORDERS, Router, stage_fractions
@@ -54,6 +54,9 @@ class CurriculumConfig:
     max_tokens: int = 512  # tokens scored per document
     batch_size: int = 8
 
+    def __post_init__(self) -> None:
+        check(self.order in CURRICULUM_ORDERS, "order", self.order, f"use one of {', '.join(CURRICULUM_ORDERS)}")
+
 
 @dataclass
 class ReplayConfig:
@@ -61,6 +64,10 @@ class ReplayConfig:
 
     share: float = 0.0  # in [0, 1]; 0 with domains set: the replay domains get no weight (no-replay arm)
     domains: list[str] = field(default_factory=list)  # names in mix.domains (or leaves); []: no replay
+
+    def __post_init__(self) -> None:
+        check(self.share == 0 or len(self.domains) > 0, "share", f"{self.share:g}",
+              "needs mix.replay.domains (the general domains to replay)")
 
 
 @dataclass
@@ -82,6 +89,11 @@ class MixConfig:
     stages: list[Any] = field(default_factory=list)  # {name, fraction, weights: {domain: w}}
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
 
+    def __post_init__(self) -> None:
+        check(self.seq_len >= 2, "seq_len", self.seq_len, "must be ≥ 2")
+        check(self.budget_tokens >= self.seq_len, "budget_tokens", f"{self.budget_tokens:g}",
+              f"is smaller than one sequence (mix.seq_len={self.seq_len})")
+
 
 @dataclass
 class BuildMixOptions:
@@ -101,7 +113,7 @@ def _load_tokenizer(spec: str | None):
         raise CptkitError("build-mix needs a tokenizer: pass tokenizer=PATH (an HF directory, .gguf or smollm2)")
     from cptkit.lm import load_tokenizer
 
-    tok = load_tokenizer(str(spec))
+    tok = load_tokenizer(spec)
     if not getattr(tok, "is_fast", False):
         raise CptkitError(f"tokenizer {spec}: build-mix needs a fast (Rust) tokenizer")
     if tok.eos_token_id is None:
@@ -110,56 +122,44 @@ def _load_tokenizer(spec: str | None):
 
 
 # --- the step: settings, route + tokenize, write domains, plan, write the stream ------------
-def mix_settings(cfg: DictConfig) -> MixSettings:
-    """Read and check the recipe: one-line errors for anything inconsistent, before any work."""
-    mix = OmegaConf.to_container(cfg.mix, resolve=True)
-    assert isinstance(mix, dict)
-    seq_len = int(mix["seq_len"])
-    if seq_len < 2:
-        raise CptkitError(f"mix.seq_len={seq_len}: must be ≥ 2")
-    budget = int(float(mix["budget_tokens"]))
-    if budget < seq_len:
-        raise CptkitError(f"mix.budget_tokens={budget} is smaller than one sequence (mix.seq_len={seq_len})")
-    stages = list(mix["stages"] or [])
+def mix_settings(conf: BuildMixJob) -> MixSettings:
+    """Check the recipe's stages and domain names (its settings are checked by the schema's
+    ``__post_init__``): one-line errors for anything inconsistent, before any work."""
+    mix = conf.mix
+    stages = mix.stages  # plain dicts (list[Any] of the typed config)
     if not stages:
         raise CptkitError("mix.stages is empty: give at least one stage with weights")
     fractions = stage_fractions(stages)
-    cur = mix["curriculum"]
-    if cur["order"] not in CURRICULUM_ORDERS:
-        raise CptkitError(f"mix.curriculum.order={cur['order']!r}: use one of {', '.join(CURRICULUM_ORDERS)}")
-    router = Router([OmegaConf.to_container(s, resolve=True) if OmegaConf.is_config(s) else s
-                     for s in mix["domains"]])  # plain dicts: a record is routed without OmegaConf lookups
+    router = Router(mix.domains)  # plain dicts: a record is routed without OmegaConf lookups
     names = [s["name"] for s in router.specs]
-    replay_cfg = mix.get("replay") or {}
-    replay_names = [str(n) for n in replay_cfg.get("domains") or []]
-    replay_share = float(replay_cfg.get("share") or 0.0)
-    if replay_share and not replay_names:
-        raise CptkitError(f"mix.replay.share={replay_share:g} needs mix.replay.domains (the general domains to replay)")
-    for name in list(cur.get("domains") or []) + ([mix["fill"]] if mix.get("fill") else []) + replay_names:
+    for name in mix.curriculum.domains + ([mix.fill] if mix.fill else []) + mix.replay.domains:
         if name not in names and "/" not in name:
             raise CptkitError(f"mix: unknown domain {name!r}; defined: {', '.join(names)}")
-    return MixSettings(mix=mix, seed=int(cfg.seed), seq_len=seq_len, budget=budget, stages=stages,
-                       fractions=fractions, cur=cur, router=router, replay_names=replay_names,
-                       replay_share=replay_share, unique=bool(mix.get("unique_ids")), eval_k=int(mix["eval_docs"]),
-                       batch_docs=int(cfg.build_mix.batch_docs))
+    return MixSettings(mix=mix, seed=conf.seed, seq_len=mix.seq_len, budget=int(mix.budget_tokens), stages=stages,
+                       fractions=fractions, cur=mix.curriculum, router=router, replay_names=mix.replay.domains,
+                       replay_share=mix.replay.share, unique=mix.unique_ids, eval_k=mix.eval_docs,
+                       batch_docs=conf.build_mix.batch_docs)
 
 
 @step("build-mix", BuildMixJob)
 def run(cfg: DictConfig) -> dict:
-    s = mix_settings(cfg)
-    specs_in = list(cfg.io.inputs) or list(s.mix.get("sources") or [])
+    conf: BuildMixJob = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    s = mix_settings(conf)
+    specs_in = conf.io.inputs or s.mix.sources
     if not specs_in:
         raise CptkitError("build-mix: no input: pass --in PATH or list mix.sources in the recipe")
     inputs = resolve_inputs(specs_in)
-    tok = _load_tokenizer(cfg.tokenizer)
-    dtype = token_dtype(str(cfg.build_mix.dtype), len(tok))
+    tok = _load_tokenizer(conf.tokenizer)
+    dtype = token_dtype(conf.build_mix.dtype, len(tok))
     scorer = None
     if s.order in ("low_to_high", "high_to_low"):
-        if not s.cur.get("model"):
+        # checked here, not in CurriculumConfig: a recipe's model is often ${tokenizer}, so a missing
+        # tokenizer is reported first (above) as what to pass
+        if not s.cur.model:
             raise CptkitError(f"mix.curriculum.order={s.order} needs mix.curriculum.model (the PPL scoring model)")
         from cptkit.lm import load_causal_lm, load_tokenizer
 
-        scorer = (load_causal_lm(str(s.cur["model"])), load_tokenizer(str(s.cur["model"])))
+        scorer = (load_causal_lm(s.cur.model), load_tokenizer(s.cur.model))
     task = Task(0, inputs, name="mix")
     if s.unique:
         # mix.unique_ids: a repeated id is expected (a retrieved page and its corpus copy) and the
@@ -179,7 +179,7 @@ def run(cfg: DictConfig) -> dict:
         plan = plan_stream(stream_domains, files.leaves, s)
         atomic_write_bytes(job.out / "plan.npy", npy_bytes(plan.rows))
         atomic_write_bytes(job.out / EVAL, eval_bytes(stream_domains, files.leaves))
-        stream = stream_info(s, cfg.tokenizer, tok, dtype, stream_domains, plan, read)
+        stream = stream_info(s, conf.tokenizer, tok, dtype, stream_domains, plan, read)
         atomic_write_json(job.out / STREAM, stream)
         tmp_dir.rmdir()
         res = job.results[task.name]

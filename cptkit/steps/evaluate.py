@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from cptkit.config import CONF_DIR, JobConfig, check
 from cptkit.errors import CptkitError
@@ -31,6 +31,7 @@ from cptkit.shards import atomic_write_json
 from cptkit.step import IN, OUT, QUIET, SKIP_BAD, Option, step
 
 RESULTS = "_results.json"
+ENGINES = ("cptkit", "lm_eval")
 
 
 @dataclass
@@ -70,10 +71,12 @@ class EvalConfig:
     contamination: str | None = None  # evaluate-contamination output: clean/contaminated split
 
     def __post_init__(self) -> None:
-        check(int(self.batch_size) >= 1, "batch_size", self.batch_size, "must be >= 1")
-        check(self.limit is None or int(self.limit) >= 1, "limit", self.limit, "must be >= 1 (null: all items)")
-        check(self.shots is None or int(self.shots) >= 0, "shots", self.shots, "must be >= 0")
-        check(str(self.engine) in ("cptkit", "lm_eval"), "engine", self.engine, "must be cptkit or lm_eval")
+        check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
+        check(self.limit is None or self.limit >= 1, "limit", self.limit, "must be >= 1 (null: all items)")
+        check(self.shots is None or self.shots >= 0, "shots", self.shots, "must be >= 0")
+        check(self.engine in ENGINES, "engine", self.engine, "must be cptkit or lm_eval")
+        check(self.task_shots is None or isinstance(self.task_shots, dict), "task_shots", self.task_shots,
+              "use a mapping, e.g. eval.task_shots={gsm8k: 8}")
 
 
 @dataclass
@@ -110,40 +113,38 @@ def run(cfg: DictConfig) -> dict:
     from cptkit.eval import tasks as T
     from cptkit.shards import resolve_inputs
 
-    ec = cfg.eval
+    conf: EvaluateJob = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    ec = conf.eval
     if not ec.model:
         raise CptkitError("no model given: pass --model DIR (a HF model dir, a .gguf file, or smollm2)")
-    inputs = resolve_inputs(list(cfg.io.inputs)) if cfg.io.inputs else []
-    if ec.engine not in ENGINES:
-        raise CptkitError(f"eval.engine={ec.engine!r}: use one of {', '.join(ENGINES)}")
-    suite = load_suite(str(ec.suite)) if ec.suite else None
-    task_names = list(ec.tasks or []) or (list(suite["tasks"]) if suite else [])
+    model_spec = ec.model
+    inputs = resolve_inputs(conf.io.inputs) if conf.io.inputs else []
+    suite = load_suite(ec.suite) if ec.suite else None
+    task_names = ec.tasks or (list(suite["tasks"]) if suite else [])
     shots_for = dict(suite["tasks"]) if suite else {}
-    if ec.task_shots is not None and not hasattr(ec.task_shots, "items"):
-        raise CptkitError(f"eval.task_shots={ec.task_shots!r}: use a mapping, e.g. eval.task_shots={{gsm8k: 8}}")
-    shots_for |= {str(k): int(v) for k, v in dict(ec.task_shots or {}).items()}
+    shots_for |= {str(k): int(v) for k, v in (ec.task_shots or {}).items()}  # Any-typed: keys, values as written
     if not inputs and not task_names:
         raise CptkitError("nothing to evaluate: pass --in HELDOUT for perplexity and/or eval.tasks=[...] / eval.suite=NAME")
     # Load task definitions (and data) before the model: bad task files and missing data fail fast.
     etasks = [] if ec.engine == "lm_eval" else [T.load_task(n, T.task_dir(ec), ec.data_dir) for n in task_names]
     for t in etasks:
         T.load_docs(t, t.spec["test_split"])
-    contam = load_contamination(str(ec.contamination), [t.name for t in etasks] or task_names) if ec.contamination else None
+    contam = load_contamination(ec.contamination, [t.name for t in etasks] or task_names) if ec.contamination else None
     with Job(cfg, inputs=inputs, tasks=[Task(0, inputs, name="eval")], needs_inputs=False) as job:
         results: dict[str, Any] = {}
         rows: dict[str, Any] = {}
         for task in job.pending():
             t0 = time.time()
-            tok = lm.load_tokenizer(ec.model)
-            model = lm.load_causal_lm(ec.model, dtype=ec.dtype, device=ec.device)
-            results = {"model": model_info(str(ec.model), model), "engine": ec.engine, "perplexity": None, "tasks": {}}
+            tok = lm.load_tokenizer(model_spec)
+            model = lm.load_causal_lm(model_spec, dtype=ec.dtype, device=ec.device)
+            results = {"model": model_info(model_spec, model), "engine": ec.engine, "perplexity": None, "tasks": {}}
             if suite:
                 results["suite"] = {"name": suite["suite"], "file": suite["_path"]}
             if inputs:
                 pc = ec.ppl
                 groups = lm.group_losses(model, tok, job.read(task), pc.group_by, pc.max_docs_per_group,
-                                         batch_size=int(ec.batch_size), max_length=int(pc.max_length),
-                                         text_field=str(pc.text_field), max_tokens=pc.max_tokens)
+                                         batch_size=ec.batch_size, max_length=pc.max_length,
+                                         text_field=pc.text_field, max_tokens=pc.max_tokens)
                 tokens = sum(g["tokens"] for g in groups.values())
                 nll = sum(g["loss"] * g["tokens"] for g in groups.values() if g["tokens"])
                 overall = nll / tokens if tokens else float("nan")
@@ -156,9 +157,9 @@ def run(cfg: DictConfig) -> dict:
 
                     ts = time.time()
                     done = run_lm_eval(model, tok, task_names, num_fewshot=ec.shots, limit=ec.limit,
-                                       batch_size=int(ec.batch_size), seed=int(ec.fewshot_seed),
+                                       batch_size=ec.batch_size, seed=ec.fewshot_seed,
                                        max_length=ec.max_length, include_path=ec.lm_eval.include_path,
-                                       allow_code=bool(ec.lm_eval.allow_code), max_gen_toks=ec.max_gen_toks)
+                                       allow_code=ec.lm_eval.allow_code, max_gen_toks=ec.max_gen_toks)
                     for name, (metrics, items) in done.items():
                         metrics["seconds"] = time.time() - ts
                         results["tasks"][name] = {"metrics": metrics, "engine": "lm_eval"}
@@ -171,7 +172,7 @@ def run(cfg: DictConfig) -> dict:
                     ts = time.time()
                     shots = ec.shots if ec.shots is not None else shots_for.get(et.name, shots_for.get(str(et.path.stem)))
                     metrics, items = T.run_task(model, tok, et, num_fewshot=shots, limit=ec.limit,
-                                                seed=int(ec.fewshot_seed), batch_size=int(ec.batch_size),
+                                                seed=ec.fewshot_seed, batch_size=ec.batch_size,
                                                 max_gen_toks=ec.max_gen_toks, max_length=ec.max_length,
                                                 on_batch=advance)
                     metrics["seconds"] = time.time() - ts
@@ -198,8 +199,6 @@ def run(cfg: DictConfig) -> dict:
         rows = summary_rows(results)
         return job.finish(extra=rows)
 
-
-ENGINES = ("cptkit", "lm_eval")
 
 
 def load_suite(name: str) -> dict[str, Any]:

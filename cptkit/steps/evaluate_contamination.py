@@ -14,10 +14,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
-from cptkit.config import JobConfig
+from cptkit.config import JobConfig, check
 from cptkit.errors import CptkitError
 from cptkit.job import Job
 from cptkit.progress import console
@@ -25,6 +25,7 @@ from cptkit.shards import atomic_write_json
 from cptkit.step import step
 
 ACTIONS = ("none", "flag", "drop")
+ITEM_TEXTS = ("question", "question+answer")
 
 
 @dataclass
@@ -37,6 +38,11 @@ class ContamConfig:
     limit: int | None = None  # first N test items per task
     task_dir: str | None = None
     data_dir: str = "~/.cache/cptkit/eval"
+
+    def __post_init__(self) -> None:
+        check(self.ngram >= 1, "ngram", self.ngram, "must be ≥ 1")
+        check(self.action in ACTIONS, "action", self.action, f"use one of {', '.join(ACTIONS)}")
+        check(self.item_text in ITEM_TEXTS, "item_text", self.item_text, f"use one of {', '.join(ITEM_TEXTS)}")
 
 
 @dataclass
@@ -53,8 +59,6 @@ def item_texts(task, limit: int | None, mode: str) -> list[str]:
     """
     from cptkit.eval import tasks as T
 
-    if mode not in ("question", "question+answer"):
-        raise CptkitError(f"eval.item_text={mode!r}: use question or question+answer")
     docs = T.load_docs(task, task.spec["test_split"])[: limit or None]
     if task.spec.get("doc_to_decontamination_query"):
         return [str(T.render(task.spec["doc_to_decontamination_query"], d)) for d in docs]
@@ -74,19 +78,16 @@ def run(cfg: DictConfig) -> dict:
     from cptkit.eval.contamination import REPORT, BenchmarkIndex, contamination_report, ngram_hashes
     from cptkit.eval.tasks import task_dir
 
-    ec = cfg.eval
-    if ec.action not in ACTIONS:
-        raise CptkitError(f"eval.action={ec.action!r}: use one of {', '.join(ACTIONS)}")
+    conf: EvaluateContaminationJob = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    ec = conf.eval
     if not ec.tasks:
         raise CptkitError("no benchmarks given: pass eval.tasks=[name,...] (conf/eval/tasks/*.yaml)")
-    n = int(ec.ngram)
-    if n < 1:
-        raise CptkitError(f"eval.ngram={n}: must be ≥ 1")
+    n = ec.ngram
     indexes = {}
     ids: dict[str, list[str]] = {}
     for name in ec.tasks:
         t = T.load_task(name, task_dir(ec), ec.data_dir)
-        indexes[t.name] = BenchmarkIndex.build(t.name, item_texts(t, ec.limit, str(ec.item_text)), n)
+        indexes[t.name] = BenchmarkIndex.build(t.name, item_texts(t, ec.limit, ec.item_text), n)
         docs = T.load_docs(t, t.spec["test_split"])[: ec.limit or None]
         ids[t.name] = [T.item_id(t, d, i) for i, d in enumerate(docs)]
     with Job(cfg) as job:
@@ -108,7 +109,7 @@ def run(cfg: DictConfig) -> dict:
                             docs_hit[name] += 1
                             items_hit[name] |= found
                     if ec.action == "flag":
-                        w.write({**rec, str(ec.flag_field): hit})
+                        w.write({**rec, ec.flag_field: hit})
                     elif ec.action == "drop" and not hit:
                         w.write(rec)
             finally:

@@ -25,9 +25,9 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig
+from cptkit.config import JobConfig, check
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.llm.config import LLMConfig
@@ -71,11 +71,24 @@ class AnnotateConfig(TopicsConfig):
     temperature: float = 0.0  # greedy
     fuzzy_cutoff: float = 0.85  # difflib ratio for near-miss spellings
 
+    def __post_init__(self) -> None:
+        check(self.annotate_mode in MODES, "annotate_mode", self.annotate_mode, f"expected one of {', '.join(MODES)}")
+        check(self.annotate_mode != "loglikelihood" or self.norm in NORMS, "norm", self.norm,
+              f"expected one of {', '.join(NORMS)}")
+        check(self.annotate_mode == "embedding" or self.few_shot <= 0 or self.few_shot_file not in (None, ""), "few_shot",
+              self.few_shot, "needs topics.few_shot_file=FILE (JSONL records with text and topic)")
+
 
 @dataclass
 class LabelTopicsAnnotateJob(JobConfig):
     topics: AnnotateConfig = field(default_factory=AnnotateConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
+
+    def __post_init__(self) -> None:
+        mode, backend = self.topics.annotate_mode, self.llm.backend
+        check(mode != "loglikelihood" or backend == "transformers", "topics.annotate_mode", mode,
+              f"scores topics with a local model's log-probabilities and needs llm.backend=transformers, not "
+              f"{backend}; use topics.annotate_mode=generate with this backend")
 
 
 def bottom_k(records: Iterable[Record], k: int, seed: int) -> list[Record]:
@@ -124,8 +137,8 @@ def topic_loglikelihoods(model, tokenizer, context: str, topics: list[str], batc
         first = F.log_softmax(out.logits[0, -1].float(), dim=-1)
         lls = [float(first[c[0]]) for c in conts]
         rest = [i for i, c in enumerate(conts) if len(c) > 1]
-        for b in range(0, len(rest), max(int(batch_size), 1)):
-            idx = rest[b:b + max(int(batch_size), 1)]
+        for b in range(0, len(rest), max(batch_size, 1)):
+            idx = rest[b:b + max(batch_size, 1)]
             width = max(len(conts[i]) - 1 for i in idx)
             inp = torch.zeros((len(idx), width), dtype=torch.long)
             for r, i in enumerate(idx):
@@ -140,19 +153,17 @@ def topic_loglikelihoods(model, tokenizer, context: str, topics: list[str], batc
     return [(ll, len(c)) for ll, c in zip(lls, conts, strict=True)]
 
 
-def load_demos(cfg: DictConfig, taxes: dict) -> dict[str, list[tuple[str, str]]]:
+def load_demos(conf: LabelTopicsAnnotateJob, taxes: dict) -> dict[str, list[tuple[str, str]]]:
     """Few-shot demonstrations per language (``topics.few_shot`` per topic from ``topics.few_shot_file``)."""
-    a = cfg.topics
-    k = int(a.few_shot)
-    if k <= 0:
+    a = conf.topics
+    k = a.few_shot
+    if k <= 0 or not a.few_shot_file:  # few_shot > 0 without a file is refused by AnnotateConfig
         return {}
-    if not a.few_shot_file:
-        raise CptkitError("topics.few_shot needs topics.few_shot_file=FILE (JSONL records with text and topic)")
     from cptkit.shards import read_records
 
     examples: dict[str, list[tuple[str, str, str]]] = {}
-    recs = [r for inp in resolve_inputs([str(a.few_shot_file)]) for r in read_records(inp)]
-    langs = record_languages(recs, str(a.lang_field), bool(a.redetect))
+    recs = [r for inp in resolve_inputs([a.few_shot_file]) for r in read_records(inp)]
+    langs = record_languages(recs, a.lang_field, a.redetect)
     for rec, lang in zip(recs, langs, strict=True):
         if lang not in taxes:
             continue
@@ -160,101 +171,86 @@ def load_demos(cfg: DictConfig, taxes: dict) -> dict[str, list[tuple[str, str]]]
             raise CptkitError(f"{a.few_shot_file}: record {rec['id']!r} has topic {rec.get('topic')!r}, "
                               f"not a topic of the {lang} taxonomy")
         examples.setdefault(lang, []).append((rec["id"], rec["text"], rec["topic"]))
-    return {lang: pick_demos(ex, taxes[lang].topics, k, int(cfg.seed)) for lang, ex in examples.items()}
+    return {lang: pick_demos(ex, taxes[lang].topics, k, conf.seed) for lang, ex in examples.items()}
 
 
-def annotate_embedding(todo: list[tuple[Record, str]], taxes: dict, cfg: DictConfig, job: Job,
+def annotate_embedding(todo: list[tuple[Record, str]], taxes: dict, conf: LabelTopicsAnnotateJob, job: Job,
                        stats: Counter) -> list[Record]:
     """Embed pages and topic descriptions with a sentence encoder; each page gets the nearest topic."""
     from cptkit.classify import SentenceEncoder
 
-    a = cfg.topics
-    enc = SentenceEncoder(a.embed_model, max_length=int(a.embed_max_tokens))
+    a = conf.topics
+    enc = SentenceEncoder(a.embed_model, max_length=a.embed_max_tokens)
     labelled = []
     advance = job.add_bar("annotate", len(todo))
     for lang in sorted({lang for _, lang in todo}):
         tax = taxes[lang]
         tvecs = enc.encode([tax.description(t) for t in tax.topics])
         recs = [rec for rec, la in todo if la == lang]
-        pvecs = enc.encode([rec["text"][:int(a.max_chars)] for rec in recs], progress=advance)
-        best, probs = nearest_topics(pvecs, tvecs, float(a.embed_temperature))
+        pvecs = enc.encode([rec["text"][:a.max_chars] for rec in recs], progress=advance)
+        best, probs = nearest_topics(pvecs, tvecs, a.embed_temperature)
         for rec, b, pr in zip(recs, best, probs, strict=True):
             stats[f"{lang} mapped"] += 1
             stats[f"{lang}: {tax.topics[b]}"] += 1
-            labelled.append({**rec, str(a.lang_field): lang, "topic": tax.topics[b], "topic_score": round(pr[b], 6),
-                             "topic_annotator": str(a.embed_model or "all-MiniLM-L6-v2"),
+            labelled.append({**rec, a.lang_field: lang, "topic": tax.topics[b], "topic_score": round(pr[b], 6),
+                             "topic_annotator": a.embed_model or "all-MiniLM-L6-v2",
                              "topic_annotate_mode": "embedding"})
     order = {rec["id"]: i for i, (rec, _) in enumerate(todo)}
     return sorted(labelled, key=lambda r: order[r["id"]])
 
 
-def check_mode(cfg: DictConfig) -> str:
-    """The annotation mode, after checking that the ``llm`` backend supports it."""
-    mode = str(cfg.topics.annotate_mode)
-    if mode not in MODES:
-        raise CptkitError(f"topics.annotate_mode={mode}: expected one of {', '.join(MODES)}")
-    if mode == "loglikelihood":
-        if str(cfg.llm.backend) != "transformers":
-            raise CptkitError(f"topics.annotate_mode=loglikelihood scores topics with a local model's log-probabilities "
-                              f"and needs llm.backend=transformers, not {cfg.llm.backend}; "
-                              "use topics.annotate_mode=generate with this backend")
-        if str(cfg.topics.norm) not in NORMS:
-            raise CptkitError(f"topics.norm={cfg.topics.norm}: expected one of {', '.join(NORMS)}")
-    return mode
-
-
-def annotate_generate(gen, todo: list[tuple[Record, str]], taxes: dict, cfg: DictConfig, job: Job,
+def annotate_generate(gen, todo: list[tuple[Record, str]], taxes: dict, conf: LabelTopicsAnnotateJob, job: Job,
                       stats: Counter) -> tuple[list[Record], list[dict]]:
     """Generate an answer per page and map it onto the taxonomy: (labelled records, rejected answers)."""
-    a = cfg.topics
-    demos = load_demos(cfg, taxes)
-    prompts = [fewshot_messages(taxes[lang], demos[lang], rec["text"], int(a.max_chars), int(a.few_shot_chars))
-               if demos.get(lang) else build_prompt(taxes[lang], rec["text"], int(a.max_chars)) for rec, lang in todo]
+    a = conf.topics
+    demos = load_demos(conf, taxes)
+    prompts = [fewshot_messages(taxes[lang], demos[lang], rec["text"], a.max_chars, a.few_shot_chars)
+               if demos.get(lang) else build_prompt(taxes[lang], rec["text"], a.max_chars) for rec, lang in todo]
     advance = job.add_bar("annotate", len(prompts))
-    outs = gen.generate(prompts, gen.params(max_new_tokens=int(a.max_new_tokens), temperature=float(a.temperature)),
+    outs = gen.generate(prompts, gen.params(max_new_tokens=a.max_new_tokens, temperature=a.temperature),
                         progress=advance)
     labelled, rejected = [], []
     for (rec, lang), out in zip(todo, outs, strict=True):
-        topic = map_answer(out.text, taxes[lang], float(a.fuzzy_cutoff))
+        topic = map_answer(out.text, taxes[lang], a.fuzzy_cutoff)
         if topic is None:
             stats[f"{lang} rejected"] += 1
             rejected.append({"id": rec["id"], "lang": lang, "answer": out.text})
             continue
         stats[f"{lang} mapped"] += 1
-        labelled.append({**rec, str(a.lang_field): lang, "topic": topic, "topic_answer": out.text.strip(),
-                         "topic_annotator": str(cfg.llm.model), "topic_annotate_mode": "generate"})
+        labelled.append({**rec, a.lang_field: lang, "topic": topic, "topic_answer": out.text.strip(),
+                         "topic_annotator": conf.llm.model, "topic_annotate_mode": "generate"})
     return labelled, rejected
 
 
-def annotate_loglikelihood(gen, todo: list[tuple[Record, str]], taxes: dict, cfg: DictConfig, job: Job,
+def annotate_loglikelihood(gen, todo: list[tuple[Record, str]], taxes: dict, conf: LabelTopicsAnnotateJob, job: Job,
                            stats: Counter) -> list[Record]:
     """Score every topic of the page's taxonomy as the prompt's continuation; argmax (normalised)."""
-    a = cfg.topics
-    bs = int(a.topic_batch_size)
-    demos = load_demos(cfg, taxes)
+    a = conf.topics
+    bs = a.topic_batch_size
+    demos = load_demos(conf, taxes)
 
     def request(lang: str, page: str):
         if demos.get(lang):
-            return fewshot_messages(taxes[lang], demos[lang], page, int(a.max_chars), int(a.few_shot_chars))
-        return build_prompt(taxes[lang], page, int(a.max_chars))
+            return fewshot_messages(taxes[lang], demos[lang], page, a.max_chars, a.few_shot_chars)
+        return build_prompt(taxes[lang], page, a.max_chars)
 
     baselines: dict[str, list[float] | None] = {}
     for lang in sorted({lang for _, lang in todo}):
         baselines[lang] = None if not a.calibrate else [ll for ll, _ in topic_loglikelihoods(
-            gen.model, gen.tok, gen.render(request(lang, str(a.content_free))), taxes[lang].topics, bs)]
+            gen.model, gen.tok, gen.render(request(lang, a.content_free)), taxes[lang].topics, bs)]
     advance = job.add_bar("annotate", len(todo))
     labelled = []
     for rec, lang in todo:
         tax = taxes[lang]
-        page = truncate_tokens(gen.tok, rec["text"][:int(a.max_chars)], int(a.max_page_tokens))
+        page = truncate_tokens(gen.tok, rec["text"][:a.max_chars], a.max_page_tokens)
         context = gen.render(request(lang, page))
         scored = topic_loglikelihoods(gen.model, gen.tok, context, tax.topics, batch_size=bs)
-        best, probs = pick_topic(tax.topics, [ll for ll, _ in scored], [n for _, n in scored], str(a.norm),
+        best, probs = pick_topic(tax.topics, [ll for ll, _ in scored], [n for _, n in scored], a.norm,
                                  baselines[lang])
         stats[f"{lang} mapped"] += 1
         stats[f"{lang}: {tax.topics[best]}"] += 1
-        labelled.append({**rec, str(a.lang_field): lang, "topic": tax.topics[best], "topic_score": round(probs[best], 6),
-                         "topic_annotator": str(cfg.llm.model), "topic_annotate_mode": "loglikelihood"})
+        labelled.append({**rec, a.lang_field: lang, "topic": tax.topics[best], "topic_score": round(probs[best], 6),
+                         "topic_annotator": conf.llm.model, "topic_annotate_mode": "loglikelihood"})
         advance(1)
     return labelled
 
@@ -263,34 +259,35 @@ def annotate_loglikelihood(gen, todo: list[tuple[Record, str]], taxes: dict, cfg
 def run(cfg: DictConfig) -> dict:
     from cptkit.llm import load_generator
 
-    mode = check_mode(cfg)
-    taxes = taxonomies(cfg)
-    a = cfg.topics
-    inputs = resolve_inputs(list(cfg.io.inputs))
+    conf: LabelTopicsAnnotateJob = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    a = conf.topics
+    mode = a.annotate_mode  # with an llm backend that supports it (LabelTopicsAnnotateJob)
+    taxes = taxonomies(conf)
+    inputs = resolve_inputs(conf.io.inputs)
     with Job(cfg, inputs=inputs, tasks=[Task(0, inputs)]) as job:
         extra: dict = {}
         for task in job.pending():
             t0 = time.time()
-            sample = bottom_k(job.read(task), int(a.sample), int(cfg.seed))
-            langs = record_languages(sample, str(a.lang_field), bool(a.redetect))
+            sample = bottom_k(job.read(task), a.sample, conf.seed)
+            langs = record_languages(sample, a.lang_field, a.redetect)
             todo = [(rec, lang) for rec, lang in zip(sample, langs, strict=True) if lang in taxes]
             stats: Counter = Counter(sampled=len(sample), **{"no taxonomy for language": len(sample) - len(todo)})
-            gen = load_generator(cfg.llm) if mode != "embedding" else None
+            gen = load_generator(cfg.llm) if mode != "embedding" else None  # cptkit.llm reads the config node
             t1 = time.time()
             if mode == "embedding":
-                labelled, rejected = annotate_embedding(todo, taxes, cfg, job, stats), []
+                labelled, rejected = annotate_embedding(todo, taxes, conf, job, stats), []
             elif mode == "generate":
-                labelled, rejected = annotate_generate(gen, todo, taxes, cfg, job, stats)
+                labelled, rejected = annotate_generate(gen, todo, taxes, conf, job, stats)
             else:
-                labelled, rejected = annotate_loglikelihood(gen, todo, taxes, cfg, job, stats), []
+                labelled, rejected = annotate_loglikelihood(gen, todo, taxes, conf, job, stats), []
             secs = time.time() - t1
             with job.writer(task) as w:
                 for rec in labelled:
                     w.write(rec)
             atomic_write_bytes(job.out / "_rejected.jsonl",
                                "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejected).encode())
-            timing = {"mode": mode, "pages": len(todo), "seconds": round(secs, 3), "few_shot": int(a.few_shot),
-                      **({"norm": str(a.norm), "calibrate": bool(a.calibrate)} if mode == "loglikelihood" else {}),
+            timing = {"mode": mode, "pages": len(todo), "seconds": round(secs, 3), "few_shot": a.few_shot,
+                      **({"norm": a.norm, "calibrate": a.calibrate} if mode == "loglikelihood" else {}),
                       "pages_per_s": round(len(todo) / secs, 3) if secs > 0 else None}
             job.complete(task, w, seconds=time.time() - t0, annotate=dict(stats), timing=timing,
                          llm=gen.stats.as_dict() if gen is not None else {})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from cptkit.classifier_report import check_quality, params_of, report, tuning_rows
 from cptkit.classify import TrainParams, save_classifier, train_classifier
@@ -42,9 +42,10 @@ MIN_EXAMPLES = 10  # fewer labelled records in a language: no classifier for it 
 
 @step("label-topics-train", LabelTopicsTrainJob)
 def run(cfg: DictConfig) -> dict:
-    taxes = taxonomies(cfg)
-    label_field = str(cfg.train.label_field)
-    inputs = resolve_inputs(list(cfg.io.inputs))
+    conf: LabelTopicsTrainJob = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    taxes = taxonomies(conf)
+    label_field = conf.train.label_field
+    inputs = resolve_inputs(conf.io.inputs)
     with Job(cfg, inputs=inputs, tasks=[Task(0, inputs)]) as job:
         extra: dict = {}
         for task in job.pending():
@@ -55,10 +56,10 @@ def run(cfg: DictConfig) -> dict:
                 if not isinstance(topic, str):
                     raise CptkitError(f"record {rec['id']!r}: no string field {label_field!r} (label it first)")
                 recs.append(rec)
-            langs = record_languages(recs, str(cfg.topics.lang_field), bool(cfg.topics.redetect))
+            langs = record_languages(recs, conf.topics.lang_field, conf.topics.redetect)
             all_metrics = {}
             trained: list = []
-            for lang in cfg.topics.languages:
+            for lang in conf.topics.languages:
                 sel = [r for r, la in zip(recs, langs, strict=True) if la == lang]
                 for r in sel:
                     if r[label_field] not in taxes[lang].topics:
@@ -67,18 +68,18 @@ def run(cfg: DictConfig) -> dict:
                     log.warning("%s: %d labelled records in %d topics (need %d+ in 2+); no classifier trained",
                                 lang, len(sel), len({r[label_field] for r in sel}), MIN_EXAMPLES)
                     continue
-                params: TrainParams = params_of(cfg)
+                params: TrainParams = params_of(conf.train)
                 res = train_classifier([r["id"] for r in sel], [r["text"] for r in sel],
-                                       [r[label_field] for r in sel], params, int(cfg.seed))
-                check_quality(res.metrics, lang, float(params.min_f1))
+                                       [r[label_field] for r in sel], params, conf.seed)
+                check_quality(res.metrics, lang, params.min_f1)
                 trained.append((lang, res, params))
                 all_metrics[lang] = res.metrics
                 extra[f"{lang} examples"] = len(sel)
-                extra |= report(res.metrics, lang, bool(cfg.quiet)) | tuning_rows(res.classifier, lang)
+                extra |= report(res.metrics, lang, conf.quiet) | tuning_rows(res.classifier, lang)
             if not all_metrics:
-                raise CptkitError(f"no language in {list(cfg.topics.languages)} has labelled records in 2+ topics")
+                raise CptkitError(f"no language in {conf.topics.languages} has labelled records in 2+ topics")
             for lang, res, params in trained:  # written once every language passed train.min_f1
-                save_classifier(res, job.out / lang, params, int(cfg.seed),
+                save_classifier(res, job.out / lang, params, conf.seed,
                                 extra={"language": lang, "taxonomy": taxes[lang].topics})
             job.complete(task, None, seconds=time.time() - t0, metrics=all_metrics)
         return job.finish(extra=extra)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from cptkit.classifier_report import check_quality, params_of, report, tuning_rows
 from cptkit.classify import (
@@ -55,19 +55,21 @@ NEGATIVES = Option(("--negatives",), "train.negatives", "JSONL file, directory o
 
 @step("score-quality-train", ScoreQualityTrainJob, options=(POSITIVES, NEGATIVES, IN, OUT, QUIET, SKIP_BAD))
 def run(cfg: DictConfig) -> dict:
-    t = cfg.train
+    conf: ScoreQualityTrainJob = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    t = conf.train
     if t.positives or t.negatives:
         if not (t.positives and t.negatives):
             raise CptkitError("give both --positives and --negatives (or --in with train.label_field=FIELD)")
-        if cfg.io.inputs:
+        if conf.io.inputs:
             raise CptkitError("--in is for train.label_field mode; with --positives/--negatives leave it out")
         groups: list[tuple[InputFile, str | None]] = (
-            [(f, str(t.positive_label)) for f in resolve_inputs(list(t.positives))]
-            + [(f, str(t.negative_label)) for f in resolve_inputs(list(t.negatives))])
+            [(f, t.positive_label) for f in resolve_inputs(t.positives)]
+            + [(f, t.negative_label) for f in resolve_inputs(t.negatives)])
     else:
         if not t.label_field:
             raise CptkitError("score-quality-train needs --positives/--negatives, or --in with train.label_field=FIELD")
-        groups = [(f, None) for f in resolve_inputs(list(cfg.io.inputs))]
+        groups = [(f, None) for f in resolve_inputs(conf.io.inputs)]
+    label_field = t.label_field or ""
     inputs = [f for f, _ in groups]
     with Job(cfg, inputs=inputs, tasks=[Task(0, inputs)]) as job:
         extra: dict = {}
@@ -78,9 +80,9 @@ def run(cfg: DictConfig) -> dict:
             for inp, label in groups:
                 for rec in job.read(Task(task.index, [inp])):
                     if label is None:
-                        v = rec.get(t.label_field)
+                        v = rec.get(label_field)
                         if v is None or isinstance(v, (dict, list)):
-                            raise CptkitError(f"{inp.name}: record {rec['id']!r} has no scalar field {t.label_field!r}")
+                            raise CptkitError(f"{inp.name}: record {rec['id']!r} has no scalar field {label_field!r}")
                         lab = str(v)
                     else:
                         lab = label
@@ -90,15 +92,15 @@ def run(cfg: DictConfig) -> dict:
                     ids.append(rec["id"])
                     texts.append(rec["text"])
                     labels.append(lab)
-            params = params_of(cfg)
+            params = params_of(t)
             log.info("training %s on %d examples", params.backend, len(ids))
-            res = train_classifier(ids, texts, labels, params, int(cfg.seed))
-            title = "quality" if t.positives else str(t.label_field)
-            check_quality(res.metrics, title, float(params.min_f1))
-            info = {"positive": str(t.positive_label)} if t.positives else {}
-            save_classifier(res, job.out, params, int(cfg.seed), extra=info)
+            res = train_classifier(ids, texts, labels, params, conf.seed)
+            title = "quality" if t.positives else label_field
+            check_quality(res.metrics, title, params.min_f1)
+            info = {"positive": t.positive_label} if t.positives else {}
+            save_classifier(res, job.out, params, conf.seed, extra=info)
             extra = {"classes": ",".join(res.classifier.labels), **res.counts,
-                     **report(res.metrics, title, bool(cfg.quiet)), **tuning_rows(res.classifier, title)}
+                     **report(res.metrics, title, conf.quiet), **tuning_rows(res.classifier, title)}
             job.complete(task, None, seconds=time.time() - t0, metrics=res.metrics)
         if not extra:  # resumed after completion
             import json

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig, redact
+from cptkit.config import JobConfig, check, redact
 from cptkit.errors import CptkitError
 from cptkit.progress import log
 from cptkit.shards import atomic_write_bytes, atomic_write_json
@@ -49,6 +49,9 @@ class ModelConfig:
     seed: int = 0
     attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 (GPU)
 
+    def __post_init__(self) -> None:
+        check(self.name in ("tiny_llama", "hf"), "name", self.name, "use tiny_llama or hf")
+
 
 @dataclass
 class TopicPPLConfig:
@@ -56,6 +59,10 @@ class TopicPPLConfig:
     round_fraction: float | None = None  # R as a share of the run's tokens (overrides round_tokens); paper 40B/100B
     alpha: float = 0.4
     within_parent: bool = True  # adjust topics within their parent (language), keeping its share
+
+    def __post_init__(self) -> None:
+        frac = self.round_fraction
+        check(frac is None or 0 < frac <= 1, "round_fraction", frac, "must be in (0, 1]")
 
 
 @dataclass
@@ -129,6 +136,33 @@ class TrainOptions:
     velocitune: VelocituneConfig = field(default_factory=VelocituneConfig)
     dbl: DBLConfig = field(default_factory=DBLConfig)
 
+    def __post_init__(self) -> None:
+        """Refuse invalid ``train.*`` values with one line each, before anything is written."""
+        from cptkit.training.mixture import MIXTURES
+        from cptkit.training.schedule import DECAY_TYPES
+
+        check(self.mixture in MIXTURES, "mixture", self.mixture, f"use one of {', '.join(MIXTURES)}")
+        for key, lo in (("micro_batch", 1), ("grad_accum", 1), ("max_steps", 0), ("save_every", 0), ("keep_last", 0),
+                        ("threads", 0), ("eval_docs", 0), ("eval_max_tokens", 1), ("eval_every", 0), ("log_every", 0)):
+            v = getattr(self, key)
+            check(v >= lo, key, v, f"must be ≥ {lo}")
+        for key in ("budget_tokens", "init_lr", "weight_decay", "grad_clip", "warmup", "decay"):
+            v = getattr(self, key)
+            check(v >= 0 and not math.isinf(v), key, v, "must be a finite number ≥ 0")
+        check(self.lr > 0 and not math.isinf(self.lr), "lr", self.lr, "must be > 0")
+        check(self.eps > 0, "eps", self.eps, "must be > 0")
+        check(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        check(self.decay_type in DECAY_TYPES, "decay_type", self.decay_type, f"use one of {', '.join(DECAY_TYPES)}")
+        check(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "betas", self.betas,
+              "two values in [0, 1)")
+        check(self.precision in ("auto", "bf16", "fp32", "fp16"), "precision", self.precision,
+              "use auto, bf16, fp32 or fp16 (GPU)")
+        check(self.engine in ("auto", "deepspeed", "torch"), "engine", self.engine, "use auto, deepspeed or torch")
+        check(self.zero_stage is None or self.zero_stage in (0, 1, 2, 3), "zero_stage", self.zero_stage,
+              "use 0, 1, 2 or 3 (or null: the deepspeed group's)")
+        check(str(self.gradient_checkpointing).lower() in ("auto", "true", "false"), "gradient_checkpointing",
+              self.gradient_checkpointing, "use auto, true or false")  # Any: a bool or auto
+
 
 @dataclass
 class TrainJob(JobConfig):
@@ -138,40 +172,6 @@ class TrainJob(JobConfig):
     deepspeed: Any = field(default_factory=dict)
 
 
-def check_options(tcfg: Any) -> None:
-    """Refuse invalid ``train.*`` values with one line each, before anything is written."""
-    from cptkit.training.schedule import DECAY_TYPES
-
-    def bad(key: str, value: Any, why: str) -> CptkitError:
-        return CptkitError(f"train.{key}={value}: {why}")
-
-    for key, lo in (("micro_batch", 1), ("grad_accum", 1), ("max_steps", 0), ("save_every", 0), ("keep_last", 0),
-                    ("threads", 0), ("eval_docs", 0), ("eval_max_tokens", 1), ("eval_every", 0), ("log_every", 0)):
-        v = tcfg.get(key)
-        if v is not None and int(v) < lo:
-            raise bad(key, v, f"must be ≥ {lo}")
-    for key in ("budget_tokens", "init_lr", "weight_decay", "grad_clip", "warmup", "decay"):
-        v = float(tcfg.get(key))
-        if not v >= 0 or math.isinf(v):
-            raise bad(key, tcfg.get(key), "must be a finite number ≥ 0")
-    if not float(tcfg.lr) > 0 or math.isinf(float(tcfg.lr)):
-        raise bad("lr", tcfg.lr, "must be > 0")
-    if not float(tcfg.eps) > 0:
-        raise bad("eps", tcfg.eps, "must be > 0")
-    if not 0.0 <= float(tcfg.min_lr_ratio) <= 1.0:
-        raise bad("min_lr_ratio", tcfg.min_lr_ratio, "must be in [0, 1]")
-    if str(tcfg.decay_type) not in DECAY_TYPES:
-        raise bad("decay_type", tcfg.decay_type, f"use one of {', '.join(DECAY_TYPES)}")
-    if len(tcfg.betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in tcfg.betas):
-        raise bad("betas", list(tcfg.betas), "two values in [0, 1)")
-    if str(tcfg.precision) not in ("auto", "bf16", "fp32", "fp16"):
-        raise bad("precision", tcfg.precision, "use auto, bf16, fp32 or fp16 (GPU)")
-    if str(tcfg.engine) not in ("auto", "deepspeed", "torch"):
-        raise bad("engine", tcfg.engine, "use auto, deepspeed or torch")
-    if tcfg.zero_stage is not None and int(tcfg.zero_stage) not in (0, 1, 2, 3):
-        raise bad("zero_stage", tcfg.zero_stage, "use 0, 1, 2 or 3 (or null: the deepspeed group's)")
-    if str(tcfg.gradient_checkpointing).lower() not in ("auto", "true", "false"):
-        raise bad("gradient_checkpointing", tcfg.gradient_checkpointing, "use auto, true or false")
 
 
 def run_identity(config: dict) -> str:
@@ -213,23 +213,21 @@ def reopen_finished(out: Path, ckdir: Path, max_steps: int, resume: bool) -> boo
 
 
 # --- pieces ---------------------------------------------------------------------------------
-def build_model(mcfg: Any, tokenizer, seq_len: int):
+def build_model(mcfg: ModelConfig, tokenizer, seq_len: int):
     from cptkit import lm
 
     if mcfg.name == "tiny_llama":
-        model = lm.tiny_llama(tokenizer, hidden=int(mcfg.hidden), layers=int(mcfg.layers), heads=int(mcfg.heads),
-                              intermediate=mcfg.intermediate, max_position=int(mcfg.max_position or seq_len),
-                              seed=int(mcfg.seed), kv_heads=mcfg.kv_heads)
-    elif mcfg.name == "hf":
+        model = lm.tiny_llama(tokenizer, hidden=mcfg.hidden, layers=mcfg.layers, heads=mcfg.heads,
+                              intermediate=mcfg.intermediate, max_position=mcfg.max_position or seq_len,
+                              seed=mcfg.seed, kv_heads=mcfg.kv_heads)
+    else:  # hf (ModelConfig allows no other name)
         if not mcfg.path:
             raise CptkitError("model=hf needs model.path (an HF directory, a .gguf file or smollm2)")
         from cptkit.training.hf import load_pretrained
 
-        model = load_pretrained(str(mcfg.path))  # a GGUF file is dequantized into a plain, saveable model
-    else:
-        raise CptkitError(f"model.name={mcfg.name!r}: use tiny_llama or hf")
+        model = load_pretrained(mcfg.path)  # a GGUF file is dequantized into a plain, saveable model
     try:
-        model.set_attn_implementation(str(mcfg.attn_implementation))
+        model.set_attn_implementation(mcfg.attn_implementation)
     except (AttributeError, ValueError, ImportError) as e:
         log.warning("attention %s unavailable (%s); using the model's default", mcfg.attn_implementation, e)
     model.config.use_cache = False
@@ -261,19 +259,20 @@ def resolve_weights(spec: Any, stream, default: str, stage: Any = None) -> dict[
     return {d: float(w.get(d, 0.0)) for d in stream.domains}
 
 
-def load_targets(vcfg: Any, budget_tokens: float = 0.0, domains: list[str] | None = None) -> dict[str, float]:
+def load_targets(vcfg: VelocituneConfig, budget_tokens: float = 0.0, domains: list[str] | None = None) -> dict[str, float]:
     """Velocitune/DBL targets: ``targets`` over a proxy's ``targets_file`` (checked against this run)."""
     from cptkit.training.velocitune import load_targets_file
 
-    targets = {str(k): float(v) for k, v in (vcfg.targets or {}).items()}
+    targets = {str(k): float(v) for k, v in (vcfg.targets or {}).items()}  # targets: Any, as written
     if vcfg.targets_file:
-        from_file = load_targets_file(str(vcfg.targets_file), budget_tokens, [] if targets else list(domains or []),
-                                      bool(vcfg.allow_budget_mismatch), bool(vcfg.allow_unconverged))
+        from_file = load_targets_file(vcfg.targets_file, budget_tokens, [] if targets else list(domains or []),
+                                      vcfg.allow_budget_mismatch, vcfg.allow_unconverged)
         targets = {**from_file, **targets}
     return targets
 
 
-def make_controller(tcfg: Any, stream, proxy: bool, run_sequences: int | None = None, budget_tokens: float = 0.0):
+def make_controller(tcfg: TrainOptions, stream, proxy: bool, run_sequences: int | None = None,
+                    budget_tokens: float = 0.0):
     """The run's mixture: the stream's stages in order, a dynamic controller acting within them.
 
     ``static`` follows the stages with their weights (``train.weights`` = a mapping, ``tokens`` or
@@ -285,11 +284,9 @@ def make_controller(tcfg: Any, stream, proxy: bool, run_sequences: int | None = 
     from cptkit.training import mixture as mx
     from cptkit.training.stages import RunStage, StageMixture, run_stages
 
-    kind = "static" if proxy else str(tcfg.mixture)
-    if kind not in mx.MIXTURES:
-        raise CptkitError(f"train.mixture={kind!r}: use one of {', '.join(mx.MIXTURES)}")
+    kind = "static" if proxy else tcfg.mixture  # one of mx.MIXTURES (TrainOptions)
     total = int(stream.meta["total_sequences"])
-    n_run = int(run_sequences) if run_sequences else total
+    n_run = run_sequences or total
     doms = list(stream.domains)
 
     def whole(weights: dict[str, float], name: str) -> list[RunStage]:
@@ -310,26 +307,22 @@ def make_controller(tcfg: Any, stream, proxy: bool, run_sequences: int | None = 
     stages = run_stages(stream.meta["stages"], doms, total, n_run)
     if kind == "staged":
         return StageMixture(stages, exact_plan=True)
-    cs = [str(x) for x in tcfg.controller_stages] if tcfg.controller_stages is not None else None
+    cs = [str(x) for x in tcfg.controller_stages] if tcfg.controller_stages is not None else None  # Any: as written
     default_init = "uniform" if kind == "velocitune" else "stage"
     first = dict.fromkeys(doms, 1.0)  # placeholder: entering a stage it acts in sets the start weights
     if kind == "topic_ppl":
         tp = tcfg.topic_ppl
-        frac = tp.round_fraction
-        if frac is not None and not 0 < float(frac) <= 1:
-            raise CptkitError(f"train.topic_ppl.round_fraction={frac}: must be in (0, 1]")
-        round_tokens = float(frac) * budget_tokens if frac is not None else float(tp.round_tokens)
-        ctl: Any = mx.TopicPPL(doms, first, stream.parents, round_tokens, float(tp.alpha), bool(tp.within_parent))
+        round_tokens = tp.round_fraction * budget_tokens if tp.round_fraction is not None else tp.round_tokens
+        ctl: Any = mx.TopicPPL(doms, first, stream.parents, round_tokens, tp.alpha, tp.within_parent)
     else:
         vcfg = tcfg.velocitune
         targets = load_targets(vcfg, budget_tokens, doms)
         if kind == "velocitune":
-            ctl = mx.Velocitune(doms, first, targets, int(vcfg.interval_steps), bool(vcfg.use_target),
-                                bool(vcfg.learnt_guard), int(vcfg.init_eval_docs),
-                                None if vcfg.eval_docs is None else int(vcfg.eval_docs))
+            ctl = mx.Velocitune(doms, first, targets, vcfg.interval_steps, vcfg.use_target, vcfg.learnt_guard,
+                                vcfg.init_eval_docs, vcfg.eval_docs)
         else:
-            ctl = mx.DBL(doms, first, targets, int(tcfg.dbl.interval_steps), float(tcfg.dbl.eta),
-                         float(tcfg.dbl.smoothing), bool(tcfg.dbl.clip))
+            ctl = mx.DBL(doms, first, targets, tcfg.dbl.interval_steps, tcfg.dbl.eta, tcfg.dbl.smoothing,
+                         tcfg.dbl.clip)
     return StageMixture(stages, ctl, cs, lambda st: resolve_weights(tcfg.init_weights, stream, default_init, st))
 
 
@@ -385,35 +378,35 @@ def run(cfg: DictConfig) -> dict:
     from cptkit.mix.stream import Stream
     from cptkit.training.engine import init_distributed
 
-    tcfg = cfg.train
-    if len(cfg.io.inputs) != 1:
+    conf: TrainJob = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    tcfg = conf.train
+    if len(conf.io.inputs) != 1:
         raise CptkitError("train: pass exactly one --in: a build-mix stream directory")
-    if cfg.io.output in (None, "-"):
+    if conf.io.output in (None, "-"):
         raise CptkitError("train: pass --out DIR for checkpoints, metrics and the final model")
-    stream = Stream(str(cfg.io.inputs[0]))
-    proxy = bool(tcfg.velocitune.proxy)
-    resume = bool(tcfg.resume)
-    # `resume` does not change what the run computes: keep it out of the config hash
+    stream = Stream(conf.io.inputs[0])
+    proxy = tcfg.velocitune.proxy
+    resume = tcfg.resume
+    # `resume` does not change what the run computes: keep it out of the config hash (Job hashes `cfg`)
     OmegaConf.set_struct(cfg, False)
     cfg.train.resume = False
     OmegaConf.set_struct(cfg, True)
-    check_options(tcfg)
-    if int(tcfg.threads) > 0:
-        torch.set_num_threads(int(tcfg.threads))
+    if tcfg.threads > 0:
+        torch.set_num_threads(tcfg.threads)
 
-    rank, world = init_distributed(str(tcfg.backend))
-    out = Path(str(cfg.io.output))
+    rank, world = init_distributed(tcfg.backend)
+    out = Path(conf.io.output)  # type: ignore[arg-type]  # not None: checked above
     ckdir = out / "checkpoints"
     job = None
     if rank == 0:
         job = Job(cfg, tasks=[Task(0, [], name="train")], needs_inputs=False)
         job.hash = run_identity(job.config)
-        extend = reopen_finished(out, ckdir, int(tcfg.max_steps), resume)
+        extend = reopen_finished(out, ckdir, tcfg.max_steps, resume)
         job.__enter__()
         job.already_done = job.already_done and not extend
     torch.distributed.barrier()
     try:
-        result = _train(RunSpec(cfg, stream, proxy, resume, rank, world, out, job))
+        result = _train(RunSpec(conf, stream, proxy, resume, rank, world, out, job))
     except BaseException as e:
         if job is not None:
             job.__exit__(type(e), e, e.__traceback__)
@@ -427,7 +420,7 @@ def run(cfg: DictConfig) -> dict:
 class RunSpec:
     """What this process trains, where, and as which rank (resolved once by :func:`run`)."""
 
-    cfg: DictConfig
+    conf: TrainJob  # the typed config (``train.resume`` as given; ``resume`` below)
     stream: Any
     proxy: bool
     resume: bool
@@ -437,8 +430,8 @@ class RunSpec:
     job: Any  # the Job on rank 0, None elsewhere
 
     @property
-    def tcfg(self) -> Any:
-        return self.cfg.train
+    def tcfg(self) -> TrainOptions:
+        return self.conf.train
 
     @property
     def seq_len(self) -> int:
@@ -477,7 +470,7 @@ class Checkpointer:
     """Engine checkpoints under ``OUT/checkpoints`` (the last ``train.keep_last`` kept)."""
 
     def __init__(self, engine: Any, spec: RunSpec):
-        self.engine, self.dir, self.rank, self.keep = engine, spec.ckdir, spec.rank, int(spec.tcfg.keep_last)
+        self.engine, self.dir, self.rank, self.keep = engine, spec.ckdir, spec.rank, spec.tcfg.keep_last
 
     def save(self, state: TrainState, sampler: Any, controller: Any) -> None:
         from cptkit.training.checkpoint import prune, tag_for
@@ -549,7 +542,7 @@ class MetricsLog:
 def prepare_checkpoints(spec: RunSpec) -> bool:
     """Whether there is a checkpoint to resume from; refuses to mix a new run into an old one."""
     has_ckpt = (spec.ckdir / "latest").exists()
-    if has_ckpt and not spec.resume and spec.cfg.io.get("overwrite"):  # start over, as the error below suggests
+    if has_ckpt and not spec.resume and spec.conf.io.overwrite:  # start over, as the error below suggests
         if spec.rank == 0:
             shutil.rmtree(spec.ckdir)
         has_ckpt = False
@@ -619,26 +612,25 @@ def _train(spec: RunSpec) -> dict:
     from cptkit.training.schedule import make_schedule
     from cptkit.training.stages import draw_batch
 
-    cfg, tcfg, stream, seq_len = spec.cfg, spec.tcfg, spec.stream, spec.seq_len
+    conf, tcfg, stream, seq_len = spec.conf, spec.tcfg, spec.stream, spec.seq_len
     rank, world, out, job = spec.rank, spec.world, spec.out, spec.job
     if job is not None and job.already_done:
         return job.finish()
     has_ckpt = prepare_checkpoints(spec)
-    tok_spec = cfg.tokenizer or stream.tokenizer_spec()
-    tokenizer = load_tokenizer(str(tok_spec))
+    tok_spec = conf.tokenizer or stream.tokenizer_spec()
+    tokenizer = load_tokenizer(tok_spec)
     if len(tokenizer) < int(stream.meta["vocab_size"]):
         raise CptkitError(f"tokenizer {tok_spec} has {len(tokenizer)} tokens, the stream was built with "
                           f"{stream.meta['vocab_size']}")
 
-    micro, accum = int(tcfg.micro_batch), int(tcfg.grad_accum)
+    micro, accum = tcfg.micro_batch, tcfg.grad_accum
     global_seqs = micro * accum * world
-    budget = float(tcfg.budget_tokens) or float(stream.meta["total_sequences"] * seq_len)
-    total_steps = int(tcfg.max_steps) or max(1, math.ceil(budget / (global_seqs * seq_len)))
+    budget = tcfg.budget_tokens or float(stream.meta["total_sequences"] * seq_len)
+    total_steps = tcfg.max_steps or max(1, math.ceil(budget / (global_seqs * seq_len)))
     full_budget = total_steps * global_seqs * seq_len
     try:
-        schedule = make_schedule(float(tcfg.lr), total_steps, warmup=tcfg.warmup, decay=tcfg.decay,
-                                 init_lr=float(tcfg.init_lr), decay_type=str(tcfg.decay_type),
-                                 min_lr_ratio=float(tcfg.min_lr_ratio))
+        schedule = make_schedule(tcfg.lr, total_steps, warmup=tcfg.warmup, decay=tcfg.decay, init_lr=tcfg.init_lr,
+                                 decay_type=tcfg.decay_type, min_lr_ratio=tcfg.min_lr_ratio)
     except ValueError as e:
         raise CptkitError(f"train schedule ({total_steps} steps): {e}") from None
     controller = make_controller(tcfg, stream, spec.proxy, total_steps * global_seqs, full_budget)
@@ -649,8 +641,8 @@ def _train(spec: RunSpec) -> dict:
         proxy_run = ProxyRun(tcfg.velocitune, total_steps, global_seqs * seq_len)
         total_steps = proxy_run.max_steps
     eval_recs = stream.eval_records()
-    needs_eval = controller.dynamic or spec.proxy or int(tcfg.eval_every) > 0
-    eval_tasks = load_eval_tasks(list(tcfg.eval_tasks)) if tcfg.eval_every and tcfg.eval_tasks else []
+    needs_eval = controller.dynamic or spec.proxy or tcfg.eval_every > 0
+    eval_tasks = load_eval_tasks(tcfg.eval_tasks) if tcfg.eval_every and tcfg.eval_tasks else []
     if needs_eval:
         have = {r["domain"] for r in eval_recs}
         missing = [d for d in stream.domains if d not in have]
@@ -658,8 +650,8 @@ def _train(spec: RunSpec) -> dict:
             raise CptkitError(f"{stream.path}: no held-out eval documents for domain {missing[0]!r} "
                               "(rebuild the stream with mix.eval_docs > 0)")
 
-    torch.manual_seed(int(cfg.seed))
-    model = build_model(cfg.model, tokenizer, seq_len)
+    torch.manual_seed(conf.seed)
+    model = build_model(conf.model, tokenizer, seq_len)
     if model.get_input_embeddings().num_embeddings < int(stream.meta["vocab_size"]):
         raise CptkitError(f"model has {model.get_input_embeddings().num_embeddings} embeddings, fewer than the "
                           f"stream's vocabulary ({stream.meta['vocab_size']})")
@@ -670,9 +662,9 @@ def _train(spec: RunSpec) -> dict:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         os.replace(tmp, out / "model_init")
-    engine, engine_info = make_engine(model, tcfg, deepspeed_base=OmegaConf.to_container(cfg.deepspeed, resolve=True)
-                                      or {}, world=world, schedule=schedule)
-    sampler = Sampler(stream, int(cfg.seed))
+    engine, engine_info = make_engine(model, tcfg, deepspeed_base=conf.deepspeed or {}, world=world,
+                                      schedule=schedule)
+    sampler = Sampler(stream, conf.seed)
     checkpointer = Checkpointer(engine, spec)
 
     state = TrainState(weight_sum=dict.fromkeys(stream.domains, 0.0))
@@ -704,13 +696,12 @@ def _train(spec: RunSpec) -> dict:
         if controller.dynamic and controller.wants_eval(state.step, state.tokens):
             te = time.time()
             losses = domain_losses(engine.module, tokenizer, eval_recs,
-                                   controller.eval_docs(state.step, int(tcfg.eval_docs)), int(tcfg.eval_max_tokens),
-                                   seq_len)
+                                   controller.eval_docs(state.step, tcfg.eval_docs), tcfg.eval_max_tokens, seq_len)
             upd = controller.update(state.step, state.tokens, losses)
             info = {"eval_loss": losses, **upd}
             mlog.weights_event(state, controller.weights, {"event": "update", **info})
             mix_s += time.time() - te
-        elif tcfg.eval_every and state.step % int(tcfg.eval_every) == 0:
+        elif tcfg.eval_every and state.step % tcfg.eval_every == 0:
             info = {**evaluate_point(engine.module, tokenizer, eval_recs, tcfg, seq_len, eval_tasks),
                     "eval_tokens": state.tokens}
         td = time.time()
@@ -734,12 +725,12 @@ def _train(spec: RunSpec) -> dict:
                                "cpu_seconds": dc, "weights": {d: round(v, 6) for d, v in w_now.items()},
                                **mix_info, **info})
         if proxy_run is not None and proxy_run.is_checkpoint(state.step):
-            losses = domain_losses(engine.module, tokenizer, eval_recs, proxy_run.eval_docs,
-                                   int(tcfg.eval_max_tokens), seq_len)
+            losses = domain_losses(engine.module, tokenizer, eval_recs, proxy_run.eval_docs, tcfg.eval_max_tokens,
+                                   seq_len)
             state.proxy_log.append((float(state.tokens), losses))
             if proxy_run.add(state.tokens, losses):
                 total_steps = state.step  # the targets settled: stop the proxy here
-        if (int(tcfg.save_every) and state.step % int(tcfg.save_every) == 0) or state.step == total_steps:
+        if (tcfg.save_every and state.step % tcfg.save_every == 0) or state.step == total_steps:
             checkpointer.save(state, sampler, controller)
     run_s = time.time() - t_run
     if mlog.metrics is not None and tcfg.eval_every:  # the end point of the forgetting curves
@@ -751,7 +742,7 @@ def _train(spec: RunSpec) -> dict:
                              "tokens/s": (len(loss_hist) * global_seqs * seq_len / run_s) if run_s > 0 else 0.0,
                              "data+mixture share of step time": (data_s + mix_s) / run_s if run_s > 0 else 0.0,
                              "data loader s": data_s, "mixture eval+update s": mix_s, "run s": run_s,
-                             "mixture": "proxy" if spec.proxy else str(tcfg.mixture), **engine_info}
+                             "mixture": "proxy" if spec.proxy else tcfg.mixture, **engine_info}
     write_outputs(spec, engine, tokenizer, state, proxy_run, extra)
     torch.distributed.barrier()
     if job is not None:

@@ -62,7 +62,7 @@ class RunLog:
         self.active = job is not None
         self.tb = self.wandb = None
         self.bar = None
-        every = int(tcfg.get("log_every", 0) or 0)
+        every = tcfg.log_every
         self.every = every or max(1, total_steps // 10)
         self.lines = self.active and not console.is_terminal and not job.quiet
         if not self.active:
@@ -75,7 +75,7 @@ class RunLog:
                 self.tb = SummaryWriter(str(out / "tensorboard"), purge_step=start_step + 1 if start_step else None)
             except ImportError:
                 log.warning("train.tensorboard=true but tensorboard is not installed (pip install tensorboard)")
-        if wandb_wanted(tcfg.get("wandb", "auto")):
+        if wandb_wanted(tcfg.wandb):
             import wandb
 
             self.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "cptkit"), name=out.name,
