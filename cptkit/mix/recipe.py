@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from cptkit.config import check
 from cptkit.errors import CptkitError
 from cptkit.progress import log
 from cptkit.records import Record
@@ -295,3 +296,56 @@ def apply_replay(weights: dict[str, float], replay: list[str], share: float, tok
             if v > 0:
                 out[k] = share * v / ns
     return out
+
+
+# --- the recipe's config (conf/mix/<name>.yaml) ----------------------------------------------
+
+
+@dataclass
+class CurriculumConfig:
+    order: str = "random"  # none (input order) | random | low_to_high | high_to_low (by PPL)
+    groups: int = 10  # PPL groups (the paper: 10)
+    model: str | None = None  # scoring model (path, .gguf, smollm2); needed for *_to_* orders
+    domains: list[str] = field(default_factory=list)  # domains (or parents) ordered by PPL; [] = all
+    max_tokens: int = 512  # tokens scored per document
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        check(self.order in CURRICULUM_ORDERS, "order", self.order, f"use one of {', '.join(CURRICULUM_ORDERS)}")
+
+
+@dataclass
+class ReplayConfig:
+    """Replay: ``share`` of every stage's tokens comes from the ``domains`` (general data)."""
+
+    share: float = 0.0  # in [0, 1]; 0 with domains set: the replay domains get no weight (no-replay arm)
+    domains: list[str] = field(default_factory=list)  # names in mix.domains (or leaves); []: no replay
+
+    def __post_init__(self) -> None:
+        check(self.share == 0 or len(self.domains) > 0, "share", f"{self.share:g}",
+              "needs mix.replay.domains (the general domains to replay)")
+
+
+@dataclass
+class MixConfig:
+    """A mix recipe (``conf/mix/<name>.yaml``)."""
+
+    name: str = ""
+    sources: list[str] = field(default_factory=list)  # input shards when --in is not given
+    budget_tokens: float = 1e6  # tokens in the stream (all stages)
+    seq_len: int = 512  # tokens per packed sequence
+    max_epochs: float = 4.0  # cap on passes over a domain; the excess goes to `fill`
+    fill: str | None = None  # domain (or parent) that absorbs capped demand
+    empty_domains: str = "error"  # a weighted domain without documents: error | drop (from its stages)
+    eval_docs: int = 8  # held-out documents per domain for per-domain eval losses
+    tail_fraction: float = 0.1  # last share of the budget for an upsampling tail (recipes use it)
+    unique_ids: bool = False  # a record id seen before (earlier --in first) is skipped and counted
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    domains: list[Any] = field(default_factory=list)  # {name, filter, exclude, split_by, split_weights}
+    stages: list[Any] = field(default_factory=list)  # {name, fraction, weights: {domain: w}}
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+
+    def __post_init__(self) -> None:
+        check(self.seq_len >= 2, "seq_len", self.seq_len, "must be ≥ 2")
+        check(self.budget_tokens >= self.seq_len, "budget_tokens", f"{self.budget_tokens:g}",
+              f"is smaller than one sequence (mix.seq_len={self.seq_len})")

@@ -45,7 +45,7 @@ from cptkit.shards import atomic_write_bytes
 from cptkit.text.hashing import fast_seeded_hash
 
 if TYPE_CHECKING:
-    from cptkit.steps.build_mix import CurriculumConfig, MixConfig
+    from cptkit.mix.recipe import CurriculumConfig, MixConfig
 
 STREAM = "_stream.json"
 EVAL = "_eval.jsonl.gz"
