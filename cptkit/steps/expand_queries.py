@@ -23,7 +23,7 @@ import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -31,13 +31,15 @@ from omegaconf import DictConfig, OmegaConf
 from cptkit.config import JobConfig, check, register_step
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
-from cptkit.llm.base import GenParams
 from cptkit.llm.config import LLMConfig
 from cptkit.llm.prompts import PromptConfig, check_prompt, max_new_tokens, render
 from cptkit.progress import log
 from cptkit.records import Record
 from cptkit.shards import atomic_write_json, resolve_inputs
 from cptkit.synthesis import clean_text, parse_question, parse_thought
+
+if TYPE_CHECKING:
+    from cptkit.llm.base import GenParams
 
 GENERATED_KINDS = ("question", "answer", "thought")
 

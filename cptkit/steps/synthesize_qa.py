@@ -23,14 +23,13 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from cptkit.config import JobConfig, check, register_step
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
-from cptkit.llm.base import GenParams
 from cptkit.llm.config import LLMConfig
 from cptkit.llm.prompts import PromptConfig, check_prompt, max_new_tokens, render
 from cptkit.progress import log
@@ -47,6 +46,9 @@ from cptkit.synthesis import (
     snippet,
     trim_to_sentence,
 )
+
+if TYPE_CHECKING:
+    from cptkit.llm.base import GenParams
 
 DISCIPLINES = ("mathematics", "physics", "chemistry", "biology", "astronomy", "earth_science",
                "medical_science", "computer_science", "general_education")
