@@ -177,7 +177,7 @@ def test_expand_rejects_bad_config_and_input(seeds_file, tmp_path):
     with pytest.raises(CptkitError, match=r"lacks placeholder\(s\) \{keyword\}"):
         run(compose_step("expand-queries", _overrides(seeds_file, tmp_path / "a", None,
                                                       "expand.keyword_prompt.template='no field'")))
-    with pytest.raises(CptkitError, match=r"expand.next_round_kinds: \['seed'\] not among"):
+    with pytest.raises(CptkitError, match=r"expand.next_round_kinds=\['question', 'seed'\]: \['seed'\] not among"):
         run(compose_step("expand-queries", _overrides(seeds_file, tmp_path / "k", None,
                                                       "expand.next_round_kinds=[question,seed]")))
     dup = tmp_path / "dup.jsonl"

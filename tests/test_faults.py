@@ -656,3 +656,25 @@ def test_step_values_validated_before_any_work(args, message, tmp_path, capsys):
     assert code == 2
     assert message in one_error(err)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["dedup", "dedup.ngram=0"], "dedup.ngram=0: must be >= 1"),
+    (["dedup", "dedup.phase=reduce"], "dedup.phase=reduce: needs dedup.cluster=mapreduce or redis"),
+    (["dedup", "dedup.bands=20", "dedup.rows=8"], "dedup.bands=20: bands x rows = 20 x 8 must be >= 1 each and use "
+                                                  "at most num_perm=128"),
+    (["retrieve", "retrieve.b=1.5"], "retrieve.b=1.5: must be in [0, 1]"),
+    (["retrieve-index", "retrieve.tokenizer.cjk=trigram"], "retrieve.tokenizer.cjk=trigram: must be one of bigram"),
+    (["expand-queries", "expand.rounds=-1"], "expand.rounds=-1: must be >= 0"),
+    (["expand-queries", "expand.thought_prompt.template=x"],
+     "expand.thought_prompt='retrieve_from_cc_thought_generation': the template lacks placeholder(s) {question}"),
+    (["synthesize-qa", "synth.mode=code", "synth.code.demos=0"], "synth.code.demos=0: must be >= 1"),
+    (["synthesize-qa", "synth.snippet.position=end"], "synth.snippet.position=end: expected start or random"),
+    (["demo-corpus", "corpus.limit_per_source=-1"], "corpus.limit_per_source=-1: must be >= 0"),
+    (["serve-llm", "llm=openai"], "llm.backend=openai: serve-llm serves a local backend"),
+])
+def test_typed_config_values_fail_at_compose_also_for_cfg_job(args, message, capsys):
+    """A step's __post_init__ checks run when the config is composed: --cfg job fails the same way."""
+    code, out, err = cli([args[0], "--cfg", "job", *args[1:]], capsys)
+    assert code == 2 and not out
+    assert message in one_error(err)

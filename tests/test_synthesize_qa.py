@@ -212,7 +212,7 @@ def test_generator_provenance_and_no_records(seed_docs, tmp_path, caplog, capfd)
 
 
 def test_scientific_config_errors(seed_docs, tmp_path):
-    with pytest.raises(CptkitError, match="synth.disciplines: 'alchemy' has no domain list"):
+    with pytest.raises(CptkitError, match=r"synth.disciplines=\['alchemy'\]: 'alchemy' has no domain list"):
         run(compose_step("synthesize-qa", [f"io.inputs=[{seed_docs}]", f"io.output={tmp_path / 'a'}", *_tiny(),
                                            "synth.disciplines=[alchemy]"]))
     with pytest.raises(CptkitError, match=r"lacks placeholder\(s\) \{snippet\}"):

@@ -27,9 +27,9 @@ import io
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig
 
 from cptkit.dedup import minhash as mh
 from cptkit.errors import CptkitError
@@ -71,12 +71,12 @@ class Backend:
 
     name = ""
 
-    def __init__(self, job: Job, d: DictConfig, bands: int):
+    def __init__(self, job: Job, d: Any, bands: int):
         self.job, self.bands = job, bands
-        self.partitions = int(d.partitions)
-        self.all_pairs_max = int(d.bucket_all_pairs_max)
-        self.exact = bool(d.exact)
-        self.seed = int(d.seed)
+        self.partitions: int = d.partitions
+        self.all_pairs_max: int = d.bucket_all_pairs_max
+        self.exact: bool = d.exact
+        self.seed: int = d.seed
         self.state = job.out / STATE_DIR
 
     # -- markers ---------------------------------------------------------------------------
@@ -236,13 +236,13 @@ class RedisBackend(Backend):
 
     name = "redis"
 
-    def __init__(self, job: Job, d: DictConfig, bands: int):
+    def __init__(self, job: Job, d: Any, bands: int):
         super().__init__(job, d, bands)
         import redis
 
         self._errors = redis.exceptions.RedisError
-        self.url = mask_url(str(d.redis_url))
-        self.batch = int(d.redis_batch)
+        self.url = mask_url(d.redis_url)
+        self.batch: int = d.redis_batch
         ns = d.redis_namespace
         if ns is None:
             h = hashlib.sha256(job.hash.encode())
@@ -250,9 +250,9 @@ class RedisBackend(Backend):
             for f in job.inputs:
                 h.update(f"\0{Path(f.path).resolve()}\0{f.size}".encode())
             ns = f"cptkit:dedup:{h.hexdigest()[:16]}"
-        self.ns = str(ns)
+        self.ns: str = ns
         try:
-            self.r = redis.Redis.from_url(str(d.redis_url), socket_connect_timeout=5, socket_timeout=300)
+            self.r = redis.Redis.from_url(d.redis_url, socket_connect_timeout=5, socket_timeout=300)
             self.r.ping()
         except (self._errors, ValueError) as e:
             raise CptkitError(f"dedup.redis_url={self.url}: cannot reach Redis: {e}") from None
@@ -340,9 +340,10 @@ class RedisBackend(Backend):
         log.info("Redis %s: removed %d keys of %s", self.url, n, self.ns)
 
 
-def make_backend(job: Job, d: DictConfig, bands: int) -> Backend | None:
-    """The scale-out backend of ``dedup.cluster`` (None for ``memory``)."""
-    name = str(d.cluster)
+def make_backend(job: Job, d: Any, bands: int) -> Backend | None:
+    """The scale-out backend of ``dedup.cluster`` (None for ``memory``); ``d`` is the typed
+    ``dedup`` section (:class:`cptkit.steps.dedup.DedupConfig`)."""
+    name = d.cluster
     if name == "memory":
         return None
     if job.stdout:

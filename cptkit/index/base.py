@@ -117,24 +117,23 @@ class Searcher(ABC):
 
 
 def bm25_params(rc: Any) -> BM25Params:
-    """The BM25 parameters of a ``retrieve`` config section (one-line error when invalid)."""
+    """The BM25 parameters of a typed ``retrieve`` config section (one-line error when invalid).
+
+    ``rc.k1`` None takes the variant's default (:data:`DEFAULT_K1`)."""
     from cptkit.errors import CptkitError
 
     try:
-        k1 = None if rc.k1 is None else float(rc.k1)  # None: the variant's default (DEFAULT_K1)
-        return BM25Params(k1=k1, b=float(rc.b), idf=str(rc.idf), epsilon=float(rc.epsilon))
+        return BM25Params(k1=rc.k1, b=rc.b, idf=rc.idf, epsilon=rc.epsilon)
     except ValueError as e:
         raise CptkitError(f"retrieve: {e}") from None
 
 
 def bm25_tokenizer(rc: Any) -> Any:
-    """The :class:`cptkit.text.tokenize.Tokenizer` of a ``retrieve`` config section."""
-    from omegaconf import OmegaConf
-
+    """The :class:`cptkit.text.tokenize.Tokenizer` of a ``retrieve`` config section (typed or a node)."""
     from cptkit.errors import CptkitError
-    from cptkit.text.tokenize import Tokenizer
+    from cptkit.text.tokenize import make_tokenizer
 
     try:
-        return Tokenizer(OmegaConf.to_container(rc.tokenizer, resolve=True))  # type: ignore[arg-type]
+        return make_tokenizer(rc.tokenizer)
     except (ValueError, TypeError) as e:
         raise CptkitError(f"retrieve.tokenizer: {e}") from None

@@ -34,8 +34,8 @@ def choose_local_backend(llm: Any, llamacpp_installed: bool, cuda: bool) -> tupl
     """
     from cptkit.llm.llamacpp import gguf_path
 
-    device = str(llm.get("device", "auto"))
-    if gguf_path(str(llm.model), llm.get("gguf_file")) is None:
+    device = str(getattr(llm, "device", "auto"))
+    if gguf_path(str(llm.model), getattr(llm, "gguf_file", None)) is None:
         return "transformers", f"llm.model={llm.model} is not a GGUF file"
     if device.startswith("cuda") or (device == "auto" and cuda):
         return "transformers", "a CUDA device is used"
@@ -45,14 +45,14 @@ def choose_local_backend(llm: Any, llamacpp_installed: bool, cuda: bool) -> tupl
 
 
 def load_generator(llm: Any) -> Generator:
-    """Build the generator that ``llm`` (a config node of :class:`LLMConfig`) describes."""
+    """Build the generator that ``llm`` (an :class:`LLMConfig`, or a config node of it) describes."""
     backend = str(llm.backend)
     if backend == "auto":
         from cptkit.llm.llamacpp import llamacpp_available
         from cptkit.progress import log
 
         cuda = False
-        if str(llm.get("device", "auto")) == "auto":
+        if str(getattr(llm, "device", "auto")) == "auto":
             import torch
 
             cuda = torch.cuda.is_available()

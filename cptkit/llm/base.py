@@ -38,9 +38,10 @@ class GenParams:
 
     @classmethod
     def from_config(cls, llm: Any, **overrides: Any) -> GenParams:
-        """Defaults from an ``llm`` config node; ``overrides`` with value None are ignored."""
-        base = {k: llm[k] for k in ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed")
-                if llm.get(k) is not None}  # llm.max_new_tokens=None: the dataclass default
+        """Defaults from an ``llm`` config (:class:`LLMConfig` or a node of it); ``overrides`` with
+        value None are ignored."""
+        base = {k: getattr(llm, k) for k in ("max_new_tokens", "temperature", "top_p", "repetition_penalty", "seed")
+                if getattr(llm, k, None) is not None}  # llm.max_new_tokens=None: the dataclass default
         base.update({k: v for k, v in overrides.items() if v is not None})
         if "stop" in base:
             base["stop"] = tuple(base["stop"])
@@ -140,7 +141,7 @@ class Generator(ABC):
     def __init__(self, cfg: Any):
         self.cfg = cfg
         self.chat = bool(cfg.chat)
-        self.system = cfg.system if cfg.get("system") else None
+        self.system = cfg.system if getattr(cfg, "system", None) else None
         self.batch_size = max(1, int(cfg.batch_size))
         self.cache = CompletionCache(str(cfg.cache_dir)) if cfg.cache else None
         self.stats = GenStats()

@@ -100,12 +100,12 @@ class TransformersGenerator(Generator):
         """Load ``cfg.model``; or wrap an already loaded ``model`` and ``tokenizer``."""
         super().__init__(cfg)
         self.device = pick_device(str(cfg.device))
-        if int(cfg.get("num_threads") or 0) > 0:
+        if int(getattr(cfg, "num_threads", 0) or 0) > 0:
             torch.set_num_threads(int(cfg.num_threads))
         if model is None:
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            path, gguf = resolve_model(str(cfg.model), cfg.get("gguf_file"))
+            path, gguf = resolve_model(str(cfg.model), getattr(cfg, "gguf_file", None))
             kw: dict[str, Any] = {"trust_remote_code": bool(cfg.trust_remote_code)}
             if gguf:
                 kw["gguf_file"] = gguf

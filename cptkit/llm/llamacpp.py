@@ -68,7 +68,7 @@ class LlamaCppGenerator(Generator):
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
-        path = gguf_path(str(cfg.model), cfg.get("gguf_file"))
+        path = gguf_path(str(cfg.model), getattr(cfg, "gguf_file", None))
         if path is None:
             raise CptkitError(f"llm.backend=llamacpp needs a GGUF model file: llm.model={cfg.model} is not one "
                               "(use llm.backend=transformers for a model directory)")
@@ -76,11 +76,11 @@ class LlamaCppGenerator(Generator):
             from llama_cpp import Llama
         except ImportError:
             raise CptkitError(f"llm.backend=llamacpp needs llama-cpp-python: {INSTALL_HINT}") from None
-        if str(cfg.get("device", "auto")).startswith("cuda"):
+        if str(getattr(cfg, "device", "auto")).startswith("cuda"):
             raise CptkitError(f"llm.device={cfg.device}: the llamacpp backend runs on CPU here; "
                               "use llm.backend=transformers or vllm on a GPU")
-        threads = int(cfg.get("num_threads") or 0) or default_threads()
-        n_ctx = int(cfg.get("max_model_len") or 0)  # 0: the model's training context
+        threads = int(getattr(cfg, "num_threads", 0) or 0) or default_threads()
+        n_ctx = int(getattr(cfg, "max_model_len", 0) or 0)  # 0: the model's training context
         log.info("loading %s with llama.cpp (%d threads)", path, threads)
         try:
             self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,

@@ -33,7 +33,7 @@ def render(prompt: Any, **fields: str) -> str | list[dict[str, str]]:
     Returns a plain string, or chat messages when the prompt has a system message.
     """
     text = _FIELD.sub(lambda m: str(fields[m.group(1)]) if m.group(1) in fields else m.group(0), str(prompt.template))
-    if prompt.get("system"):
+    if getattr(prompt, "system", None):
         return [{"role": "system", "content": str(prompt.system)}, {"role": "user", "content": text}]
     return text
 
@@ -45,9 +45,26 @@ def max_new_tokens(prompt: Any, llm: Any) -> int:
     return int(v) if v is not None else int(prompt.max_new_tokens)
 
 
+def lacking(prompt: Any, required: set[str]) -> str:
+    """The required placeholders ``prompt.template`` does not use, as ``{a}, {b}`` ('' when none)."""
+    missing = required - placeholders(str(prompt.template))
+    return ", ".join("{" + m + "}" for m in sorted(missing))
+
+
 def check(prompt: Any, required: set[str], where: str) -> None:
     """A prompt must use every required placeholder (else the model never sees the input)."""
-    missing = required - placeholders(str(prompt.template))
+    missing = lacking(prompt, required)
     if missing:
-        raise CptkitError(f"{where}: prompt {prompt.get('name') or ''!r} lacks placeholder(s) "
-                          + ", ".join("{" + m + "}" for m in sorted(missing)))
+        raise CptkitError(f"{where}: prompt {getattr(prompt, 'name', None) or ''!r} lacks placeholder(s) {missing}")
+
+
+def check_prompt(prompt: PromptConfig, required: set[str], key: str) -> None:
+    """:func:`check` for a schema's ``__post_init__``: ``key='name': lacks placeholder(s) {a}``
+    (:func:`cptkit.config.check`'s form). The schema's bare default (no prompt file chosen, as
+    when the schema is stored) is not checked: every step's YAML picks a prompt file."""
+    from cptkit.config import check as check_value
+
+    if prompt == PromptConfig():
+        return
+    missing = lacking(prompt, required)
+    check_value(not missing, key, repr(prompt.name), f"the template lacks placeholder(s) {missing}")

@@ -20,12 +20,12 @@ class VLLMGenerator(Generator):
             raise CptkitError(f"llm=vllm needs the vllm package ({e.msg}): pip install 'cptkit[vllm]' "
                               "on a Linux machine with a CUDA GPU, or use llm=transformers / llm=openai") from None
         self._sampling_params = SamplingParams
-        path, gguf = resolve_model(str(cfg.model), cfg.get("gguf_file"))
+        path, gguf = resolve_model(str(cfg.model), getattr(cfg, "gguf_file", None))
         model = f"{path}/{gguf}" if gguf else path
         kw: dict[str, Any] = {"tensor_parallel_size": int(cfg.tensor_parallel_size), "seed": int(cfg.seed),
                               "gpu_memory_utilization": float(cfg.gpu_memory_utilization),
                               "trust_remote_code": bool(cfg.trust_remote_code)}
-        if cfg.get("max_model_len"):
+        if getattr(cfg, "max_model_len", None):
             kw["max_model_len"] = int(cfg.max_model_len)
         if str(cfg.dtype) != "auto":
             kw["dtype"] = str(cfg.dtype)

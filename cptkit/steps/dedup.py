@@ -29,9 +29,9 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig
+from cptkit.config import IOConfig, JobConfig, check
 from cptkit.dedup import minhash as mh
 from cptkit.dedup import scale
 from cptkit.errors import BadInput, CptkitError
@@ -72,8 +72,8 @@ class DedupConfig:
     cleanup: bool = True  # mapreduce/redis: drop the bucket files / Redis keys once the output is complete
 
     def __post_init__(self) -> None:
-        check_config(self)  # type: ignore[arg-type]
-        banding(self)  # type: ignore[arg-type]
+        check_config(self)
+        banding(self)
 
 
 @dataclass
@@ -81,58 +81,48 @@ class DedupJob(JobConfig):
     dedup: DedupConfig = field(default_factory=DedupConfig)
 
 
-def banding(d: DictConfig) -> tuple[int, int]:
+def banding(d: DedupConfig) -> tuple[int, int]:
     """The ``(bands, rows)`` of a config: given, half given (the other fills num_perm), or computed."""
-    num_perm = int(d.num_perm)
-    bands, rows = d.bands, d.rows
-    try:
-        if bands is None and rows is None:
-            return mh.lsh_params(float(d.threshold), num_perm, float(d.target_recall))
-    except ValueError as e:
-        raise CptkitError(f"dedup: {e}") from None
-    bands = int(bands) if bands is not None else num_perm // int(rows)
-    rows = int(rows) if rows is not None else num_perm // int(bands)
-    if bands < 1 or rows < 1 or bands * rows > num_perm:
-        raise CptkitError(f"dedup.bands={bands} x dedup.rows={rows} must be >= 1 and use at most "
-                          f"dedup.num_perm={num_perm} permutations")
+    num_perm, bands, rows = d.num_perm, d.bands, d.rows
+    if bands is None and rows is None:
+        check(0.0 < d.target_recall < 1.0, "target_recall", d.target_recall, "must be in (0, 1)")
+        try:
+            return mh.lsh_params(d.threshold, num_perm, d.target_recall)
+        except ValueError as e:
+            check(False, "target_recall", d.target_recall, str(e))
+    key, value = ("bands", bands) if bands is not None else ("rows", rows)
+    bands = bands if bands is not None else num_perm // rows  # type: ignore[operator]
+    rows = rows if rows is not None else num_perm // bands
+    check(bands >= 1 and rows >= 1 and bands * rows <= num_perm, key, value,
+          f"bands x rows = {bands} x {rows} must be >= 1 each and use at most num_perm={num_perm} permutations")
     return bands, rows
 
 
-def check_config(d: DictConfig) -> None:
-    if int(d.ngram) < 1:
-        raise CptkitError(f"dedup.ngram must be >= 1, got {d.ngram}")
-    if not 0.0 < float(d.threshold) <= 1.0:
-        raise CptkitError(f"dedup.threshold must be in (0, 1], got {d.threshold}")
-    if int(d.num_perm) < 1:
-        raise CptkitError(f"dedup.num_perm must be >= 1, got {d.num_perm}")
-    if str(d.verify) not in VERIFY:
-        raise CptkitError(f"dedup.verify must be one of {', '.join(VERIFY)}, got {d.verify!r}")
-    if str(d.tokenizer) not in mh.TOKEN_PATTERNS:
-        raise CptkitError(f"dedup.tokenizer must be one of {', '.join(mh.TOKEN_PATTERNS)}, got {d.tokenizer!r}")
-    if int(d.batch_docs) < 1:
-        raise CptkitError(f"dedup.batch_docs must be >= 1, got {d.batch_docs}")
-    if str(d.cluster) not in scale.CLUSTER:
-        raise CptkitError(f"dedup.cluster must be one of {', '.join(scale.CLUSTER)}, got {d.cluster!r}")
-    if str(d.phase) not in scale.PHASES:
-        raise CptkitError(f"dedup.phase must be one of {', '.join(scale.PHASES)}, got {d.phase!r}")
-    if str(d.phase) == "reduce" and str(d.cluster) == "memory":
-        raise CptkitError("dedup.phase=reduce needs dedup.cluster=mapreduce or redis (memory has map and final)")
-    if not 1 <= int(d.partitions) <= 9999:
-        raise CptkitError(f"dedup.partitions must be in [1, 9999], got {d.partitions}")
-    if int(d.redis_batch) < 1:
-        raise CptkitError(f"dedup.redis_batch must be >= 1, got {d.redis_batch}")
+def check_config(d: DedupConfig) -> None:
+    check(d.ngram >= 1, "ngram", d.ngram, "must be >= 1")
+    check(0.0 < d.threshold <= 1.0, "threshold", d.threshold, "must be in (0, 1]")
+    check(d.num_perm >= 1, "num_perm", d.num_perm, "must be >= 1")
+    check(d.verify in VERIFY, "verify", d.verify, f"must be one of {', '.join(VERIFY)}")
+    check(d.tokenizer in mh.TOKEN_PATTERNS, "tokenizer", d.tokenizer, f"must be one of {', '.join(mh.TOKEN_PATTERNS)}")
+    check(d.batch_docs >= 1, "batch_docs", d.batch_docs, "must be >= 1")
+    check(d.cluster in scale.CLUSTER, "cluster", d.cluster, f"must be one of {', '.join(scale.CLUSTER)}")
+    check(d.phase in scale.PHASES, "phase", d.phase, f"must be one of {', '.join(scale.PHASES)}")
+    check(not (d.phase == "reduce" and d.cluster == "memory"), "phase", d.phase,
+          "needs dedup.cluster=mapreduce or redis (memory has map and final)")
+    check(1 <= d.partitions <= 9999, "partitions", d.partitions, "must be in [1, 9999]")
+    check(d.redis_batch >= 1, "redis_batch", d.redis_batch, "must be >= 1")
 
 
-def describe(d: DictConfig, bands: int, rows: int) -> dict:
+def describe(d: DedupConfig, bands: int, rows: int) -> dict:
     """Shingling, hashing and banding for the manifest's ``extra`` (to compare counts across tools)."""
-    n, seed, t = int(d.ngram), int(d.seed), float(d.threshold)
+    n, seed, t = d.ngram, d.seed, d.threshold
     tok = {"words": "runs of word characters, each CJK/kana/hangul character alone",
-           "whitespace": "whitespace-separated"}[str(d.tokenizer)]
+           "whitespace": "whitespace-separated"}[d.tokenizer]
     return {
         "shingling": f"{d.tokenizer} tokens ({tok}){', lower-cased' if d.lowercase else ''}; "
                      f"word {n}-grams; a document of fewer than {n} words is one shingle",
         "hashing": f"word FNV-1a 64 of utf-8 from basis^{seed}, murmur3 fmix64; shingle sum_k h(w_k)*M^(n-1-k) mod 2^64; "
-                   f"{int(d.num_perm)} permutations ((a*x+b) mod 2^64)>>32 of x = shingle>>32, "
+                   f"{d.num_perm} permutations ((a*x+b) mod 2^64)>>32 of x = shingle>>32, "
                    f"a|1, b uint64 from numpy PCG64({seed}); uint32 signatures",
         "exact": "xxh3_128 of lower-cased text, whitespace collapsed" if d.exact else "off",
         "bands": bands,
@@ -140,7 +130,7 @@ def describe(d: DictConfig, bands: int, rows: int) -> dict:
         "p_candidate_at_threshold": round(mh.collision_probability(t, bands, rows), 4),
         "verify": f"{d.verify}: " + {"exact": f"Jaccard of 64-bit shingle-hash sets >= {t}",
                                      "estimate": f"share of equal signature values >= {t}",
-                                     "none": "every candidate pair is a duplicate"}[str(d.verify)],
+                                     "none": "every candidate pair is a duplicate"}[d.verify],
     }
 
 
@@ -212,14 +202,13 @@ def _wanted_texts(task: Task, rows: set[int]):
             fh.close()
 
 
-def phase_signatures(job: Job, store: _Store, sh: mh.Shingler, d: DictConfig) -> None:
+def phase_signatures(job: Job, store: _Store, sh: mh.Shingler, d: DedupConfig, skip: bool) -> None:
     """Phase 1: signatures and exact hashes of this slice's shards that have none yet."""
     todo = [t for t in job.mine() if not store.has(t)]
     if not todo:
         return
-    skip = bool(job.cfg.io.skip_bad_lines)
     advance = job.add_bar("signatures", sum(f.size for t in todo for f in t.inputs) or None)
-    batch = int(d.batch_docs)
+    batch = d.batch_docs
     for task in todo:
         sigs, exact, ids, texts = [], [], [], []
         for _, rec in _texts(job, task, skip):
@@ -236,9 +225,9 @@ def phase_signatures(job: Job, store: _Store, sh: mh.Shingler, d: DictConfig) ->
         advance(sum(f.size for f in task.inputs))
 
 
-def _shingle_sets(job: Job, sh: mh.Shingler, offsets: np.ndarray, docs: np.ndarray) -> dict[int, np.ndarray]:
+def _shingle_sets(job: Job, sh: mh.Shingler, offsets: np.ndarray, docs: np.ndarray,
+                  skip: bool) -> dict[int, np.ndarray]:
     """Phase 2 helper: re-read the candidate documents ``docs`` (global indices) and shingle them."""
-    skip = bool(job.cfg.io.skip_bad_lines)
     want = set(docs.tolist()) if skip else set()
     owner = np.searchsorted(offsets, docs, side="right") - 1
     sets: dict[int, np.ndarray] = {}
@@ -262,26 +251,28 @@ def _shingle_sets(job: Job, sh: mh.Shingler, offsets: np.ndarray, docs: np.ndarr
     return sets
 
 
-def phase_cluster(job: Job, store: _Store, sh: mh.Shingler, d: DictConfig, bands: int, rows: int) -> dict:
+def phase_cluster(job: Job, store: _Store, sh: mh.Shingler, d: DedupConfig, skip: bool, bands: int,
+                  rows: int) -> dict:
     """Phase 2 in memory: exact duplicates and LSH candidates over all signatures, then clusters."""
     sigs = [store.sig(t) for t in job.tasks]
     offsets = np.zeros(len(sigs) + 1, dtype=np.int64)
     np.cumsum([len(s) for s in sigs], out=offsets[1:])
     n = int(offsets[-1])
-    sig = np.concatenate(sigs) if sigs else np.empty((0, int(d.num_perm)), dtype=np.uint32)
+    sig = np.concatenate(sigs) if sigs else np.empty((0, d.num_perm), dtype=np.uint32)
     del sigs
     if d.exact and n:
         exact_first = mh.first_occurrence(np.concatenate([store.exact(t) for t in job.tasks]))
     else:
         exact_first = np.arange(n, dtype=np.int64)
     uniq = np.flatnonzero(exact_first == np.arange(n))
-    keys = mh.band_keys(sig[uniq], bands, rows, int(d.seed))
-    pairs = mh.candidate_pairs(keys, uniq, int(d.bucket_all_pairs_max))
+    keys = mh.band_keys(sig[uniq], bands, rows, d.seed)
+    pairs = mh.candidate_pairs(keys, uniq, d.bucket_all_pairs_max)
     del keys
-    return cluster_candidates(job, sh, d, offsets, exact_first, pairs, lambda docs: sig[docs])
+    return cluster_candidates(job, sh, d, skip, offsets, exact_first, pairs, lambda docs: sig[docs])
 
 
-def phase_cluster_scaled(job: Job, store: _Store, sh: mh.Shingler, d: DictConfig, backend: scale.Backend) -> dict:
+def phase_cluster_scaled(job: Job, store: _Store, sh: mh.Shingler, d: DedupConfig, skip: bool,
+                         backend: scale.Backend) -> dict:
     """Phase 2 after a bucket map/reduce: candidates from the partitions' pair files, then clusters.
 
     Only the signature rows of candidate documents are read (``verify=estimate``)."""
@@ -290,22 +281,22 @@ def phase_cluster_scaled(job: Job, store: _Store, sh: mh.Shingler, d: DictConfig
     def sig_rows(docs: np.ndarray) -> np.ndarray:
         owner = np.searchsorted(offsets, docs, side="right") - 1
         parts = [store.sig_rows(job.tasks[t], docs[owner == t] - offsets[t]) for t in np.unique(owner).tolist()]
-        return np.concatenate(parts) if parts else np.empty((0, int(d.num_perm)), dtype=np.uint32)
+        return np.concatenate(parts) if parts else np.empty((0, d.num_perm), dtype=np.uint32)
 
-    return cluster_candidates(job, sh, d, offsets, exact_first, pairs, sig_rows)
+    return cluster_candidates(job, sh, d, skip, offsets, exact_first, pairs, sig_rows)
 
 
-def cluster_candidates(job: Job, sh: mh.Shingler, d: DictConfig, offsets: np.ndarray, exact_first: np.ndarray,
-                       pairs: np.ndarray, sig_rows) -> dict:
+def cluster_candidates(job: Job, sh: mh.Shingler, d: DedupConfig, skip: bool, offsets: np.ndarray,
+                       exact_first: np.ndarray, pairs: np.ndarray, sig_rows) -> dict:
     """Verify candidate ``pairs`` (global indices), union-find them, attach exact duplicates.
 
     ``sig_rows(docs)`` returns the signatures of the sorted documents ``docs`` (``verify=estimate``)."""
     n = int(offsets[-1])
-    threshold = float(d.threshold)
+    threshold = d.threshold
     docs = np.unique(pairs)
     sets: dict[int, np.ndarray] = {}
     if d.verify == "exact" and len(pairs):
-        sets = _shingle_sets(job, sh, offsets, docs)
+        sets = _shingle_sets(job, sh, offsets, docs, skip)
 
         def sim_of(p: np.ndarray) -> np.ndarray:
             return np.array([mh.jaccard_sorted(sets[i], sets[j]) for i, j in p.tolist()], dtype=np.float64)
@@ -340,10 +331,10 @@ def cluster_candidates(job: Job, sh: mh.Shingler, d: DictConfig, offsets: np.nda
     return {"offsets": offsets, "root": root, "kind": kind, "similarity": similarity, "counts": counts}
 
 
-def check_unique_ids(job: Job, store: _Store) -> None:
+def check_unique_ids(job: Job, store: _Store, io_cfg: IOConfig) -> None:
     """Every input id must be unique, or ``duplicate_of`` would name an ambiguous document:
     the second occurrence (in input order) is an error naming both places."""
-    if not bool(job.cfg.io.get("unique_ids", True)):
+    if not io_cfg.unique_ids:
         return
     parts = [store.ids(t) for t in job.tasks]
     h = np.concatenate([np.fromiter((hash(i) for i in ids), np.int64, len(ids)) for ids in parts] or [np.zeros(0, np.int64)])
@@ -362,15 +353,14 @@ def check_unique_ids(job: Job, store: _Store) -> None:
         (t1, r1), (t2, r2) = where(first), where(second)
         if parts[t1][r1] != parts[t2][r2]:
             continue  # a hash collision, not a duplicate
-        f1, l1 = _line_of(job, job.tasks[t1], r1)
-        f2, l2 = _line_of(job, job.tasks[t2], r2)
+        f1, l1 = _line_of(job.tasks[t1], r1, io_cfg.skip_bad_lines)
+        f2, l2 = _line_of(job.tasks[t2], r2, io_cfg.skip_bad_lines)
         raise BadInput(f2, l2, f"duplicate id {parts[t2][r2]!r} (first at {f1}:{l1}); ids must be unique, or "
                        "duplicate_of is ambiguous (io.unique_ids=false accepts them)")
 
 
-def _line_of(job: Job, task: Task, row: int) -> tuple[str, int]:
+def _line_of(task: Task, row: int, skip: bool) -> tuple[str, int]:
     """(file, line) of a task's ``row``-th valid record."""
-    skip = bool(job.cfg.io.skip_bad_lines)
     n = 0
     for inp in task.inputs:
         st = ReadStats()
@@ -381,14 +371,14 @@ def _line_of(job: Job, task: Task, row: int) -> tuple[str, int]:
     return task.inputs[-1].name, 0
 
 
-def _load_or_cluster(job: Job, store: _Store, compute) -> dict:
+def _load_or_cluster(job: Job, store: _Store, io_cfg: IOConfig, compute) -> dict:
     """The clustering, from ``OUT/.cptkit/clusters.npz`` or ``compute()`` (then cached there)."""
     path = None if job.stdout else job.out / STATE_DIR / "clusters.npz"
     if path is not None and path.exists():
         z = np.load(path)
         return {k: z[k] for k in ("offsets", "root", "kind", "similarity")} | {
             "counts": json.loads(str(z["counts"]))}
-    check_unique_ids(job, store)
+    check_unique_ids(job, store, io_cfg)
     res = compute()
     if path is not None:
         buf = io.BytesIO()
@@ -419,7 +409,7 @@ def _job_config(cfg: DictConfig) -> DictConfig:
     reset), and a password in ``dedup.redis_url`` is masked."""
     out = copy.deepcopy(cfg)
     out.dedup.phase = "all"
-    out.dedup.redis_url = scale.mask_url(str(cfg.dedup.redis_url))
+    out.dedup.redis_url = scale.mask_url(cfg.dedup.redis_url)
     return out
 
 
@@ -437,24 +427,24 @@ def _not_ready(job: Job, phase: str, what: str, missing: list, next_phase: str, 
 @step("dedup", DedupJob)
 def run(cfg: DictConfig) -> dict:
     """Remove exact and near duplicates; keep the first document of every cluster."""
-    d = cfg.dedup
-    check_config(d)
+    conf: DedupJob = OmegaConf.to_object(cfg)  # validated: DedupConfig.__post_init__
+    d, skip = conf.dedup, conf.io.skip_bad_lines
     bands, rows = banding(d)
     info = describe(d, bands, rows)
-    phase, cluster = str(d.phase), str(d.cluster)
+    phase, cluster = d.phase, d.cluster
     with Job(_job_config(cfg), independent_tasks=False) as job:
         if any(f.path == STDIO for f in job.inputs):
             raise CptkitError("dedup reads its input several times: --in - (stdin) is not supported, "
                               "pass files")
         if job.already_done:
             return job.finish()
-        sh = mh.Shingler(int(d.ngram), int(d.num_perm), int(d.seed), str(d.tokenizer), bool(d.lowercase))
+        sh = mh.Shingler(d.ngram, d.num_perm, d.seed, d.tokenizer, d.lowercase)
         store = _Store(job)
         backend = scale.make_backend(job, d, bands)
         if cluster != "memory":
             info = info | {"cluster": f"{cluster}, {backend.partitions} partitions"}
         if phase in ("all", "map"):
-            phase_signatures(job, store, sh, d)
+            phase_signatures(job, store, sh, d, skip)
             if backend is not None:
                 backend.map(store, bands, rows)
         if phase == "map":
@@ -466,7 +456,7 @@ def run(cfg: DictConfig) -> dict:
                                   {"phase": "signatures"} | info)
 
             def compute() -> dict:
-                return phase_cluster(job, store, sh, d, bands, rows)
+                return phase_cluster(job, store, sh, d, skip, bands, rows)
         else:
             missing = backend.missing_maps()
             if missing:
@@ -481,8 +471,8 @@ def run(cfg: DictConfig) -> dict:
                                   {"phase": "reduce"} | info)
 
             def compute() -> dict:
-                return phase_cluster_scaled(job, store, sh, d, backend)
-        res = _load_or_cluster(job, store, compute)
+                return phase_cluster_scaled(job, store, sh, d, skip, backend)
+        res = _load_or_cluster(job, store, conf.io, compute)
         root = res["root"]
         for task in job.pending():
             t0 = time.time()

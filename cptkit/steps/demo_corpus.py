@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig
+from cptkit.config import JobConfig, check
 from cptkit.demo.corpus import (
     DEFAULT_CACHE,
     SOURCES,
@@ -22,7 +22,6 @@ from cptkit.demo.corpus import (
     fetch_deb,
     source_records,
 )
-from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.progress import log
 from cptkit.step import OUT, QUIET, step
@@ -37,6 +36,12 @@ class CorpusConfig:
     man_renderer: str = "auto"  # auto | man (man -l + col -bx) | strip (built-in roff stripper)
     cache_dir: str = DEFAULT_CACHE  # where .deb files are kept; $CPTKIT_DEB_CACHE overrides
 
+    def __post_init__(self) -> None:
+        check(self.limit_per_source >= 0, "limit_per_source", self.limit_per_source, "must be >= 0 (0: all)")
+        for s in self.sources:
+            check(s in SOURCES, "sources", self.sources, f"unknown source {s!r}; known: {', '.join(SOURCES)}")
+        check(len(set(self.sources)) == len(self.sources), "sources", self.sources, "a source is listed twice")
+
 
 @dataclass
 class DemoCorpusJob(JobConfig):
@@ -44,26 +49,21 @@ class DemoCorpusJob(JobConfig):
 
 
 def source_tasks(sources: list[str]) -> list[Task]:
-    """One task per source, indexed by the source's fixed position (stable shard names)."""
+    """One task per source, indexed by the source's fixed position (stable shard names); ``sources``
+    are known and distinct (:class:`CorpusConfig` checks them)."""
     order = list(SOURCES)
-    unknown = [s for s in sources if s not in SOURCES]
-    if unknown:
-        raise CptkitError(f"corpus.sources: unknown source {unknown[0]!r}; known: {', '.join(order)}")
-    if len(set(sources)) != len(sources):
-        raise CptkitError("corpus.sources: a source is listed twice")
     return [Task(order.index(s), [], name=f"{order.index(s):05d}") for s in sorted(sources, key=order.index)]
 
 
 @step("demo-corpus", DemoCorpusJob, options=(OUT, QUIET))
 def run(cfg: DictConfig) -> dict:
     """Write each configured source's records into ``part-TTTTT-KKKK.jsonl.gz`` shards."""
-    c = cfg.corpus
-    limit = int(c.limit_per_source)
-    if limit < 0:
-        raise CptkitError(f"corpus.limit_per_source must be >= 0, got {limit}")
+    conf: DemoCorpusJob = OmegaConf.to_object(cfg)  # validated: CorpusConfig.__post_init__
+    c = conf.corpus
+    limit = c.limit_per_source
     names = list(SOURCES)
-    tasks = source_tasks(list(c.sources))
-    cache = cache_dir(str(c.cache_dir))
+    tasks = source_tasks(c.sources)
+    cache = cache_dir(c.cache_dir)
     with Job(cfg, needs_inputs=False, tasks=tasks) as job:
         for task in job.pending():
             name = names[task.index]
@@ -72,9 +72,8 @@ def run(cfg: DictConfig) -> dict:
             advance = job.add_bar(name, limit or None)
             chars = 0
             with job.writer(task) as w:
-                for k, rec in enumerate(source_records(name, root, min_chars=int(c.min_chars),
-                                                       max_chars=int(c.max_chars),
-                                                       man_renderer=str(c.man_renderer))):
+                for k, rec in enumerate(source_records(name, root, min_chars=c.min_chars, max_chars=c.max_chars,
+                                                       man_renderer=c.man_renderer)):
                     if limit and k >= limit:
                         break
                     w.write(rec)

@@ -20,24 +20,30 @@ without regenerating and writes the same output.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig
+from cptkit.config import JobConfig, check
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.llm.config import LLMConfig
-from cptkit.llm.prompts import PromptConfig, check, max_new_tokens, render
+from cptkit.llm.prompts import PromptConfig, check_prompt, max_new_tokens, render
 from cptkit.progress import log
 from cptkit.records import Record
 from cptkit.shards import atomic_write_json, resolve_inputs
 from cptkit.step import step
 from cptkit.synthesis import clean_text, parse_question, parse_thought
+
+if TYPE_CHECKING:
+    from cptkit.llm.base import GenParams
+
+GENERATED_KINDS = ("question", "answer", "thought")
 
 
 @dataclass
@@ -78,6 +84,15 @@ class ExpandConfig:
     clean: CleanConfig = field(default_factory=CleanConfig)
     dedup: QueryDedupConfig = field(default_factory=QueryDedupConfig)
 
+    def __post_init__(self) -> None:
+        check(self.rounds >= 0, "rounds", self.rounds, "must be >= 0")
+        check(self.questions_per_seed >= 1, "questions_per_seed", self.questions_per_seed, "must be >= 1")
+        bad = sorted(set(self.next_round_kinds) - set(GENERATED_KINDS))
+        check(not bad, "next_round_kinds", self.next_round_kinds, f"{bad} not among {list(GENERATED_KINDS)}")
+        check_prompt(self.question_prompt, {"question"}, "question_prompt")
+        check_prompt(self.keyword_prompt, {"keyword"}, "keyword_prompt")
+        check_prompt(self.thought_prompt, {"question"}, "thought_prompt")
+
 
 @dataclass
 class ExpandQueriesJob(JobConfig):
@@ -85,18 +100,16 @@ class ExpandQueriesJob(JobConfig):
     expand: ExpandConfig = field(default_factory=ExpandConfig)
 
 
-GENERATED_KINDS = ("question", "answer", "thought")
-
-
-def generator_meta(prompt: Any, gen: Any, params: Any, seed: int) -> dict[str, Any]:
+def generator_meta(prompt: PromptConfig, gen: Any, params: GenParams, seed: int) -> dict[str, Any]:
     """Provenance of one LLM-written record: ``meta.generator``.
 
     ``seed`` is the base seed passed to ``Generator.generate`` for this request; with the rendered
     prompt and the sampling parameters it determines the sample (cptkit.llm.base.request_seed).
+    ``params`` come from the typed config (:meth:`Generator.params`): floats and an int.
     """
-    return {"prompt": str(prompt.name), "model": gen.model_id, "backend": gen.backend,
-            "temperature": float(params.temperature),
-            "top_p": float(params.top_p), "max_new_tokens": int(params.max_new_tokens), "seed": int(seed)}
+    return {"prompt": prompt.name, "model": gen.model_id, "backend": gen.backend,
+            "temperature": params.temperature,
+            "top_p": params.top_p, "max_new_tokens": params.max_new_tokens, "seed": seed}
 
 
 def seed_type(rec: Record) -> str:
@@ -111,16 +124,16 @@ def seed_type(rec: Record) -> str:
 class QueryPool:
     """The growing query pool with incremental MinHash signatures for near-duplicate removal."""
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: QueryDedupConfig):
         self.cfg = cfg
         self.records: list[Record] = []
-        self.enabled = bool(cfg.enabled)
+        self.enabled = cfg.enabled
         if self.enabled:
             from cptkit.dedup.minhash import Shingler, lsh_params
 
-            self.sh = Shingler(ngram=int(cfg.ngram), num_perm=int(cfg.num_perm), seed=int(cfg.seed))
-            self.bands, self.rows = lsh_params(float(cfg.threshold), int(cfg.num_perm), float(cfg.target_recall))
-            self.sig = np.empty((0, int(cfg.num_perm)), dtype=np.uint32)
+            self.sh = Shingler(ngram=cfg.ngram, num_perm=cfg.num_perm, seed=cfg.seed)
+            self.bands, self.rows = lsh_params(cfg.threshold, cfg.num_perm, cfg.target_recall)
+            self.sig = np.empty((0, cfg.num_perm), dtype=np.uint32)
             self.sets: list[np.ndarray] = []
 
     def seed(self, records: list[Record]) -> None:
@@ -149,10 +162,10 @@ class QueryPool:
         sig = np.vstack([self.sig, self.sh.signatures(texts)])
         sets = self.sets + self.sh.shingle_sets(texts)
         n_old = len(self.records)
-        pairs = candidate_pairs(band_keys(sig, self.bands, self.rows, int(self.cfg.seed)))
+        pairs = candidate_pairs(band_keys(sig, self.bands, self.rows, self.cfg.seed))
         if len(pairs):
             pairs = pairs[pairs[:, 1] >= n_old]  # pairs among old records were resolved before
-            ok = [jaccard_sorted(sets[i], sets[j]) >= float(self.cfg.threshold) for i, j in pairs]
+            ok = [jaccard_sorted(sets[i], sets[j]) >= self.cfg.threshold for i, j in pairs]
             pairs = pairs[np.asarray(ok, dtype=bool)] if len(pairs) else pairs
         roots = union_find_roots(len(sets), pairs)
         keep = [k for k in range(len(candidates)) if roots[n_old + k] == n_old + k]
@@ -166,21 +179,13 @@ class QueryPool:
 
 @step("expand-queries", ExpandQueriesJob)
 def run(cfg: DictConfig) -> dict[str, Any]:
-    ex = cfg.expand
-    if int(ex.rounds) < 0 or int(ex.questions_per_seed) < 1:
-        raise CptkitError("expand.rounds must be >= 0 and expand.questions_per_seed >= 1")
-    bad = sorted(set(ex.next_round_kinds) - set(GENERATED_KINDS))
-    if bad:
-        raise CptkitError(f"expand.next_round_kinds: {bad} not among {list(GENERATED_KINDS)}")
-    check(ex.question_prompt, {"question"}, "expand.question_prompt")
-    check(ex.keyword_prompt, {"keyword"}, "expand.keyword_prompt")
-    check(ex.thought_prompt, {"question"}, "expand.thought_prompt")
-    inputs = resolve_inputs(list(cfg.io.inputs))
+    conf: ExpandQueriesJob = OmegaConf.to_object(cfg)  # validated: ExpandConfig.__post_init__
+    inputs = resolve_inputs(conf.io.inputs)
     task = Task(0, inputs)
     with Job(cfg, inputs=inputs, tasks=[task]) as job:
         for t in job.pending():
             t0 = time.time()
-            records, stats = expand(cfg, job, t)
+            records, stats = expand(conf, job, t)
             with job.writer(t) as w:
                 for rec in records:
                     w.write(rec)
@@ -206,17 +211,17 @@ def summary_rows(st: dict[str, Any]) -> dict[str, Any]:
     return rows
 
 
-def expand(cfg: DictConfig, job: Job, task: Task) -> tuple[list[Record], dict[str, Any]]:
+def expand(conf: ExpandQueriesJob, job: Job, task: Task) -> tuple[list[Record], dict[str, Any]]:
     """Run all rounds; returns the query records in pool order and the statistics."""
     from cptkit.llm import load_generator
 
-    ex = cfg.expand
+    ex = conf.expand
     seeds = list(job.read(task))
     ids = [r["id"] for r in seeds]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise CptkitError(f"{task.inputs[0].name}: seed id {dup!r} appears more than once")
-    gen = load_generator(cfg.llm)
+    gen = load_generator(conf.llm)
     pool = QueryPool(ex.dedup)
     dropped: dict[str, int] = {}
     kept = {"seed": 0, "question": 0, "answer": 0, "thought": 0}
@@ -233,18 +238,18 @@ def expand(cfg: DictConfig, job: Job, task: Task) -> tuple[list[Record], dict[st
     pool.seed(seed_recs)
     kept["seed"] = len(seed_recs)
     frontier = list(seed_recs)
-    cl = dict(ex.clean)
-    k = int(ex.questions_per_seed)
-    rng = random.Random(int(cfg.seed))
+    cl = dataclasses.asdict(ex.clean)
+    k = ex.questions_per_seed
+    rng = random.Random(conf.seed)
     next_kinds = set(ex.next_round_kinds)
 
     def drop(reason: str | None, n: int = 1) -> None:
         if reason:
             dropped[reason] = dropped.get(reason, 0) + n
 
-    for rnd in range(1, int(ex.rounds) + 1):
-        if int(ex.max_frontier) and len(frontier) > int(ex.max_frontier):
-            frontier = [frontier[i] for i in sorted(rng.sample(range(len(frontier)), int(ex.max_frontier)))]
+    for rnd in range(1, ex.rounds + 1):
+        if ex.max_frontier and len(frontier) > ex.max_frontier:
+            frontier = [frontier[i] for i in sorted(rng.sample(range(len(frontier)), ex.max_frontier))]
         if not frontier:
             log.info("round %d: nothing left to expand", rnd)
             break
@@ -257,9 +262,9 @@ def expand(cfg: DictConfig, job: Job, task: Task) -> tuple[list[Record], dict[st
             for j in range(k):
                 reqs.append(text)
                 parents.append((item, j, prompt))
-                seeds_.append(int(cfg.llm.seed) * 1_000_003 + j)
+                seeds_.append(conf.llm.seed * 1_000_003 + j)
         outs, used = _generate_grouped(gen, reqs, [p[2] for p in parents], seeds_,
-                                       job.add_bar(f"round {rnd}: questions", len(reqs)), cfg.llm)
+                                       job.add_bar(f"round {rnd}: questions", len(reqs)), conf.llm)
         cands = []
         for (item, j, prompt), c, par, sd in zip(parents, outs, used, seeds_, strict=True):
             q, why = clean_text(parse_question(c.text), c.finish_reason, **cl)
@@ -276,9 +281,9 @@ def expand(cfg: DictConfig, job: Job, task: Task) -> tuple[list[Record], dict[st
         new_t: list[Record] = []
         if ex.thoughts and new_q:
             treqs = [render(ex.thought_prompt, question=q["text"], domain=q["domain"]) for q in new_q]
-            tseeds = [int(cfg.llm.seed)] * len(treqs)
+            tseeds = [conf.llm.seed] * len(treqs)
             touts, tused = _generate_grouped(gen, treqs, [ex.thought_prompt] * len(treqs), tseeds,
-                                             job.add_bar(f"round {rnd}: thoughts", len(treqs)), cfg.llm)
+                                             job.add_bar(f"round {rnd}: thoughts", len(treqs)), conf.llm)
             tc = []
             for q, c, par, sd in zip(new_q, touts, tused, tseeds, strict=True):
                 answer, cot = parse_thought(c.text)
@@ -313,13 +318,13 @@ def expand(cfg: DictConfig, job: Job, task: Task) -> tuple[list[Record], dict[st
              "generator": gen.describe(), "llm": gen.stats.as_dict(),
              "dedup": {"bands": pool.bands, "rows": pool.rows} if pool.enabled else None,
              "next_round_kinds": [kd for kd in GENERATED_KINDS if kd in next_kinds],
-             "prompts": {n: str(ex[n].name) for n in ("question_prompt", "keyword_prompt", "thought_prompt")}}
+             "prompts": {n: getattr(ex, n).name for n in ("question_prompt", "keyword_prompt", "thought_prompt")}}
     gen.close()
     return pool.records, stats
 
 
-def _generate_grouped(gen: Any, reqs: list, prompts: list, seeds: list[int], advance: Any,
-                      llm: Any = None) -> tuple[list, list]:
+def _generate_grouped(gen: Any, reqs: list, prompts: list[PromptConfig], seeds: list[int], advance: Any,
+                      llm: LLMConfig | None = None) -> tuple[list, list]:
     """Generate requests whose prompts may differ in max_new_tokens / temperature, in order
     (``llm.max_new_tokens``, when set, wins over every prompt's own value).
 
@@ -329,7 +334,7 @@ def _generate_grouped(gen: Any, reqs: list, prompts: list, seeds: list[int], adv
     used: list = [None] * len(reqs)
     groups: dict[tuple, list[int]] = {}
     for i, p in enumerate(prompts):
-        groups.setdefault((max_new_tokens(p, llm or {}), p.get("temperature")), []).append(i)
+        groups.setdefault((max_new_tokens(p, llm or {}), p.temperature), []).append(i)
     for (mx, temp), idx in groups.items():
         params = gen.params(max_new_tokens=mx, temperature=temp)
         for i, c in zip(idx, gen.generate([reqs[i] for i in idx], params, seeds=[seeds[i] for i in idx],

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cptkit.config import JobConfig, check
 from cptkit.errors import CptkitError
-from cptkit.index.base import BM25Params, bm25_params, bm25_tokenizer
+from cptkit.index.base import IDF_VARIANTS, BM25Params, bm25_params, bm25_tokenizer
 from cptkit.index.elasticsearch import EsConfig, EsIndex
 from cptkit.index.sharded import OpenShardedIndex, is_sharded
 from cptkit.index.store import BACKENDS, OpenIndex, build_index, is_finished
@@ -31,6 +31,8 @@ from cptkit.progress import log
 from cptkit.shards import InputFile, iter_records, resolve_inputs
 from cptkit.step import OUT, QUIET, SKIP_BAD, Option, step
 from cptkit.text.tokenize import TokenizerConfig
+
+CJK_MODES = ("bigram", "unigram", "none")  # retrieve.tokenizer.cjk (cptkit.text.tokenize.Tokenizer)
 
 RUN_FILE = "_run.tsv"
 MAX_TOP_K = 10_000_000
@@ -64,11 +66,18 @@ class RetrieveConfig:
         check(self.backend in (*BACKENDS, "elasticsearch"), "backend", self.backend,
               f"must be one of {', '.join((*BACKENDS, 'elasticsearch'))}")
         check(self.dtype in ("float32", "float64"), "dtype", self.dtype, "must be float32 or float64")
+        check(self.idf in IDF_VARIANTS, "idf", self.idf, f"must be one of {', '.join(IDF_VARIANTS)}")
+        check(self.k1 is None or self.k1 >= 0, "k1", self.k1, "must be >= 0 (null: the idf variant's default)")
+        check(0.0 <= self.b <= 1.0, "b", self.b, "must be in [0, 1]")
+        check(self.backend != "elasticsearch" or self.idf == "lucene", "idf", self.idf,
+              "retrieve.backend=elasticsearch scores with Lucene's IDF: set retrieve.idf=lucene")
+        check(self.tokenizer.cjk in CJK_MODES, "tokenizer.cjk", self.tokenizer.cjk,
+              f"must be one of {', '.join(CJK_MODES)}")
         check(self.shards >= 0, "shards", self.shards, "must be >= 0 (0: shard.count)")
         check(self.threads >= 1, "threads", self.threads, "must be >= 1")
         check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1 (queries per search call)")
         check(self.run_format in ("tsv", "trec"), "run_format", self.run_format, "must be tsv or trec")
-        check(bool(self.run_tag) and not any(c.isspace() for c in self.run_tag), "run_tag", repr(self.run_tag),
+        check(self.run_tag != "" and not any(c.isspace() for c in self.run_tag), "run_tag", repr(self.run_tag),
               "must be one word (TREC's run name column)")
 
 
@@ -78,11 +87,12 @@ class RetrieveJob(JobConfig):
 
 
 def _specs(value: Any) -> list[str]:
+    """``retrieve.queries`` (one spec or a list of them: the field is ``Any``) as a list of specs."""
     if value is None:
         return []
     if isinstance(value, str):
         return [value]
-    return [str(v) for v in (OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)]
+    return [str(v) for v in value]
 
 
 def _sources(inputs: list[InputFile]) -> list[dict]:
@@ -93,20 +103,18 @@ def _same_sources(meta: dict, corpus: list[InputFile]) -> bool:
     return [{"path": s["path"], "size": s["size"]} for s in meta.get("sources", [])] == _sources(corpus)
 
 
-def _open_or_build(job: Job, rc: DictConfig, corpus: list[InputFile]) -> tuple[Any, float]:
+def _open_or_build(job: Job, rc: RetrieveConfig, corpus: list[InputFile], skip_bad: bool) -> tuple[Any, float]:
     """The index to search: reuse a finished one, or build it from ``corpus``. Returns (index, build s)."""
-    if str(rc.backend) == "elasticsearch":
-        return _open_es(job, rc, corpus)
+    if rc.backend == "elasticsearch":
+        return _open_es(job, rc, corpus, skip_bad)
     if job.stdout and not rc.index:
         raise CptkitError("with --out - pass --index DIR (the index cannot live in the output)")
-    index_dir = Path(str(rc.index)) if rc.index else job.out / INDEX_SUBDIR
+    index_dir = Path(rc.index) if rc.index else job.out / INDEX_SUBDIR
     tokenizer, params = bm25_tokenizer(rc), bm25_params(rc)
-    if rc.dtype not in ("float32", "float64"):
-        raise CptkitError(f"retrieve.dtype must be float32 or float64, got {rc.dtype!r}")
     build_s = 0.0
     if is_sharded(index_dir):
         log.info("opening the sharded index at %s (merging term statistics)", index_dir)
-        idx: Any = OpenShardedIndex(index_dir, threads=int(rc.threads))
+        idx: Any = OpenShardedIndex(index_dir, threads=rc.threads)
         if corpus and not _same_sources(idx.meta, corpus):
             raise CptkitError(f"{index_dir}: these index shards were built from other corpus files than --corpus; "
                               "drop --corpus to reuse them, or pass another --index")
@@ -122,8 +130,8 @@ def _open_or_build(job: Job, rc: DictConfig, corpus: list[InputFile]) -> tuple[A
         log.info("building the index from %d corpus file(s) into %s", len(corpus), index_dir)
         advance = job.add_bar("index build (docs)", None)
         t0 = time.time()
-        build_index(iter_records(corpus, skip_bad=bool(job.cfg.io.skip_bad_lines)), index_dir, tokenizer, params,
-                    dtype=str(rc.dtype), text_field=str(rc.text_field), sources=_sources(corpus), on_record=advance)
+        build_index(iter_records(corpus, skip_bad=skip_bad), index_dir, tokenizer, params,
+                    dtype=rc.dtype, text_field=rc.text_field, sources=_sources(corpus), on_record=advance)
         build_s = time.time() - t0
         idx = OpenIndex(index_dir)
     if idx.meta["tokenizer"] != tokenizer.config():
@@ -132,11 +140,10 @@ def _open_or_build(job: Job, rc: DictConfig, corpus: list[InputFile]) -> tuple[A
     return idx, build_s
 
 
-def _open_es(job: Job, rc: DictConfig, corpus: list[InputFile]) -> tuple[EsIndex, float]:
+def _open_es(job: Job, rc: RetrieveConfig, corpus: list[InputFile], skip_bad: bool) -> tuple[EsIndex, float]:
     """The Elasticsearch/OpenSearch index: reuse it, or bulk-index ``corpus`` into it."""
     tokenizer, params = bm25_tokenizer(rc), bm25_params(rc)
-    es_cfg = OmegaConf.to_container(rc.es, resolve=True)
-    idx = EsIndex(EsConfig(**es_cfg), tokenizer, params, text_field=str(rc.text_field))  # type: ignore[arg-type]
+    idx = EsIndex(rc.es, tokenizer, params, text_field=rc.text_field)
     t0 = time.time()
     if idx.ready(_sources(corpus) if corpus else None):
         log.info("reusing the elasticsearch index %s at %s", idx.cfg.index, idx.cfg.url)
@@ -146,7 +153,7 @@ def _open_es(job: Job, rc: DictConfig, corpus: list[InputFile]) -> tuple[EsIndex
                           "to build one from")
     log.info("bulk-indexing %d corpus file(s) into %s/%s", len(corpus), idx.cfg.url, idx.cfg.index)
     advance = job.add_bar("index build (docs)", None)
-    idx.build(iter_records(corpus, skip_bad=bool(job.cfg.io.skip_bad_lines)), _sources(corpus), on_record=advance)
+    idx.build(iter_records(corpus, skip_bad=skip_bad), _sources(corpus), on_record=advance)
     return idx, time.time() - t0
 
 
@@ -160,17 +167,18 @@ INDEX = Option(("--index",), "retrieve.index", "Index directory: reused if finis
 @step("retrieve", RetrieveJob, options=(QUERIES, CORPUS, INDEX, OUT, QUIET, SKIP_BAD))
 def run(cfg: DictConfig) -> dict:
     """Build or reuse the index, search every query, write the union of hits and the run file."""
-    rc = cfg.retrieve
+    conf: RetrieveJob = OmegaConf.to_object(cfg)  # validated: RetrieveConfig.__post_init__
+    rc = conf.retrieve
     q_specs = _specs(rc.queries)
     if not q_specs:
         raise CptkitError("no queries given: pass --queries FILE (or retrieve.queries=FILE)")
     q_inputs = resolve_inputs(q_specs)
-    corpus = resolve_inputs(list(cfg.io.inputs)) if cfg.io.inputs else []
+    corpus = resolve_inputs(conf.io.inputs) if conf.io.inputs else []
     params = bm25_params(rc)
     with Job(cfg, inputs=q_inputs + corpus, tasks=[Task(0, q_inputs)]) as job:
         extra: dict[str, Any] = {}
         for task in job.pending():
-            qfield = str(rc.query_field)
+            qfield = rc.query_field
             qids, qtexts = [], []
             for rec in job.read(task):
                 text = rec.get(qfield)
@@ -178,7 +186,7 @@ def run(cfg: DictConfig) -> dict:
                     raise CptkitError(f"query {rec['id']!r}: field {qfield!r} is missing or not a string")
                 qids.append(rec["id"])
                 qtexts.append(text)
-            idx, build_s = _open_or_build(job, rc, corpus)
+            idx, build_s = _open_or_build(job, rc, corpus, conf.io.skip_bad_lines)
             try:
                 extra = _search_and_write(job, task, idx, rc, params, qids, qtexts, build_s)
             finally:
@@ -186,12 +194,12 @@ def run(cfg: DictConfig) -> dict:
         return job.finish(extra=extra)
 
 
-def _search_and_write(job: Job, task: Task, idx: Any, rc: DictConfig, params: BM25Params,
+def _search_and_write(job: Job, task: Task, idx: Any, rc: RetrieveConfig, params: BM25Params,
                       qids: list[str], qtexts: list[str], build_s: float) -> dict[str, Any]:
     t0 = time.time()
-    searcher = idx.searcher(str(rc.backend), params)
+    searcher = idx.searcher(rc.backend, params)
     # more than the index holds would only allocate empty result slots
-    k, bs = max(1, min(int(rc.top_k), int(idx.meta.get("docs") or rc.top_k))), max(int(rc.batch_size), 1)
+    k, bs = max(1, min(rc.top_k, int(idx.meta.get("docs") or rc.top_k))), rc.batch_size
     advance = job.add_bar("search (queries)", len(qtexts))
     parts_q, parts_r, parts_d, parts_s = [], [], [], []
     for start in range(0, len(qtexts), bs):
@@ -230,7 +238,7 @@ def _search_and_write(job: Job, task: Task, idx: Any, rc: DictConfig, params: BM
     if not job.stdout:
         tmp = run_path.with_name(f".{RUN_FILE}.tmp-{os.getpid()}")
         with open(tmp, "w", encoding="utf-8") as fh:
-            trec, tag = str(rc.run_format) == "trec", str(rc.run_tag)
+            trec, tag = rc.run_format == "trec", rc.run_tag
             for q, r, d, s in zip(hq.tolist(), hr.tolist(), hd.tolist(), hs.tolist(), strict=True):
                 if trec:
                     fh.write(f"{qids[q]} Q0 {doc_ids[d]} {r + 1} {s:.6f} {tag}\n")
@@ -258,7 +266,7 @@ def _search_and_write(job: Job, task: Task, idx: Any, rc: DictConfig, params: BM
         "b": params.b,
         "idf": params.idf,
         "epsilon": params.epsilon,
-        "backend": str(rc.backend),
-        "top_k": int(rc.top_k),
+        "backend": rc.backend,
+        "top_k": rc.top_k,
         "tokenizer": m["tokenizer"],
     }

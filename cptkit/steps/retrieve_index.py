@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from cptkit.errors import CptkitError
 from cptkit.index.base import bm25_params, bm25_tokenizer
@@ -31,18 +31,15 @@ from cptkit.steps.retrieve import CORPUS, RetrieveJob
 @step("retrieve-index", RetrieveJob, options=(CORPUS, OUT, QUIET, SKIP_BAD))
 def run(cfg: DictConfig) -> dict:
     """Build this slice's index shards (resumable: finished shards are kept)."""
-    rc = cfg.retrieve
-    if not cfg.io.inputs:
+    conf: RetrieveJob = OmegaConf.to_object(cfg)  # validated: RetrieveConfig.__post_init__
+    rc = conf.retrieve
+    if not conf.io.inputs:
         raise CptkitError("no corpus given: pass --corpus DIR (files, directories or globs)")
-    corpus = resolve_inputs(list(cfg.io.inputs))
-    n_shards = int(rc.shards) or int(cfg.shard.count)
-    if n_shards < 1:
-        raise CptkitError(f"retrieve.shards must be >= 1, got {rc.shards}")
+    corpus = resolve_inputs(conf.io.inputs)
+    n_shards = rc.shards or conf.shard.count  # both validated: shards >= 0, shard.count >= 1
     if n_shards > len(corpus):
         raise CptkitError(f"{len(corpus)} corpus file(s) cannot make {n_shards} index shards; "
                           "split the corpus into more files or use fewer shards")
-    if rc.dtype not in ("float32", "float64"):
-        raise CptkitError(f"retrieve.dtype must be float32 or float64, got {rc.dtype!r}")
     tokenizer, params = bm25_tokenizer(rc), bm25_params(rc)
     position = {f.path: i for i, f in enumerate(corpus)}
     tasks = [Task(i, [corpus[f] for f in shard_files(len(corpus), i, n_shards)]) for i in range(n_shards)]
@@ -60,7 +57,7 @@ def run(cfg: DictConfig) -> dict:
                         yield rec
 
             out = shard_dir(job.out, task.index, n_shards)
-            meta = build_index(records(), out, tokenizer, params, dtype=str(rc.dtype), text_field=str(rc.text_field),
+            meta = build_index(records(), out, tokenizer, params, dtype=rc.dtype, text_field=rc.text_field,
                                sources=sources, extra={"shard": {"index": task.index, "count": n_shards,
                                                                  "files": len(corpus)}})
             built.append(meta)

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
 from cptkit.config import JobConfig, check
-from cptkit.errors import CptkitError
 from cptkit.llm.config import LLMConfig
 from cptkit.progress import setup_logging
 from cptkit.step import QUIET, step
@@ -25,8 +25,8 @@ class ServeConfig:
     max_body_bytes: int = 16 * 2**20  # larger request bodies get 413 without being read
 
     def __post_init__(self) -> None:
-        check(int(self.max_body_bytes) >= 1024, "max_body_bytes", self.max_body_bytes, "must be at least 1024")
-        check(int(self.max_batch) >= 1, "max_batch", self.max_batch, "must be >= 1")
+        check(self.max_body_bytes >= 1024, "max_body_bytes", self.max_body_bytes, "must be at least 1024")
+        check(self.max_batch >= 1, "max_batch", self.max_batch, "must be >= 1")
 
 
 @dataclass
@@ -34,18 +34,20 @@ class ServeLLMJob(JobConfig):
     llm: LLMConfig = field(default_factory=LLMConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
 
+    def __post_init__(self) -> None:
+        check(self.llm.backend != "openai", "llm.backend", self.llm.backend,
+              "serve-llm serves a local backend: use llm=auto, llm=llamacpp, llm=transformers or llm=vllm")
+
 
 @step("serve-llm", ServeLLMJob, options=(QUIET,))
 def run(cfg: DictConfig) -> None:
     from cptkit.llm import load_generator
     from cptkit.llm.serve import serve
 
-    setup_logging(bool(cfg.quiet))
-    if cfg.llm.backend == "openai":
-        raise CptkitError("serve-llm serves a local backend: use llm=auto, llm=llamacpp, llm=transformers or llm=vllm")
-    llm = OmegaConf.merge(cfg.llm, {"cache": False, "chat": False})  # plain prompts stay raw for /completions
+    conf: ServeLLMJob = OmegaConf.to_object(cfg)  # validated: ServeLLMJob.__post_init__
+    setup_logging(conf.quiet)
+    llm = dataclasses.replace(conf.llm, cache=False, chat=False)  # plain prompts stay raw for /completions
     gen = load_generator(llm)
-    s = cfg.serve
-    serve(gen, str(s.host), int(s.port), model_name=s.model_name, max_batch=int(s.max_batch),
-          batch_wait_ms=float(s.batch_wait_ms), default_max_tokens=gen.params().max_new_tokens, ready_file=s.ready_file,
-          max_body_bytes=int(s.max_body_bytes))
+    s = conf.serve
+    serve(gen, s.host, s.port, model_name=s.model_name, max_batch=s.max_batch, batch_wait_ms=s.batch_wait_ms,
+          default_max_tokens=gen.params().max_new_tokens, ready_file=s.ready_file, max_body_bytes=s.max_body_bytes)

@@ -25,15 +25,15 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig
+from cptkit.config import JobConfig, check
 from cptkit.errors import CptkitError
 from cptkit.job import Job, Task
 from cptkit.llm.config import LLMConfig
-from cptkit.llm.prompts import PromptConfig, check, max_new_tokens, render
+from cptkit.llm.prompts import PromptConfig, check_prompt, max_new_tokens, render
 from cptkit.progress import log
 from cptkit.records import Record
 from cptkit.shards import atomic_write_json, resolve_inputs
@@ -50,8 +50,11 @@ from cptkit.synthesis import (
     trim_to_sentence,
 )
 
-DISCIPLINES = ("mathematics", "physics", "chemistry", "biology", "astronomy", "earth_science",
-               "medical_science", "computer_science", "general_education")
+if TYPE_CHECKING:
+    from cptkit.llm.base import GenParams
+
+def norm_discipline(name: Any) -> str:
+    return str(name).strip().lower().replace(" ", "_").replace("-", "_")
 
 
 @dataclass
@@ -93,6 +96,24 @@ class SynthConfig:
     problem_prompt: PromptConfig = field(default_factory=PromptConfig)
     solution_prompt: PromptConfig = field(default_factory=PromptConfig)
 
+    def __post_init__(self) -> None:
+        """The settings of the chosen mode (the other mode's are not used)."""
+        check(self.mode in ("scientific", "code"), "mode", self.mode, "expected scientific or code")
+        if self.mode == "scientific":
+            check_prompt(self.prompt, {"snippet"}, "prompt")
+            domains = [norm_discipline(k) for k in self.domains]
+            for d in map(norm_discipline, self.disciplines):
+                check(d in domains, "disciplines", self.disciplines,
+                      f"{d!r} has no domain list in synth.domains (known: {', '.join(domains)})")
+            check(self.snippet.position in ("start", "random"), "snippet.position", self.snippet.position,
+                  "expected start or random")
+            check(self.length_tolerance >= 0, "length_tolerance", self.length_tolerance, "must be >= 0")
+        else:
+            check_prompt(self.problem_prompt, {"demos"}, "problem_prompt")
+            check_prompt(self.solution_prompt, {"problem"}, "solution_prompt")
+            check(self.code.num_problems >= 0, "code.num_problems", self.code.num_problems, "must be >= 0")
+            check(self.code.demos >= 1, "code.demos", self.code.demos, "must be >= 1")
+
 
 @dataclass
 class SynthesizeQAJob(JobConfig):
@@ -100,27 +121,25 @@ class SynthesizeQAJob(JobConfig):
     synth: SynthConfig = field(default_factory=SynthConfig)
 
 
-def norm_discipline(name: Any) -> str:
-    return str(name).strip().lower().replace(" ", "_").replace("-", "_")
 
 
 def _stable_int(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
 
 
-def _gen_params(gen: Any, prompt: Any, llm: Any) -> Any:
-    return gen.params(max_new_tokens=max_new_tokens(prompt, llm), temperature=prompt.get("temperature"))
+def _gen_params(gen: Any, prompt: PromptConfig, llm: LLMConfig) -> GenParams:
+    return gen.params(max_new_tokens=max_new_tokens(prompt, llm), temperature=prompt.temperature)
 
 
-def _gen_record(params: Any) -> dict[str, Any]:
+def _gen_record(params: GenParams) -> dict[str, Any]:
     return {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
             "repetition_penalty": params.repetition_penalty, "seed": params.seed}
 
 
-def generator_meta(prompt: Any, model: str, params: Any) -> dict[str, Any]:
+def generator_meta(prompt: PromptConfig, model: str, params: GenParams) -> dict[str, Any]:
     """``meta.generator`` of an LLM-written record: prompt id, model and sampling settings
     (the same fields as expand-queries, so records can be filtered by generator)."""
-    return {"prompt": str(prompt.get("name") or ""), "model": model, "temperature": params.temperature,
+    return {"prompt": prompt.name, "model": model, "temperature": params.temperature,
             "top_p": params.top_p, "max_new_tokens": params.max_new_tokens, "seed": params.seed}
 
 
@@ -135,23 +154,15 @@ def length_band(lo: int, hi: int, tolerance: float) -> tuple[int, int]:
 
 @step("synthesize-qa", SynthesizeQAJob)
 def run(cfg: DictConfig) -> dict[str, Any]:
-    sy = cfg.synth
-    mode = str(sy.mode)
-    if mode not in ("scientific", "code"):
-        raise CptkitError(f"synth.mode={mode}: expected scientific or code")
-    inputs = resolve_inputs(list(cfg.io.inputs))
+    conf: SynthesizeQAJob = OmegaConf.to_object(cfg)  # validated: SynthConfig.__post_init__
+    sy = conf.synth
+    mode = sy.mode
+    inputs = resolve_inputs(conf.io.inputs)
     if mode == "scientific":
-        check(sy.prompt, {"snippet"}, "synth.prompt")
         domains = {norm_discipline(k): list(v) for k, v in sy.domains.items()}
         active = [norm_discipline(d) for d in sy.disciplines] or list(domains)
-        unknown = [d for d in active if d not in domains]
-        if unknown:
-            raise CptkitError(f"synth.disciplines: {unknown[0]!r} has no domain list in synth.domains "
-                              f"(known: {', '.join(domains)})")
         job_kw: dict[str, Any] = {"inputs": inputs}
     else:
-        check(sy.problem_prompt, {"demos"}, "synth.problem_prompt")
-        check(sy.solution_prompt, {"problem"}, "synth.solution_prompt")
         job_kw = {"inputs": inputs, "tasks": [Task(0, inputs)]}
     with Job(cfg, **job_kw) as job:
         gen = None
@@ -160,14 +171,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             if gen is None:
                 from cptkit.llm import load_generator
 
-                gen = load_generator(cfg.llm)
+                gen = load_generator(conf.llm)
             t0 = time.time()
             before = gen.stats.as_dict()
             with job.writer(task) as w:
                 if mode == "scientific":
-                    stats = scientific_task(cfg, job, task, gen, domains, set(active), w.write)
+                    stats = scientific_task(conf, job, task, gen, domains, set(active), w.write)
                 else:
-                    stats = code_task(cfg, job, task, gen, w.write)
+                    stats = code_task(conf, job, task, gen, w.write)
             after = gen.stats.as_dict()
             stats["llm"] = {k: after[k] - before[k] for k in after if k != "tokens_per_s"}
             task_stats[task.name] = stats
@@ -179,7 +190,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if not job.stdout and results and not job.already_done:
             atomic_write_json(job.out / "_synth_stats.json", total)
         rows = summary_rows(total, gen.model_id if gen is not None else None)
-        check_kept(total, int(sy.min_records))
+        check_kept(total, sy.min_records)
         job.finish(extra=rows)
         return {"output": str(job.out), **total}
 
@@ -240,15 +251,13 @@ def _bump(d: dict[str, int], key: str, n: int = 1) -> None:
     d[key] = d.get(key, 0) + n
 
 
-def scientific_task(cfg: DictConfig, job: Job, task: Task, gen: Any, domains: dict[str, list[str]],
+def scientific_task(conf: SynthesizeQAJob, job: Job, task: Task, gen: Any, domains: dict[str, list[str]],
                     active: set[str], write: Any) -> dict[str, Any]:
     """Select seed documents of one shard, build prompts, generate, parse and filter."""
-    sy, sn = cfg.synth, cfg.synth.snippet
-    if str(sn.position) not in ("start", "random"):
-        raise CptkitError(f"synth.snippet.position={sn.position}: expected start or random")
+    sy, sn = conf.synth, conf.synth.snippet
     skipped: dict[str, int] = {}
     jobs: list[tuple[Record, str, str, int, int]] = []
-    field_name = str(sy.discipline_field)
+    field_name = sy.discipline_field
     used: set[str] = set()
     for rec in job.read(task):
         explicit = rec.get(field_name)
@@ -259,29 +268,29 @@ def scientific_task(cfg: DictConfig, job: Job, task: Task, gen: Any, domains: di
         if disc not in active:
             _bump(skipped, "other_discipline" if disc in domains else "unknown_discipline")
             continue
-        if count_words(rec["text"]) < int(sn.min_words):
+        if count_words(rec["text"]) < sn.min_words:
             _bump(skipped, "short_seed")
             continue
-        if int(sy.max_docs_per_shard) and len(used) >= int(sy.max_docs_per_shard):
+        if sy.max_docs_per_shard and len(used) >= sy.max_docs_per_shard:
             _bump(skipped, "over_max_docs")
             continue
         used.add(rec["id"])
-        for s in range(int(sn.per_doc)):
-            rng = random.Random(_stable_int(int(cfg.seed), rec["id"], s)) if sn.position == "random" else None
-            snip = snippet(str(rec["text"]), int(sn.max_words), rng)
-            for j in range(int(sy.samples_per_snippet)):
+        for s in range(sn.per_doc):
+            rng = random.Random(_stable_int(conf.seed, rec["id"], s)) if sn.position == "random" else None
+            snip = snippet(str(rec["text"]), sn.max_words, rng)
+            for j in range(sy.samples_per_snippet):
                 jobs.append((rec, disc, snip, s, j))
-    params = _gen_params(gen, sy.prompt, cfg.llm)
+    params = _gen_params(gen, sy.prompt, conf.llm)
     reqs = [render(sy.prompt, discipline=disc.replace("_", " "), snippet=snip) for _, disc, snip, _, _ in jobs]
     outs = gen.generate(reqs, params, seeds=[params.seed * 1_000_003 + j for *_, j in jobs],
                         progress=job.add_bar(f"{task.name}: QA", len(reqs)))
     rejected: dict[str, int] = {}
     per_disc: dict[str, int] = {}
     kept = 0
-    lo, hi = length_band(int(sy.min_solution_words), int(sy.max_solution_words), float(sy.length_tolerance))
+    lo, hi = length_band(sy.min_solution_words, sy.max_solution_words, sy.length_tolerance)
     for (rec, disc, snip, s, j), c in zip(jobs, outs, strict=True):
-        text, finish = untruncate(c.text, c.finish_reason, bool(sy.trim_truncated))
-        reason, qa = judge_qa(text, finish, int(sy.min_problem_words), lo, hi)
+        text, finish = untruncate(c.text, c.finish_reason, sy.trim_truncated)
+        reason, qa = judge_qa(text, finish, sy.min_problem_words, lo, hi)
         if reason:
             _bump(rejected, reason)
             continue
@@ -323,40 +332,38 @@ def judge_qa(text: str, finish_reason: str, min_problem: int, lo: int, hi: int) 
     return None, qa
 
 
-def code_task(cfg: DictConfig, job: Job, task: Task, gen: Any, write: Any) -> dict[str, Any]:
+def code_task(conf: SynthesizeQAJob, job: Job, task: Task, gen: Any, write: Any) -> dict[str, Any]:
     """In-context expansion: random demonstrations → new problem → solution."""
-    sy, cc = cfg.synth, cfg.synth.code
-    seeds = [(r["id"], normalize_space(str(r.get(str(cc.problem_field)) or r["text"]))) for r in job.read(task)]
+    sy, cc = conf.synth, conf.synth.code
+    seeds = [(r["id"], normalize_space(str(r.get(cc.problem_field) or r["text"]))) for r in job.read(task)]
     if not seeds:
         raise CptkitError("synth.mode=code: the seed problem set is empty")
-    n, k = int(cc.num_problems), int(cc.demos)
-    if n < 0 or k < 1:
-        raise CptkitError("synth.code.num_problems must be >= 0 and synth.code.demos >= 1")
-    disc = str(cc.discipline)
-    demo_sets = [sample_demos(len(seeds), k, random.Random(_stable_int(int(cfg.seed), "demos", i))) for i in range(n)]
+    n, k = cc.num_problems, cc.demos
+    disc = cc.discipline
+    demo_sets = [sample_demos(len(seeds), k, random.Random(_stable_int(conf.seed, "demos", i))) for i in range(n)]
     preqs = [render(sy.problem_prompt, discipline=disc,
                     demos="\n\n".join(f"[Problem {m + 1}]\n{seeds[d][1]}" for m, d in enumerate(ds))) for ds in demo_sets]
-    pparams = _gen_params(gen, sy.problem_prompt, cfg.llm)
+    pparams = _gen_params(gen, sy.problem_prompt, conf.llm)
     pouts = gen.generate(preqs, pparams, seeds=[pparams.seed * 1_000_003 + i for i in range(n)],
                          progress=job.add_bar("new problems", n))
     rejected: dict[str, int] = {}
     seen = {p.lower() for _, p in seeds}
     problems: list[tuple[int, str]] = []
-    trim = bool(sy.trim_truncated)
+    trim = sy.trim_truncated
     for i, c in enumerate(pouts):
         text, finish = untruncate(c.text, c.finish_reason, trim)
         prob = parse_problem(text)
         if finish == "length":
             _bump(rejected, "truncated_problem")
-        elif count_words(prob) < int(cc.min_problem_words):
+        elif count_words(prob) < cc.min_problem_words:
             _bump(rejected, "malformed_problem")
         elif prob.lower() in seen:
             _bump(rejected, "duplicate_problem")
         else:
             seen.add(prob.lower())
             problems.append((i, prob))
-    sparams = _gen_params(gen, sy.solution_prompt, cfg.llm)
-    clo, chi = int(cc.min_solution_words), int(cc.max_solution_words)  # hard bounds: the code prompt names no length
+    sparams = _gen_params(gen, sy.solution_prompt, conf.llm)
+    clo, chi = cc.min_solution_words, cc.max_solution_words  # hard bounds: the code prompt names no length
     souts = gen.generate([render(sy.solution_prompt, discipline=disc, problem=p) for _, p in problems], sparams,
                          progress=job.add_bar("solutions", len(problems)))
     kept = 0
