@@ -130,10 +130,15 @@ def bm25_params(rc: Any) -> BM25Params:
 
 def bm25_tokenizer(rc: Any) -> Any:
     """The :class:`cptkit.text.tokenize.Tokenizer` of a ``retrieve`` config section (typed or a node)."""
-    from cptkit.errors import CptkitError
-    from cptkit.text.tokenize import make_tokenizer
+    from omegaconf import OmegaConf
 
+    from cptkit.errors import CptkitError
+    from cptkit.text.tokenize import Tokenizer
+
+    cfg = rc.tokenizer
+    if OmegaConf.is_config(cfg):
+        cfg = OmegaConf.to_container(cfg, resolve=True)
     try:
-        return make_tokenizer(rc.tokenizer)
+        return Tokenizer(cfg)
     except (ValueError, TypeError) as e:
         raise CptkitError(f"retrieve.tokenizer: {e}") from None
