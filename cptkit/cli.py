@@ -20,7 +20,7 @@ from typer.core import TyperCommand, TyperGroup
 from cptkit.errors import CptkitError
 from cptkit.steps import execute, step_help, step_module, step_names
 
-__all__ = ["app", "execute", "main", "step_module", "MODULES"]
+__all__ = ["app", "execute", "main", "step_module"]
 
 
 class StepCommand(TyperCommand):
@@ -38,9 +38,6 @@ class StepCommand(TyperCommand):
 ORDER = ("demo-corpus", "expand-queries", "retrieve-index", "retrieve", "dedup", "score-quality-train",
          "score-quality", "label-topics-annotate", "label-topics-train", "label-topics", "synthesize-qa",
          "corrupt", "build-mix", "train", "evaluate", "evaluate-contamination", "evaluate-compare", "serve-llm")
-
-# Step name -> module under cptkit/steps, found from the file names (nothing imported).
-MODULES: dict[str, str] = {name: name.replace("-", "_") for name in step_names()}
 
 
 class Commands(TyperGroup):

@@ -110,18 +110,25 @@ def register_step(name: str, schema: type) -> None:
     ConfigStore.instance().store(name=f"_schema_{name.replace('-', '_')}", node=schema)
 
 
+def primary_config(name: str) -> str:
+    """The config Hydra composes for step ``name``: ``conf/<name>.yaml``, or the step's schema
+    alone when it has no YAML (all its defaults are in its dataclass)."""
+    stem = name.replace("-", "_")
+    if (CONF_DIR / f"{stem}.yaml").exists():
+        return stem
+    if name not in _SCHEMAS:
+        raise CptkitError(f"no config for step {name!r}: neither a declared schema nor {CONF_DIR / (stem + '.yaml')}")
+    return f"_schema_{stem}"
+
+
 def compose_step(name: str, overrides: list[str] | None = None, *, hydra_node: bool = False,
                  resolve: bool = True) -> DictConfig:
     """Compose ``conf/<name>.yaml`` with command-line overrides into a resolved, validated config.
 
     ``hydra_node`` keeps Hydra's own ``hydra:`` node (``--cfg hydra|all``); ``resolve=False``
     leaves interpolations as written (``--cfg job`` without ``--resolve``)."""
-    config_name = name.replace("-", "_")
+    config_name = primary_config(name)
     overrides = list(overrides or [])
-    if not (CONF_DIR / f"{config_name}.yaml").exists():  # a step whose defaults are all in its dataclass
-        if name not in _SCHEMAS:
-            raise CptkitError(f"no config for step {name!r}: neither a declared schema nor {CONF_DIR / (config_name + '.yaml')}")
-        config_name = f"_schema_{config_name}"
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name=name.replace("-", "_")):
             cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra_node)

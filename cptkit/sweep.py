@@ -14,7 +14,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import CONF_DIR, finalize
+from cptkit.config import CONF_DIR, finalize, primary_config
 from cptkit.steps import execute
 
 # Keys that never name a member's output: where data lives, and job-array slices.
@@ -65,9 +65,7 @@ def multirun(step: str, overrides: list[str]) -> None:
                               "disk (multirun.yaml, .hydra/): pass it by environment variable instead "
                               "(docs/records.md, Secrets)")
     install_log_redaction()
-    config_name = step.replace("-", "_")
-    if not (CONF_DIR / f"{config_name}.yaml").exists():  # all defaults in the step's dataclass
-        config_name = f"_schema_{config_name}"
+    config_name = primary_config(step)
     swept = swept_keys(overrides)
 
     @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name=config_name)
