@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from _report import table, write_section  # noqa: E402
 from classify_realtext import GCIDE_TOPICS, gcide_topics  # noqa: E402
 
-from cptkit.classify import (  # noqa: E402
+from cptkit.labels.classifiers import (  # noqa: E402
     FastTextParams,
     TrainParams,
     TuneParams,
@@ -50,7 +50,7 @@ def scores(gold: list[str], pred: list[str]) -> tuple[float, float, dict[str, fl
 
 
 def annotate(mode: str, inp: Path, out: Path, extra: list[str]) -> tuple[dict[str, str], float]:
-    from cptkit.config import compose_step
+    from cptkit.core.config import compose_step
     from cptkit.steps.label_topics_annotate import run
 
     n = sum(1 for _ in inp.open())
@@ -148,7 +148,7 @@ def write_names(d: Path) -> Path:
     """The English taxonomy without descriptions (embedding of the topic names alone)."""
     import yaml
 
-    from cptkit.config import CONF_DIR
+    from cptkit.core.config import CONF_DIR
 
     data = yaml.safe_load((CONF_DIR / "topics" / "en.yaml").read_text())
     data.pop("descriptions", None)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cptkit.core.shards import read_records, resolve_inputs  # noqa: E402
 from cptkit.index.base import BM25Params  # noqa: E402
 from cptkit.index.bm25 import BM25Index  # noqa: E402
-from cptkit.shards import read_records, resolve_inputs  # noqa: E402
 from cptkit.text.tokenize import Tokenizer  # noqa: E402
 
 HAN_RUN = re.compile(r"[\u4e00-\u9fff]{12,}")

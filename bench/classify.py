@@ -30,7 +30,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from _report import table, write_section  # noqa: E402
 from classify_realtext import fortunes_en, python_docs  # noqa: E402
 
-from cptkit.classify import TrainParams, load_classifier, save_classifier, train_classifier  # noqa: E402
+from cptkit.labels.classifiers import (  # noqa: E402
+    TrainParams,
+    load_classifier,
+    save_classifier,
+    train_classifier,
+)
 
 
 def rate(fn, n: int, repeat: int = 3) -> float:
@@ -78,10 +83,10 @@ def end_to_end(n_docs: int, repeats: int) -> str:
     import json
     import shutil
 
-    from cptkit.classify import fasttext_line
-    from cptkit.config import compose_step
+    from cptkit.core.config import compose_step
+    from cptkit.labels.classifiers import fasttext_line
+    from cptkit.labels.topics import load_taxonomy
     from cptkit.steps import label_topics, score_quality
-    from cptkit.topics import load_taxonomy
 
     corpus = Path("/work/data/corpus")
     shards = sorted(corpus.glob("part-0000[0-2]-*.jsonl.gz"))  # English: Python docs, Maxima docs, GCIDE
@@ -254,7 +259,7 @@ def main() -> None:
                      f"fastText is {ft / bert:,.0f}x faster"])
 
 
-    from cptkit.step import map_batches
+    from cptkit.core.step import map_batches
     from cptkit.steps.corrupt import CorruptConfig, Corrupter
 
     cdocs = [{"id": r["id"], "text": r["text"], "lang": "en"} for r in python_docs(args.corrupt_docs)]

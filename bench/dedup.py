@@ -53,7 +53,7 @@ EDITS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.08)
 # -- data ------------------------------------------------------------------------------------
 def load_corpus(path: Path, limit: int, seed: int) -> list[dict]:
     """A seeded sample of ``limit`` records (all sources, input order kept)."""
-    from cptkit.shards import read_records, resolve_inputs
+    from cptkit.core.shards import read_records, resolve_inputs
 
     recs = [{"id": r["id"], "text": r["text"]} for inp in resolve_inputs(str(path)) for r in read_records(inp)]
     if len(recs) <= limit:
@@ -63,7 +63,7 @@ def load_corpus(path: Path, limit: int, seed: int) -> list[dict]:
 
 
 def build_demo_corpus(cache: Path) -> Path:
-    from cptkit.config import compose_step
+    from cptkit.core.config import compose_step
     from cptkit.steps.demo_corpus import run
 
     out = cache / "demo-corpus"
@@ -129,7 +129,7 @@ def ngram_set(text: str) -> set:
 
 # -- methods: each returns {removed index: [witness indices]} ---------------------------------
 def run_cptkit(docs: list[dict], shard_dir: Path, work: Path) -> dict[int, list[int]]:
-    from cptkit.config import compose_step
+    from cptkit.core.config import compose_step
     from cptkit.steps.dedup import run
 
     out = work / "cptkit-out"

@@ -1,6 +1,6 @@
 """Benchmark `evaluate` against lm-evaluation-harness on CPU, same model, same data, same run.
 
-* perplexity: tokens/s of ``cptkit.lm.document_losses`` vs lm-eval ``HFLM.loglikelihood_rolling``
+* perplexity: tokens/s of ``cptkit.models.lm.document_losses`` vs lm-eval ``HFLM.loglikelihood_rolling``
   on real documents (Debian copyright files), with the total NLL of both;
 * multiple choice: items/s of ``cptkit.eval.tasks.run_task`` vs ``lm_eval.simple_evaluate`` on
   the real ``gcide_defs`` task (word -> definition, 4 choices, 5 shots), with acc/acc_norm of both.
@@ -56,9 +56,9 @@ def main() -> None:
     from lm_eval.tasks import TaskManager
 
     from bench._report import table, write_section
-    from cptkit import lm
     from cptkit.eval import tasks as T
     from cptkit.eval.build_tasks import build
+    from cptkit.models import lm
 
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="bench-evaluate-"))

@@ -74,7 +74,7 @@ def paragraphs(text: str, min_chars: int = 200) -> list[str]:
 
 def load_corpus(corpus: Path, n_docs: int, n_queries: int, seed: int) -> tuple[list[str], list[str], dict]:
     """Indexed paragraphs and query sentences (from held-out paragraphs), plus provenance."""
-    from cptkit.shards import iter_records, resolve_inputs
+    from cptkit.core.shards import iter_records, resolve_inputs
     from cptkit.text.tokenize import Tokenizer
 
     recs = list(iter_records(resolve_inputs(str(corpus))))

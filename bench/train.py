@@ -35,7 +35,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from _report import table, write_section  # noqa: E402
 
-from cptkit.config import compose_step  # noqa: E402
+from cptkit.core.config import compose_step  # noqa: E402
 
 
 def corpus() -> Path:
@@ -105,7 +105,7 @@ def plain_worker(args: argparse.Namespace) -> None:
     import numpy as np
     import torch
 
-    from cptkit.lm import load_tokenizer, tiny_llama
+    from cptkit.models.lm import load_tokenizer, tiny_llama
 
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
@@ -149,7 +149,7 @@ def train_vs_plain(args: argparse.Namespace) -> None:
     import json
     import subprocess
 
-    from cptkit.lm import load_tokenizer
+    from cptkit.models.lm import load_tokenizer
     from cptkit.training.engine import cpu_has_bf16, resolve_precision
 
     src = Path(args.corpus) if args.corpus else corpus()

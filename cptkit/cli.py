@@ -1,6 +1,6 @@
 """The ``cptkit`` command line: one command per step, generated from the step's declaration.
 
-A step's command maps its declared options onto config keys (:class:`cptkit.step.Option`),
+A step's command maps its declared options onto config keys (:class:`cptkit.core.step.Option`),
 composes ``conf/<step>.yaml`` with the trailing Hydra overrides (``key=value``, ``+key=value``)
 and runs the step (:func:`cptkit.steps.execute`). With ``-m`` the same step runs under
 ``@hydra.main`` as a multirun (sweeps, SLURM).
@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from typer.core import TyperCommand, TyperGroup
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 from cptkit.steps import execute, step_help, step_module, step_names
 
 __all__ = ["app", "execute", "main", "step_module"]
@@ -29,7 +29,7 @@ class StepCommand(TyperCommand):
 
     def format_epilog(self, ctx: Any, formatter: Any) -> None:
         super().format_epilog(ctx, formatter)
-        from cptkit.cli_help import config_help
+        from cptkit.core.help import config_help
 
         formatter.write("\n" + config_help(self.name))
 
@@ -83,7 +83,7 @@ Cfg = Annotated[str | None, typer.Option("--cfg", "-c", metavar="job|hydra|all",
 
 
 def step_command(name: str) -> Any:
-    """The command of step ``name``, generated from its declaration (:func:`cptkit.step.step`):
+    """The command of step ``name``, generated from its declaration (:func:`cptkit.core.step.step`):
     each declared option sets its config key, ``--cfg`` prints the config, trailing words are
     Hydra overrides."""
     from cptkit.steps import declaration
@@ -121,15 +121,15 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
     unknown = [a for a in extra if a.startswith("--") and "=" not in a]
     if unknown:
         raise CptkitError(f"unknown option {unknown[0]} for 'cptkit {step}' (see cptkit {step} --help)")
-    from cptkit.executor import split_executor_args
+    from cptkit.core.executor import split_executor_args
 
     executor, extra = split_executor_args(extra)
     if "-m" in extra or "--multirun" in extra:
-        from cptkit.sweep import multirun
+        from cptkit.core.sweep import multirun
 
         multirun(step, overrides + [a for a in extra if a not in ("-m", "--multirun")])
         return
-    from cptkit.config import compose_step
+    from cptkit.core.config import compose_step
 
     if info:
         sys.stdout.write(hydra_info(step, overrides + extra))
@@ -139,7 +139,7 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
         return
     cfg = compose_step(step, overrides + extra)
     if executor.kind == "ray":
-        from cptkit.executor import run_ray
+        from cptkit.core.executor import run_ray
 
         run_ray(step, overrides + extra, cfg, executor)
         return
@@ -148,8 +148,8 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
 
 def show_config(step: str, overrides: list[str], which: str, resolve: bool) -> str:
     """``--cfg job|hydra|all`` as YAML, secrets redacted (``--resolve``: interpolations resolved)."""
-    from cptkit.config import compose_step
-    from cptkit.redact import redact
+    from cptkit.core.config import compose_step
+    from cptkit.core.redact import redact
 
     if which not in ("job", "hydra", "all"):
         raise CptkitError(f"--cfg {which!r}: use job, hydra or all")
@@ -169,8 +169,8 @@ def show_config(step: str, overrides: list[str], which: str, resolve: bool) -> s
 
 def hydra_info(step: str, overrides: list[str]) -> str:
     """``--info``: where the config comes from (search path, defaults list, overrides)."""
-    from cptkit.config import CONF_DIR, compose_step
-    from cptkit.redact import redact_text
+    from cptkit.core.config import CONF_DIR, compose_step
+    from cptkit.core.redact import redact_text
 
     cfg = compose_step(step, overrides, hydra_node=True, resolve=False)
     name = step.replace("-", "_")
@@ -212,8 +212,8 @@ def evaluate_compare(
     import json
     from pathlib import Path
 
+    from cptkit.core.shards import atomic_write_bytes
     from cptkit.eval.compare import compare_table, load_results, print_compare, to_markdown
-    from cptkit.shards import atomic_write_bytes
 
     loaded = {}
     for r in runs:
@@ -246,8 +246,8 @@ def main() -> None:
     except CptkitError as e:
         from rich.text import Text
 
-        from cptkit.progress import console
-        from cptkit.redact import redact_text
+        from cptkit.core.progress import console
+        from cptkit.core.redact import redact_text
 
         console.print(Text.assemble(("error: ", "bold red"), redact_text(str(e).replace("\n", " "))), soft_wrap=True)
         sys.exit(e.exit_code)
@@ -261,8 +261,8 @@ def main() -> None:
 
 
 def _interrupted() -> None:
-    from cptkit.job import interrupted_message
-    from cptkit.progress import console
+    from cptkit.core.job import interrupted_message
+    from cptkit.core.progress import console
 
     console.print(interrupted_message(), soft_wrap=True, markup=False, highlight=False)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import glob
 from pathlib import Path
 
-from cptkit import lm
+from cptkit.models import lm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
 TASK_DIR = Path(__file__).parent.parent / "conf" / "eval" / "tasks"

@@ -37,7 +37,7 @@ def write_jsonl(path: str | Path, records) -> Path:
 
 def read_jsonl_dir(directory: str | Path) -> list[dict]:
     """All records of a step's output directory, in shard order."""
-    from cptkit.shards import read_records, resolve_inputs
+    from cptkit.core.shards import read_records, resolve_inputs
 
     return [r for inp in resolve_inputs(str(directory)) for r in read_records(inp)]
 
@@ -51,7 +51,7 @@ def _corpus_key(limit: int) -> str:
 
 def build_corpus_slice(limit: int = CORPUS_SLICE, cache: Path = TEST_CACHE) -> Path:
     """Build (or reuse) the demo-corpus slice of ``limit`` records per source; returns its dir."""
-    from cptkit.config import compose_step
+    from cptkit.core.config import compose_step
     from cptkit.steps.demo_corpus import run
 
     final = cache / f"slice{limit}-{_corpus_key(limit)}"

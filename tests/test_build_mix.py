@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from mixdata import build_stream, make_tokenizer
 
-from cptkit.errors import CptkitError
-from cptkit.mix.recipe import allocate, curriculum_order, matches, plan_counts, stage_fractions
+from cptkit.core.errors import CptkitError
+from cptkit.mixtures.recipe import allocate, curriculum_order, matches, plan_counts, stage_fractions
 
 
 def test_filters_and_allocation():
@@ -135,7 +135,7 @@ def test_upsampling_tail_and_caps(corpus_dir, tok, tmp_path):
 def test_ppl_curriculum(corpus_dir, tok, tmp_path):
     from transformers import AutoTokenizer
 
-    from cptkit.lm import tiny_llama
+    from cptkit.models.lm import tiny_llama
 
     model_dir = tmp_path / "scorer"
     tiny_llama(AutoTokenizer.from_pretrained(str(tok)), hidden=32, layers=1, heads=2, seed=1).save_pretrained(model_dir)

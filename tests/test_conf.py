@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cptkit.config import CONF_DIR, compose_step
-from cptkit.errors import CptkitError
+from cptkit.core.config import CONF_DIR, compose_step
+from cptkit.core.errors import CptkitError
 from cptkit.steps import step_module, step_names
 
 SWEEPS = {  # sweep -> (step, extra overrides it is meant to be used with)
@@ -54,7 +54,7 @@ def test_every_step_help_lists_its_config_keys(step):
     """`cptkit STEP --help` ends with every config key of the composed default config."""
     from omegaconf import OmegaConf
 
-    from cptkit.cli_help import config_help
+    from cptkit.core.help import config_help
 
     text = config_help(step)
     cfg = compose_step(step)
@@ -104,7 +104,7 @@ def yaml_problems(step: str, text: str) -> list[str]:
 
     from omegaconf import DictConfig, OmegaConf
 
-    from cptkit.config import schema_of
+    from cptkit.core.config import schema_of
 
     step_module(step)
     schema = schema_of(step)

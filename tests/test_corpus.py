@@ -12,9 +12,9 @@ from conftest import CORPUS_SLICE, read_jsonl_dir
 from typer.testing import CliRunner
 
 from cptkit.cli import app
-from cptkit.config import compose_step
+from cptkit.core.config import compose_step
+from cptkit.core.errors import CptkitError
 from cptkit.demo import corpus as C
-from cptkit.errors import CptkitError
 
 runner = CliRunner()
 

@@ -15,8 +15,10 @@ from classify_realtext import python_docs
 from conftest import read_jsonl_dir as read_out
 from conftest import write_jsonl
 
-from cptkit.config import compose_step
-from cptkit.corruption import (
+from cptkit.core.config import compose_step
+from cptkit.core.errors import CptkitError
+from cptkit.steps import corrupt
+from cptkit.synthetic.corruption import (
     Lexicon,
     Token,
     choose_count,
@@ -24,8 +26,6 @@ from cptkit.corruption import (
     pluralize,
     random_number_like,
 )
-from cptkit.errors import CptkitError
-from cptkit.steps import corrupt
 from cptkit.text import wordnet
 from cptkit.text.hashing import rng_for
 

@@ -7,8 +7,8 @@ import json
 import pytest
 from mixdata import build_stream, make_tokenizer
 
-from cptkit.errors import CptkitError
-from cptkit.mix.recipe import apply_replay
+from cptkit.core.errors import CptkitError
+from cptkit.mixtures.recipe import apply_replay
 
 # the "domain" is Python documentation, "general" everything else of the corpus slice
 CPT_DOMAINS = ["mix.domains=[{name:domain,filter:{source:python-docs}},{name:general,filter:{}}]",
@@ -42,7 +42,7 @@ def test_replay_share_in_the_stream_and_manifest(corpus_dir, tok, tmp_path):
     # unique_ids every id counts once (the first input wins), and the reader's id check stands aside
     import shutil
 
-    from cptkit.mix.stream import Stream
+    from cptkit.mixtures.stream import Stream
 
     copy = tmp_path / "copy"
     shutil.copytree(corpus_dir, copy, ignore=shutil.ignore_patterns("_*", ".cptkit"))
@@ -83,14 +83,14 @@ TOY_MIX = ["mix.domains=[{name:domain,filter:{source:python-docs}},{name:general
 
 
 def _train(stream, out, *ov):
-    from cptkit.config import compose_step
+    from cptkit.core.config import compose_step
     from cptkit.steps.train import run
 
     return run(compose_step("train", [f"io.inputs=['{stream}']", f"io.output='{out}'", *TOY, *ov]))
 
 
 def _ppl(model, stream, out) -> dict[str, float]:
-    from cptkit.config import compose_step
+    from cptkit.core.config import compose_step
     from cptkit.steps.evaluate import run
 
     run(compose_step("evaluate", [f"eval.model='{model}'", f"io.inputs=['{stream}/_eval.jsonl.gz']",
@@ -176,7 +176,7 @@ def test_eval_tasks_at_every_eval_point(corpus_dir, corpus_records, tok, tmp_pat
     """train.eval_tasks scores a few-shot task (here a 4-way continuation task from the corpus) at each point."""
     from conftest import write_jsonl
 
-    from cptkit.config import compose_step
+    from cptkit.core.config import compose_step
     from cptkit.steps.train import run
     from cptkit.training.metrics import eval_curves, read_jsonl
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import read_jsonl_dir, write_jsonl
 
-from cptkit.config import compose_step
+from cptkit.core.config import compose_step
+from cptkit.core.errors import CptkitError
 from cptkit.dedup import minhash as mh
-from cptkit.errors import CptkitError
 from cptkit.steps.dedup import run
 
 NSHARDS = 4

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from conftest import write_jsonl
 
-from cptkit.config import compose_step
+from cptkit.core.config import compose_step
+from cptkit.core.errors import CptkitError
 from cptkit.dedup import minhash as mh
-from cptkit.errors import CptkitError
 from cptkit.steps.dedup import run
 
 NSHARDS = 4

@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from cptkit import lm
 from cptkit.cli import app
 from cptkit.eval import tasks as T
 from cptkit.eval.contamination import BenchmarkIndex, ngram_hashes, words
+from cptkit.models import lm
 
 EVAL_CACHE = Path(os.environ.get("CPTKIT_TEST_CACHE", os.path.expanduser("~/.cache/cptkit/test-corpus"))) / "eval-data"
 
@@ -77,12 +77,12 @@ def heldout(tmp_path_factory, texts) -> Path:
 
 
 def read_jsonl_dir(directory: Path) -> list[dict]:
-    from cptkit.shards import read_records, resolve_inputs
+    from cptkit.core.shards import read_records, resolve_inputs
 
     return [r for inp in resolve_inputs(str(directory)) for r in read_records(inp)]
 
 
-# --- cptkit.lm --------------------------------------------------------------------------------------
+# --- cptkit.models.lm --------------------------------------------------------------------------------------
 def test_tiny_llama_is_seeded(tiny):
     _, tok, model = tiny
     again = lm.tiny_llama(tok, hidden=64, layers=2, heads=4, max_position=1024, seed=11)
@@ -241,7 +241,7 @@ def test_evaluate_ppl_and_tasks_end_to_end(tiny, heldout, eval_data, tmp_path):
     r = json.loads((out / "_results.json").read_text())
     groups = r["perplexity"]["groups"]
     assert set(groups) == {"gpl", "other"} and all(g["docs"] == 20 for g in groups.values())
-    # the very numbers of cptkit.lm.group_losses (the train controllers' code path)
+    # the very numbers of cptkit.models.lm.group_losses (the train controllers' code path)
     recs = [json.loads(x) for x in (heldout / "part-00000.jsonl").read_text().splitlines()]
     ref = lm.group_losses(model, tok, recs, "license", 20, batch_size=4, max_length=256)
     assert groups["gpl"]["loss"] == pytest.approx(ref["gpl"]["loss"], rel=1e-5)

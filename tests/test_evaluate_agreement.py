@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cptkit import lm
 from cptkit.cli import app
 from cptkit.eval import tasks as T
 from cptkit.eval.compare import compare_table, suite_table, to_markdown
+from cptkit.models import lm
 from tests._eval_model import FIXTURES, TASK_DIR, make_tiny
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,7 +161,7 @@ def test_engines_agree_on_multiple_choice_and_gsm8k_exact_match(tiny, tmp_path):
     assert a["acc"] == b["acc"] and a["acc_norm"] == b["acc_norm"]
     assert a["acc_stderr"] == pytest.approx(b["acc_stderr"])
     # the same prompts, description and per-subject first_n shots included
-    from cptkit.shards import read_records, resolve_inputs
+    from cptkit.core.shards import read_records, resolve_inputs
 
     def texts(d: Path, name: str) -> list[str]:
         rs = (r for f in resolve_inputs(str(d)) for r in read_records(f) if r["task"] == name)

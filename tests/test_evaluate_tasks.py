@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cptkit.cli import app
-from cptkit.errors import BadInput, CptkitError
+from cptkit.core.errors import BadInput, CptkitError
 from cptkit.eval import formats as F
 from cptkit.eval import tasks as T
 from tests._eval_model import FIXTURES, TASK_DIR, make_tiny

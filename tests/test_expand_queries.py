@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from cptkit.config import compose_step
-from cptkit.errors import CptkitError
+from cptkit.core.config import compose_step
+from cptkit.core.errors import CptkitError
 from cptkit.steps.expand_queries import QueryPool, run, seed_type
-from cptkit.synthesis import (
+from cptkit.synthetic.qa import (
     clean_text,
     count_words,
     parse_question,

@@ -298,7 +298,7 @@ def test_planted_secrets_are_never_written_or_printed(shards, tmp_path, capsys, 
 
 
 def test_redaction_rules():
-    from cptkit.redact import redact, redact_text
+    from cptkit.core.redact import redact, redact_text
 
     cfg = {"llm": {"api_key": "sk-abc", "api_key_env": "OPENAI_API_KEY", "max_new_tokens": 5},
            "eval": {"hf_token": "hf_xyz", "tokenizer": "smollm2"}, "db": {"password": None},
@@ -553,7 +553,7 @@ def test_output_loads_with_load_dataset(shards, tmp_path, capsys):
 
 
 def test_metadata_alias(tmp_path, capsys):
-    from cptkit.records import field_value, meta
+    from cptkit.core.records import field_value, meta
 
     rec = {"id": "a", "text": "t", "metadata": {"topic": "math", "src": {"site": "x"}}}
     assert meta(rec) == rec["metadata"] and field_value(rec, "meta.topic") == "math"

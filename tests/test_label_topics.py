@@ -12,11 +12,17 @@ from conftest import write_jsonl
 from typer.testing import CliRunner
 
 from cptkit.cli import app
-from cptkit.config import CONF_DIR, compose_step
-from cptkit.errors import CptkitError
+from cptkit.core.config import CONF_DIR, compose_step
+from cptkit.core.errors import CptkitError
+from cptkit.labels.topics import (
+    build_prompt,
+    load_taxonomy,
+    map_answer,
+    pick_topic,
+    truncate_tokens,
+)
 from cptkit.steps import label_topics, label_topics_annotate
 from cptkit.text.langid import detect
-from cptkit.topics import build_prompt, load_taxonomy, map_answer, pick_topic, truncate_tokens
 
 runner = CliRunner()
 EN = load_taxonomy(CONF_DIR / "topics" / "en.yaml")
@@ -178,7 +184,7 @@ def test_pick_topic_norms_and_calibration():
 @pytest.fixture(scope="module")
 def tiny_chat_model(tmp_path_factory):
     """A real byte-level BPE tokenizer trained on real pages + a seeded random Llama, saved as a model dir."""
-    from cptkit.lm import tiny_llama, train_bpe_tokenizer
+    from cptkit.models.lm import tiny_llama, train_bpe_tokenizer
 
     d = tmp_path_factory.mktemp("tiny-annotator")
     texts = [r["text"] for r in python_docs(80) + poems_zh(80)] + [build_prompt(EN, ""), build_prompt(ZH, "")]
@@ -193,7 +199,7 @@ def tiny_chat_model(tmp_path_factory):
 def test_shared_context_scores_equal_lm_loglikelihood(tiny_chat_model):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cptkit.lm import loglikelihood
+    from cptkit.models.lm import loglikelihood
 
     tok = AutoTokenizer.from_pretrained(str(tiny_chat_model))
     model = AutoModelForCausalLM.from_pretrained(str(tiny_chat_model)).eval()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 from cptkit.llm import GenParams, load_generator
 from cptkit.llm.base import apply_stop, request_seed
 from tests._tiny_llm import cached_tiny_model, llm_cfg
@@ -168,7 +168,7 @@ def test_openai_unreachable_is_one_clear_error():
 
 def test_api_key_read_from_env_and_never_stored(server, tiny_dir, tmp_path, monkeypatch):
     """The key is sent as a bearer token and appears in no output file."""
-    from cptkit.config import compose_step
+    from cptkit.core.config import compose_step
     from cptkit.steps.expand_queries import run
 
     secret = "sk-test-" + os.urandom(6).hex()

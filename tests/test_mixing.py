@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from cptkit.mixing import (
+from cptkit.mixtures.rules import (
     ScalingLawError,
     TargetEstimator,
     dbl_update,

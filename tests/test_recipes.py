@@ -11,8 +11,8 @@ import pytest
 from conftest import read_jsonl_dir, write_jsonl
 from mixdata import build_stream, make_tokenizer
 
-from cptkit.config import compose_step
-from cptkit.errors import CptkitError
+from cptkit.core.config import compose_step
+from cptkit.core.errors import CptkitError
 from cptkit.training.stages import RunStage, StageMixture, run_stages, segments
 
 COMMON = ["model.hidden=32", "model.layers=2", "model.heads=2", "train.micro_batch=8", "train.threads=1",
@@ -52,7 +52,7 @@ def scorer(tok, tmp_path_factory):
     """A tiny random Llama on the test tokenizer: the PPL-curriculum scoring model."""
     from transformers import AutoTokenizer
 
-    from cptkit.lm import tiny_llama
+    from cptkit.models.lm import tiny_llama
 
     d = tmp_path_factory.mktemp("scorer")
     t = AutoTokenizer.from_pretrained(str(tok))
@@ -79,7 +79,7 @@ def test_run_stages_and_segments_hand_numbers():
 
 
 def test_dynamic_controllers_act_within_the_stage_domain_set():
-    from cptkit.training.mixture import DBL, TopicPPL, Velocitune
+    from cptkit.mixtures.controller import DBL, TopicPPL, Velocitune
 
     doms = ["web", "domain", "zh"]
     main = RunStage("main", 0, 100, {"web": 0.6, "domain": 0.2, "zh": 0.2})
@@ -182,7 +182,7 @@ def synthetic_qa(corpus_dir: Path, out: Path, n: int = 60) -> Path:
 def test_synE_cpt_two_stages_in_one_run(corpus_dir, tok, scorer, tmp_path):
     import numpy as np
 
-    from cptkit.mix.stream import Sampler, Stream
+    from cptkit.mixtures.stream import Sampler, Stream
     from cptkit.steps.build_mix import run as build_mix
 
     qa = synthetic_qa(corpus_dir, tmp_path / "qa")
@@ -266,7 +266,7 @@ def test_sweeps_reproduce_the_papers_numbers():
     import yaml
 
     from cptkit.cli import step_module
-    from cptkit.config import CONF_DIR
+    from cptkit.core.config import CONF_DIR
 
     step_module("build-mix"), step_module("train")  # register the steps' config schemas
 
@@ -294,7 +294,7 @@ def test_sweeps_reproduce_the_papers_numbers():
 def test_targets_file_is_checked_against_the_run(tmp_path):
     from omegaconf import OmegaConf
 
-    from cptkit.training.velocitune import ProxyRun, load_targets_file
+    from cptkit.mixtures.velocitune import ProxyRun, load_targets_file
 
     p = tmp_path / "_velocitune_targets.json"
     p.write_text(json.dumps({"targets": {"en": 3.1, "zh": 3.4}, "budget_tokens": 4096.0, "converged": True,

@@ -13,7 +13,7 @@ from _retrieve_data import queries_from, write_corpus, write_queries
 from typer.testing import CliRunner
 
 from cptkit.cli import app
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 from cptkit.index.store import OpenIndex
 
 runner = CliRunner()

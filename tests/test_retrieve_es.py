@@ -17,7 +17,7 @@ from _retrieve_data import write_corpus
 from typer.testing import CliRunner
 
 from cptkit.cli import app
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 from cptkit.index.base import BM25Params
 from cptkit.index.elasticsearch import (
     SIMILARITY,

@@ -14,7 +14,7 @@ from _retrieve_data import queries_from, write_corpus, write_queries
 from typer.testing import CliRunner
 
 from cptkit.cli import app
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 from cptkit.index.base import BM25Params
 from cptkit.index.bm25 import BM25Index
 from cptkit.index.sharded import OpenShardedIndex, ShardedSearcher, globalize, merge_stats

@@ -8,8 +8,8 @@ import json
 import pytest
 import zstandard
 
-from cptkit.errors import BadInput, CptkitError
-from cptkit.shards import ReadStats, ShardWriter, read_records, resolve_inputs
+from cptkit.core.errors import BadInput, CptkitError
+from cptkit.core.shards import ReadStats, ShardWriter, read_records, resolve_inputs
 
 RECS = [{"id": f"d{i}", "text": f"text number {i} é 中文", "meta": {"i": i}} for i in range(50)]
 
@@ -114,7 +114,7 @@ def test_background_compression_writes_the_bytes_of_a_line_by_line_gzip(tmp_path
     """Chunks go through the writer thread; the shard equals gzip of the lines written one by one."""
     import io
 
-    from cptkit.records import dumps
+    from cptkit.core.records import dumps
 
     recs = [{"id": f"r{i}", "text": f"line {i} " + "x" * (i % 977)} for i in range(3000)]
     assert sum(len(dumps(r)) for r in recs) > 3 * ShardWriter.CHUNK  # several chunks in flight

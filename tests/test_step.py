@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 import cptkit.steps
 from cptkit.cli import app
-from cptkit.config import compose_step, schema_of
-from cptkit.step import STEPS, MapStep, map_batches
+from cptkit.core.config import compose_step, schema_of
+from cptkit.core.step import STEPS, MapStep, map_batches
 from cptkit.steps import declaration, step_help, step_module, step_names
 
 
@@ -133,8 +133,8 @@ A step in one file: the docstring gives the help, the dataclass the config, @ste
 
 from dataclasses import dataclass, field
 
-from cptkit.config import JobConfig, check
-from cptkit.step import MapStep, step
+from cptkit.core.config import JobConfig, check
+from cptkit.core.step import MapStep, step
 
 
 @dataclass

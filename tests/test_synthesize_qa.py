@@ -8,11 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from cptkit.config import compose_step
-from cptkit.errors import CptkitError
+from cptkit.core.config import compose_step
+from cptkit.core.errors import CptkitError
 from cptkit.llm.prompts import max_new_tokens
 from cptkit.steps.synthesize_qa import judge_qa, length_band, run
-from cptkit.synthesis import count_words, discipline_of, parse_problem_solution, snippet, url_host
+from cptkit.synthetic.qa import (
+    count_words,
+    discipline_of,
+    parse_problem_solution,
+    snippet,
+    url_host,
+)
 from tests._tiny_llm import QUESTIONS, cached_tiny_model
 
 # Llama-3-SynE App. A, "Good Case 1" (abridged to its first two paragraphs)
@@ -143,7 +149,7 @@ def seed_docs(corpus_records, tmp_path_factory) -> Path:
 
 
 def test_scientific_selection_generation_and_rejections(seed_docs, tmp_path):
-    from cptkit.synthesis import count_words as cw
+    from cptkit.synthetic.qa import count_words as cw
 
     docs = [json.loads(line) for f in sorted(seed_docs.glob("*.jsonl")) for line in f.open()]
     long_enough = {r["id"] for r in docs if cw(r["text"]) >= 5}

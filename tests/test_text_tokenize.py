@@ -9,10 +9,11 @@ import re
 
 import pytest
 
-from cptkit import classify, synthesis
 from cptkit.dedup import minhash as mh
 from cptkit.demo import corpus
 from cptkit.eval import contamination
+from cptkit.labels import classifiers as classify
+from cptkit.synthetic import qa as synthesis
 from cptkit.text import tokenize as T
 
 # --- the reference: the definitions as they were, copied ----------------------------------------

@@ -13,10 +13,10 @@ from classify_realtext import GCIDE_TOPICS, gcide_topics
 from conftest import read_jsonl_dir, write_jsonl
 from typer.testing import CliRunner
 
-from cptkit.classify import FastTextParams, TrainParams, TuneParams, train_classifier
 from cptkit.cli import app
-from cptkit.config import compose_step
-from cptkit.errors import CptkitError
+from cptkit.core.config import compose_step
+from cptkit.core.errors import CptkitError
+from cptkit.labels.classifiers import FastTextParams, TrainParams, TuneParams, train_classifier
 
 SMALL_GRID = TuneParams(epoch=[5, 40], lr=[0.5], word_ngrams=[1], char_ngrams=[[0, 0], [3, 5]])
 
@@ -65,7 +65,7 @@ def test_train_step_writes_metrics_and_fails_below_min_f1(senses, tmp_path):
 
 def test_embedding_annotator_beats_chance(tmp_path):
     """Zero-shot, no LLM: 10 senses per topic; chance is 1/11 ≈ 0.09, the annotator must reach 0.3."""
-    from cptkit.classify import evaluate
+    from cptkit.labels.classifiers import evaluate
     from cptkit.steps.label_topics_annotate import run
 
     recs = gcide_topics(10)
@@ -82,7 +82,7 @@ def test_embedding_annotator_beats_chance(tmp_path):
 
 
 def test_nearest_topics_and_demos_by_hand():
-    from cptkit.topics import nearest_topics, pick_demos
+    from cptkit.labels.topics import nearest_topics, pick_demos
 
     pages = [[1.0, 0.0], [0.6, 0.8]]
     topics = [[1.0, 0.0], [0.0, 1.0]]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from mixdata import TWO_DOMAINS, build_stream, make_tokenizer
 
-from cptkit.config import compose_step
-from cptkit.errors import CptkitError
+from cptkit.core.config import compose_step
+from cptkit.core.errors import CptkitError
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMON = ["model.hidden=32", "model.layers=2", "model.heads=2", "train.micro_batch=4", "train.threads=1",
@@ -164,8 +164,8 @@ def test_controllers_and_sampler_without_a_model(stream):
 
     import numpy as np
 
-    from cptkit.mix.stream import Sampler, Stream
-    from cptkit.training.mixture import TopicPPL
+    from cptkit.mixtures.controller import TopicPPL
+    from cptkit.mixtures.stream import Sampler, Stream
 
     # topic_ppl within parents: topics of one language share that language's mass
     doms = ["en/a", "en/b", "zh/c"]
@@ -197,7 +197,7 @@ def test_continue_pretraining_the_embedded_smollm2(corpus_dir, smollm2, tmp_path
     """model=hf model.path=smollm2: the GGUF is dequantized into a plain model that trains and saves."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cptkit import lm
+    from cptkit.models import lm
 
     stream = tmp_path / "stream"
     build_stream(corpus_dir, "smollm2", stream, ["mix.domains=[{name:en,filter:{source:python-docs}}]",
@@ -223,6 +223,6 @@ def test_continue_pretraining_the_embedded_smollm2(corpus_dir, smollm2, tmp_path
 
 
 def eval_records(stream: Path) -> list[dict]:
-    from cptkit.mix.stream import Stream
+    from cptkit.mixtures.stream import Stream
 
     return Stream(stream).eval_records()

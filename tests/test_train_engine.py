@@ -13,7 +13,7 @@ import pytest
 import torch
 from mixdata import TWO_DOMAINS, build_stream, make_tokenizer
 
-from cptkit.config import compose_step
+from cptkit.core.config import compose_step
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMON = ["model.hidden=32", "model.layers=1", "model.heads=2", "train.micro_batch=4", "train.threads=1",
@@ -62,7 +62,7 @@ def one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
 
 # --- engines and DeepSpeed configs ---------------------------------------------------------------
 def test_engine_choice_and_precision_rules():
-    from cptkit.errors import CptkitError
+    from cptkit.core.errors import CptkitError
     from cptkit.training.engine import deepspeed_config, resolve_precision, use_deepspeed
 
     # auto: one CPU process runs torch; DeepSpeed for ZeRO-3, a user file or several processes
@@ -164,7 +164,7 @@ def test_run_visibility_tensorboard_log_lines_and_plots(stream, tmp_path):
 
 
 def test_wandb_is_optional():
-    from cptkit.errors import CptkitError
+    from cptkit.core.errors import CptkitError
     from cptkit.training.runlog import flatten, wandb_wanted
 
     try:
@@ -239,7 +239,7 @@ def test_planted_checkpoint_is_refused_without_running_it(stream, tmp_path, engi
 
 def test_safe_load_reads_both_engines_checkpoints(tmp_path):
     """The allow-list covers what DeepSpeed's ZeRO state holds; plain containers load; code does not run."""
-    from cptkit.errors import CptkitError
+    from cptkit.core.errors import CptkitError
     from cptkit.training.checkpoint import safe_globals, safe_load
 
     names = {f"{c.__module__}.{c.__qualname__}" for c in safe_globals()}
@@ -273,7 +273,7 @@ def test_bad_options_are_one_line(stream, tmp_path, override, needle):
 
 
 def test_truncated_safetensors_is_one_line(stream, corpus_records, tmp_path):
-    from cptkit.lm import load_tokenizer, tiny_llama
+    from cptkit.models.lm import load_tokenizer, tiny_llama
 
     tok = load_tokenizer(json.loads((stream / "_stream.json").read_text())["tokenizer"])
     model_dir = tmp_path / "m"
@@ -323,8 +323,8 @@ def test_bad_streams_are_one_line(stream, tmp_path, case):
 
 
 def test_stream_tokenizer_path_is_absolute_and_train_runs_elsewhere(corpus_dir, corpus_records, tmp_path):
-    from cptkit.errors import CptkitError
-    from cptkit.mix.stream import Stream
+    from cptkit.core.errors import CptkitError
+    from cptkit.mixtures.stream import Stream
 
     tok = make_tokenizer(corpus_records, tmp_path / "work" / "tok")
     env = dict(os.environ, PYTHONPATH=str(ROOT))

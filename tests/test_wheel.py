@@ -57,7 +57,7 @@ def test_wheel_in_fresh_venv_runs_dedup(wheel: Path, corpus_dir: Path, tmp_path:
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CPTKIT_CONF_DIR")}
-    where = subprocess.run([str(py), "-c", "import cptkit.config as c; print(c.CONF_DIR)"], cwd=work, env=env,
+    where = subprocess.run([str(py), "-c", "import cptkit.core.config as c; print(c.CONF_DIR)"], cwd=work, env=env,
                            check=True, capture_output=True, text=True).stdout.strip()
     assert Path(where).is_relative_to(site), where
     out = work / "deduped"

@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
+from cptkit.core.errors import CptkitError
+from cptkit.core.job import STATE_DIR, Job, Task
+from cptkit.core.progress import log
+from cptkit.core.shards import atomic_write_bytes, atomic_write_json
 from cptkit.dedup import minhash as mh
-from cptkit.errors import CptkitError
-from cptkit.job import STATE_DIR, Job, Task
-from cptkit.progress import log
-from cptkit.shards import atomic_write_bytes, atomic_write_json
 
 CLUSTER = ("memory", "mapreduce", "redis")
 PHASES = ("all", "map", "reduce", "final")
@@ -54,8 +54,8 @@ def to_global(packed: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 
 def mask_url(url: str) -> str:
-    """A Redis URL without its password (for logs, errors and the manifest): ``cptkit.redact``'s rule."""
-    from cptkit.redact import redact_url
+    """A Redis URL without its password (for logs, errors and the manifest): ``cptkit.core.redact``'s rule."""
+    from cptkit.core.redact import redact_url
 
     return redact_url(url)
 

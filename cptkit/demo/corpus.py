@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
-from cptkit.errors import CptkitError
-from cptkit.records import Record
+from cptkit.core.errors import CptkitError
+from cptkit.core.records import Record
 from cptkit.text.tokenize import CJK_TEXT_CLASS, HAN_UNIFIED
 
 DEFAULT_CACHE = "~/.cache/cptkit/debs"

@@ -26,8 +26,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from cptkit.errors import CptkitError
-from cptkit.shards import atomic_write_bytes
+from cptkit.core.errors import CptkitError
+from cptkit.core.shards import atomic_write_bytes
 
 GCIDE_DEB = "dict-gcide"
 GCIDE_FILES = ("usr/share/dictd/gcide.index", "usr/share/dictd/gcide.dict.dz")
@@ -189,7 +189,7 @@ def build(name: str, data_dir: str | Path) -> dict:
     """Build one task's data under ``data_dir``."""
     if name not in BUILDERS:
         raise CptkitError(f"no task builder {name!r} (have: {', '.join(BUILDERS)})")
-    from cptkit.progress import log
+    from cptkit.core.progress import log
 
     log.info("building eval task data %s in %s", name, data_dir)
     return BUILDERS[name](Path(data_dir).expanduser())

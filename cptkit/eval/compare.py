@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 
 RESULTS = "_results.json"
 
@@ -121,7 +121,7 @@ def print_compare(header: list[str], rows: list[list[Any]], title: str = "evalua
     """A rich table on stderr; deltas green when better (higher score, lower perplexity)."""
     from rich.table import Table
 
-    from cptkit.progress import console
+    from cptkit.core.progress import console
 
     t = Table(title=title, header_style="bold")
     for i, h in enumerate(header):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 
 
 def _num(v: Any) -> float | None:

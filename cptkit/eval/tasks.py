@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from cptkit.errors import BadInput, CptkitError
+from cptkit.core.errors import BadInput, CptkitError
 from cptkit.eval import formats as F
 
 MC = "multiple_choice"
@@ -94,7 +94,7 @@ class EvalTask:
 # --- loading ------------------------------------------------------------------------------------
 def task_dir(ec: Any) -> str:
     """The task YAML directory of an ``eval`` config section (default: conf/eval/tasks)."""
-    from cptkit.config import CONF_DIR
+    from cptkit.core.config import CONF_DIR
 
     return str(ec.task_dir or CONF_DIR / "eval" / "tasks")
 
@@ -488,7 +488,7 @@ def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, l
              seed: int = 1234, batch_size: int = 8, max_gen_toks: int | None = None,
              max_length: int | None = None, on_batch=None) -> tuple[dict[str, Any], list[dict]]:
     """Score ``task``: ``(metrics, per-item records)``. Metrics: acc/acc_norm or exact_match, with stderr."""
-    from cptkit import lm
+    from cptkit.models import lm
 
     shots = int(task.get("num_fewshot", 0)) if num_fewshot is None else int(num_fewshot)
     test = load_docs(task, task.spec["test_split"])

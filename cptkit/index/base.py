@@ -120,7 +120,7 @@ def bm25_params(rc: Any) -> BM25Params:
     """The BM25 parameters of a typed ``retrieve`` config section (one-line error when invalid).
 
     ``rc.k1`` None takes the variant's default (:data:`DEFAULT_K1`)."""
-    from cptkit.errors import CptkitError
+    from cptkit.core.errors import CptkitError
 
     try:
         return BM25Params(k1=rc.k1, b=rc.b, idf=rc.idf, epsilon=rc.epsilon)
@@ -132,7 +132,7 @@ def bm25_tokenizer(rc: Any) -> Any:
     """The :class:`cptkit.text.tokenize.Tokenizer` of a ``retrieve`` config section (typed or a node)."""
     from omegaconf import OmegaConf
 
-    from cptkit.errors import CptkitError
+    from cptkit.core.errors import CptkitError
     from cptkit.text.tokenize import Tokenizer
 
     cfg = rc.tokenizer

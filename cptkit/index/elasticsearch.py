@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
+from cptkit.core.progress import log
+from cptkit.core.records import Record
 from cptkit.index.base import BM25Params, Searcher, SearchResult
-from cptkit.progress import log
-from cptkit.records import Record
 from cptkit.text.tokenize import Tokenizer
 
 SIMILARITY = "cptkit_bm25"

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
+from cptkit.core.records import Record
 from cptkit.index.base import BM25Params, Searcher, SearchResult, idf, term_weight
 from cptkit.index.bm25 import BM25Index
 from cptkit.index.store import DocStore, OpenIndex, is_finished
-from cptkit.records import Record
 
 SHARD_RE = re.compile(r"^shard-(\d{5})-of-(\d{5})$")
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
+from cptkit.core.records import Record, dumps
 from cptkit.index.base import BM25Params, Searcher
 from cptkit.index.bm25 import BM25Builder, BM25Index
-from cptkit.records import Record, dumps
 from cptkit.text.tokenize import Tokenizer
 
 FORMAT = 1

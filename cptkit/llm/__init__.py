@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 from cptkit.llm.base import Completion, Generator, GenParams, GenStats, Request
 from cptkit.llm.config import LLMConfig
 
@@ -48,8 +48,8 @@ def load_generator(llm: Any) -> Generator:
     """Build the generator that ``llm`` (an :class:`LLMConfig`, or a config node of it) describes."""
     backend = str(llm.backend)
     if backend == "auto":
+        from cptkit.core.progress import log
         from cptkit.llm.llamacpp import llamacpp_available
-        from cptkit.progress import log
 
         cuda = False
         if str(getattr(llm, "device", "auto")) == "auto":

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Union
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 from cptkit.llm.cache import CompletionCache
 
 Message = dict[str, str]

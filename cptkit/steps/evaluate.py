@@ -2,7 +2,7 @@
 benchmarks (eval.tasks=[...], conf/eval/tasks/*.yaml) scored as lm-evaluation-harness does (SPEC §10).
 
 ``cptkit evaluate --model M --in heldout/ --out eval/ eval.ppl.group_by=topic`` scores loss and
-perplexity per group with :func:`cptkit.lm.group_losses` (the code path of ``train``'s mixture
+perplexity per group with :func:`cptkit.models.lm.group_losses` (the code path of ``train``'s mixture
 controllers); ``eval.tasks=[...]`` runs benchmark tasks (``conf/eval/tasks/*.yaml``), or
 ``eval.suite=NAME`` a paper's table (``conf/eval/suites/NAME.yaml``). ``eval.engine=lm_eval``
 runs lm-evaluation-harness tasks by name on the same loaded model instead. With
@@ -23,12 +23,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import CONF_DIR, JobConfig, check
-from cptkit.errors import CptkitError
-from cptkit.job import Job, Task
-from cptkit.progress import console, log
-from cptkit.shards import atomic_write_json
-from cptkit.step import IN, OUT, QUIET, SKIP_BAD, Option, step
+from cptkit.core.config import CONF_DIR, JobConfig, check
+from cptkit.core.errors import CptkitError
+from cptkit.core.job import Job, Task
+from cptkit.core.progress import console, log
+from cptkit.core.shards import atomic_write_json
+from cptkit.core.step import IN, OUT, QUIET, SKIP_BAD, Option, step
 
 RESULTS = "_results.json"
 ENGINES = ("cptkit", "lm_eval")
@@ -109,9 +109,9 @@ MODEL = Option(("--model",), "eval.model", "HF model dir, .gguf file, or smollm2
 @step("evaluate", EvaluateJob, options=(MODEL, IN, OUT, QUIET, SKIP_BAD))
 def run(cfg: DictConfig) -> dict:
     """Perplexity per group (when inputs are given) and benchmark tasks (when ``eval.tasks``)."""
-    from cptkit import lm
+    from cptkit.core.shards import resolve_inputs
     from cptkit.eval import tasks as T
-    from cptkit.shards import resolve_inputs
+    from cptkit.models import lm
 
     conf: EvaluateJob = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     ec = conf.eval

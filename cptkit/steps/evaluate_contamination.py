@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
-from cptkit.config import JobConfig, check
-from cptkit.errors import CptkitError
-from cptkit.job import Job
-from cptkit.progress import console
-from cptkit.shards import atomic_write_json
-from cptkit.step import step
+from cptkit.core.config import JobConfig, check
+from cptkit.core.errors import CptkitError
+from cptkit.core.job import Job
+from cptkit.core.progress import console
+from cptkit.core.shards import atomic_write_json
+from cptkit.core.step import step
 
 ACTIONS = ("none", "flag", "drop")
 ITEM_TEXTS = ("question", "question+answer")

@@ -16,13 +16,13 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from cptkit.classify import CLASSIFIER_JSON, load_classifier
-from cptkit.config import CONF_DIR, JobConfig
-from cptkit.errors import CptkitError
-from cptkit.records import Record
-from cptkit.step import MapStep, step
+from cptkit.core.config import CONF_DIR, JobConfig
+from cptkit.core.errors import CptkitError
+from cptkit.core.records import Record
+from cptkit.core.step import MapStep, step
+from cptkit.labels.classifiers import CLASSIFIER_JSON, load_classifier
+from cptkit.labels.topics import Taxonomy, load_taxonomy, taxonomy_path
 from cptkit.text.langid import record_languages
-from cptkit.topics import Taxonomy, load_taxonomy, taxonomy_path
 
 
 @dataclass

@@ -7,11 +7,11 @@ taken from ``lang``); pages in a language with a taxonomy get the prompt "topic 
 (``prompt`` of ``conf/topics/<lang>.yaml``). Two modes (``topics.annotate_mode``):
 
 * ``loglikelihood`` (default): every topic name is scored as the continuation of the prompt
-  (lm-eval ``loglikelihood`` conventions, :func:`cptkit.lm.encode_pair`); the topic with the
-  highest length-normalised log-likelihood wins (:func:`cptkit.topics.pick_topic`), so every
+  (lm-eval ``loglikelihood`` conventions, :func:`cptkit.models.lm.encode_pair`); the topic with the
+  highest length-normalised log-likelihood wins (:func:`cptkit.labels.topics.pick_topic`), so every
   page maps onto the taxonomy. Needs a local model (``llm.backend=transformers``).
 * ``generate``: the answer is generated greedily through the ``llm`` config group (any
-  backend) and mapped onto the taxonomy (:func:`cptkit.topics.map_answer`) or rejected;
+  backend) and mapped onto the taxonomy (:func:`cptkit.labels.topics.map_answer`) or rejected;
   rejected answers are counted and kept in ``_rejected.jsonl``.
 """
 
@@ -27,17 +27,13 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig, check
-from cptkit.errors import CptkitError
-from cptkit.job import Job, Task
-from cptkit.llm.config import LLMConfig
-from cptkit.records import Record
-from cptkit.shards import atomic_write_bytes, resolve_inputs
-from cptkit.step import step
-from cptkit.steps.label_topics import TopicsConfig, taxonomies
-from cptkit.text.hashing import unit_hash
-from cptkit.text.langid import record_languages
-from cptkit.topics import (
+from cptkit.core.config import JobConfig, check
+from cptkit.core.errors import CptkitError
+from cptkit.core.job import Job, Task
+from cptkit.core.records import Record
+from cptkit.core.shards import atomic_write_bytes, resolve_inputs
+from cptkit.core.step import step
+from cptkit.labels.topics import (
     NORMS,
     build_prompt,
     fewshot_messages,
@@ -47,6 +43,10 @@ from cptkit.topics import (
     pick_topic,
     truncate_tokens,
 )
+from cptkit.llm.config import LLMConfig
+from cptkit.steps.label_topics import TopicsConfig, taxonomies
+from cptkit.text.hashing import unit_hash
+from cptkit.text.langid import record_languages
 
 MODES = ("embedding", "loglikelihood", "generate")
 
@@ -107,15 +107,15 @@ def topic_loglikelihoods(model, tokenizer, context: str, topics: list[str], batc
                          max_length: int | None = None) -> list[tuple[float, int]]:
     """``(sum log p(topic | context), topic tokens)`` for each topic, in order.
 
-    The numbers of :func:`cptkit.lm.loglikelihood` on ``[(context, t) for t in topics]``
-    (lm-eval tokenization via :func:`cptkit.lm.encode_pair`: the context is encoded alone, so it
+    The numbers of :func:`cptkit.models.lm.loglikelihood` on ``[(context, t) for t in topics]``
+    (lm-eval tokenization via :func:`cptkit.models.lm.encode_pair`: the context is encoded alone, so it
     is the same token sequence for every topic), but the shared context is run through the model
     once and its KV cache is reused by batches of ``batch_size`` continuations (right-padded).
     """
     import torch
     import torch.nn.functional as F
 
-    from cptkit.lm import encode_pair, model_max_length
+    from cptkit.models.lm import encode_pair, model_max_length
 
     pairs = [encode_pair(tokenizer, context, t) for t in topics]
     ctx = pairs[0][0]
@@ -159,7 +159,7 @@ def load_demos(conf: LabelTopicsAnnotateJob, taxes: dict) -> dict[str, list[tupl
     k = a.few_shot
     if k <= 0 or not a.few_shot_file:  # few_shot > 0 without a file is refused by AnnotateConfig
         return {}
-    from cptkit.shards import read_records
+    from cptkit.core.shards import read_records
 
     examples: dict[str, list[tuple[str, str, str]]] = {}
     recs = [r for inp in resolve_inputs([a.few_shot_file]) for r in read_records(inp)]
@@ -177,7 +177,7 @@ def load_demos(conf: LabelTopicsAnnotateJob, taxes: dict) -> dict[str, list[tupl
 def annotate_embedding(todo: list[tuple[Record, str]], taxes: dict, conf: LabelTopicsAnnotateJob, job: Job,
                        stats: Counter) -> list[Record]:
     """Embed pages and topic descriptions with a sentence encoder; each page gets the nearest topic."""
-    from cptkit.classify import SentenceEncoder
+    from cptkit.labels.classifiers import SentenceEncoder
 
     a = conf.topics
     enc = SentenceEncoder(a.embed_model, max_length=a.embed_max_tokens)

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.classifier_report import check_quality, params_of, report, tuning_rows
-from cptkit.classify import TrainParams, save_classifier, train_classifier
-from cptkit.config import JobConfig
-from cptkit.errors import CptkitError
-from cptkit.job import Job, Task
-from cptkit.progress import log
-from cptkit.shards import resolve_inputs
-from cptkit.step import step
+from cptkit.core.config import JobConfig
+from cptkit.core.errors import CptkitError
+from cptkit.core.job import Job, Task
+from cptkit.core.progress import log
+from cptkit.core.shards import resolve_inputs
+from cptkit.core.step import step
+from cptkit.labels.classifiers import TrainParams, save_classifier, train_classifier
+from cptkit.labels.report import check_quality, params_of, report, tuning_rows
 from cptkit.steps.label_topics import TopicsConfig, taxonomies
 from cptkit.text.langid import record_languages
 

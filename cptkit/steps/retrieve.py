@@ -20,16 +20,16 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig, check
-from cptkit.errors import CptkitError
+from cptkit.core.config import JobConfig, check
+from cptkit.core.errors import CptkitError
+from cptkit.core.job import Job, Task
+from cptkit.core.progress import log
+from cptkit.core.shards import InputFile, iter_records, resolve_inputs
+from cptkit.core.step import OUT, QUIET, SKIP_BAD, Option, step
 from cptkit.index.base import IDF_VARIANTS, BM25Params, bm25_params, bm25_tokenizer
 from cptkit.index.elasticsearch import EsConfig, EsIndex
 from cptkit.index.sharded import OpenShardedIndex, is_sharded
 from cptkit.index.store import BACKENDS, OpenIndex, build_index, is_finished
-from cptkit.job import Job, Task
-from cptkit.progress import log
-from cptkit.shards import InputFile, iter_records, resolve_inputs
-from cptkit.step import OUT, QUIET, SKIP_BAD, Option, step
 from cptkit.text.tokenize import TokenizerConfig
 
 CJK_MODES = ("bigram", "unigram", "none")  # retrieve.tokenizer.cjk (cptkit.text.tokenize.Tokenizer)

@@ -17,14 +17,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
+from cptkit.core.job import Job, Task
+from cptkit.core.records import Record
+from cptkit.core.shards import resolve_inputs
+from cptkit.core.step import OUT, QUIET, SKIP_BAD, step
 from cptkit.index.base import bm25_params, bm25_tokenizer
 from cptkit.index.sharded import shard_dir, shard_files
 from cptkit.index.store import build_index
-from cptkit.job import Job, Task
-from cptkit.records import Record
-from cptkit.shards import resolve_inputs
-from cptkit.step import OUT, QUIET, SKIP_BAD, step
 from cptkit.steps.retrieve import CORPUS, RetrieveJob
 
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from omegaconf import DictConfig
 
-from cptkit.classify import expected_value, load_classifier, numeric_labels
-from cptkit.config import JobConfig
-from cptkit.errors import CptkitError
-from cptkit.records import Record
-from cptkit.step import MapStep, step
+from cptkit.core.config import JobConfig
+from cptkit.core.errors import CptkitError
+from cptkit.core.records import Record
+from cptkit.core.step import MapStep, step
+from cptkit.labels.classifiers import expected_value, load_classifier, numeric_labels
 
 
 @dataclass

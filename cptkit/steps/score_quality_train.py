@@ -19,18 +19,18 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.classifier_report import check_quality, params_of, report, tuning_rows
-from cptkit.classify import (
+from cptkit.core.config import JobConfig
+from cptkit.core.errors import CptkitError
+from cptkit.core.job import Job, Task
+from cptkit.core.progress import log
+from cptkit.core.shards import InputFile, resolve_inputs
+from cptkit.core.step import IN, OUT, QUIET, SKIP_BAD, Option, step
+from cptkit.labels.classifiers import (
     TrainParams,
     save_classifier,
     train_classifier,
 )
-from cptkit.config import JobConfig
-from cptkit.errors import CptkitError
-from cptkit.job import Job, Task
-from cptkit.progress import log
-from cptkit.shards import InputFile, resolve_inputs
-from cptkit.step import IN, OUT, QUIET, SKIP_BAD, Option, step
+from cptkit.labels.report import check_quality, params_of, report, tuning_rows
 
 
 @dataclass

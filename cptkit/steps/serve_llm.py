@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig, check
+from cptkit.core.config import JobConfig, check
+from cptkit.core.progress import setup_logging
+from cptkit.core.step import QUIET, step
 from cptkit.llm.config import LLMConfig
-from cptkit.progress import setup_logging
-from cptkit.step import QUIET, step
 
 
 @dataclass

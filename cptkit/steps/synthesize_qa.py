@@ -29,16 +29,16 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig, check
-from cptkit.errors import CptkitError
-from cptkit.job import Job, Task
+from cptkit.core.config import JobConfig, check
+from cptkit.core.errors import CptkitError
+from cptkit.core.job import Job, Task
+from cptkit.core.progress import log
+from cptkit.core.records import Record
+from cptkit.core.shards import atomic_write_json, resolve_inputs
+from cptkit.core.step import step
 from cptkit.llm.config import LLMConfig
 from cptkit.llm.prompts import PromptConfig, check_prompt, max_new_tokens, render
-from cptkit.progress import log
-from cptkit.records import Record
-from cptkit.shards import atomic_write_json, resolve_inputs
-from cptkit.step import step
-from cptkit.synthesis import (
+from cptkit.synthetic.qa import (
     count_words,
     discipline_of,
     normalize_space,

@@ -29,11 +29,11 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import JobConfig, check, redact
-from cptkit.errors import CptkitError
-from cptkit.progress import log
-from cptkit.shards import atomic_write_bytes, atomic_write_json
-from cptkit.step import IN, OUT, QUIET, step
+from cptkit.core.config import JobConfig, check, redact
+from cptkit.core.errors import CptkitError
+from cptkit.core.progress import log
+from cptkit.core.shards import atomic_write_bytes, atomic_write_json
+from cptkit.core.step import IN, OUT, QUIET, step
 
 
 @dataclass
@@ -138,7 +138,7 @@ class TrainOptions:
 
     def __post_init__(self) -> None:
         """Refuse invalid ``train.*`` values with one line each, before anything is written."""
-        from cptkit.training.mixture import MIXTURES
+        from cptkit.mixtures.controller import MIXTURES
         from cptkit.training.schedule import DECAY_TYPES
 
         check(self.mixture in MIXTURES, "mixture", self.mixture, f"use one of {', '.join(MIXTURES)}")
@@ -177,7 +177,7 @@ class TrainJob(JobConfig):
 def run_identity(config: dict) -> str:
     """The hash that names a run in its output: its config without ``train.resume`` and ``train.max_steps``
     (a finished run can be extended to more steps: same run, longer)."""
-    from cptkit.job import config_hash
+    from cptkit.core.job import config_hash
 
     train = {k: v for k, v in config.get("train", {}).items() if k not in ("resume", "max_steps")}
     return config_hash({**config, "train": train})
@@ -188,7 +188,7 @@ def reopen_finished(out: Path, ckdir: Path, max_steps: int, resume: bool) -> boo
 
     Returns True when the run is to be extended: it resumes from its final checkpoint, and its
     ``_SUCCESS`` is removed once that checkpoint has loaded."""
-    from cptkit.job import MANIFEST, SUCCESS
+    from cptkit.core.job import MANIFEST, SUCCESS
     from cptkit.training.checkpoint import latest_tag, tag_step
 
     if not (out / SUCCESS).exists() or max_steps <= 0 or not (out / MANIFEST).exists():
@@ -214,7 +214,7 @@ def reopen_finished(out: Path, ckdir: Path, max_steps: int, resume: bool) -> boo
 
 # --- pieces ---------------------------------------------------------------------------------
 def build_model(mcfg: ModelConfig, tokenizer, seq_len: int):
-    from cptkit import lm
+    from cptkit.models import lm
 
     if mcfg.name == "tiny_llama":
         model = lm.tiny_llama(tokenizer, hidden=mcfg.hidden, layers=mcfg.layers, heads=mcfg.heads,
@@ -223,7 +223,7 @@ def build_model(mcfg: ModelConfig, tokenizer, seq_len: int):
     else:  # hf (ModelConfig allows no other name)
         if not mcfg.path:
             raise CptkitError("model=hf needs model.path (an HF directory, a .gguf file or smollm2)")
-        from cptkit.training.hf import load_pretrained
+        from cptkit.models.pretrained import load_pretrained
 
         model = load_pretrained(mcfg.path)  # a GGUF file is dequantized into a plain, saveable model
     try:
@@ -261,7 +261,7 @@ def resolve_weights(spec: Any, stream, default: str, stage: Any = None) -> dict[
 
 def load_targets(vcfg: VelocituneConfig, budget_tokens: float = 0.0, domains: list[str] | None = None) -> dict[str, float]:
     """Velocitune/DBL targets: ``targets`` over a proxy's ``targets_file`` (checked against this run)."""
-    from cptkit.training.velocitune import load_targets_file
+    from cptkit.mixtures.velocitune import load_targets_file
 
     targets = {str(k): float(v) for k, v in (vcfg.targets or {}).items()}  # targets: Any, as written
     if vcfg.targets_file:
@@ -281,7 +281,7 @@ def make_controller(tcfg: TrainOptions, stream, proxy: bool, run_sequences: int 
     restarting in each from ``train.init_weights`` over the stage's domains. The proxy of
     Velocitune trains with token-share weights (``init_weights``) throughout.
     """
-    from cptkit.training import mixture as mx
+    from cptkit.mixtures import controller as mx
     from cptkit.training.stages import RunStage, StageMixture, run_stages
 
     kind = "static" if proxy else tcfg.mixture  # one of mx.MIXTURES (TrainOptions)
@@ -374,8 +374,8 @@ def _set_rng_state(s: dict[str, Any]) -> None:
 # --- the step -------------------------------------------------------------------------------
 @step("train", TrainJob, options=(IN, OUT, QUIET))
 def run(cfg: DictConfig) -> dict:
-    from cptkit.job import Job, Task
-    from cptkit.mix.stream import Stream
+    from cptkit.core.job import Job, Task
+    from cptkit.mixtures.stream import Stream
     from cptkit.training.engine import init_distributed
 
     conf: TrainJob = OmegaConf.to_object(cfg)  # type: ignore[assignment]
@@ -557,7 +557,7 @@ def prepare_checkpoints(spec: RunSpec) -> bool:
 def write_outputs(spec: RunSpec, engine: Any, tokenizer: Any, state: TrainState, proxy_run: Any,
                   extra: dict[str, Any]) -> None:
     """Rank 0's end of run: time-averaged weights (and as a recipe), plots, the proxy's targets, the model."""
-    from cptkit.mixing import normalize
+    from cptkit.mixtures.rules import normalize
     from cptkit.training.engine import full_state_dict
     from cptkit.training.metrics import plot_curves
     from cptkit.training.runlog import plot_loss
@@ -602,12 +602,12 @@ def write_outputs(spec: RunSpec, engine: Any, tokenizer: Any, state: TrainState,
 
 
 def _train(spec: RunSpec) -> dict:
-    from cptkit.job import TaskResult
-    from cptkit.lm import load_tokenizer
-    from cptkit.mix.stream import Sampler
+    from cptkit.core.job import TaskResult
+    from cptkit.mixtures.controller import domain_losses
+    from cptkit.mixtures.stream import Sampler
+    from cptkit.models.lm import load_tokenizer
     from cptkit.training.engine import make_engine
     from cptkit.training.metrics import evaluate_point, load_eval_tasks
-    from cptkit.training.mixture import domain_losses
     from cptkit.training.runlog import RunLog
     from cptkit.training.schedule import make_schedule
     from cptkit.training.stages import draw_batch
@@ -636,7 +636,7 @@ def _train(spec: RunSpec) -> dict:
     controller = make_controller(tcfg, stream, spec.proxy, total_steps * global_seqs, full_budget)
     proxy_run = None
     if spec.proxy:  # the proxy follows the real run's schedule and stops early (Velocitune App. B)
-        from cptkit.training.velocitune import ProxyRun
+        from cptkit.mixtures.velocitune import ProxyRun
 
         proxy_run = ProxyRun(tcfg.velocitune, total_steps, global_seqs * seq_len)
         total_steps = proxy_run.max_steps

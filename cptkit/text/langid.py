@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 
 _WS = re.compile(r"\s+")
 # lid.176 splits Chinese into varieties (classical poems often come out as Cantonese); a

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 
 SYSTEM_DIR = Path("/usr/share/wordnet")
 DEFAULT_CACHE = Path(os.environ.get("CPTKIT_CACHE", Path.home() / ".cache" / "cptkit")) / "wordnet"

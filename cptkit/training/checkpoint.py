@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 
 TAG_RE = re.compile(r"step\d{8}")
 TORCH_STATE = "cptkit_state.pt"  # the plain-torch engine's file inside a tag directory

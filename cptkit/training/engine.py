@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 
 
 def on_gpu() -> bool:

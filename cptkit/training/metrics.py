@@ -16,12 +16,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 
 
 def load_eval_tasks(names: list[str], task_dir: str | None = None, data_dir: str = "~/.cache/cptkit/eval") -> list:
     """The ``cptkit evaluate`` task definitions named in ``train.eval_tasks`` (data loaded now: fails fast)."""
-    from cptkit.config import CONF_DIR
+    from cptkit.core.config import CONF_DIR
     from cptkit.eval import tasks as T
 
     d = task_dir or str(Path(CONF_DIR) / "eval" / "tasks")
@@ -36,7 +36,7 @@ def load_eval_tasks(names: list[str], task_dir: str | None = None, data_dir: str
 def evaluate_point(model, tokenizer, records: list[dict], tcfg: Any, seq_len: int, tasks: list) -> dict[str, Any]:
     """``{"eval_loss": {domain: loss}, "eval_tasks": {task: score}}`` of the model now (eval mode, no grad)."""
     from cptkit.eval import tasks as T
-    from cptkit.lm import group_losses
+    from cptkit.models.lm import group_losses
 
     was_training = model.training
     model.eval()

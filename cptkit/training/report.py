@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 
 
 def arm_numbers(results: dict[str, Any], domain: str, general: str, task: str | None) -> dict[str, float | None]:
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if a.out:
-        from cptkit.shards import atomic_write_bytes
+        from cptkit.core.shards import atomic_write_bytes
 
         atomic_write_bytes(Path(a.out), text.encode())
     sys.stdout.write(text)

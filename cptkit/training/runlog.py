@@ -17,8 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cptkit.errors import CptkitError
-from cptkit.progress import console, log
+from cptkit.core.errors import CptkitError
+from cptkit.core.progress import console, log
 
 WANDB_ENV = ("WANDB_PROJECT", "WANDB_MODE", "WANDB_API_KEY")
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 
 
 @dataclass(frozen=True)

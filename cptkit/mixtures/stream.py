@@ -27,8 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cptkit.errors import CptkitError
-from cptkit.mix.recipe import (
+from cptkit.core.errors import CptkitError
+from cptkit.core.progress import log
+from cptkit.core.records import Record, dumps
+from cptkit.core.shards import atomic_write_bytes
+from cptkit.mixtures.recipe import (
     Domain,
     Router,
     allocate,
@@ -39,13 +42,10 @@ from cptkit.mix.recipe import (
     resolve_weights,
     stage_spec_weights,
 )
-from cptkit.progress import log
-from cptkit.records import Record, dumps
-from cptkit.shards import atomic_write_bytes
 from cptkit.text.hashing import fast_seeded_hash
 
 if TYPE_CHECKING:
-    from cptkit.mix.recipe import CurriculumConfig, MixConfig
+    from cptkit.mixtures.recipe import CurriculumConfig, MixConfig
 
 STREAM = "_stream.json"
 EVAL = "_eval.jsonl.gz"
@@ -129,7 +129,7 @@ class DomainFiles:
         ppls = [float("nan")] * len(batch)
         score = [i for i, (name, _) in enumerate(batch) if self.wants_ppl(name)]
         if score:
-            from cptkit.lm import document_losses
+            from cptkit.models.lm import document_losses
 
             model, stok = self.scorer
             res = document_losses(model, stok, [batch[i][1]["text"] for i in score],

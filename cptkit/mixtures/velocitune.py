@@ -16,9 +16,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from cptkit.errors import CptkitError
-from cptkit.mixing import ScalingLawError, TargetEstimator
-from cptkit.progress import log
+from cptkit.core.errors import CptkitError
+from cptkit.core.progress import log
+from cptkit.mixtures.rules import ScalingLawError, TargetEstimator
 
 
 class ProxyRun:

@@ -1,7 +1,7 @@
 """The shape of a step: one module in ``cptkit/steps/``, one declaration, the framework does the rest.
 
 A step module's docstring starts with ``name: what it does`` (the command's help), defines its
-typed config (a :class:`cptkit.config.JobConfig` dataclass validated in ``__post_init__``) and
+typed config (a :class:`cptkit.core.config.JobConfig` dataclass validated in ``__post_init__``) and
 declares its work with :func:`step`::
 
     @step("score-quality", ScoreQualityJob)           # options: DATA (--in --out -q --skip-bad-lines)
@@ -32,7 +32,7 @@ Most steps map records to records (score, label, corrupt, filter). Their work is
             return dict(total)
 
 :meth:`MapStep.run` owns everything else, the same for every step: the tasks of this process's
-slice and their resume markers (:class:`cptkit.job.Job`), batching, per-task stats and timing
+slice and their resume markers (:class:`cptkit.core.job.Job`), batching, per-task stats and timing
 stored in each task's marker, their merge across tasks, earlier runs and other processes (like
 datatrove's ``Stats``), the summary table and the manifest.
 """
@@ -48,9 +48,9 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import register_step
-from cptkit.job import Job
-from cptkit.records import Record
+from cptkit.core.config import register_step
+from cptkit.core.job import Job
+from cptkit.core.records import Record
 
 Stats = Counter  # str -> int counters of one task; merged by addition
 

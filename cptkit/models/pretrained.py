@@ -12,7 +12,7 @@ import copy
 
 import torch
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 
 
 def plain_model(model):
@@ -43,6 +43,6 @@ def plain_model(model):
 
 def load_pretrained(spec: str):
     """A trainable float32 causal LM from an HF directory, a ``.gguf`` file or ``smollm2`` (dequantized)."""
-    from cptkit.lm import load_causal_lm
+    from cptkit.models.lm import load_causal_lm
 
     return plain_model(load_causal_lm(str(spec), dtype="float32"))

@@ -22,8 +22,8 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from cptkit.errors import CptkitError
-from cptkit.redact import redact, redact_text
+from cptkit.core.errors import CptkitError
+from cptkit.core.redact import redact, redact_text
 
 __all__ = ["redact", "redact_text", "check", "compose_step", "finalize", "register_step", "validate"]
 
@@ -32,8 +32,9 @@ def _conf_dir() -> Path:
     """``$CPTKIT_CONF_DIR``, else the configs inside an installed wheel, else the checkout's ``conf/``."""
     if os.environ.get("CPTKIT_CONF_DIR"):
         return Path(os.environ["CPTKIT_CONF_DIR"])
-    packaged = Path(__file__).resolve().parent / "conf"
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "conf"
+    package = Path(__file__).resolve().parent.parent  # cptkit/
+    packaged = package / "conf"
+    return packaged if packaged.is_dir() else package.parent / "conf"
 
 
 CONF_DIR = _conf_dir()

@@ -1,7 +1,7 @@
 """A mixture recipe as pure functions: which domain a record belongs to, how a stage's weights
 become sequence counts (epoch caps, fill, replay), and curriculum orders (SPEC §8).
 
-No I/O here: :mod:`cptkit.mix.stream` writes and reads streams with these.
+No I/O here: :mod:`cptkit.mixtures.stream` writes and reads streams with these.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from cptkit.config import check
-from cptkit.errors import CptkitError
-from cptkit.progress import log
-from cptkit.records import Record
+from cptkit.core.config import check
+from cptkit.core.errors import CptkitError
+from cptkit.core.progress import log
+from cptkit.core.records import Record
 
 CURRICULUM_ORDERS = ("none", "random", "low_to_high", "high_to_low")
 
@@ -99,11 +99,11 @@ def stage_spec_weights(stage: dict, leaves: dict[str, Any], budget: float, fract
     """A stage's weights by domain name: its ``weights``, or computed from ``epochs`` per domain.
 
     ``epochs: {domain: e}`` (domain upsampling §3.1): domain i gets e_i passes over its tokens,
-    the stage's ``fill`` domain (default ``mix.fill``) the rest (:func:`cptkit.mixing.epoch_weights`).
+    the stage's ``fill`` domain (default ``mix.fill``) the rest (:func:`cptkit.mixtures.rules.epoch_weights`).
     Epochs count over ``epochs_of: budget`` (default: the whole ``mix.budget_tokens``, as the
     paper's Table 2 counts them over the 1T run) or ``stage`` (the stage's own tokens).
     """
-    from cptkit.mixing import epoch_weights
+    from cptkit.mixtures.rules import epoch_weights
 
     name = str(stage.get("name", index))
     epochs = stage.get("epochs")

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 from cptkit.text.hashing import unit_hash
 from cptkit.text.tokenize import word_tokenizer
 
@@ -563,7 +563,7 @@ def train_classifier(ids: list[str], texts: list[str], labels: list[str], params
 def save_classifier(result: TrainResult, directory: str | Path, params: TrainParams, seed: int,
                     extra: dict[str, Any] | None = None) -> None:
     """Write the weights and ``classifier.json`` (written last: its presence marks a model)."""
-    from cptkit.shards import atomic_write_json
+    from cptkit.core.shards import atomic_write_json
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 
 __all__ = [
     "SMOLLM2",

@@ -50,7 +50,7 @@ class PlainHandler(logging.StreamHandler):
 
 
 def setup_logging(quiet: bool = False) -> None:
-    from cptkit.redact import RedactingFilter, install_log_redaction
+    from cptkit.core.redact import RedactingFilter, install_log_redaction
 
     install_log_redaction()
 

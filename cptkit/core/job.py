@@ -35,12 +35,12 @@ from typing import Any
 from omegaconf import DictConfig
 
 from cptkit import __version__
-from cptkit.config import IOConfig, to_dict
-from cptkit.errors import BadInput, CptkitError
-from cptkit.progress import log, make_progress, print_summary, setup_logging
-from cptkit.records import Record
-from cptkit.redact import redact
-from cptkit.shards import (
+from cptkit.core.config import IOConfig, to_dict
+from cptkit.core.errors import BadInput, CptkitError
+from cptkit.core.progress import log, make_progress, print_summary, setup_logging
+from cptkit.core.records import Record
+from cptkit.core.redact import redact
+from cptkit.core.shards import (
     STDIO,
     InputFile,
     ReadStats,

@@ -80,7 +80,7 @@ def config_rows(cfg: DictConfig) -> list[tuple[str, str, str]]:
 
 def config_help(step: str) -> str:
     """The text block listing ``step``'s config keys (for ``cptkit STEP --help``)."""
-    from cptkit.config import compose_step
+    from cptkit.core.config import compose_step
     from cptkit.steps import step_module
 
     step_module(step)

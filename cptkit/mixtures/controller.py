@@ -2,7 +2,7 @@
 
 A controller holds the current domain weights and, when it is dynamic, asks for per-domain
 eval losses at its interval and updates the weights with the pure functions of
-:mod:`cptkit.mixing`:
+:mod:`cptkit.mixtures.rules`:
 
 * ``static``: each stage's weights in turn (default), or one mixture (``train.weights``).
 * ``staged``: follows the stream's plan (stages, upsampling tail, curriculum) row by row.
@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cptkit import mixing
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
+from cptkit.mixtures import rules as mixing
 
 MIXTURES = ("static", "staged", "topic_ppl", "velocitune", "dbl")
 
@@ -209,7 +209,7 @@ class DBL(Controller):
 def domain_losses(model, tokenizer, records: list[dict], max_docs: int, max_tokens: int,
                   seq_len: int) -> dict[str, float]:
     """Per-domain token-weighted eval loss on the first ``max_docs`` held-out docs per domain (0: all)."""
-    from cptkit.lm import group_losses
+    from cptkit.models.lm import group_losses
 
     was_training = model.training
     model.eval()

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 
 DEFAULT_PROMPT = (
     "I am categorizing a series of articles according to the following topics. Next, I will give you an "

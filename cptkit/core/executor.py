@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cptkit.errors import CptkitError
+from cptkit.core.errors import CptkitError
 
 KEYS = ("workers", "address", "num_cpus")
 
@@ -91,7 +91,7 @@ def waves(step: str, cfg: Any, n: int) -> list[list[list[str]]]:
 
 def _member(step: str, overrides: list[str]) -> dict[str, Any]:
     """One slice, in a Ray worker: the same code path as ``cptkit STEP`` (errors come back as text)."""
-    from cptkit.config import compose_step
+    from cptkit.core.config import compose_step
     from cptkit.steps import execute, step_module
 
     step_module(step)
@@ -108,7 +108,7 @@ def run_ray(step: str, overrides: list[str], cfg: Any, spec: ExecutorSpec) -> di
         import ray
     except ImportError:
         raise CptkitError("executor=ray needs Ray: pip install 'ray>=2.9'") from None
-    from cptkit.progress import log, print_summary
+    from cptkit.core.progress import log, print_summary
 
     if str(cfg.io.output) in ("-", "", "None"):
         raise CptkitError("executor=ray needs --out DIR (the members share one output directory)")

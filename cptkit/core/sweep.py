@@ -14,7 +14,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.config import CONF_DIR, finalize, primary_config
+from cptkit.core.config import CONF_DIR, finalize, primary_config
 from cptkit.steps import execute
 
 # Keys that never name a member's output: where data lives, and job-array slices.
@@ -56,8 +56,8 @@ def member_output(out: str | None, override_dirname: str) -> str | None:
 
 def multirun(step: str, overrides: list[str]) -> None:
     """Run ``step`` as a Hydra multirun over ``overrides`` (sweeps like ``a=1,2,3``)."""
-    from cptkit.errors import CptkitError
-    from cptkit.redact import install_log_redaction, redact_text
+    from cptkit.core.errors import CptkitError
+    from cptkit.core.redact import install_log_redaction, redact_text
 
     for ov in overrides:
         if redact_text(ov) != ov:
@@ -72,7 +72,7 @@ def multirun(step: str, overrides: list[str]) -> None:
     def _main(cfg: DictConfig) -> None:
         from hydra.core.hydra_config import HydraConfig
 
-        from cptkit.config import schema_of
+        from cptkit.core.config import schema_of
 
         hc = HydraConfig.get()
         # a plain copy without Hydra's node, typed again as the step's schema (as compose_step returns it)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import copy
 
-from cptkit.classify import TrainParams, confusion_text, no_better_than_majority
-from cptkit.errors import CptkitError
-from cptkit.progress import console, log
+from cptkit.core.errors import CptkitError
+from cptkit.core.progress import console, log
+from cptkit.labels.classifiers import TrainParams, confusion_text, no_better_than_majority
 
 
 def params_of(train: TrainParams, cls: type = TrainParams) -> TrainParams:

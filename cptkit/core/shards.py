@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from cptkit.errors import BadInput, CptkitError
-from cptkit.records import Record, dumps, validate
+from cptkit.core.errors import BadInput, CptkitError
+from cptkit.core.records import Record, dumps, validate
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")
 TABLE_SUFFIXES = (".parquet", ".arrow")

@@ -1,1 +1,0 @@
-"""Mixtures: recipes as pure functions (:mod:`.recipe`) and the stream format (:mod:`.stream`)."""
