@@ -34,7 +34,24 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/pip install -q -c constraints.txt "llama-cpp-python==0.3.36"
 	touch $@
 
-install: $(VENV)/.installed
+# System packages the tests start for real (SLURM + munge, Redis) and the demo corpus reads (man +
+# groff render the Chinese man pages; WordNet for corrupt). Installed with apt when running as root;
+# otherwise one line says what to install, and the tests that need them skip naming the package.
+SYSTEM_PKGS := slurm-wlm munge redis-server man-db groff-base wordnet-base
+SYSTEM_BINS := slurmctld slurmd munged redis-server man groff
+.PHONY: system
+system:
+	@missing="$$(for b in $(SYSTEM_BINS); do command -v $$b >/dev/null || echo $$b; done; \
+	  [ -d /usr/share/wordnet ] || echo wordnet)"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing system packages for the tests and the demo: $(SYSTEM_PKGS)"; \
+	  (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SYSTEM_PKGS) >/dev/null; \
+	else \
+	  echo "missing $$(echo $$missing): as root run 'apt-get install $(SYSTEM_PKGS)' (tests that need them skip)" >&2; \
+	fi
+
+install: system $(VENV)/.installed
 
 test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -19,10 +19,10 @@ from pathlib import Path
 def available() -> str | None:
     """Why a cluster cannot be started here, or None."""
     if os.geteuid() != 0:
-        return "needs root"
+        return "needs root (slurmctld, slurmd and munged run as root here): run make test as root"
     for exe in ("slurmctld", "slurmd", "munged", "sbatch"):
         if shutil.which(exe) is None:
-            return f"{exe} not installed (apt-get install slurm-wlm munge)"
+            return f"{exe} not installed: make install does it as root (apt-get install slurm-wlm munge)"
     return None
 
 

@@ -199,7 +199,7 @@ def free_port() -> int:
 def redis_url(tmp_path_factory):
     binary = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
     if binary is None:
-        pytest.skip("redis-server is not installed (Debian package redis-server)")
+        pytest.skip("redis-server is not installed: make install does it as root (apt-get install redis-server)")
     import redis
 
     port, tmp = free_port(), tmp_path_factory.mktemp("redis")
