@@ -94,13 +94,79 @@ def reading(arms: dict[str, dict[str, float | None]], no_replay: str, replay: st
             f"replay, at {share:.0f}% of the no-replay domain gain.")
 
 
+def seed_numbers(results: dict[str, Any], groups: list[str], task: str | None) -> dict[str, float | None]:
+    """``{group: loss, ..., "task": score}`` of one evaluate output (one seed of one model)."""
+    ppl = ((results.get("perplexity") or {}).get("groups")) or {}
+    missing = [g for g in groups if g not in ppl]
+    if missing:
+        raise CptkitError(f"evaluate output has no perplexity group {missing[0]!r} (groups: {', '.join(ppl) or 'none'})")
+    out: dict[str, float | None] = {g: float(ppl[g]["loss"]) for g in groups}
+    out["task"] = arm_numbers(results, groups[0], groups[0], task)["task"] if task else None
+    return out
+
+
+def seeded_table(runs: dict[str, list[dict[str, float | None]]], groups: dict[str, str], task: str | None) -> str:
+    """Markdown: the base's held-out losses, then each arm's change against the base *on the same
+    seed* (paired), as mean ± standard error over seeds. Every loss column is in nats per token."""
+    from cptkit.eval.stats import mean_se
+
+    names = list(runs)
+    base = runs[names[0]]
+    head = ["model", "seeds", *[f"{label} (nats/token)" for label in groups.values()]]
+    if task:
+        head.append(f"{task} (points)")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def cell(xs: list[float], sign: bool) -> str:
+        m, se = mean_se(xs)
+        err = "" if math.isnan(se) else f" ± {se:.3f}"
+        return (f"{m:+.3f}" if sign else f"{m:.3f}") + err
+
+    for n in names:
+        seeds = runs[n]
+        if len(seeds) != len(base):
+            raise CptkitError(f"{n}: {len(seeds)} seeds, the base has {len(base)}: pair every arm seed with a base seed")
+        paired = n != names[0]
+        row = [n if not paired else f"{n} − base", str(len(seeds))]
+        for g in groups:
+            xs = [s[g] - b[g] if paired else s[g] for s, b in zip(seeds, base, strict=True)]
+            row.append(cell(xs, paired))
+        if task:
+            xs = [(s["task"] - b["task"]) if paired else s["task"] for s, b in zip(seeds, base, strict=True)]
+            row.append(cell(xs, paired) if None not in xs else "–")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def seeded_reading(runs: dict[str, list[dict[str, float | None]]], domain: str, general: str,
+                   no_replay: str, replay: str) -> str:
+    """What holds: each arm's domain gain and forgetting, and replay against no replay, each a paired
+    effect over seeds that holds only where mean ± 2 SE excludes zero (:func:`cptkit.eval.stats.effect`)."""
+    from cptkit.eval.stats import HOLDS, effect
+
+    base = runs[next(iter(runs))]
+    parts = []
+    for n in (no_replay, replay):
+        gain = effect([s[domain] - b[domain] for s, b in zip(runs[n], base, strict=True)], expect=-1)
+        forg = effect([s[general] - b[general] for s, b in zip(runs[n], base, strict=True)], expect=+1)
+        parts.append(f"{n}: domain {gain.text()} nats ({'a gain' if gain.verdict == HOLDS else gain.verdict}), "
+                     f"general {forg.text()} ({'forgetting' if forg.verdict == HOLDS else forg.verdict})")
+    diff = effect([r[general] - nr[general] for r, nr in zip(runs[replay], runs[no_replay], strict=True)], expect=-1)
+    cost = effect([r[domain] - nr[domain] for r, nr in zip(runs[replay], runs[no_replay], strict=True)], expect=+1)
+    verdict = {"holds": "holds", "contradicts": "the opposite holds"}.get(diff.verdict, diff.verdict)
+    return ("; ".join(parts) + f". {replay} − {no_replay} on general text: {diff.text()} nats "
+            f"(less forgetting: {verdict}); on the domain: {cost.text()} nats. A difference holds only where "
+            "mean ± 2 SE over seeds excludes zero.")
+
+
 def main(argv: list[str] | None = None) -> int:
     from cptkit.eval.compare import load_results
 
     p = argparse.ArgumentParser(prog="python -m cptkit.training.report", description=__doc__.splitlines()[0])
-    p.add_argument("runs", nargs="+", help="NAME=EVALDIR, the base model first")
+    p.add_argument("runs", nargs="+", help="NAME=EVALDIR or NAME=DIR1,DIR2,... (one per seed), the base first")
     p.add_argument("--domain", default="domain", help="perplexity group of the new domain")
     p.add_argument("--general", default="general", help="perplexity group of the general (old) data")
+    p.add_argument("--lang", default=None, help="perplexity group of the new language (seeded table)")
     p.add_argument("--task", default=None, help="task whose score is shown (default: the first one)")
     p.add_argument("--no-replay", default=None, help="the no-replay arm (default: the second run)")
     p.add_argument("--replay", default=None, help="the replay arm for the reading (default: the third run)")
@@ -108,22 +174,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--curves", default=None, help="PNG overlaying the arms' eval-loss curves")
     a = p.parse_args(argv)
     try:
-        loaded = {}
+        named = {}
         for r in a.runs:
-            name, sep, path = r.partition("=")
+            name, sep, paths = r.partition("=")
             if not sep:
-                raise CptkitError(f"{r}: write NAME=EVALDIR")
-            loaded[name] = load_results(path)
-        if len(loaded) < 3:
+                raise CptkitError(f"{r}: write NAME=EVALDIR (or NAME=DIR1,DIR2,... one per seed)")
+            named[name] = [load_results(x) for x in paths.split(",") if x]
+        if len(named) < 3:
             raise CptkitError("give the base and at least two arms (no replay, replay)")
-        names = list(loaded)
-        task = a.task or next(iter(loaded[names[0]].get("tasks") or {}), None)
-        arms = {n: arm_numbers(r, a.domain, a.general, task) for n, r in loaded.items()}
-        text = cpt_table(arms, task) + "\n" + reading(arms, a.no_replay or names[1], a.replay or names[2]) + "\n"
+        names = list(named)
+        first = named[names[0]][0]
+        task = a.task or next(iter(first.get("tasks") or {}), None)
+        no_replay, replay = a.no_replay or names[1], a.replay or names[2]
+        if all(len(v) == 1 for v in named.values()):
+            arms = {n: arm_numbers(v[0], a.domain, a.general, task) for n, v in named.items()}
+            text = cpt_table(arms, task) + "\n" + reading(arms, no_replay, replay) + "\n"
+        else:
+            groups = {a.domain: "domain Δ", **({a.lang: "language Δ"} if a.lang else {}),
+                      a.general: "general Δ (forgetting)"}
+            runs = {n: [seed_numbers(r, list(groups), task) for r in v] for n, v in named.items()}
+            text = (seeded_table(runs, groups, task) + "\n"
+                    + seeded_reading(runs, a.domain, a.general, no_replay, replay) + "\n")
         if a.curves:
             from cptkit.training.metrics import overlay_curves, run_dir_of
 
-            dirs = {n: d for n in names[1:] if (d := run_dir_of(loaded[n])) is not None}  # the arms
+            dirs = {n: d for n in names[1:] if (d := run_dir_of(named[n][0])) is not None}  # the arms (first seed)
             note = overlay_curves(dirs, Path(a.curves)) if dirs else "no run with eval curves"
             if note:
                 print(note, file=sys.stderr)
