@@ -9,11 +9,13 @@
 
 Backends (``llm.backend``): ``auto`` (default: ``llamacpp`` for a GGUF model on CPU when
 llama-cpp-python is installed, else ``transformers``), ``llamacpp``, ``transformers``, ``openai``
-(any OpenAI-compatible server), ``vllm`` (offline engine). See docs/llm.md.
+(any OpenAI-compatible server), ``vllm`` (offline engine), or your own
+``package.module:Class`` (a :class:`Generator` subclass). See docs/llm.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from cptkit.core.errors import CptkitError
@@ -44,6 +46,49 @@ def choose_local_backend(llm: Any, llamacpp_installed: bool, cuda: bool) -> tupl
     return "llamacpp", "GGUF model on CPU and llama-cpp-python is installed"
 
 
+def _llamacpp(llm: Any) -> Generator:
+    from cptkit.llm.llamacpp import LlamaCppGenerator
+
+    return LlamaCppGenerator(llm)
+
+
+def _transformers(llm: Any) -> Generator:
+    from cptkit.llm.hf import TransformersGenerator
+
+    return TransformersGenerator(llm)
+
+
+def _openai(llm: Any) -> Generator:
+    from cptkit.llm.openai_http import OpenAIGenerator
+
+    return OpenAIGenerator(llm)
+
+
+def _vllm(llm: Any) -> Generator:
+    from cptkit.llm.vllm_engine import VLLMGenerator
+
+    return VLLMGenerator(llm)
+
+
+# backend name -> factory(llm config) -> Generator; each imports its engine only when chosen
+FACTORIES: dict[str, Callable[[Any], Generator]] = {
+    "llamacpp": _llamacpp, "transformers": _transformers, "openai": _openai, "vllm": _vllm}
+
+
+def plugin_factory(backend: str) -> Callable[[Any], Generator]:
+    """``llm.backend=package.module:Class``: a :class:`Generator` subclass from your own code."""
+    import importlib
+
+    mod, _, name = backend.partition(":")
+    try:
+        factory = getattr(importlib.import_module(mod), name)
+    except (ImportError, AttributeError) as e:
+        raise CptkitError(f"llm.backend={backend}: cannot import {name} from {mod} ({e})") from None
+    if not (isinstance(factory, type) and issubclass(factory, Generator)):
+        raise CptkitError(f"llm.backend={backend}: {name} is not a cptkit.llm.Generator subclass")
+    return factory
+
+
 def load_generator(llm: Any) -> Generator:
     """Build the generator that ``llm`` (an :class:`LLMConfig`, or a config node of it) describes."""
     backend = str(llm.backend)
@@ -58,20 +103,8 @@ def load_generator(llm: Any) -> Generator:
             cuda = torch.cuda.is_available()
         backend, why = choose_local_backend(llm, llamacpp_available(), cuda)
         log.info("llm.backend=auto: %s (%s)", backend, why)
-    if backend == "llamacpp":
-        from cptkit.llm.llamacpp import LlamaCppGenerator
-
-        return LlamaCppGenerator(llm)
-    if backend == "transformers":
-        from cptkit.llm.hf import TransformersGenerator
-
-        return TransformersGenerator(llm)
-    if backend == "openai":
-        from cptkit.llm.openai_http import OpenAIGenerator
-
-        return OpenAIGenerator(llm)
-    if backend == "vllm":
-        from cptkit.llm.vllm_engine import VLLMGenerator
-
-        return VLLMGenerator(llm)
-    raise CptkitError(f"llm.backend={backend}: expected one of {', '.join(BACKENDS)}")
+    if ":" in backend:
+        return plugin_factory(backend)(llm)
+    if backend not in FACTORIES:
+        raise CptkitError(f"llm.backend={backend}: expected one of {', '.join(BACKENDS)} or package.module:Class")
+    return FACTORIES[backend](llm)

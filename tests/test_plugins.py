@@ -1,0 +1,45 @@
+"""The recipes of docs/architecture.md, each run from a fixture file: an LLM backend of your own."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGINS = ROOT / "tests" / "fixtures" / "plugins"
+
+
+def cptkit(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(PLUGINS), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "cptkit.cli", *args], capture_output=True, text=True, env=env)
+
+
+def test_an_llm_backend_of_your_own_runs_a_step(tmp_path):
+    """llm.backend=echo_backend:EchoGenerator (tests/fixtures/plugins/echo_backend.py) drives expand-queries."""
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text('{"id": "s1", "text": "mathematics", "domain": "STEM", "seed_type": "keyword"}\n')
+    out = tmp_path / "q"
+    r = cptkit("expand-queries", "--in", str(seeds), "--out", str(out), "llm.backend=echo_backend:EchoGenerator",
+               "llm.cache=false", "expand.rounds=1", "expand.questions_per_seed=1", "-q")
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(x) for p in sorted(out.glob("part-*")) for x in gzip.open(p, "rt")]
+    questions = [x for x in recs if x["kind"] == "question"]
+    assert questions and questions[0]["text"].startswith("Echo of the prompt: Suppose you are a question creator")
+    assert questions[0]["meta"]["generator"]["backend"] == "echo"
+    stats = json.loads((out / "_expand_stats.json").read_text())
+    assert stats["generator"]["backend"] == "echo"
+
+
+def test_a_backend_that_is_not_a_generator_is_one_line(tmp_path):
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text('{"id": "s1", "text": "x", "domain": "STEM", "seed_type": "keyword"}\n')
+    for backend, why in (("echo_backend:Completion", "is not a cptkit.llm.Generator subclass"),
+                         ("no_such_module:X", "cannot import X from no_such_module")):
+        r = cptkit("expand-queries", "--in", str(seeds), "--out", str(tmp_path / "o"), f"llm.backend={backend}", "-q")
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and why in lines[0], r.stderr
+        assert not (tmp_path / "o").exists()
