@@ -22,7 +22,7 @@ BIN = Path(sys.executable).parent
 
 TOY_MAKE = {
     "N_SEEDS": "2",
-    "EXPAND_ARGS": "expand.rounds=1 expand.questions_per_seed=1 llm.max_new_tokens=32",
+    "EXPAND_ARGS": "expand.rounds=1 expand.questions_per_seed=1 llm.max_new_tokens=64",  # 32: SmolLM2 may finish no question
     "TOP_K": "60",
     "TOPIC_SAMPLE": "80",
     "SYNTH_ARGS": "synth.mode=code synth.code.num_problems=2 synth.code.demos=2 synth.code.discipline=mathematics "
