@@ -1,0 +1,82 @@
+"""make reproduce's path at toy size: a Hydra multirun → aggregate over seeds → a verdict by a fixed rule."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cptkit.core.errors import CptkitError
+from cptkit.eval.reproduce import report
+from cptkit.eval.stats import CONTRADICTS, HOLDS, INCONCLUSIVE
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def claim(**kw) -> dict:
+    base = {"id": "c", "title": "t", "source": "paper Fig. 1", "quote": "q", "command": "cmd", "members": "m/*",
+            "axis": "x.value", "seed": "x.seed", "metric": {"file": "_results.json", "path": ["score"], "label": "score"}}
+    return {**base, **kw}
+
+
+def plant(root: Path, values: dict[float, list[float]]) -> None:
+    """Finished member outputs with a planted metric: one per (axis value, seed)."""
+    for x, scores in values.items():
+        for s, v in enumerate(scores):
+            d = root / "m" / f"x{x}_s{s}"
+            d.mkdir(parents=True)
+            (d / "_manifest.json").write_text(json.dumps({"config": {"x": {"value": x, "seed": s}}}))
+            (d / "_results.json").write_text(json.dumps({"score": v}))
+            (d / "_SUCCESS").write_text("")
+
+
+@pytest.mark.parametrize("values,compare,want", [
+    # 0.2 beats 0.1 on every seed by ~0.1 (SE 0.006), 0.4 falls below 0.3 by ~0.1: the claim holds
+    ({0.1: [0.50, 0.52, 0.51], 0.2: [0.61, 0.62, 0.60], 0.3: [0.60, 0.61, 0.62], 0.4: [0.50, 0.52, 0.51]},
+     [{"a": 0.2, "b": 0.1, "expect": 1}, {"a": 0.4, "b": 0.3, "expect": -1}], HOLDS),
+    # the decline at 0.4 is within noise: one comparison holds, the other is inconclusive
+    ({0.1: [0.50, 0.52, 0.51], 0.2: [0.61, 0.62, 0.60], 0.3: [0.60, 0.61, 0.62], 0.4: [0.65, 0.56, 0.60]},
+     [{"a": 0.2, "b": 0.1, "expect": 1}, {"a": 0.4, "b": 0.3, "expect": -1}], INCONCLUSIVE),
+    # 0.2 is clearly worse than 0.1: the paper's direction is contradicted
+    ({0.1: [0.60, 0.62, 0.61], 0.2: [0.50, 0.52, 0.51]}, [{"a": 0.2, "b": 0.1, "expect": 1}], CONTRADICTS),
+])
+def test_verdict_rule_on_planted_members(tmp_path, values, compare, want):
+    plant(tmp_path, values)
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump([claim(compare=compare)]))
+    out = tmp_path / "docs" / "repro.md"
+    assert report(tmp_path / "claims.yaml", out) == [("c", want)]
+    text = out.read_text()
+    assert f"**Verdict: {want}.**" in text and "| c | " + want + " |" in text
+    assert (tmp_path / "docs" / "repro" / "c.png").stat().st_size > 1000  # the plot, mean ± SE
+
+
+def test_missing_members_name_the_command(tmp_path):
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump([claim(command="cptkit corrupt -m ...")]))
+    with pytest.raises(CptkitError, match=r"no sweep member matches .*run `cptkit corrupt -m \.\.\.`"):
+        report(tmp_path / "claims.yaml", tmp_path / "r.md")
+
+
+@pytest.mark.slow
+def test_a_real_multirun_through_aggregate_to_verdict(tmp_path, corpus_records):
+    """cptkit corrupt -m over ratio × seed (the basic launcher), then the report: a higher corruption
+    ratio changes more of the text on every seed (holds), and 0.3 vs 0.3 has nothing to claim."""
+    recs = [r for r in corpus_records if r["lang"] == "en"][:40]
+    (tmp_path / "qa").mkdir()
+    (tmp_path / "qa" / "a.jsonl").write_text("".join(json.dumps({**r, "text": r["text"][:500]}) + "\n" for r in recs))
+    r = subprocess.run([sys.executable, "-m", "cptkit.cli", "corrupt", "--in", "qa", "--out",
+                        "runs/c{corrupt.ratio}_s{corrupt.seed}", "-q", "-m", "corrupt.ratio=0.0,0.3,0.6",
+                        "corrupt.seed=1,2,3"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    metric = {"file": "_manifest.json", "path": ["extra", "realised ratio"], "label": "realised ratio"}
+    claims = [claim(id="more", members="runs/*", axis="corrupt.ratio", seed="corrupt.seed", metric=metric,
+                    compare=[{"a": 0.6, "b": 0.3, "expect": 1}, {"a": 0.3, "b": 0.0, "expect": 1}]),
+              claim(id="less", members="runs/*", axis="corrupt.ratio", seed="corrupt.seed", metric=metric,
+                    compare=[{"a": 0.6, "b": 0.3, "expect": -1}])]
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump(claims))
+    got = report(tmp_path / "claims.yaml", tmp_path / "repro.md")
+    assert got == [("more", HOLDS), ("less", CONTRADICTS)]
+    assert "| 0.6 | 3 | 0.5" in (tmp_path / "repro.md").read_text()  # realised ≈ target (0.5996 here), 3 seeds
