@@ -235,6 +235,55 @@ demo: pipeline
 clean-demo:
 	rm -rf $(DATA)
 
+# --- CPT of a pretrained model: SmolLM2-135M as shipped, three arms x three seeds --------------
+# make cpt-experiment: the retrieved English domain and Chinese (ZH:EN = 1:4, Llama-3-SynE §4.1)
+# without replay, with general English replayed at XP_REPLAY, and under the topic-PPL controller;
+# each seed draws its own held-out sample and data order. Every model (the base included, on each
+# seed's sample) is scored on the domain, Chinese and general English held-out text and on
+# gcide_defs (SmolLM2: 46% acc_norm 0-shot, chance 25%). Resumes: rerun to finish what is missing.
+XP          ?= $(DATA)/xp
+XP_SEEDS    ?= 0 1 2
+XP_REPLAY   ?= 0.2
+XP_BASE     ?= smollm2
+XP_TOKENIZER ?= $(XP_BASE)
+XP_MIX      ?= mix=demo_smollm2 mix.budget_tokens=1.2e5
+XP_TRAIN    ?= model=hf model.path=$(XP_BASE) train.micro_batch=4 train.lr=1e-4 train.warmup=0.1 train.threads=2 \
+               train.precision=fp32 train.max_steps=30 train.eval_every=10 train.eval_docs=12 train.eval_max_tokens=256
+XP_EVAL     ?= eval.tasks=[gcide_defs] eval.limit=100 eval.shots=0 eval.ppl.group_by=domain eval.ppl.max_length=256 \
+               eval.ppl.max_tokens=256 eval.ppl.max_docs_per_group=24
+XP_ARMS     := noreplay replay dynamic
+xp_seeds     = $(foreach s,$(XP_SEEDS),$(XP)/$(1)_s$(s))
+xp_list      = $(subst $(eval) ,$(comma),$(strip $(call xp_seeds,eval/$(1))))
+comma       := ,
+
+$(XP)/stream_r0_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP)
+	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(XP_MIX) tokenizer=$(XP_TOKENIZER) seed=$* \
+	    mix.replay.share=0 -q
+$(XP)/stream_rp_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP)
+	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(XP_MIX) tokenizer=$(XP_TOKENIZER) seed=$* \
+	    mix.replay.share=$(XP_REPLAY) -q
+$(XP)/runs/noreplay_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS
+	$(CPTKIT) train --in $(<D) --out $(@D) $(XP_TRAIN) seed=$* train.mixture=staged -q
+$(XP)/runs/replay_s%/_SUCCESS: $(XP)/stream_rp_s%/_SUCCESS
+	$(CPTKIT) train --in $(<D) --out $(@D) $(XP_TRAIN) seed=$* train.mixture=staged -q
+$(XP)/runs/dynamic_s%/_SUCCESS: $(XP)/stream_rp_s%/_SUCCESS
+	$(CPTKIT) train --in $(<D) --out $(@D) $(XP_TRAIN) seed=$* train.mixture=topic_ppl \
+	    train.topic_ppl.within_parent=false train.topic_ppl.round_fraction=0.25 -q
+$(XP)/eval/base_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS
+	$(CPTKIT) evaluate --model $(XP_BASE) --in $(<D)/_eval.jsonl.gz --out $(@D) $(XP_EVAL) -q
+$(XP)/eval/%/_SUCCESS: $(XP)/runs/%/_SUCCESS
+	$(CPTKIT) evaluate --model $(XP)/runs/$*/model --in $(XP)/stream_r0_$(lastword $(subst _, ,$*))/_eval.jsonl.gz \
+	    --out $(@D) $(XP_EVAL) -q
+
+$(XP)/cpt.md: $(foreach a,base $(XP_ARMS),$(addsuffix /_SUCCESS,$(call xp_seeds,eval/$(a))))
+	$(BIN)/python -m cptkit.training.report base=$(call xp_list,base) noreplay=$(call xp_list,noreplay) \
+	    replay_$(XP_REPLAY)=$(call xp_list,replay) dynamic=$(call xp_list,dynamic) --lang zh --out $@ \
+	    --curves $(XP)/curves.png
+
+.PHONY: cpt-experiment
+cpt-experiment: $(XP)/cpt.md
+	@cat $<
+
 # --- benchmarks (each rewrites its section of docs/benchmarks.md) ----------------------------
 BENCHES := dedup dedup_scale retrieve generate classify train evaluate
 bench: install $(addprefix bench-,$(BENCHES))

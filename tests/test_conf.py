@@ -149,7 +149,7 @@ def yaml_problems(step: str, text: str) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("step", step_names())
+@pytest.mark.parametrize("step", [s for s in step_names() if (CONF_DIR / f"{s.replace('-', '_')}.yaml").exists()])
 def test_yaml_holds_only_differences_from_the_dataclass(step):
     """conf/<step>.yaml repeats no default (repeats had drifted: train.lr 1e-5 vs 1e-4); what it
     sets differently is listed in INTENDED."""

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = ROOT / "tests" / "fixtures" / "plugins"
 
@@ -43,3 +45,28 @@ def test_a_backend_that_is_not_a_generator_is_one_line(tmp_path):
         lines = [x for x in r.stderr.splitlines() if x.strip()]
         assert r.returncode == 2 and len(lines) == 1 and why in lines[0], r.stderr
         assert not (tmp_path / "o").exists()
+
+
+def test_a_mixture_rule_of_your_own_reweights_training(tmp_path, corpus_dir, corpus_records):
+    """train.mixture=worst_first:WorstFirst (tests/fixtures/plugins/worst_first.py): every 2 steps the
+    weights become the domains' held-out losses, normalised; the run logs each update."""
+    from mixdata import TWO_DOMAINS, build_stream, make_tokenizer
+
+    tok = make_tokenizer(corpus_records, tmp_path / "tok")
+    build_stream(corpus_dir, tok, tmp_path / "s", [*TWO_DOMAINS, "mix.budget_tokens=8000", "mix.seq_len=64",
+                                                    "mix.eval_docs=4"])
+    r = cptkit("train", "--in", str(tmp_path / "s"), "--out", str(tmp_path / "run"), "-q", "model.hidden=32",
+               "model.layers=1", "model.heads=2", "train.micro_batch=4", "train.threads=1", "train.max_steps=6",
+               "train.warmup=0", "train.mixture=worst_first:WorstFirst")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "weights.jsonl").read_text().splitlines()]
+    updates = [x for x in rows if "losses" in x]
+    assert len(updates) >= 2
+    for u in updates:  # weights ∝ losses: the rule ran, not a static mixture
+        total = sum(u["losses"].values())
+        assert u["weights"] == {d: pytest.approx(v / total, abs=1e-6) for d, v in u["losses"].items()}
+    r = cptkit("train", "--in", str(tmp_path / "s"), "--out", str(tmp_path / "bad"), "-q",
+               "train.mixture=worst_first:Nope")
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "cannot import Nope from worst_first" in lines[0], r.stderr
+    assert not (tmp_path / "bad").exists()  # nothing half-written

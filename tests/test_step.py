@@ -7,14 +7,17 @@ import json
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 from conftest import read_jsonl_dir, write_jsonl
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 from typer.testing import CliRunner
 
 import cptkit.steps
 from cptkit.cli import app
 from cptkit.core.config import compose_step, schema_of
+from cptkit.core.run import Run
 from cptkit.core.step import STEPS, MapStep, map_batches
 from cptkit.steps import declaration, step_help, step_module, step_names
 
@@ -61,7 +64,7 @@ def test_a_map_step_runs_tasks_merges_their_stats_and_resumes(tmp_path):
     # any registered step's config gives the io/shard settings; the step itself is Shout
     step_module("corrupt")  # registers its schema
     cfg = compose_step("corrupt", [f"io.inputs=[{tmp_path / 'in'}]", f"io.output={out}", "quiet=true"])
-    res = Shout(cfg, batch_size=10).run()
+    res = Shout(OmegaConf.to_object(cfg), Run.of(cfg), batch_size=10).run()
     got = read_jsonl_dir(out)
     assert len(got) == 25 - 3 + 12 - 2 and all(r["text"].startswith("DOC ") for r in got)
     assert res["extra"] == {"kept": 32, "dropped": 5, "batches": 3 + 2}
@@ -71,11 +74,11 @@ def test_a_map_step_runs_tasks_merges_their_stats_and_resumes(tmp_path):
     assert [json.loads(m.read_text())["extra"]["shout"]["batches"] for m in markers] == [3, 2]
     # a rerun of the finished output does no work and reports the same
     calls = Shout.calls
-    assert Shout(cfg, batch_size=10).run()["skipped"] and Shout.calls == calls
+    assert Shout(OmegaConf.to_object(cfg), Run.of(cfg), batch_size=10).run()["skipped"] and Shout.calls == calls
     # an unfinished output: the task whose marker is gone is redone, the other's stats are reused
     markers[1].unlink()
     (out / "_SUCCESS").unlink()
-    res2 = Shout(cfg, batch_size=10).run()
+    res2 = Shout(OmegaConf.to_object(cfg), Run.of(cfg), batch_size=10).run()
     assert Shout.calls == calls + 2 and res2["extra"] == res["extra"]
     assert read_jsonl_dir(out) == got
 
@@ -96,8 +99,9 @@ def test_a_map_step_gets_its_typed_config_and_batch_size_from_it(tmp_path):
 
     step_module("corrupt")
     cfg = compose_step("corrupt", [f"io.inputs=[{tmp_path}]", f"io.output={tmp_path / 'o'}", "corrupt.batch_size=7"])
-    p = Probe(cfg)
-    assert p.ready and p.batch_size == 7 and Probe(cfg, batch_size=3).batch_size == 3
+    conf, ctx = OmegaConf.to_object(cfg), Run.of(cfg)
+    p = Probe(conf, ctx)
+    assert p.ready and p.batch_size == 7 and Probe(conf, ctx, batch_size=3).batch_size == 3
 
 
 def test_every_step_module_declares_the_step_its_file_names():
@@ -107,9 +111,29 @@ def test_every_step_module_declares_the_step_its_file_names():
     repo = ConfigStore.instance().repo
     for name in names:
         decl = declaration(name)
-        assert decl.name == name and schema_of(name) is decl.schema and callable(decl.run)
+        assert decl.name == name and schema_of(name) is decl.schema and callable(decl.body)
         assert f"_schema_{name.replace('-', '_')}.yaml" in repo
         assert step_help(name)[:1].isupper() and not step_help(name).startswith((f"{name}:", f"``cptkit {name}``"))
+
+
+def test_a_step_name_declared_twice_is_an_error():
+    from cptkit.core.errors import CptkitError
+    from cptkit.core.step import step
+    from cptkit.steps.corrupt import CorruptJob
+
+    step_module("corrupt")
+
+    def run(conf, ctx):  # a second module would declare "corrupt" again
+        return None
+
+    run.__module__ = "plugins.my_corrupt"
+    try:
+        step("corrupt", CorruptJob)(run)
+    except CptkitError as e:
+        assert "step 'corrupt' is declared twice: in cptkit.steps.corrupt and in plugins.my_corrupt" in str(e)
+    else:
+        raise AssertionError("a duplicate step name was accepted")
+    assert STEPS["corrupt"].body.__module__ == "cptkit.steps.corrupt"
 
 
 def test_cptkit_help_lists_every_step_without_importing_any():
@@ -126,43 +150,7 @@ def test_cptkit_help_lists_every_step_without_importing_any():
     assert listing.index("  expand-queries ") < listing.index("  retrieve ") < listing.index("  dedup ")
 
 
-PLUGIN = '''"""shout-words: upper-case every record's text and append shout.suffix.
-
-A step in one file: the docstring gives the help, the dataclass the config, @step the rest.
-"""
-
-from dataclasses import dataclass, field
-
-from cptkit.core.config import JobConfig, check
-from cptkit.core.step import MapStep, step
-
-
-@dataclass
-class ShoutConfig:
-    suffix: str = "!"  # appended to every text
-    batch_size: int = 4
-
-    def __post_init__(self):
-        check(len(self.suffix) <= 3, "suffix", self.suffix, "at most 3 characters")
-
-
-@dataclass
-class ShoutJob(JobConfig):
-    shout: ShoutConfig = field(default_factory=ShoutConfig)
-
-
-class Shout(MapStep):
-    batch_key = "shout.batch_size"
-
-    def process(self, batch, stats):
-        stats["shouted"] += len(batch)
-        return [{**r, "text": r["text"].upper() + self.conf.shout.suffix} for r in batch]
-
-
-@step("shout-words", ShoutJob)
-def run(cfg):
-    return Shout(cfg).run()
-'''
+PLUGIN = (Path(__file__).parent / "fixtures" / "plugins" / "shout_words.py").read_text()  # docs/architecture.md
 
 
 def test_a_new_step_is_one_file(tmp_path, monkeypatch):

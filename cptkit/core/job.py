@@ -32,14 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from cptkit import __version__
-from cptkit.core.config import IOConfig, to_dict
+from cptkit.core.config import IOConfig
 from cptkit.core.errors import BadInput, CptkitError
 from cptkit.core.progress import log, make_progress, print_summary, setup_logging
 from cptkit.core.records import Record
 from cptkit.core.redact import redact
+from cptkit.core.run import Run
 from cptkit.core.shards import (
     STDIO,
     InputFile,
@@ -244,21 +243,21 @@ class Job:
     ``independent_tasks=False`` says the tasks share state (a global phase, caches): then any
     changed input redoes the whole unfinished output instead of the tasks that read it."""
 
-    def __init__(self, cfg: DictConfig, *, inputs: list[InputFile] | None = None, tasks: list[Task] | None = None,
+    def __init__(self, ctx: Run, *, inputs: list[InputFile] | None = None, tasks: list[Task] | None = None,
                  needs_inputs: bool = True, independent_tasks: bool = True):
-        self.cfg = cfg
-        self.step = str(cfg.step)
-        self.quiet = bool(cfg.get("quiet", False))
+        self.ctx = ctx
+        self.step = ctx.step
+        self.quiet = ctx.quiet
         setup_logging(self.quiet)
-        self.config = redact(to_dict(cfg))  # what the manifest and results record: never a secret
-        out = cfg.io.output
+        self.config = ctx.record  # what the manifest and results record: never a secret
+        out = ctx.io.output
         if inputs is None and needs_inputs:
-            inputs = resolve_inputs(list(cfg.io.inputs))
+            inputs = resolve_inputs(list(ctx.io.inputs))
             if out is not None and str(out) != STDIO:  # --out inside an --in directory: never read our own shards
                 own = os.path.realpath(str(out)) + os.sep
                 inputs = [f for f in inputs if f.path == STDIO or not os.path.realpath(f.path).startswith(own)]
                 if not inputs:
-                    raise CptkitError(f"--in {' '.join(map(str, cfg.io.inputs))}: holds no data files outside --out {out}")
+                    raise CptkitError(f"--in {' '.join(map(str, ctx.io.inputs))}: holds no data files outside --out {out}")
         self.inputs = inputs or []
         self.tasks = tasks if tasks is not None else [Task(i, [f]) for i, f in enumerate(self.inputs)]
         if any(f.path == STDIO for f in self.inputs) and len(self.tasks) > 1:
@@ -267,7 +266,7 @@ class Job:
             raise CptkitError("no output given: pass --out PATH (a directory, or - for stdout)")
         self.stdout = str(out) == STDIO
         self.out = Path(str(out))
-        self.shard_index, self.shard_count = int(cfg.shard.index), int(cfg.shard.count)
+        self.shard_index, self.shard_count = ctx.shard.index, ctx.shard.count
         if not 0 <= self.shard_index < self.shard_count:
             raise CptkitError(f"shard.index={self.shard_index} must be in [0, shard.count={self.shard_count})")
         self.independent = independent_tasks
@@ -341,7 +340,7 @@ class Job:
 
     def _prepare_output(self) -> None:
         out, state = self.out, self.out / STATE_DIR
-        overwrite = bool(self.cfg.io.get("overwrite", False))
+        overwrite = self.ctx.io.overwrite
         if out.exists() and not out.is_dir():
             raise CptkitError(f"--out {out}: is an existing file, not a directory; pass a directory (or - for stdout)")
         try:
@@ -354,7 +353,7 @@ class Job:
                                       "(pass another --out)") from None
                 self.created = True  # an empty directory: ours to fill
         state.mkdir(exist_ok=True)
-        self.lock = OutputLock(out, self.shard_index, self.shard_count, float(self.cfg.io.get("lock_wait_s", 0.0)))
+        self.lock = OutputLock(out, self.shard_index, self.shard_count, self.ctx.io.lock_wait_s)
         self.lock.acquire()
         if overwrite and self.shard_count > 1 and not self.created:
             raise CptkitError("io.overwrite=true with shard.count > 1 would delete the other slices' work: "
@@ -454,17 +453,17 @@ class Job:
         With ``io.unique_ids`` (default) an id read twice in this run is an error naming its
         file and line (a task read again is not checked twice)."""
         res = self.results.setdefault(task.name, TaskResult())
-        io_cfg = self.cfg.io
-        skip = bool(io_cfg.skip_bad_lines)
+        io_cfg = self.ctx.io
+        skip = io_cfg.skip_bad_lines
         key = (task.name, *(f.path for f in task.inputs))
-        check_ids = bool(io_cfg.get("unique_ids", True)) and key not in self._read_tasks
+        check_ids = io_cfg.unique_ids and key not in self._read_tasks
         self._read_tasks.add(key)
         ids = self._ids
         for inp in task.inputs:
             st = stats or ReadStats()
             seen = 0
-            for rec in read_records(inp, skip_bad=skip, stats=st, max_chars=int(io_cfg.get("max_record_chars", 0)),
-                                    oversize=str(io_cfg.get("oversize", "error"))):
+            for rec in read_records(inp, skip_bad=skip, stats=st, max_chars=io_cfg.max_record_chars,
+                                    oversize=io_cfg.oversize):
                 if check_ids:
                     h = hash(rec["id"])
                     if h in ids:
@@ -492,7 +491,7 @@ class Job:
         for pattern in (f"{prefix}-{task.name}-*", f".{prefix}-{task.name}-*.tmp-*"):
             for stale in self.out.glob(pattern):  # a killed run's shards of this task
                 stale.unlink()
-        sc = self.cfg.shard
+        sc = self.ctx.shard
         return ShardWriter(self.out, f"{prefix}-{task.name}", compression=str(sc.compression),
                            max_bytes=int(sc.max_bytes), max_records=int(sc.max_records))
 

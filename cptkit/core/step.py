@@ -5,8 +5,14 @@ typed config (a :class:`cptkit.core.config.JobConfig` dataclass validated in ``_
 declares its work with :func:`step`::
 
     @step("score-quality", ScoreQualityJob)           # options: DATA (--in --out -q --skip-bad-lines)
-    def run(cfg: DictConfig) -> dict:
-        return ScoreQuality(cfg).run()
+    def run(conf: ScoreQualityJob, ctx: Run) -> dict:
+        return ScoreQuality(conf, ctx).run()
+
+The framework composes the config (Hydra + the dataclass schema), validates it once, converts it
+once and hands the step two read-only objects: ``conf``, the typed config (what the step
+computes), and ``ctx``, a :class:`cptkit.core.run.Run` (where it reads and writes, its slice of a
+job array, and the config the manifest records). The declaration returns a :class:`Step`; calling
+it with a composed config runs the step (``run(compose_step("score-quality", overrides))``).
 
 From that declaration come the Typer command ``cptkit score-quality`` (options mapped onto config
 keys, ``--cfg``, ``--help`` listing every config key), the Hydra schema ``_schema_score_quality``
@@ -20,7 +26,7 @@ Most steps map records to records (score, label, corrupt, filter). Their work is
         stats_key = "dropped"
         batch_key = "batch_size"          # where the batch size is in the typed config
 
-        def setup(self):                  # self.conf: the typed ScoreQualityJob
+        def setup(self):                  # self.conf: the typed ScoreQualityJob, self.ctx: the Run
             self.scorers = [...]          # load models once, fail early on bad settings
 
         def process(self, batch, stats):  # a list of records -> the records to write
@@ -49,8 +55,10 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig, OmegaConf
 
 from cptkit.core.config import register_step
+from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job
 from cptkit.core.records import Record
+from cptkit.core.run import Run, with_output
 
 Stats = Counter  # str -> int counters of one task; merged by addition
 
@@ -74,9 +82,9 @@ class MapStep(ABC):
     stats_key: ClassVar[str] = "stats"  # key of the task stats in each completion marker
     batch_key: ClassVar[str] = "batch_size"  # dotted path of the batch size in the typed config
 
-    def __init__(self, cfg: DictConfig, batch_size: int | None = None) -> None:
-        self.cfg = cfg  # what Job reads (io, shard, hashing of the run)
-        self.conf: Any = OmegaConf.to_object(cfg)  # the step's typed config dataclass, validated once
+    def __init__(self, conf: Any, ctx: Run, batch_size: int | None = None) -> None:
+        self.conf: Any = conf  # the step's typed config dataclass
+        self.ctx = ctx  # what Job reads: I/O, slice, the recorded config
         self.batch_size = int(batch_size or functools.reduce(getattr, self.batch_key.split("."), self.conf))
         self.setup()
 
@@ -94,7 +102,7 @@ class MapStep(ABC):
 
     def run(self) -> dict[str, Any]:
         """Run every pending task of this process's slice; finish the output when all are done."""
-        with Job(self.cfg) as job:
+        with Job(self.ctx) as job:
             total = job.run_map(lambda recs, stats: map_batches(recs, self.batch_size, self.process, stats),
                                 self.stats_key)
             return job.finish(extra=self.summary(total))
@@ -145,26 +153,36 @@ DATA = (IN, OUT, QUIET, SKIP_BAD)  # the options of a step that maps input shard
 
 @dataclass(frozen=True)
 class Step:
-    """A step as declared by :func:`step`: everything the CLI, Hydra and sweeps need."""
+    """A step as declared by :func:`step`: everything the CLI, Hydra and sweeps need. Calling it
+    with a composed config runs it (the one code path of single runs, sweeps, arrays and Ray)."""
 
     name: str
     schema: type  # the root config dataclass (a JobConfig), stored as Hydra schema ``_schema_<name>``
-    run: Callable[[DictConfig], Any]  # the work, on the composed and validated config
+    body: Callable[[Any, Run], Any]  # the work, on the typed config and the run's infrastructure
     options: tuple[Option, ...] = DATA  # command-line options (``--cfg`` and ``--help`` are added)
+
+    def __call__(self, cfg: DictConfig) -> Any:
+        """Fill ``--out`` placeholders, convert the composed ``cfg`` once, run the body."""
+        cfg = with_output(cfg)
+        return self.body(OmegaConf.to_object(cfg), Run.of(cfg))
 
 
 STEPS: dict[str, Step] = {}  # filled as step modules are imported (cptkit.steps.step_module)
 
 
-def step(name: str, schema: type, options: tuple[Option, ...] = DATA):
-    """Declare the decorated ``run(cfg)`` as step ``name``: its config schema (registered for
+def step(name: str, schema: type, options: tuple[Option, ...] = DATA) -> Callable[[Callable[[Any, Run], Any]], Step]:
+    """Declare the decorated ``run(conf, ctx)`` as step ``name``: its config schema (registered for
     ``conf/<name>.yaml`` to extend) and its command-line options. The Typer command, its
     ``--help`` (the module docstring's first paragraph, then every config key), multiruns and
-    the runner are generated from this one declaration."""
+    the runner are generated from this one declaration. A name declared by two modules is an
+    error at import."""
 
-    def declare(run: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
+    def declare(body: Callable[[Any, Run], Any]) -> Step:
+        old = STEPS.get(name)
+        if old is not None and old.body.__module__ != body.__module__:
+            raise CptkitError(f"step {name!r} is declared twice: in {old.body.__module__} and in {body.__module__}")
         register_step(name, schema)
-        STEPS[name] = Step(name, schema, run, tuple(options))
-        return run
+        STEPS[name] = Step(name, schema, body, tuple(options))
+        return STEPS[name]
 
     return declare

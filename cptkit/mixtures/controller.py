@@ -25,7 +25,7 @@ from typing import Any
 from cptkit.core.errors import CptkitError
 from cptkit.mixtures import rules as mixing
 
-MIXTURES = ("static", "staged", "topic_ppl", "velocitune", "dbl")
+MIXTURES = ("static", "staged", "topic_ppl", "velocitune", "dbl")  # or package.module:Class (plugin_controller)
 
 
 class Controller:
@@ -219,3 +219,18 @@ def domain_losses(model, tokenizer, records: list[dict], max_docs: int, max_toke
     finally:
         model.train(was_training)
     return {d: float(v["loss"]) for d, v in res.items()}
+
+
+def plugin_controller(spec: str) -> type[Controller]:
+    """``train.mixture=package.module:Class``: a :class:`Controller` subclass of your own, built as
+    ``Class(domains, weights)`` (its settings are its own defaults: subclass to change them)."""
+    import importlib
+
+    mod, _, name = spec.partition(":")
+    try:
+        cls = getattr(importlib.import_module(mod), name)
+    except (ImportError, AttributeError) as e:
+        raise CptkitError(f"train.mixture={spec}: cannot import {name} from {mod} ({e})") from None
+    if not (isinstance(cls, type) and issubclass(cls, Controller)):
+        raise CptkitError(f"train.mixture={spec}: {name} is not a cptkit.mixtures.controller.Controller subclass")
+    return cls

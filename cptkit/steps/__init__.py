@@ -60,12 +60,5 @@ def declaration(step: str) -> Any:
 
 
 def execute(step: str, cfg: Any) -> Any:
-    """Fill ``{key}`` placeholders of ``--out`` and run ``step`` on the composed ``cfg``."""
-    from omegaconf import OmegaConf
-
-    from cptkit.core.config import format_path
-
-    OmegaConf.set_struct(cfg, False)
-    cfg.io.output = format_path(cfg.io.output, cfg)
-    OmegaConf.set_struct(cfg, True)
-    return declaration(step).run(cfg)
+    """Run ``step`` on the composed ``cfg`` (its declaration fills ``--out`` and converts it once)."""
+    return declaration(step)(cfg)

@@ -21,11 +21,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from cptkit.core.config import JobConfig
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import MANIFEST, Job, Task
+from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json, resolve_inputs
 from cptkit.core.step import step
 from cptkit.mixtures.recipe import MixConfig, Router, stage_fractions
@@ -92,8 +91,7 @@ def mix_settings(conf: BuildMixJob) -> MixSettings:
 
 
 @step("build-mix", BuildMixJob)
-def run(cfg: DictConfig) -> dict:
-    conf: BuildMixJob = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+def run(conf: BuildMixJob, ctx: Run) -> dict:
     s = mix_settings(conf)
     specs_in = conf.io.inputs or s.mix.sources
     if not specs_in:
@@ -114,8 +112,8 @@ def run(cfg: DictConfig) -> dict:
     if s.unique:
         # mix.unique_ids: a repeated id is expected (a retrieved page and its corpus copy) and the
         # mix keeps the first one, so the reader's duplicate-id check would refuse the very case.
-        cfg.io.unique_ids = False
-    with Job(cfg, tasks=[task], needs_inputs=False) as job:
+        ctx = ctx.recording("io.unique_ids", False)
+    with Job(ctx, tasks=[task], needs_inputs=False) as job:
         if not job.pending():
             return job.finish()
         t0 = time.time()

@@ -15,11 +15,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig
-
 from cptkit.core.config import JobConfig, check
 from cptkit.core.errors import CptkitError
 from cptkit.core.records import Record
+from cptkit.core.run import Run
 from cptkit.core.step import MapStep, step
 from cptkit.synthetic.corruption import KINDS, Lexicon, Token, corrupt_text, wordnet_lexicon
 from cptkit.text.hashing import rng_for
@@ -158,5 +157,5 @@ class Corrupt(MapStep):
 
 
 @step("corrupt", CorruptJob)
-def run(cfg: DictConfig) -> dict:
-    return Corrupt(cfg).run()
+def run(conf: CorruptJob, ctx: Run) -> dict:
+    return Corrupt(conf, ctx).run()

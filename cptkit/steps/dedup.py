@@ -22,20 +22,19 @@ The output is identical to the in-memory clustering.
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
 
 from cptkit.core.config import IOConfig, JobConfig, check
 from cptkit.core.errors import BadInput, CptkitError
 from cptkit.core.job import STATE_DIR, Job, Task
 from cptkit.core.progress import log
 from cptkit.core.records import dumps
+from cptkit.core.run import Run
 from cptkit.core.shards import STDIO, ReadStats, atomic_write_bytes, open_binary, read_records
 from cptkit.core.step import step
 from cptkit.dedup import minhash as mh
@@ -404,13 +403,10 @@ def write_removed(job: Job, store: _Store, res: dict) -> None:
     atomic_write_bytes(job.out / "_removed.jsonl", "".join(lines).encode("utf-8"))
 
 
-def _job_config(cfg: DictConfig) -> DictConfig:
-    """The config the Job records: every phase of one run shares its hash (``dedup.phase`` is
-    reset), and a password in ``dedup.redis_url`` is masked."""
-    out = copy.deepcopy(cfg)
-    out.dedup.phase = "all"
-    out.dedup.redis_url = scale.mask_url(cfg.dedup.redis_url)
-    return out
+def _recorded(ctx: Run, d: DedupConfig) -> Run:
+    """What the Job records: every phase of one run shares its hash (``dedup.phase`` is reset),
+    and a password in ``dedup.redis_url`` is masked."""
+    return ctx.recording("dedup.phase", "all").recording("dedup.redis_url", scale.mask_url(d.redis_url))
 
 
 def _not_ready(job: Job, phase: str, what: str, missing: list, next_phase: str, extra: dict) -> dict:
@@ -425,14 +421,13 @@ def _not_ready(job: Job, phase: str, what: str, missing: list, next_phase: str, 
 
 
 @step("dedup", DedupJob)
-def run(cfg: DictConfig) -> dict:
+def run(conf: DedupJob, ctx: Run) -> dict:
     """Remove exact and near duplicates; keep the first document of every cluster."""
-    conf: DedupJob = OmegaConf.to_object(cfg)  # validated: DedupConfig.__post_init__
     d, skip = conf.dedup, conf.io.skip_bad_lines
     bands, rows = banding(d)
     info = describe(d, bands, rows)
     phase, cluster = d.phase, d.cluster
-    with Job(_job_config(cfg), independent_tasks=False) as job:
+    with Job(_recorded(ctx, d), independent_tasks=False) as job:
         if any(f.path == STDIO for f in job.inputs):
             raise CptkitError("dedup reads its input several times: --in - (stdin) is not supported, "
                               "pass files")

@@ -11,11 +11,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig, OmegaConf
-
 from cptkit.core.config import JobConfig, check
 from cptkit.core.job import Job, Task
 from cptkit.core.progress import log
+from cptkit.core.run import Run
 from cptkit.core.step import OUT, QUIET, step
 from cptkit.demo.corpus import (
     DEFAULT_CACHE,
@@ -56,15 +55,14 @@ def source_tasks(sources: list[str]) -> list[Task]:
 
 
 @step("demo-corpus", DemoCorpusJob, options=(OUT, QUIET))
-def run(cfg: DictConfig) -> dict:
+def run(conf: DemoCorpusJob, ctx: Run) -> dict:
     """Write each configured source's records into ``part-TTTTT-KKKK.jsonl.gz`` shards."""
-    conf: DemoCorpusJob = OmegaConf.to_object(cfg)  # validated: CorpusConfig.__post_init__
     c = conf.corpus
     limit = c.limit_per_source
     names = list(SOURCES)
     tasks = source_tasks(c.sources)
     cache = cache_dir(c.cache_dir)
-    with Job(cfg, needs_inputs=False, tasks=tasks) as job:
+    with Job(ctx, needs_inputs=False, tasks=tasks) as job:
         for task in job.pending():
             name = names[task.index]
             t0 = time.time()

@@ -21,12 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from cptkit.core.config import CONF_DIR, JobConfig, check
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.progress import console, log
+from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_json
 from cptkit.core.step import IN, OUT, QUIET, SKIP_BAD, Option, step
 
@@ -107,13 +106,12 @@ MODEL = Option(("--model",), "eval.model", "HF model dir, .gguf file, or smollm2
 
 
 @step("evaluate", EvaluateJob, options=(MODEL, IN, OUT, QUIET, SKIP_BAD))
-def run(cfg: DictConfig) -> dict:
+def run(conf: EvaluateJob, ctx: Run) -> dict:
     """Perplexity per group (when inputs are given) and benchmark tasks (when ``eval.tasks``)."""
     from cptkit.core.shards import resolve_inputs
     from cptkit.eval import tasks as T
     from cptkit.models import lm
 
-    conf: EvaluateJob = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     ec = conf.eval
     if not ec.model:
         raise CptkitError("no model given: pass --model DIR (a HF model dir, a .gguf file, or smollm2)")
@@ -130,7 +128,7 @@ def run(cfg: DictConfig) -> dict:
     for t in etasks:
         T.load_docs(t, t.spec["test_split"])
     contam = load_contamination(ec.contamination, [t.name for t in etasks] or task_names) if ec.contamination else None
-    with Job(cfg, inputs=inputs, tasks=[Task(0, inputs, name="eval")], needs_inputs=False) as job:
+    with Job(ctx, inputs=inputs, tasks=[Task(0, inputs, name="eval")], needs_inputs=False) as job:
         results: dict[str, Any] = {}
         rows: dict[str, Any] = {}
         for task in job.pending():

@@ -14,13 +14,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
 from cptkit.core.config import JobConfig, check
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job
 from cptkit.core.progress import console
+from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_json
 from cptkit.core.step import step
 
@@ -73,12 +73,11 @@ def item_texts(task, limit: int | None, mode: str) -> list[str]:
 
 
 @step("evaluate-contamination", EvaluateContaminationJob)
-def run(cfg: DictConfig) -> dict:
+def run(conf: EvaluateContaminationJob, ctx: Run) -> dict:
     from cptkit.eval import tasks as T
     from cptkit.eval.contamination import REPORT, BenchmarkIndex, contamination_report, ngram_hashes
     from cptkit.eval.tasks import task_dir
 
-    conf: EvaluateContaminationJob = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     ec = conf.eval
     if not ec.tasks:
         raise CptkitError("no benchmarks given: pass eval.tasks=[name,...] (conf/eval/tasks/*.yaml)")
@@ -90,7 +89,7 @@ def run(cfg: DictConfig) -> dict:
         indexes[t.name] = BenchmarkIndex.build(t.name, item_texts(t, ec.limit, ec.item_text), n)
         docs = T.load_docs(t, t.spec["test_split"])[: ec.limit or None]
         ids[t.name] = [T.item_id(t, d, i) for i, d in enumerate(docs)]
-    with Job(cfg) as job:
+    with Job(ctx) as job:
         for task in job.pending():
             t0 = time.time()
             docs = 0

@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
 
 from cptkit.core.config import JobConfig, check
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.progress import log
 from cptkit.core.records import Record
+from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_json, resolve_inputs
 from cptkit.core.step import step
 from cptkit.llm.config import LLMConfig
@@ -178,11 +178,10 @@ class QueryPool:
 
 
 @step("expand-queries", ExpandQueriesJob)
-def run(cfg: DictConfig) -> dict[str, Any]:
-    conf: ExpandQueriesJob = OmegaConf.to_object(cfg)  # validated: ExpandConfig.__post_init__
+def run(conf: ExpandQueriesJob, ctx: Run) -> dict[str, Any]:
     inputs = resolve_inputs(conf.io.inputs)
     task = Task(0, inputs)
-    with Job(cfg, inputs=inputs, tasks=[task]) as job:
+    with Job(ctx, inputs=inputs, tasks=[task]) as job:
         for t in job.pending():
             t0 = time.time()
             records, stats = expand(conf, job, t)

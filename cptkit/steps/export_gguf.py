@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig, OmegaConf
-
 from cptkit.core.config import JobConfig, check
 from cptkit.core.progress import print_summary, setup_logging
+from cptkit.core.run import Run
 from cptkit.core.step import QUIET, Option, step
 from cptkit.models.gguf import DTYPES
 
@@ -38,14 +37,13 @@ OUT_FILE = Option(("--out", "-o"), "io.output", "The GGUF file to write.")
 
 
 @step("export-gguf", ExportGGUFJob, options=(MODEL, OUT_FILE, QUIET))
-def run(cfg: DictConfig) -> dict:
+def run(conf: ExportGGUFJob, ctx: Run) -> dict:
     from pathlib import Path
 
     from cptkit.core.errors import CptkitError
     from cptkit.models.gguf import export_gguf
     from cptkit.models.lm import resolve_spec
 
-    conf: ExportGGUFJob = OmegaConf.to_object(cfg)
     setup_logging(conf.quiet)
     if not conf.export.model or not Path(conf.export.model).is_dir():
         raise CptkitError(f"export-gguf: --model {conf.export.model}: not a model directory")

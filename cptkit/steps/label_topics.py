@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from cptkit.core.config import CONF_DIR, JobConfig
 from cptkit.core.errors import CptkitError
 from cptkit.core.records import Record
+from cptkit.core.run import Run
 from cptkit.core.step import MapStep, step
 from cptkit.labels.classifiers import CLASSIFIER_JSON, load_classifier
 from cptkit.labels.topics import Taxonomy, load_taxonomy, taxonomy_path
@@ -40,21 +39,21 @@ class LabelTopicsJob(JobConfig):
     topics: TopicsConfig = field(default_factory=TopicsConfig)
 
 
-def taxonomies(cfg: Any) -> dict[str, Taxonomy]:
-    """The taxonomy of each of ``cfg.topics.languages`` (a DictConfig or the typed config)."""
-    return {lang: load_taxonomy(taxonomy_path(lang, cfg.topics.taxonomy.get(lang), CONF_DIR))
-            for lang in cfg.topics.languages}
+def taxonomies(conf: Any) -> dict[str, Taxonomy]:
+    """The taxonomy of each of ``conf.topics.languages``."""
+    return {lang: load_taxonomy(taxonomy_path(lang, conf.topics.taxonomy.get(lang), CONF_DIR))
+            for lang in conf.topics.languages}
 
 
-def load_models(cfg: Any) -> dict[str, Any]:
-    if not cfg.topics.model:
+def load_models(conf: Any) -> dict[str, Any]:
+    if not conf.topics.model:
         raise CptkitError("label-topics needs topics.model=DIR (train one with cptkit label-topics-train)")
-    root = Path(str(cfg.topics.model))
+    root = Path(str(conf.topics.model))
     if not root.is_dir():
         raise CptkitError(f"topics.model={root}: no such directory")
-    taxes = taxonomies(cfg)
+    taxes = taxonomies(conf)
     models = {}
-    for lang in cfg.topics.languages:
+    for lang in conf.topics.languages:
         if (root / lang / CLASSIFIER_JSON).exists():
             clf = load_classifier(root / lang)
             unknown = [lab for lab in clf.labels if lab not in taxes[lang].topics]
@@ -62,14 +61,14 @@ def load_models(cfg: Any) -> dict[str, Any]:
                 raise CptkitError(f"{root / lang}: class {unknown[0]!r} is not in the {lang} taxonomy")
             models[lang] = clf
     if not models:
-        raise CptkitError(f"{root}: holds no classifier for any of {list(cfg.topics.languages)} "
+        raise CptkitError(f"{root}: holds no classifier for any of {list(conf.topics.languages)} "
                           "(expected <dir>/<lang>/classifier.json)")
     return models
 
 
-def label_batch(batch: list[Record], models: dict[str, Any], cfg: Any, stats: Counter) -> list[Record]:
-    lang_field = str(cfg.topics.lang_field)  # read once: an OmegaConf lookup per record cost half the step's time
-    langs = record_languages(batch, lang_field, bool(cfg.topics.redetect))
+def label_batch(batch: list[Record], models: dict[str, Any], conf: Any, stats: Counter) -> list[Record]:
+    lang_field = conf.topics.lang_field
+    langs = record_languages(batch, lang_field, bool(conf.topics.redetect))
     for rec, lang in zip(batch, langs, strict=True):
         rec[lang_field] = lang
         rec["topic"], rec["topic_score"] = None, None
@@ -107,8 +106,8 @@ class LabelTopics(MapStep):
 
 
 @step("label-topics", LabelTopicsJob)
-def run(cfg: DictConfig) -> dict:
-    return LabelTopics(cfg).run()
+def run(conf: LabelTopicsJob, ctx: Run) -> dict:
+    return LabelTopics(conf, ctx).run()
 
 
 def distribution(extra: dict[str, Any]) -> dict[str, list[tuple[str, int]]]:

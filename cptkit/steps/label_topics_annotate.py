@@ -25,12 +25,11 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig, OmegaConf
-
 from cptkit.core.config import JobConfig, check
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.records import Record
+from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_bytes, resolve_inputs
 from cptkit.core.step import step
 from cptkit.labels.topics import (
@@ -256,15 +255,14 @@ def annotate_loglikelihood(gen, todo: list[tuple[Record, str]], taxes: dict, con
 
 
 @step("label-topics-annotate", LabelTopicsAnnotateJob)
-def run(cfg: DictConfig) -> dict:
+def run(conf: LabelTopicsAnnotateJob, ctx: Run) -> dict:
     from cptkit.llm import load_generator
 
-    conf: LabelTopicsAnnotateJob = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     a = conf.topics
     mode = a.annotate_mode  # with an llm backend that supports it (LabelTopicsAnnotateJob)
     taxes = taxonomies(conf)
     inputs = resolve_inputs(conf.io.inputs)
-    with Job(cfg, inputs=inputs, tasks=[Task(0, inputs)]) as job:
+    with Job(ctx, inputs=inputs, tasks=[Task(0, inputs)]) as job:
         extra: dict = {}
         for task in job.pending():
             t0 = time.time()
@@ -272,7 +270,7 @@ def run(cfg: DictConfig) -> dict:
             langs = record_languages(sample, a.lang_field, a.redetect)
             todo = [(rec, lang) for rec, lang in zip(sample, langs, strict=True) if lang in taxes]
             stats: Counter = Counter(sampled=len(sample), **{"no taxonomy for language": len(sample) - len(todo)})
-            gen = load_generator(cfg.llm) if mode != "embedding" else None  # cptkit.llm reads the config node
+            gen = load_generator(conf.llm) if mode != "embedding" else None
             t1 = time.time()
             if mode == "embedding":
                 labelled, rejected = annotate_embedding(todo, taxes, conf, job, stats), []

@@ -13,12 +13,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig, OmegaConf
-
 from cptkit.core.config import JobConfig
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.progress import log
+from cptkit.core.run import Run
 from cptkit.core.shards import resolve_inputs
 from cptkit.core.step import step
 from cptkit.labels.classifiers import TrainParams, save_classifier, train_classifier
@@ -41,12 +40,11 @@ class LabelTopicsTrainJob(JobConfig):
 MIN_EXAMPLES = 10  # fewer labelled records in a language: no classifier for it (too few to split)
 
 @step("label-topics-train", LabelTopicsTrainJob)
-def run(cfg: DictConfig) -> dict:
-    conf: LabelTopicsTrainJob = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+def run(conf: LabelTopicsTrainJob, ctx: Run) -> dict:
     taxes = taxonomies(conf)
     label_field = conf.train.label_field
     inputs = resolve_inputs(conf.io.inputs)
-    with Job(cfg, inputs=inputs, tasks=[Task(0, inputs)]) as job:
+    with Job(ctx, inputs=inputs, tasks=[Task(0, inputs)]) as job:
         extra: dict = {}
         for task in job.pending():
             t0 = time.time()

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
 
 from cptkit.core.config import JobConfig, check
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.progress import log
+from cptkit.core.run import Run
 from cptkit.core.shards import InputFile, iter_records, resolve_inputs
 from cptkit.core.step import OUT, QUIET, SKIP_BAD, Option, step
 from cptkit.index.base import IDF_VARIANTS, BM25Params, bm25_params, bm25_tokenizer
@@ -165,9 +165,8 @@ INDEX = Option(("--index",), "retrieve.index", "Index directory: reused if finis
 
 
 @step("retrieve", RetrieveJob, options=(QUERIES, CORPUS, INDEX, OUT, QUIET, SKIP_BAD))
-def run(cfg: DictConfig) -> dict:
+def run(conf: RetrieveJob, ctx: Run) -> dict:
     """Build or reuse the index, search every query, write the union of hits and the run file."""
-    conf: RetrieveJob = OmegaConf.to_object(cfg)  # validated: RetrieveConfig.__post_init__
     rc = conf.retrieve
     q_specs = _specs(rc.queries)
     if not q_specs:
@@ -175,7 +174,7 @@ def run(cfg: DictConfig) -> dict:
     q_inputs = resolve_inputs(q_specs)
     corpus = resolve_inputs(conf.io.inputs) if conf.io.inputs else []
     params = bm25_params(rc)
-    with Job(cfg, inputs=q_inputs + corpus, tasks=[Task(0, q_inputs)]) as job:
+    with Job(ctx, inputs=q_inputs + corpus, tasks=[Task(0, q_inputs)]) as job:
         extra: dict[str, Any] = {}
         for task in job.pending():
             qfield = rc.query_field

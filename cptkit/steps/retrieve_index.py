@@ -15,11 +15,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.records import Record
+from cptkit.core.run import Run
 from cptkit.core.shards import resolve_inputs
 from cptkit.core.step import OUT, QUIET, SKIP_BAD, step
 from cptkit.index.base import bm25_params, bm25_tokenizer
@@ -29,9 +28,8 @@ from cptkit.steps.retrieve import CORPUS, RetrieveJob
 
 
 @step("retrieve-index", RetrieveJob, options=(CORPUS, OUT, QUIET, SKIP_BAD))
-def run(cfg: DictConfig) -> dict:
+def run(conf: RetrieveJob, ctx: Run) -> dict:
     """Build this slice's index shards (resumable: finished shards are kept)."""
-    conf: RetrieveJob = OmegaConf.to_object(cfg)  # validated: RetrieveConfig.__post_init__
     rc = conf.retrieve
     if not conf.io.inputs:
         raise CptkitError("no corpus given: pass --corpus DIR (files, directories or globs)")
@@ -43,7 +41,7 @@ def run(cfg: DictConfig) -> dict:
     tokenizer, params = bm25_tokenizer(rc), bm25_params(rc)
     position = {f.path: i for i, f in enumerate(corpus)}
     tasks = [Task(i, [corpus[f] for f in shard_files(len(corpus), i, n_shards)]) for i in range(n_shards)]
-    with Job(cfg, inputs=corpus, tasks=tasks) as job:
+    with Job(ctx, inputs=corpus, tasks=tasks) as job:
         built = []
         for task in job.pending():
             t0 = time.time()

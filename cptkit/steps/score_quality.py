@@ -19,11 +19,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
-from omegaconf import DictConfig
 
 from cptkit.core.config import JobConfig
 from cptkit.core.errors import CptkitError
 from cptkit.core.records import Record
+from cptkit.core.run import Run
 from cptkit.core.step import MapStep, step
 from cptkit.labels.classifiers import expected_value, load_classifier, numeric_labels
 
@@ -112,5 +112,5 @@ class ScoreQuality(MapStep):
 
 
 @step("score-quality", ScoreQualityJob)
-def run(cfg: DictConfig) -> dict:
-    return ScoreQuality(cfg).run()
+def run(conf: ScoreQualityJob, ctx: Run) -> dict:
+    return ScoreQuality(conf, ctx).run()

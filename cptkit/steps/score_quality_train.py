@@ -17,12 +17,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig, OmegaConf
-
 from cptkit.core.config import JobConfig
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.progress import log
+from cptkit.core.run import Run
 from cptkit.core.shards import InputFile, resolve_inputs
 from cptkit.core.step import IN, OUT, QUIET, SKIP_BAD, Option, step
 from cptkit.labels.classifiers import (
@@ -54,8 +53,7 @@ NEGATIVES = Option(("--negatives",), "train.negatives", "JSONL file, directory o
 
 
 @step("score-quality-train", ScoreQualityTrainJob, options=(POSITIVES, NEGATIVES, IN, OUT, QUIET, SKIP_BAD))
-def run(cfg: DictConfig) -> dict:
-    conf: ScoreQualityTrainJob = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+def run(conf: ScoreQualityTrainJob, ctx: Run) -> dict:
     t = conf.train
     if t.positives or t.negatives:
         if not (t.positives and t.negatives):
@@ -71,7 +69,7 @@ def run(cfg: DictConfig) -> dict:
         groups = [(f, None) for f in resolve_inputs(conf.io.inputs)]
     label_field = t.label_field or ""
     inputs = [f for f, _ in groups]
-    with Job(cfg, inputs=inputs, tasks=[Task(0, inputs)]) as job:
+    with Job(ctx, inputs=inputs, tasks=[Task(0, inputs)]) as job:
         extra: dict = {}
         for task in job.pending():
             t0 = time.time()

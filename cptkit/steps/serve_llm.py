@@ -6,10 +6,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig, OmegaConf
-
 from cptkit.core.config import JobConfig, check
 from cptkit.core.progress import setup_logging
+from cptkit.core.run import Run
 from cptkit.core.step import QUIET, step
 from cptkit.llm.config import LLMConfig
 
@@ -40,11 +39,10 @@ class ServeLLMJob(JobConfig):
 
 
 @step("serve-llm", ServeLLMJob, options=(QUIET,))
-def run(cfg: DictConfig) -> None:
+def run(conf: ServeLLMJob, ctx: Run) -> None:
     from cptkit.llm import load_generator
     from cptkit.llm.serve import serve
 
-    conf: ServeLLMJob = OmegaConf.to_object(cfg)  # validated: ServeLLMJob.__post_init__
     setup_logging(conf.quiet)
     llm = dataclasses.replace(conf.llm, cache=False, chat=False)  # plain prompts stay raw for /completions
     gen = load_generator(llm)

@@ -27,13 +27,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from cptkit.core.config import JobConfig, check
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.progress import log
 from cptkit.core.records import Record
+from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_json, resolve_inputs
 from cptkit.core.step import step
 from cptkit.llm.config import LLMConfig
@@ -153,8 +152,7 @@ def length_band(lo: int, hi: int, tolerance: float) -> tuple[int, int]:
 
 
 @step("synthesize-qa", SynthesizeQAJob)
-def run(cfg: DictConfig) -> dict[str, Any]:
-    conf: SynthesizeQAJob = OmegaConf.to_object(cfg)  # validated: SynthConfig.__post_init__
+def run(conf: SynthesizeQAJob, ctx: Run) -> dict[str, Any]:
     sy = conf.synth
     mode = sy.mode
     inputs = resolve_inputs(conf.io.inputs)
@@ -164,7 +162,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         job_kw: dict[str, Any] = {"inputs": inputs}
     else:
         job_kw = {"inputs": inputs, "tasks": [Task(0, inputs)]}
-    with Job(cfg, **job_kw) as job:
+    with Job(ctx, **job_kw) as job:
         gen = None
         task_stats: dict[str, dict[str, Any]] = {}
         for task in job.pending():

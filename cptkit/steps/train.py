@@ -27,11 +27,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from cptkit.core.config import JobConfig, check, redact
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
+from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json
 from cptkit.core.step import IN, OUT, QUIET, step
 
@@ -93,7 +94,7 @@ class DBLConfig:
 
 @dataclass
 class TrainOptions:
-    mixture: str = "static"  # static | staged | topic_ppl | velocitune | dbl
+    mixture: str = "static"  # static | staged | topic_ppl | velocitune | dbl | package.module:Class (a Controller)
     weights: Any = None  # static: null/stages (each stage's weights in turn), or one mixture: {domain: w}, tokens, uniform
     init_weights: Any = None  # dynamic start in each stage: {domain: w}, uniform, stage, tokens; null: per method
     controller_stages: Any = None  # stages a dynamic mixture acts in (null: all); the others keep their static weights
@@ -141,7 +142,8 @@ class TrainOptions:
         from cptkit.mixtures.controller import MIXTURES
         from cptkit.training.schedule import DECAY_TYPES
 
-        check(self.mixture in MIXTURES, "mixture", self.mixture, f"use one of {', '.join(MIXTURES)}")
+        check(self.mixture in MIXTURES or ":" in self.mixture, "mixture", self.mixture,
+              f"use one of {', '.join(MIXTURES)} or package.module:Class")
         for key, lo in (("micro_batch", 1), ("grad_accum", 1), ("max_steps", 0), ("save_every", 0), ("keep_last", 0),
                         ("threads", 0), ("eval_docs", 0), ("eval_max_tokens", 1), ("eval_every", 0), ("log_every", 0)):
             v = getattr(self, key)
@@ -310,10 +312,12 @@ def make_controller(tcfg: TrainOptions, stream, proxy: bool, run_sequences: int 
     cs = [str(x) for x in tcfg.controller_stages] if tcfg.controller_stages is not None else None  # Any: as written
     default_init = "uniform" if kind == "velocitune" else "stage"
     first = dict.fromkeys(doms, 1.0)  # placeholder: entering a stage it acts in sets the start weights
-    if kind == "topic_ppl":
+    if ":" in kind:
+        ctl: Any = mx.plugin_controller(kind)(doms, first)
+    elif kind == "topic_ppl":
         tp = tcfg.topic_ppl
         round_tokens = tp.round_fraction * budget_tokens if tp.round_fraction is not None else tp.round_tokens
-        ctl: Any = mx.TopicPPL(doms, first, stream.parents, round_tokens, tp.alpha, tp.within_parent)
+        ctl = mx.TopicPPL(doms, first, stream.parents, round_tokens, tp.alpha, tp.within_parent)
     else:
         vcfg = tcfg.velocitune
         targets = load_targets(vcfg, budget_tokens, doms)
@@ -373,12 +377,11 @@ def _set_rng_state(s: dict[str, Any]) -> None:
 
 # --- the step -------------------------------------------------------------------------------
 @step("train", TrainJob, options=(IN, OUT, QUIET))
-def run(cfg: DictConfig) -> dict:
+def run(conf: TrainJob, ctx: Run) -> dict:
     from cptkit.core.job import Job, Task
     from cptkit.mixtures.stream import Stream
     from cptkit.training.engine import init_distributed
 
-    conf: TrainJob = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     tcfg = conf.train
     if len(conf.io.inputs) != 1:
         raise CptkitError("train: pass exactly one --in: a build-mix stream directory")
@@ -387,10 +390,7 @@ def run(cfg: DictConfig) -> dict:
     stream = Stream(conf.io.inputs[0])
     proxy = tcfg.velocitune.proxy
     resume = tcfg.resume
-    # `resume` does not change what the run computes: keep it out of the config hash (Job hashes `cfg`)
-    OmegaConf.set_struct(cfg, False)
-    cfg.train.resume = False
-    OmegaConf.set_struct(cfg, True)
+    ctx = ctx.recording("train.resume", False)  # resuming does not change what the run computes
     if tcfg.threads > 0:
         torch.set_num_threads(tcfg.threads)
 
@@ -399,7 +399,7 @@ def run(cfg: DictConfig) -> dict:
     ckdir = out / "checkpoints"
     job = None
     if rank == 0:
-        job = Job(cfg, tasks=[Task(0, [], name="train")], needs_inputs=False)
+        job = Job(ctx, tasks=[Task(0, [], name="train")], needs_inputs=False)
         job.hash = run_identity(job.config)
         extend = reopen_finished(out, ckdir, tcfg.max_steps, resume)
         job.__enter__()

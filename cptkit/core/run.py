@@ -1,0 +1,56 @@
+"""What the framework hands a step beside its typed config: the run's infrastructure settings.
+
+A step receives two things, each built once by :meth:`cptkit.core.step.Step.__call__`: its typed
+config (the validated dataclass: what the step computes) and a :class:`Run` (where it reads and
+writes, which slice of a job array it is, and the resolved config that the manifest records and
+resume keys hash). Neither is mutated: a step that records a setting differently (a masked URL, a
+key that does not change the result) asks for a changed copy with :meth:`Run.recording`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from cptkit.core.config import IOConfig, ShardConfig, format_path, to_dict
+from cptkit.core.redact import redact
+
+
+@dataclass(frozen=True)
+class Run:
+    """Infrastructure of one step run: step name, I/O, slice, verbosity and the recorded config."""
+
+    step: str
+    io: IOConfig
+    shard: ShardConfig
+    quiet: bool
+    record: dict[str, Any]  # the resolved config, secrets redacted: the manifest and the resume keys
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> Run:
+        return cls(step=str(cfg.step), io=OmegaConf.to_object(cfg.io), shard=OmegaConf.to_object(cfg.shard),
+                   quiet=bool(cfg.get("quiet", False)), record=redact(to_dict(cfg)))
+
+    def recording(self, key: str, value: Any) -> Run:
+        """A copy whose recorded config has ``key`` (dotted) set to ``value``; an ``io.*`` key
+        changes the I/O settings the run uses too."""
+        record = copy.deepcopy(self.record)
+        *parents, leaf = key.split(".")
+        node = record
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+        io = dataclasses.replace(self.io, **{leaf: value}) if parents == ["io"] else self.io
+        return dataclasses.replace(self, io=io, record=redact(record))
+
+
+def with_output(cfg: DictConfig) -> DictConfig:
+    """A copy of ``cfg`` whose ``--out`` has its ``{key}`` placeholders filled from the config."""
+    out = format_path(cfg.io.output, cfg)
+    if out == cfg.io.output:
+        return cfg
+    return OmegaConf.merge(cfg, {"io": {"output": out}})  # type: ignore[return-value]
