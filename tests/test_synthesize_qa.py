@@ -122,11 +122,11 @@ def test_snippet_lengths():
 
 # -- the step on a tiny model -------------------------------------------------------------------
 def _tiny(*extra: str) -> list[str]:
-    return [f"llm.model={cached_tiny_model()}", "llm.device=cpu", "llm.num_threads=1", "llm.cache=false", "llm.temperature=0.8",
+    return [f"llm.model={cached_tiny_model()}", "llm.device=cpu", "llm.num_threads=1", "llm.cache=false", "llm.temperature=0.5",
             "llm.top_p=1.0", "quiet=true", "synth.prompt.template='Make a {discipline} problem: {snippet}'",
             "synth.prompt.max_new_tokens=120", "synth.snippet.max_words=12", "synth.snippet.min_words=5",
             "synth.min_problem_words=2", "synth.min_solution_words=3", "synth.max_solution_words=200",
-            "synth.length_tolerance=0", *extra]
+            "synth.length_tolerance=0", "synth.trim_truncated=true", *extra]
 
 
 def _records(out: Path) -> list[dict]:
@@ -191,7 +191,7 @@ def test_generator_provenance_and_no_records(seed_docs, tmp_path, caplog, capfd)
     assert recs and len(recs) == res["kept"]
     for r in recs:
         assert r["meta"]["generator"] == {"prompt": "scientific_qa", "model": str(cached_tiny_model()),
-                                          "temperature": 0.8, "top_p": 1.0, "max_new_tokens": 120, "seed": 0}
+                                          "temperature": 0.5, "top_p": 1.0, "max_new_tokens": 120, "seed": 0}
     manifest = json.loads((out / "_manifest.json").read_text())["extra"]
     assert manifest["acceptance rate"] == round(res["kept"] / res["prompts"], 4)
     # nothing can pass a 10,000-word minimum: exit 0 with a warning naming the reason ...
