@@ -340,6 +340,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_write_json(path: Path, obj) -> None:
+    """Write ``obj`` as JSON atomically, secrets masked (manifests, markers, stats: cptkit.core.redact)."""
+    from cptkit.core.redact import redact
+
+    obj = redact(obj)
     atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n").encode())
 
 
