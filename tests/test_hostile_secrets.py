@@ -46,6 +46,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/echo/"):
             return self._send(400, {"error": {"message": f"invalid credentials: {self.headers.get('Authorization')}"}})
         text = "What is the role of mitochondria in cellular respiration?"
+        if self.path.startswith("/leak/"):  # a server that puts the header in its answer
+            text = f"What is the role of {self.headers.get('Authorization')} in cellular respiration?"
         self._send(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                       "finish_reason": "stop"}],
                          "usage": {"prompt_tokens": 5, "completion_tokens": 9}})
@@ -85,7 +87,8 @@ def assert_nowhere(secret: str, tmp_path: Path, printed: bytes) -> int:
             data = f.read_bytes()
             if f.suffix == ".gz":
                 data = gzip.decompress(data)
-            assert secret.encode() not in data, f"{f}: {data[:2000]!r}"
+            at = data.find(secret.encode())
+            assert at < 0, f"{f}: {data[max(0, at - 200):at + 200]!r}"
             n += 1
     return n
 
@@ -127,4 +130,15 @@ def test_an_env_interpolation_in_the_config(api, tmp_path):
                                 "llm.system=${oc.env:AWS_SECRET_ACCESS_KEY}", env={"AWS_SECRET_ACCESS_KEY": secret})
     assert code == 0, printed.decode(errors="replace")
     assert json.loads((out / "_manifest.json").read_text())["config"]["llm"]["system"] == "<redacted>"
+    assert_nowhere(secret, tmp_path, printed)
+
+
+def test_a_key_the_server_puts_into_a_completion_is_masked_in_the_records(api, tmp_path):
+    secret = "sk-leak-" + os.urandom(8).hex()
+    code, out, printed = expand(tmp_path, f"http://127.0.0.1:{api.server_port}/leak/v1", "llm.api_key_env=MY_LLM_CRED",
+                                env={"MY_LLM_CRED": secret})
+    assert code == 0, printed.decode(errors="replace")
+    records = b"".join(gzip.decompress(f.read_bytes()) if f.suffix == ".gz" else f.read_bytes()
+                       for f in out.glob("*.jsonl*"))
+    assert b"Bearer <redacted>" in records  # the record is kept, the key masked
     assert_nowhere(secret, tmp_path, printed)

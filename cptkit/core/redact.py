@@ -124,7 +124,19 @@ def _mask(text: str) -> str:
         remember(m.group("val"))
         return f"{m.group('key')}{m.group('sep')}{MASK}"
 
-    text = _KV.sub(kv, text)
+    return _replace_seen(_KV.sub(kv, text))
+
+
+def mask_known(text: str) -> str:
+    """``text`` with every remembered secret value masked, and nothing else changed (for records:
+    data such as ``token: x`` in a document stays as it is)."""
+    for s in tuple(_seen):  # a snapshot: other threads may remember more meanwhile
+        if s in text:
+            return _replace_seen(text)
+    return text
+
+
+def _replace_seen(text: str) -> str:
     for s in sorted(_seen, key=len, reverse=True):
         if s in text:
             text = text.replace(s, MASK)
