@@ -5,8 +5,13 @@ streaming, ``n=1``) from the standard library's threading HTTP server. Concurren
 gathered for up to ``batch_wait_ms`` into one batch of at most ``max_batch`` (requests with the
 same sampling parameters share a batch), so many clients get batched generation. The body's
 ``seed`` is the request's sampling seed, so a request gives the same text here as through the
-in-process backend with the same seed. A request body over ``max_body_bytes`` (default 16 MiB)
-is refused with 413 before it is read.
+in-process backend with the same seed.
+
+Hostile clients cannot stall it (:class:`Limits`): a body over ``max_body_bytes`` gets 413 before
+it is read, a prompt over ``max_prompt_chars`` 413, ``max_tokens`` over ``max_tokens_cap`` or a
+body that is not a JSON object 400, a ``Host`` or ``Origin`` outside ``allowed_hosts`` 403 (DNS
+rebinding, cross-origin pages); a client that hangs up cancels its generation, and the
+:class:`Batcher` interleaves requests in token slices so none waits for a long one to finish.
 """
 
 from __future__ import annotations
