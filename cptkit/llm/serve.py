@@ -113,7 +113,7 @@ class Batcher:
         with self.cv:
             while not self.q:
                 self.cv.wait()
-            deadline = time.monotonic() + self.wait
+            deadline = time.monotonic() + (self.wait if self.q[0].state is None else 0.0)  # a new batch gathers
             while len(self.q) < self.max_batch and (left := deadline - time.monotonic()) > 0:
                 self.cv.wait(left)
             key = self.q[0].params
