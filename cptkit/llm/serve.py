@@ -226,113 +226,122 @@ class _Refused(Exception):
         self.code = code
 
 
+class _Handler(BaseHTTPRequestHandler):
+    """The routes; :func:`make_handler` binds the server's batcher, model name and limits."""
+
+    protocol_version = "HTTP/1.1"
+    batcher: Batcher
+    model_name: str
+    default_max: int
+    limits: Limits
+    allowed: frozenset[str]
+
+    def log_message(self, fmt: str, *args: Any) -> None:  # quiet: one debug line per request
+        log.debug("%s " + fmt, self.address_string(), *args)
+
+    def _send(self, code: int, obj: dict[str, Any]) -> None:
+        data = json.dumps(obj, ensure_ascii=False).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, code: int, msg: str) -> None:
+        self._send(code, {"error": {"message": msg, "type": "invalid_request_error" if code < 500 else "server_error"}})
+
+    def _foreign(self) -> str | None:
+        """Why this request may come from a web page (DNS rebinding, cross-origin): None if it does not."""
+        host = self.headers.get("Host")
+        if host is None or _hostname(host) not in self.allowed:
+            return f"Host {host!r} is not served (serve.allowed_hosts)"
+        origin = self.headers.get("Origin")
+        if origin is not None and (urlsplit(origin).hostname or "").lower() not in self.allowed:
+            return f"Origin {origin!r} is not allowed (serve.allowed_hosts)"
+        return None
+
+    def _gone(self) -> bool:
+        """Whether the client closed its connection (readable with no data)."""
+        try:
+            if not select.select([self.connection], [], [], 0)[0]:
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def do_GET(self) -> None:  # noqa: N802
+        if (why := self._foreign()) is not None:
+            return self._error(403, why)
+        if self.path.rstrip("/") in ("/v1/models", "/models"):
+            self._send(200, {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "cptkit"}]})
+        elif self.path.rstrip("/") == "/health":
+            self._send(200, {"status": "ok"} | self.batcher.stats())
+        else:
+            self._error(404, f"no route {self.path}")
+
+    def _body(self) -> dict[str, Any]:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0 or length > self.limits.max_body_bytes:
+            self.close_connection = True  # the body is not read: the connection cannot be reused
+            if length < 0:
+                raise _Refused(400, "invalid Content-Length")
+            raise _Refused(413, f"request body of {length:,} bytes is over the limit of "
+                                f"{self.limits.max_body_bytes:,} bytes")
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError as e:
+            raise _Refused(400, f"the body is not JSON ({e})") from None
+        if not isinstance(body, dict):
+            raise _Refused(400, f"the body must be a JSON object, got {type(body).__name__}")
+        return body
+
+    def _parse(self, path: str) -> tuple[Request, GenParams, int]:
+        body = self._body()
+        try:
+            if body.get("stream"):
+                raise ValueError("stream=true is not supported")
+            if _int(body, "n", 1) != 1:
+                raise ValueError("only n=1 is supported")
+            params, seed = _params(body, self.default_max, self.limits.max_tokens_cap)
+            request = _request(path, body)
+        except (ValueError, TypeError, CptkitError) as e:
+            raise _Refused(400, str(e)) from None
+        if (n := _prompt_chars(request)) > self.limits.max_prompt_chars:
+            raise _Refused(413, f"a prompt of {n:,} characters is over the limit of "
+                                f"{self.limits.max_prompt_chars:,} (serve.max_prompt_chars)")
+        return request, params, seed
+
+    def do_POST(self) -> None:  # noqa: N802
+        if (why := self._foreign()) is not None:
+            self.close_connection = True
+            return self._error(403, why)
+        path = self.path.rstrip("/").removeprefix("/v1")
+        if path not in ("/chat/completions", "/completions"):
+            self.close_connection = True
+            return self._error(404, f"no route {self.path}")
+        try:
+            request, params, seed = self._parse(path)
+        except _Refused as e:
+            return self._error(e.code, str(e))
+        try:
+            c = self.batcher.submit(request, params, seed, self._gone)
+        except RuntimeError as e:
+            return self._error(500, str(e))
+        if c is None:  # the client hung up: its generation was cancelled
+            self.close_connection = True
+            return None
+        self._send(200, _reply(self.model_name, path == "/chat/completions", c))
+
+
 def make_handler(batcher: Batcher, model_name: str, default_max: int,
                  limits: Limits = Limits()) -> type[BaseHTTPRequestHandler]:  # noqa: B008 - frozen
-    allowed = {h.lower().strip("[]") for h in limits.allowed_hosts}
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, fmt: str, *args: Any) -> None:  # quiet: one debug line per request
-            log.debug("%s " + fmt, self.address_string(), *args)
-
-        def _send(self, code: int, obj: dict[str, Any]) -> None:
-            data = json.dumps(obj, ensure_ascii=False).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _error(self, code: int, msg: str) -> None:
-            self._send(code, {"error": {"message": msg, "type": "invalid_request_error" if code < 500 else "server_error"}})
-
-        def _foreign(self) -> str | None:
-            """Why this request may come from a web page (DNS rebinding, cross-origin): None if it does not."""
-            host = self.headers.get("Host")
-            if host is None or _hostname(host) not in allowed:
-                return f"Host {host!r} is not served (serve.allowed_hosts)"
-            origin = self.headers.get("Origin")
-            if origin is not None and (urlsplit(origin).hostname or "").lower() not in allowed:
-                return f"Origin {origin!r} is not allowed (serve.allowed_hosts)"
-            return None
-
-        def _gone(self) -> bool:
-            """Whether the client closed its connection (readable with no data)."""
-            try:
-                if not select.select([self.connection], [], [], 0)[0]:
-                    return False
-                return self.connection.recv(1, socket.MSG_PEEK) == b""
-            except OSError:
-                return True
-
-        def do_GET(self) -> None:  # noqa: N802
-            if (why := self._foreign()) is not None:
-                return self._error(403, why)
-            if self.path.rstrip("/") in ("/v1/models", "/models"):
-                self._send(200, {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "cptkit"}]})
-            elif self.path.rstrip("/") == "/health":
-                self._send(200, {"status": "ok"} | batcher.stats())
-            else:
-                self._error(404, f"no route {self.path}")
-
-        def _body(self) -> dict[str, Any]:
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                length = -1
-            if length < 0 or length > limits.max_body_bytes:
-                self.close_connection = True  # the body is not read: the connection cannot be reused
-                if length < 0:
-                    raise _Refused(400, "invalid Content-Length")
-                raise _Refused(413, f"request body of {length:,} bytes is over the limit of "
-                                    f"{limits.max_body_bytes:,} bytes")
-            try:
-                body = json.loads(self.rfile.read(length) or b"{}")
-            except ValueError as e:
-                raise _Refused(400, f"the body is not JSON ({e})") from None
-            if not isinstance(body, dict):
-                raise _Refused(400, f"the body must be a JSON object, got {type(body).__name__}")
-            return body
-
-        def _parse(self, path: str) -> tuple[Request, GenParams, int]:
-            body = self._body()
-            try:
-                if body.get("stream"):
-                    raise ValueError("stream=true is not supported")
-                if _int(body, "n", 1) != 1:
-                    raise ValueError("only n=1 is supported")
-                params, seed = _params(body, default_max, limits.max_tokens_cap)
-                request = _request(path, body)
-            except (ValueError, TypeError, CptkitError) as e:
-                raise _Refused(400, str(e)) from None
-            if (n := _prompt_chars(request)) > limits.max_prompt_chars:
-                raise _Refused(413, f"a prompt of {n:,} characters is over the limit of "
-                                    f"{limits.max_prompt_chars:,} (serve.max_prompt_chars)")
-            return request, params, seed
-
-        def do_POST(self) -> None:  # noqa: N802
-            if (why := self._foreign()) is not None:
-                self.close_connection = True
-                return self._error(403, why)
-            path = self.path.rstrip("/").removeprefix("/v1")
-            if path not in ("/chat/completions", "/completions"):
-                self.close_connection = True
-                return self._error(404, f"no route {self.path}")
-            try:
-                request, params, seed = self._parse(path)
-            except _Refused as e:
-                return self._error(e.code, str(e))
-            try:
-                c = batcher.submit(request, params, seed, self._gone)
-            except RuntimeError as e:
-                return self._error(500, str(e))
-            if c is None:  # the client hung up: its generation was cancelled
-                self.close_connection = True
-                return None
-            self._send(200, _reply(model_name, path == "/chat/completions", c))
-
-    return Handler
+    """A request handler class serving ``batcher`` under ``limits``."""
+    allowed = frozenset(h.lower().strip("[]") for h in limits.allowed_hosts)
+    return type("Handler", (_Handler,), {"batcher": batcher, "model_name": model_name, "default_max": default_max,
+                                         "limits": limits, "allowed": allowed})
 
 
 def serve(gen: Generator, host: str = "127.0.0.1", port: int = 8000, *, model_name: str | None = None,
