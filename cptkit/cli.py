@@ -258,6 +258,13 @@ def main() -> None:
     except KeyboardInterrupt:
         _interrupted()
         sys.exit(130)
+    except Exception:  # a crash: its traceback, secrets masked (a message may quote a header or a URL)
+        import traceback
+
+        from cptkit.core.redact import redact_text
+
+        sys.stderr.write(redact_text(traceback.format_exc()))
+        sys.exit(1)
 
 
 def _interrupted() -> None:

@@ -24,6 +24,7 @@ from typing import IO
 
 from cptkit.core.errors import BadInput, CptkitError
 from cptkit.core.records import Record, dumps, validate
+from cptkit.core.redact import mask_known
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")
 TABLE_SUFFIXES = (".parquet", ".arrow")
@@ -340,6 +341,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def atomic_write_json(path: Path, obj) -> None:
+    """Write ``obj`` as JSON atomically, secrets masked (manifests, markers, stats: cptkit.core.redact)."""
+    from cptkit.core.redact import redact
+
+    obj = redact(obj)
     atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n").encode())
 
 
@@ -439,7 +444,7 @@ class ShardWriter:
         self._fh = self._raw = self._tmp = None
 
     def write(self, rec: Record) -> None:
-        line = (dumps(rec) + "\n").encode("utf-8")
+        line = (mask_known(dumps(rec)) + "\n").encode("utf-8")
         self.records += 1
         if self.stdout:
             sys.stdout.buffer.write(line)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.redact import mask_known
 
 FILE = "completions.sqlite"
 
@@ -43,7 +44,7 @@ class CompletionCache:
     def put_many(self, items: list[tuple[str, dict[str, Any]]]) -> None:
         with self.db:
             self.db.executemany("INSERT OR REPLACE INTO completions (key, value) VALUES (?, ?)",
-                                [(k, json.dumps(v, ensure_ascii=False)) for k, v in items])
+                                [(k, mask_known(json.dumps(v, ensure_ascii=False))) for k, v in items])
 
     def __len__(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM completions").fetchone()[0])

@@ -7,11 +7,13 @@ with its own ``torch.Generator``, so a request's sample does not depend on its b
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
@@ -47,6 +49,25 @@ def resolve_model(model: str, gguf_file: str | None) -> tuple[str, str | None]:
     if model.startswith((".", "/", "~")) and not p.exists():
         raise CptkitError(f"llm.model={model}: no such directory")
     return (str(p) if p.exists() else model), None
+
+
+@dataclass
+class Partial:
+    """A request generated in part (serve-llm's time slices): prompt ids, new ids, sampler RNG state."""
+
+    prompt: list[int]
+    new: list[int]
+    rng: torch.Tensor | None
+
+
+class RowCancel(StoppingCriteria):
+    """Stops the rows whose ``cancelled()`` is true (a client that hung up), checked after every token."""
+
+    def __init__(self, cancelled: list[Callable[[], bool]]):
+        self.cancelled = cancelled
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+        return torch.tensor([c() for c in self.cancelled], dtype=torch.bool, device=input_ids.device)
 
 
 class RowSampler(LogitsProcessor):
@@ -143,40 +164,79 @@ class TransformersGenerator(Generator):
             ([{"role": "system", "content": self.system}] if self.system else []) + [{"role": "user", "content": request}])
         return self.tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
 
-    @torch.inference_mode()
-    def _generate(self, requests: list[Request], params: GenParams, seeds: list[int]) -> list[Completion]:
-        from transformers import GenerationConfig
+    def _prompt_ids(self, request: Request) -> list[int]:
+        """Prompt token ids: chat-rendered text already holds its special tokens; raw prompts get BOS etc."""
+        raw = isinstance(request, str) and not self.chat
+        return self.tok(self.render(request), add_special_tokens=raw)["input_ids"]
 
-        rows = []
-        for r in requests:  # chat-rendered text already holds its special tokens; raw prompts get BOS etc.
-            raw = isinstance(r, str) and not self.chat
-            rows.append({"input_ids": self.tok(self.render(r), add_special_tokens=raw)["input_ids"]})
-        enc = self.tok.pad(rows, padding=True, return_tensors="pt").to(self.device)
-        gc = GenerationConfig(do_sample=False, max_new_tokens=int(params.max_new_tokens),
+    @torch.inference_mode()
+    def _run(self, prefixes: list[list[int]], params: GenParams, sampler: RowSampler, max_new: int,
+             cancelled: list[Callable[[], bool]] | None = None) -> list[list[int]]:
+        """Up to ``max_new`` new token ids per row (EOS and padding included), left-padded as one batch;
+        a row whose ``cancelled()`` turns true stops at the next token."""
+        from transformers import GenerationConfig, StoppingCriteriaList
+
+        enc = self.tok.pad([{"input_ids": p} for p in prefixes], padding=True, return_tensors="pt").to(self.device)
+        gc = GenerationConfig(do_sample=False, max_new_tokens=int(max_new),
                               repetition_penalty=float(params.repetition_penalty),
                               pad_token_id=self.tok.pad_token_id, eos_token_id=self.eos_ids)
         kw: dict[str, Any] = {}
         if params.stop:
             kw = {"stop_strings": list(params.stop), "tokenizer": self.tok}
-        sampler = RowSampler(seeds, float(params.temperature), float(params.top_p), self.device)
+        if cancelled:
+            kw["stopping_criteria"] = StoppingCriteriaList([RowCancel(cancelled)])
         out = self.model.generate(**enc, generation_config=gc, logits_processor=LogitsProcessorList([sampler]), **kw)
-        new = out[:, enc["input_ids"].shape[1]:].cpu()
-        prompt_lens = enc["attention_mask"].sum(dim=1).tolist()
+        return out[:, enc["input_ids"].shape[1]:].cpu().tolist()
+
+    def _cut(self, row: list[int]) -> tuple[int, str]:
+        """(tokens the row really generated, finish reason): up to its first EOS, without trailing padding."""
+        for j, t in enumerate(row):
+            if t in self.eos_ids:
+                return j + 1, "stop"
+        n = len(row)
+        while n and row[n - 1] == self.tok.pad_token_id:  # a stop string (or a cancel) ended the row early
+            n -= 1
+        return n, "length"
+
+    def _completion(self, new: list[int], prompt_tokens: int, reason: str, params: GenParams) -> Completion:
+        ids = [t for t in new if t not in self.eos_ids]
+        text, cut = apply_stop(self.tok.decode(ids, skip_special_tokens=True), params.stop)
+        return Completion(text=text.strip(), prompt_tokens=prompt_tokens, completion_tokens=len(new),
+                          finish_reason="stop" if cut else reason)
+
+    def _generate(self, requests: list[Request], params: GenParams, seeds: list[int]) -> list[Completion]:
+        prompts = [self._prompt_ids(r) for r in requests]
+        sampler = RowSampler(seeds, float(params.temperature), float(params.top_p), self.device)
+        rows = self._run(prompts, params, sampler, int(params.max_new_tokens))
         comps = []
-        for row, plen in zip(new.tolist(), prompt_lens, strict=True):
-            n, reason = len(row), "length"
-            for j, t in enumerate(row):
-                if t in self.eos_ids:
-                    n, reason = j + 1, "stop"
-                    break
-            if params.stop and reason == "length":  # a stop string ended the row: padding follows
-                while n and row[n - 1] == self.tok.pad_token_id:
-                    n -= 1
-            ids = [t for t in row[:n] if t not in self.eos_ids]
-            text, cut = apply_stop(self.tok.decode(ids, skip_special_tokens=True), params.stop)
-            comps.append(Completion(text=text.strip(), prompt_tokens=int(plen), completion_tokens=n,
-                                    finish_reason="stop" if cut else reason))
+        for row, prompt in zip(rows, prompts, strict=True):
+            n, reason = self._cut(row)
+            comps.append(self._completion(row[:n], len(prompt), reason, params))
         return comps
+
+    def generate_slice(self, requests: list[Request], params: GenParams, seeds: list[int],
+                       states: list[Partial | None], max_new: int,
+                       cancelled: list[Callable[[], bool]] | None = None) -> list[Completion | Partial]:
+        """At most ``max_new`` more tokens of each request, continuing from ``states`` (None: from the
+        prompt). A request that ends (EOS, stop string, ``params.max_new_tokens`` in all, or cancelled)
+        gives its Completion, one that does not a :class:`Partial` to continue later. Continuing keeps
+        each row's token ids and sampler state, so the slices add up to the unsliced sample."""
+        parts = [s or Partial(self._prompt_ids(r), [], None) for r, s in zip(requests, states, strict=True)]
+        sampler = RowSampler(seeds, float(params.temperature), float(params.top_p), self.device)
+        for g, p in zip(sampler.gens, parts, strict=True):
+            if p.rng is not None:
+                g.set_state(p.rng)
+        rows = self._run([p.prompt + p.new for p in parts], params, sampler, max_new, cancelled)
+        out: list[Completion | Partial] = []
+        for i, (p, row) in enumerate(zip(parts, rows, strict=True)):
+            n, reason = self._cut(row)
+            new = p.new + row[:n]
+            done = (reason == "stop" or n < len(row) or len(new) >= params.max_new_tokens
+                    or (cancelled is not None and cancelled[i]())
+                    or (params.stop and apply_stop(self.tok.decode(new, skip_special_tokens=True), params.stop)[1]))
+            out.append(self._completion(new, len(p.prompt), reason, params) if done
+                       else Partial(p.prompt, new, sampler.gens[i].get_state()))
+        return out
 
     def describe(self) -> dict[str, Any]:
         return super().describe() | {"device": str(self.device), "dtype": str(self.model.dtype).replace("torch.", "")}

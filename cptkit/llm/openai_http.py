@@ -4,11 +4,15 @@ Chat requests (and plain prompts when ``llm.chat``) go to ``/chat/completions``;
 with ``llm.chat=false`` go to ``/completions``. Requests run concurrently in a thread pool
 (``llm.concurrency``), each with a timeout and retries with exponential backoff on connection
 errors, timeouts, 429 and 5xx. The API key is read from the environment variable *named* by
-``llm.api_key_env``; it is never logged nor written anywhere.
+``llm.api_key_env``; it is never logged nor written anywhere (its value is registered with
+``cptkit.core.redact``, so even a server's error that echoes it back is masked). A user name in
+``llm.base_url`` (``https://TOKEN@host/v1``, ``https://user:PW@host/v1``) is sent as HTTP basic
+auth, not in the address; a query (``?api-version=...``) is kept after each route's path.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -16,9 +20,11 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
+from cptkit.core.redact import redact_text, remember
 from cptkit.llm.base import Completion, Generator, GenParams, Request, apply_stop
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -29,28 +35,32 @@ class OpenAIGenerator(Generator):
 
     def __init__(self, cfg: Any):
         super().__init__(cfg)
-        self.base_url = str(cfg.base_url).rstrip("/")
+        self.base_url, self._query, self._basic = _split_url(str(cfg.base_url))
+        self.shown = redact_text(str(cfg.base_url).rstrip("/"))  # what errors and the manifest name
         self.timeout = float(cfg.timeout_s)
         self.retries = int(cfg.max_retries)
         self.backoff = float(cfg.backoff_s)
         self.concurrency = max(1, int(cfg.concurrency))
         self.batch_size = max(self.batch_size, 4 * self.concurrency)  # cache commit granularity
         self._key = os.environ.get(str(cfg.api_key_env)) if cfg.api_key_env else None
+        remember(self._key)
         models = self._models()  # one probe before any concurrent traffic: an unreachable server fails here, once
         if not self.model_id:
             if not models:
-                raise CptkitError(f"llm.base_url={self.base_url}: /models lists no model; set llm.model")
+                raise CptkitError(f"llm.base_url={self.shown}: /models lists no model; set llm.model")
             self.model_id = models[0]
 
     def _headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json"}
         if self._key:
             h["Authorization"] = f"Bearer {self._key}"
+        elif self._basic:
+            h["Authorization"] = f"Basic {self._basic}"
         return h
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """One HTTP call with retries; user errors name the URL, never the key."""
-        url = f"{self.base_url}{path}"
+        url = f"{self.base_url}{path}{self._query}"
         data = json.dumps(body).encode() if body is not None else None
         last = ""
         for attempt in range(self.retries + 1):
@@ -61,16 +71,16 @@ class OpenAIGenerator(Generator):
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                     return json.loads(resp.read().decode("utf-8"))
             except urllib.error.HTTPError as e:
-                detail = e.read().decode("utf-8", "replace")[:300]
+                detail = redact_text(e.read().decode("utf-8", "replace")[:300])
                 if e.code not in RETRY_STATUS:
-                    raise CptkitError(f"llm.base_url={self.base_url}: {method} {path} failed with HTTP {e.code}: {detail}") from None
+                    raise CptkitError(f"llm.base_url={self.shown}: {method} {path} failed with HTTP {e.code}: {detail}") from None
                 last = f"HTTP {e.code}: {detail}"
             except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
                 last = str(getattr(e, "reason", e))
             except json.JSONDecodeError:
-                raise CptkitError(f"llm.base_url={self.base_url}: {path} did not return JSON") from None
+                raise CptkitError(f"llm.base_url={self.shown}: {path} did not return JSON") from None
             log.warning("llm request to %s failed (%s); try %d of %d", url, last, attempt + 1, self.retries + 1)
-        raise CptkitError(f"llm.base_url={self.base_url}: server unreachable or failing after "
+        raise CptkitError(f"llm.base_url={self.shown}: server unreachable or failing after "
                           f"{self.retries + 1} tries ({last}); is an OpenAI-compatible server running there?")
 
     def _models(self) -> list[str]:
@@ -102,7 +112,7 @@ class OpenAIGenerator(Generator):
             choice = resp["choices"][0]
             text = choice["message"]["content"] if "message" in choice else choice["text"]
         except (KeyError, IndexError, TypeError):
-            raise CptkitError(f"llm.base_url={self.base_url}: unexpected response {str(resp)[:200]}") from None
+            raise CptkitError(f"llm.base_url={self.shown}: unexpected response {str(resp)[:200]}") from None
         usage = resp.get("usage") or {}
         text, cut = apply_stop(text or "", params.stop)
         reason = choice.get("finish_reason") or "stop"
@@ -117,4 +127,19 @@ class OpenAIGenerator(Generator):
             return list(pool.map(lambda rs: self._one(rs[0], params, rs[1]), zip(requests, seeds, strict=True)))
 
     def describe(self) -> dict[str, Any]:
-        return super().describe() | {"base_url": self.base_url}
+        return super().describe() | {"base_url": self.shown}
+
+
+def _split_url(url: str) -> tuple[str, str, str | None]:
+    """(base URL without user info or query, ``?query`` or "", base64 ``user:password`` or None)."""
+    parts = urlsplit(url.rstrip("/"))
+    basic = None
+    if "@" in parts.netloc:
+        userinfo, host = parts.netloc.rsplit("@", 1)
+        user, _, pw = userinfo.partition(":")
+        for v in (user, pw):
+            remember(unquote(v))
+        basic = base64.b64encode(f"{unquote(user)}:{unquote(pw)}".encode()).decode()
+        parts = parts._replace(netloc=host)
+    query = f"?{parts.query}" if parts.query else ""
+    return urlunsplit(parts._replace(query="", fragment="")).rstrip("/"), query, basic

@@ -11,6 +11,7 @@ from cptkit.core.progress import setup_logging
 from cptkit.core.run import Run
 from cptkit.core.step import QUIET, step
 from cptkit.llm.config import LLMConfig
+from cptkit.llm.serve import LOCAL_HOSTS, Limits
 
 
 @dataclass
@@ -21,11 +22,24 @@ class ServeConfig:
     max_batch: int = 8
     batch_wait_ms: float = 20.0
     ready_file: str | None = None  # write the base URL here once listening
-    max_body_bytes: int = 16 * 2**20  # larger request bodies get 413 without being read
+    max_body_bytes: int = 2**20  # larger request bodies get 413 without being read
+    max_prompt_chars: int = 65536  # longer prompts (all messages together) get 413
+    max_tokens_cap: int = 2048  # a request's max_tokens above it gets 400
+    slice_tokens: int = 16  # tokens a batch runs before queued requests get their turn (transformers)
+    allowed_hosts: list[str] = field(default_factory=list)  # Host/Origin names accepted besides localhost and host
 
     def __post_init__(self) -> None:
         check(self.max_body_bytes >= 1024, "max_body_bytes", self.max_body_bytes, "must be at least 1024")
         check(self.max_batch >= 1, "max_batch", self.max_batch, "must be >= 1")
+        check(self.max_prompt_chars >= 1, "max_prompt_chars", self.max_prompt_chars, "must be >= 1")
+        check(self.max_tokens_cap >= 1, "max_tokens_cap", self.max_tokens_cap, "must be >= 1")
+        check(self.slice_tokens >= 1, "slice_tokens", self.slice_tokens, "must be >= 1")
+
+    def limits(self) -> Limits:
+        """The per-request limits the server enforces."""
+        return Limits(max_body_bytes=self.max_body_bytes, max_prompt_chars=self.max_prompt_chars,
+                      max_tokens_cap=self.max_tokens_cap, slice_tokens=self.slice_tokens,
+                      allowed_hosts=(*LOCAL_HOSTS, *self.allowed_hosts))
 
 
 @dataclass
@@ -48,4 +62,4 @@ def run(conf: ServeLLMJob, ctx: Run) -> None:
     gen = load_generator(llm)
     s = conf.serve
     serve(gen, s.host, s.port, model_name=s.model_name, max_batch=s.max_batch, batch_wait_ms=s.batch_wait_ms,
-          default_max_tokens=gen.params().max_new_tokens, ready_file=s.ready_file, max_body_bytes=s.max_body_bytes)
+          default_max_tokens=gen.params().max_new_tokens, ready_file=s.ready_file, limits=s.limits())
