@@ -157,7 +157,7 @@ def run_native_task(model: Any, tok: Any, et: Any, ec: Any, shots_for: dict, res
 MODEL = Option(("--model",), "eval.model", "HF model dir, .gguf file, or smollm2.", metavar="MODEL")
 
 
-@step("evaluate", EvaluateJob, options=(MODEL, IN, OUT, QUIET, SKIP_BAD))
+@step("evaluate", EvaluateJob, options=(MODEL, IN, OUT, QUIET, SKIP_BAD), order=150)
 def run(conf: EvaluateJob, ctx: Run) -> dict:
     """Perplexity per group (when inputs are given) and benchmark tasks (when ``eval.tasks``)."""
     from cptkit.core.shards import resolve_inputs

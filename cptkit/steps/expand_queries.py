@@ -177,7 +177,7 @@ class QueryPool:
         return kept, len(candidates) - len(kept)
 
 
-@step("expand-queries", ExpandQueriesJob)
+@step("expand-queries", ExpandQueriesJob, order=20)
 def run(conf: ExpandQueriesJob, ctx: Run) -> dict[str, Any]:
     inputs = resolve_inputs(conf.io.inputs)
     task = Task(0, inputs)
