@@ -17,7 +17,8 @@ it with a composed config runs the step (``run(compose_step("score-quality", ove
 From that declaration come the Typer command ``cptkit score-quality`` (options mapped onto config
 keys, ``--cfg``, ``--help`` listing every config key), the Hydra schema ``_schema_score_quality``
 that ``conf/score_quality.yaml`` extends, and the runner used by single runs, multiruns and job
-arrays (:func:`cptkit.steps.execute`). Adding a step takes one file.
+arrays (:func:`cptkit.steps.execute`). Adding a step takes one file; ``order`` places it in
+``cptkit --help`` (pipeline order; a step without one is listed last, by name).
 
 Most steps map records to records (score, label, corrupt, filter). Their work is one subclass of
 :class:`MapStep`::
