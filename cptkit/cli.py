@@ -18,7 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from typer.core import TyperCommand, TyperGroup
 
 from cptkit.core.errors import CptkitError
-from cptkit.steps import execute, step_help, step_module, step_names
+from cptkit.steps import execute, ordered, step_help, step_module, step_names
 
 __all__ = ["app", "execute", "main", "step_module"]
 
@@ -34,10 +34,8 @@ class StepCommand(TyperCommand):
         formatter.write("\n" + config_help(self.name))
 
 
-# The order of `cptkit --help` (pipeline order); a step not named here is listed after these.
-ORDER = ("demo-corpus", "expand-queries", "retrieve-index", "retrieve", "dedup", "score-quality-train",
-         "score-quality", "label-topics-annotate", "label-topics-train", "label-topics", "synthesize-qa",
-         "corrupt", "build-mix", "train", "evaluate", "evaluate-contamination", "evaluate-compare", "serve-llm")
+# The place of the commands that are not steps among the steps' declared ``order``s.
+COMMAND_ORDER = {"evaluate-compare": 165}
 
 
 class Commands(TyperGroup):
@@ -47,7 +45,7 @@ class Commands(TyperGroup):
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
         names = set(super().list_commands(ctx)) | set(step_names())
-        return sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+        return ordered(sorted(names), COMMAND_ORDER)
 
     def get_command(self, ctx: typer.Context, cmd_name: str) -> Any | None:
         cmd = super().get_command(ctx, cmd_name)

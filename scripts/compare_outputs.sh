@@ -23,6 +23,17 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/cptkit-compare-XXXX")
 trap 'git -C "$ROOT" worktree remove --force "$WORK/ref" >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
 git -C "$ROOT" worktree add --detach "$WORK/ref" "$REF" >/dev/null
 
+# Every step is run below, or named here with why not: a step this script does not know fails it.
+NOT_RUN="demo-corpus serve-llm export-gguf"  # demo-corpus made $DATA (make demo); serve-llm is a server;
+                                             # export-gguf: not compared here yet (tests/test_export.py)
+covered=$(grep -oE '[$]c [a-z][a-z-]*' "$0" | awk '{print $2}' | sort -u)
+missing=$(PYTHONPATH=$ROOT "$PY" -c 'from cptkit.steps import step_names; print("\n".join(step_names()))' \
+  | grep -vxF -f <(printf '%s\n' $covered $NOT_RUN) || true)
+if [ -n "$missing" ]; then
+  echo "compare_outputs.sh: step(s) neither run nor in NOT_RUN: $(echo $missing)" >&2
+  exit 1
+fi
+
 run() {  # run CODE_DIR OUT_DIR
   local code=$1 out=$2
   mkdir -p "$out"

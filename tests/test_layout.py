@@ -123,3 +123,20 @@ def test_the_cycle_check_finds_a_planted_cycle(tmp_path):
     graph["cptkit.core.job"] = graph["cptkit.core.job"] | {"cptkit.cli"}  # cli -> steps -> ... -> job -> cli
     found = cycles(graph)
     assert found and any("cptkit.cli" in c and "cptkit.core.job" in c for c in found)
+
+
+# steps/train.py and cptkit/training/ are being split by branch `trainsplit` (train's loop moves
+# into cptkit/training/); drop this exclusion once it is merged.
+LONG_FUNCTION_EXEMPT = ("cptkit/steps/train.py", "cptkit/training/")
+
+
+def test_no_function_over_80_lines():
+    long = []
+    for p in files():
+        rel = p.relative_to(PKG.parent).as_posix()
+        if rel.startswith(LONG_FUNCTION_EXEMPT):
+            continue
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 80:
+                long.append(f"{rel}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, "\n".join(long)

@@ -180,3 +180,22 @@ def test_a_new_step_is_one_file(tmp_path, monkeypatch):
     finally:
         STEPS.pop("shout-words", None)
         sys.modules.pop("cptkit.steps.shout_words", None)
+
+
+def test_cli_order_comes_from_the_step_declarations(tmp_path, monkeypatch):
+    """`cptkit --help` lists steps by their declared ``order`` (read from the source, nothing
+    imported); a step without one comes last, by name."""
+    from cptkit.steps import ordered, step_order
+
+    assert step_order("demo-corpus") < step_order("retrieve") < step_order("build-mix") < step_order("evaluate")
+    assert all(step_order(n) is not None for n in step_names())  # every built-in step is placed
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "aaa_plugin.py").write_text(PLUGIN.replace("shout-words", "aaa-plugin"))
+    monkeypatch.setattr(cptkit.steps, "__path__", [*cptkit.steps.__path__, str(plugins)])
+    names = ordered(step_names())
+    assert names[0] == "demo-corpus" and names[-1] == "aaa-plugin"
+    r = CliRunner().invoke(app, ["--help"])
+    listed = [ln.split()[0] for ln in r.output.splitlines() if ln.startswith("  ") and ln.split()]
+    assert listed.index("retrieve-index") < listed.index("retrieve") < listed.index("evaluate") \
+        < listed.index("evaluate-compare") < listed.index("serve-llm") < listed.index("aaa-plugin")

@@ -78,6 +78,18 @@ class TaskResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class Hooks:
+    """What a step adds to :class:`Job`'s lifecycle, so that nothing touches an output after its
+    ``_SUCCESS``: ``after_task(task, result)`` runs once a task's marker is written,
+    ``before_complete(job)`` once every task is done (before the manifest), and
+    ``manifest_extra()`` returns top-level keys added to ``_manifest.json``."""
+
+    after_task: Callable[[Task, TaskResult], None] | None = None
+    before_complete: Callable[[Job], None] | None = None
+    manifest_extra: Callable[[], dict[str, Any]] | None = None
+
+
 def config_hash(cfg: dict) -> str:
     """Hash of the config that determines the output (not I/O locations or verbosity)."""
     keep = {k: v for k, v in cfg.items() if k not in ("io", "quiet", "overrides")}
@@ -244,7 +256,8 @@ class Job:
     changed input redoes the whole unfinished output instead of the tasks that read it."""
 
     def __init__(self, ctx: Run, *, inputs: list[InputFile] | None = None, tasks: list[Task] | None = None,
-                 needs_inputs: bool = True, independent_tasks: bool = True):
+                 needs_inputs: bool = True, independent_tasks: bool = True, hooks: Hooks | None = None):
+        self.hooks = hooks or Hooks()
         self.ctx = ctx
         self.step = ctx.step
         self.quiet = ctx.quiet
@@ -506,6 +519,8 @@ class Job:
             atomic_write_json(self.marker(task), {"task": task.name, "inputs": [f.path for f in task.inputs],
                                                   "read": [fingerprint(f) for f in task.inputs],
                                                   "config_hash": self.hash, **res.__dict__})
+        if self.hooks.after_task is not None:
+            self.hooks.after_task(task, res)
 
     def run_map(self, fn: Callable[[Iterator[Record], Counter], Iterator[Record]],
                 stats_key: str = "stats") -> Counter:
@@ -563,6 +578,8 @@ class Job:
         }
         complete = self.stdout or all(t.name in results for t in self.tasks)
         if complete and not self.stdout:
+            if self.hooks.before_complete is not None:
+                self.hooks.before_complete(self)
             files = sorted(f for r in results.values() for f in r["files"])
             manifest = {
                 "step": self.step,
@@ -576,6 +593,8 @@ class Job:
                 "timings": {"started": self.t0, "finished": time.time(), "seconds_last_run": seconds,
                             "seconds_tasks": {k: r.get("extra", {}).get("seconds") for k, r in results.items()}},
             }
+            if self.hooks.manifest_extra is not None:
+                manifest |= self.hooks.manifest_extra()
             atomic_write_json(self.out / MANIFEST, manifest)
             write_card(self.out, self.step, files)
             (self.out / SUCCESS).write_text("")

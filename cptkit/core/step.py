@@ -4,7 +4,7 @@ A step module's docstring starts with ``name: what it does`` (the command's help
 typed config (a :class:`cptkit.core.config.JobConfig` dataclass validated in ``__post_init__``) and
 declares its work with :func:`step`::
 
-    @step("score-quality", ScoreQualityJob)           # options: DATA (--in --out -q --skip-bad-lines)
+    @step("score-quality", ScoreQualityJob, order=70)  # options: DATA (--in --out -q --skip-bad-lines)
     def run(conf: ScoreQualityJob, ctx: Run) -> dict:
         return ScoreQuality(conf, ctx).run()
 
@@ -17,7 +17,8 @@ it with a composed config runs the step (``run(compose_step("score-quality", ove
 From that declaration come the Typer command ``cptkit score-quality`` (options mapped onto config
 keys, ``--cfg``, ``--help`` listing every config key), the Hydra schema ``_schema_score_quality``
 that ``conf/score_quality.yaml`` extends, and the runner used by single runs, multiruns and job
-arrays (:func:`cptkit.steps.execute`). Adding a step takes one file.
+arrays (:func:`cptkit.steps.execute`). Adding a step takes one file; ``order`` places it in
+``cptkit --help`` (pipeline order; a step without one is listed last, by name).
 
 Most steps map records to records (score, label, corrupt, filter). Their work is one subclass of
 :class:`MapStep`::
@@ -56,7 +57,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cptkit.core.config import register_step
 from cptkit.core.errors import CptkitError
-from cptkit.core.job import Job
+from cptkit.core.job import Hooks, Job
 from cptkit.core.records import Record
 from cptkit.core.run import Run, with_output
 
@@ -100,9 +101,13 @@ class MapStep(ABC):
         """Summary-table and manifest rows from the stats of every finished task."""
         return dict(sorted(total.items()))
 
+    def hooks(self) -> Hooks | None:
+        """The :class:`cptkit.core.job.Hooks` of this step's Job (none by default)."""
+        return None
+
     def run(self) -> dict[str, Any]:
         """Run every pending task of this process's slice; finish the output when all are done."""
-        with Job(self.ctx) as job:
+        with Job(self.ctx, hooks=self.hooks()) as job:
             total = job.run_map(lambda recs, stats: map_batches(recs, self.batch_size, self.process, stats),
                                 self.stats_key)
             return job.finish(extra=self.summary(total))
@@ -160,6 +165,7 @@ class Step:
     schema: type  # the root config dataclass (a JobConfig), stored as Hydra schema ``_schema_<name>``
     body: Callable[[Any, Run], Any]  # the work, on the typed config and the run's infrastructure
     options: tuple[Option, ...] = DATA  # command-line options (``--cfg`` and ``--help`` are added)
+    order: float | None = None  # place in ``cptkit --help`` (None: after the ordered steps, by name)
 
     def __call__(self, cfg: DictConfig) -> Any:
         """Fill ``--out`` placeholders, convert the composed ``cfg`` once, run the body."""
@@ -170,19 +176,21 @@ class Step:
 STEPS: dict[str, Step] = {}  # filled as step modules are imported (cptkit.steps.step_module)
 
 
-def step(name: str, schema: type, options: tuple[Option, ...] = DATA) -> Callable[[Callable[[Any, Run], Any]], Step]:
+def step(name: str, schema: type, options: tuple[Option, ...] = DATA,
+         order: float | None = None) -> Callable[[Callable[[Any, Run], Any]], Step]:
     """Declare the decorated ``run(conf, ctx)`` as step ``name``: its config schema (registered for
     ``conf/<name>.yaml`` to extend) and its command-line options. The Typer command, its
     ``--help`` (the module docstring's first paragraph, then every config key), multiruns and
     the runner are generated from this one declaration. A name declared by two modules is an
-    error at import."""
+    error at import. ``order`` places the command in ``cptkit --help`` (pipeline order; a literal
+    number, read from the source without importing the module: :func:`cptkit.steps.step_order`)."""
 
     def declare(body: Callable[[Any, Run], Any]) -> Step:
         old = STEPS.get(name)
         if old is not None and old.body.__module__ != body.__module__:
             raise CptkitError(f"step {name!r} is declared twice: in {old.body.__module__} and in {body.__module__}")
         register_step(name, schema)
-        STEPS[name] = Step(name, schema, body, tuple(options))
+        STEPS[name] = Step(name, schema, body, tuple(options), order)
         return STEPS[name]
 
     return declare

@@ -306,6 +306,40 @@ def _py_anchor(kind: str, sig: str, module: str) -> tuple[str, str]:
     return full, full
 
 
+def _directive_head(lines: list[str], i: int, end: int, kind: str, arg: str) -> tuple[list[str], int]:
+    """The signatures of the directive at line ``i`` (an object's extra signatures continue at
+    its argument's column) and the first line after them and its options."""
+    j = i + 1
+    sigs = [arg]
+    if kind in _OBJECT_DIRECTIVES and arg:
+        col = lines[i].index(arg)
+        while j < end and lines[j].strip() and _indent(lines[j]) == col and not lines[j].lstrip().startswith(":"):
+            sigs.append(lines[j].strip())
+            j += 1
+    while j < end and lines[j].strip() and re.match(r"^\s+:[\w-]+:", lines[j]):
+        j += 1  # options (":noindex:", ":synopsis: ...")
+    return sigs, j
+
+
+def _directive_text(kind: str, arg: str, sigs: list[str], pad: str) -> list[str]:
+    """The plain-text lines a (non top-level object) directive's markup renders to; every other
+    directive (code-block, doctest, only, ...) renders to nothing, its body is kept."""
+    if kind in _ADMONITIONS:
+        label = _ADMONITIONS[kind]
+        return [pad + (f"{label} {arg}" if arg else label)]
+    if kind in _VERSION_NOTES:
+        parts = arg.split(None, 1)
+        note = _VERSION_NOTES[kind].format(parts[0] if parts else "")
+        return [pad + note + (" " + parts[1] if len(parts) > 1 else "")]
+    if kind in _OBJECT_DIRECTIVES:  # a nested object (a method in a class)
+        return [pad + sig for sig in sigs]
+    if kind in ("rubric", "topic", "sidebar", "centered", "table", "csv-table", "list-table") and arg:
+        return [pad + arg]
+    if kind == "availability":
+        return [pad + f"Availability: {arg}"]
+    return []
+
+
 def split_rst(text: str, page: str) -> list[Chunk]:
     """Split a reST page into chunks at section titles and at top-level object directives.
 
@@ -315,8 +349,7 @@ def split_rst(text: str, page: str) -> list[Chunk]:
     lines = text.replace("\t", "    ").splitlines()
     chunks: list[Chunk] = []
     cur_anchor, cur_title, buf = "", page, []
-    module = ""
-    seen_title = False
+    module, seen_title = "", False
     head = 0  # leading lines of buf not to dedent (title, signatures)
     i, n = 0, len(lines)
 
@@ -355,16 +388,7 @@ def split_rst(text: str, page: str) -> list[Chunk]:
         if m:
             ind, kind, arg = len(m.group(1)), m.group(2), m.group(3).strip()
             end = _block_end(lines, i, ind)
-            j = i + 1
-            sigs = [arg]
-            if kind in _OBJECT_DIRECTIVES and arg:
-                col = line.index(arg)  # extra signatures continue at the argument's column
-                while j < end and lines[j].strip() and _indent(lines[j]) == col \
-                        and not lines[j].lstrip().startswith(":"):
-                    sigs.append(lines[j].strip())
-                    j += 1
-            while j < end and lines[j].strip() and re.match(r"^\s+:[\w-]+:", lines[j]):
-                j += 1  # options (":noindex:", ":synopsis: ...")
+            sigs, j = _directive_head(lines, i, end, kind, arg)
             if kind in ("module", "currentmodule", "py:module", "py:currentmodule"):
                 module = "" if arg == "None" else arg
                 i = end
@@ -378,21 +402,8 @@ def split_rst(text: str, page: str) -> list[Chunk]:
                 cur_anchor, cur_title = _py_anchor(kind, arg, module)
                 buf.extend(sigs)
                 head = len(sigs)
-            elif kind in _ADMONITIONS:
-                label = _ADMONITIONS[kind]
-                buf.append(pad + (f"{label} {arg}" if arg else label))
-            elif kind in _VERSION_NOTES:
-                parts = arg.split(None, 1)
-                note = _VERSION_NOTES[kind].format(parts[0] if parts else "")
-                buf.append(pad + note + (" " + parts[1] if len(parts) > 1 else ""))
-            elif kind in _OBJECT_DIRECTIVES:  # a nested object (a method in a class)
-                buf.extend(pad + sig for sig in sigs)
-            elif kind in ("rubric", "topic", "sidebar", "centered", "table", "csv-table",
-                          "list-table") and arg:
-                buf.append(pad + arg)
-            elif kind == "availability":
-                buf.append(pad + f"Availability: {arg}")
-            # every other directive (code-block, doctest, only, ...): body kept, markup dropped
+            else:
+                buf.extend(_directive_text(kind, arg, sigs, pad))
             buf.append("")
             i = j  # the body is processed in place (nested directives included)
             continue
@@ -722,6 +733,66 @@ def _macro_args(rest: str) -> list[str]:
     return args
 
 
+class _Roff:
+    """The state of :func:`strip_roff`: output lines, the paragraph being filled, indent and modes."""
+
+    def __init__(self) -> None:
+        self.out: list[str] = []
+        self.para: list[str] = []
+        self.indent, self.nofill, self.tag_next = 7, False, False
+
+    def flush(self) -> None:
+        if self.para:
+            text = ""
+            for piece in self.para:
+                text = text + _joiner(text, piece) + piece if text else piece
+            self.out.append(" " * self.indent + text)
+            self.para.clear()
+
+    def emit(self, text: str) -> None:
+        text = roff_inline(text)
+        if self.tag_next:
+            self.flush()
+            self.out.append(" " * self.indent + text.strip())
+            self.tag_next = False
+            return
+        if self.nofill:
+            self.out.append(" " * self.indent + text)
+        elif text.strip():
+            self.para.append(text.strip())
+
+    def request(self, name: str, rest: str) -> None:
+        """One macro line ``.NAME REST``; any other request (.de .if .ds .ad .na .ne .in .ti .so
+        ...) and ``.TH`` are dropped."""
+        if name in ("SH", "SS"):
+            self.flush()
+            self.out.append("")
+            self.out.append(("" if name == "SH" else "   ") + roff_inline(" ".join(_macro_args(rest))))
+            self.indent = 7
+        elif name in ("PP", "P", "LP", "sp", "HP", "TP", "IP"):
+            self.flush()
+            self.out.append("")
+            self.tag_next = self.tag_next or name == "TP"
+            args = _macro_args(rest) if name == "IP" else []
+            if args:
+                self.out.append(" " * self.indent + roff_inline(args[0]))
+        elif name in ("br", "TS", "TE", "T&"):
+            self.flush()
+        elif name in ("nf", "EX"):
+            self.flush()
+            self.nofill = True
+        elif name in ("fi", "EE"):
+            self.nofill = False
+        elif name in ("RS", "RE"):
+            self.flush()
+            self.indent = self.indent + 4 if name == "RS" else max(7, self.indent - 4)
+        elif name in _FONT_MACROS:
+            args = _macro_args(rest)
+            self.emit("".join(args) if len(name) == 2 and name not in ("SM", "SB") else " ".join(args))
+        elif name in ("UR", "MT"):
+            self.emit(rest)
+
+
 def strip_roff(src: str) -> str:
     """Render man(7) source to plain text without groff: a careful macro stripper.
 
@@ -729,101 +800,20 @@ def strip_roff(src: str) -> str:
     comments and the common escapes; tables (``.TS``) keep their cell text. Section
     headings come out at column 0 and body text indented by 7, like ``man`` output.
     """
-    out: list[str] = []
-    para: list[str] = []
-    indent, nofill, tag_next = 7, False, False
-
-    def flush() -> None:
-        if para:
-            text = ""
-            for piece in para:
-                text = text + _joiner(text, piece) + piece if text else piece
-            out.append(" " * indent + text)
-            para.clear()
-
-    def emit(text: str) -> None:
-        nonlocal tag_next
-        text = roff_inline(text)
-        if tag_next:
-            flush()
-            out.append(" " * indent + text.strip())
-            tag_next = False
-            return
-        if nofill:
-            out.append(" " * indent + text)
-        elif text.strip():
-            para.append(text.strip())
-
+    r = _Roff()
     for raw in src.splitlines():
         line = raw.rstrip()
         if line.startswith(".\\\"") or line.startswith("'\\\"") or line.startswith('\\"') or line == ".":
             continue
         if line.startswith((".", "'")) and len(line) > 1:
             m = re.match(r"^[.'](\S+)\s*(.*)$", line)
-            if not m:
-                continue
-            name, rest = m.group(1), m.group(2)
-            if name == "TH":
-                continue
-            if name in ("SH", "SS"):
-                flush()
-                out.append("")
-                out.append(("" if name == "SH" else "   ") + roff_inline(" ".join(_macro_args(rest))))
-                indent = 7
-                continue
-            if name in ("PP", "P", "LP", "sp", "HP"):
-                flush()
-                out.append("")
-                continue
-            if name == "br":
-                flush()
-                continue
-            if name == "TP":
-                flush()
-                out.append("")
-                tag_next = True
-                continue
-            if name == "IP":
-                flush()
-                out.append("")
-                args = _macro_args(rest)
-                if args:
-                    out.append(" " * indent + roff_inline(args[0]))
-                continue
-            if name in ("nf", "EX"):
-                flush()
-                nofill = True
-                continue
-            if name in ("fi", "EE"):
-                nofill = False
-                continue
-            if name == "RS":
-                flush()
-                indent += 4
-                continue
-            if name == "RE":
-                flush()
-                indent = max(7, indent - 4)
-                continue
-            if name in _FONT_MACROS:
-                args = _macro_args(rest)
-                joined = "".join(args) if len(name) == 2 and name not in ("SM", "SB") else " ".join(args)
-                emit(joined)
-                continue
-            if name in ("UR", "MT"):
-                emit(rest)
-                continue
-            if name in ("TS", "TE", "T&"):
-                flush()
-                continue
-            continue  # any other request (.de .if .ds .ad .na .ne .in .ti .so ...)
-        if nofill or tag_next:
-            emit(line)
-        else:
-            emit(line.replace("\t", " "))
-    flush()
+            if m:
+                r.request(m.group(1), m.group(2))
+            continue
+        r.emit(line if r.nofill or r.tag_next else line.replace("\t", " "))
+    r.flush()
     # tables: tab-separated cells and format lines ("l l." / "lb lb.") dropped
-    text = "\n".join(ln for ln in out if not re.match(r"^\s*[lcrnaLCRNA][lcrnabiLCRNABI0-9 |]*\.\s*$", ln))
+    text = "\n".join(ln for ln in r.out if not re.match(r"^\s*[lcrnaLCRNA][lcrnabiLCRNABI0-9 |]*\.\s*$", ln))
     return clean_text(text.replace("\t", "  "))
 
 

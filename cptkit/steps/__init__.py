@@ -33,6 +33,32 @@ def step_names() -> list[str]:
 
 
 @cache
+def step_order(step: str) -> float | None:
+    """The ``order=`` of the step's ``@step(...)`` declaration, read from the source (nothing
+    imported); None when it gives none."""
+    tree = ast.parse(step_files()[step].read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "step":
+            for kw in node.keywords:
+                if kw.arg == "order" and isinstance(kw.value, ast.Constant):
+                    return float(kw.value.value)
+    return None
+
+
+def ordered(names: list[str], orders: dict[str, float] | None = None) -> list[str]:
+    """``names`` in pipeline order: by each step's declared ``order`` (or ``orders[name]`` for a
+    command that is not a step), then the rest by name."""
+    orders = orders or {}
+    steps = set(step_names())
+
+    def key(n: str) -> tuple[int, float, str]:
+        o = orders.get(n, step_order(n) if n in steps else None)
+        return (0, o, n) if o is not None else (1, 0.0, n)
+
+    return sorted(names, key=key)
+
+
+@cache
 def step_help(step: str) -> str:
     """The step's help: its module docstring's first paragraph without the ``name:`` prefix,
     read from the source (nothing imported)."""

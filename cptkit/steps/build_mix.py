@@ -16,14 +16,13 @@ Outputs (all under ``--out``): ``_stream.json`` (what train reads), ``tokens/``,
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from cptkit.core.config import JobConfig
 from cptkit.core.errors import CptkitError
-from cptkit.core.job import MANIFEST, Job, Task
+from cptkit.core.job import Hooks, Job, Task
 from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json, resolve_inputs
 from cptkit.core.step import step
@@ -90,7 +89,7 @@ def mix_settings(conf: BuildMixJob) -> MixSettings:
                        batch_docs=conf.build_mix.batch_docs)
 
 
-@step("build-mix", BuildMixJob)
+@step("build-mix", BuildMixJob, order=130)
 def run(conf: BuildMixJob, ctx: Run) -> dict:
     s = mix_settings(conf)
     specs_in = conf.io.inputs or s.mix.sources
@@ -113,7 +112,9 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
         # mix.unique_ids: a repeated id is expected (a retrieved page and its corpus copy) and the
         # mix keeps the first one, so the reader's duplicate-id check would refuse the very case.
         ctx = ctx.recording("io.unique_ids", False)
-    with Job(ctx, tasks=[task], needs_inputs=False) as job:
+    streamed: dict[str, Any] = {}  # the stream's manifest entry, once written (Hooks.manifest_extra)
+    hooks = Hooks(manifest_extra=lambda: {"stream": streamed} if streamed else {})
+    with Job(ctx, tasks=[task], needs_inputs=False, hooks=hooks) as job:
         if not job.pending():
             return job.finish()
         t0 = time.time()
@@ -134,10 +135,8 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
         res.records_out = sum(sd["docs"] for sd in stream_domains)
         res.files += [sd["file"] for sd in stream_domains] + ["plan.npy", STREAM, EVAL]
         job.complete(task, seconds=time.time() - t0)
+        streamed.update({k: v for k, v in stream.items() if k != "domains"} | {"domains": stream_domains})
         result = job.finish(extra=summary(stream, read, files.tokenize_s, read_s))
-        manifest = json.loads((job.out / MANIFEST).read_text())
-        manifest["stream"] = {k: v for k, v in stream.items() if k != "domains"} | {"domains": stream_domains}
-        atomic_write_json(job.out / MANIFEST, manifest)
         return result | {"stream": stream}
 
 

@@ -156,6 +156,6 @@ class Corrupt(MapStep):
         return rows
 
 
-@step("corrupt", CorruptJob)
+@step("corrupt", CorruptJob, order=120)
 def run(conf: CorruptJob, ctx: Run) -> dict:
     return Corrupt(conf, ctx).run()

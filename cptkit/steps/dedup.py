@@ -420,7 +420,7 @@ def _not_ready(job: Job, phase: str, what: str, missing: list, next_phase: str, 
     return job.finish(extra=extra)
 
 
-@step("dedup", DedupJob)
+@step("dedup", DedupJob, order=50)
 def run(conf: DedupJob, ctx: Run) -> dict:
     """Remove exact and near duplicates; keep the first document of every cluster."""
     d, skip = conf.dedup, conf.io.skip_bad_lines

@@ -54,7 +54,7 @@ def source_tasks(sources: list[str]) -> list[Task]:
     return [Task(order.index(s), [], name=f"{order.index(s):05d}") for s in sorted(sources, key=order.index)]
 
 
-@step("demo-corpus", DemoCorpusJob, options=(OUT, QUIET))
+@step("demo-corpus", DemoCorpusJob, options=(OUT, QUIET), order=10)
 def run(conf: DemoCorpusJob, ctx: Run) -> dict:
     """Write each configured source's records into ``part-TTTTT-KKKK.jsonl.gz`` shards."""
     c = conf.corpus

@@ -102,10 +102,62 @@ def model_info(spec: str, model) -> dict[str, Any]:
     return info
 
 
+def perplexity(model: Any, tok: Any, records: Any, ec: Any) -> dict[str, Any]:
+    """Per-group and overall loss / perplexity of ``model`` on ``records`` (``eval.ppl``)."""
+    from cptkit.models import lm
+
+    pc = ec.ppl
+    groups = lm.group_losses(model, tok, records, pc.group_by, pc.max_docs_per_group, batch_size=ec.batch_size,
+                             max_length=pc.max_length, text_field=pc.text_field, max_tokens=pc.max_tokens)
+    tokens = sum(g["tokens"] for g in groups.values())
+    nll = sum(g["loss"] * g["tokens"] for g in groups.values() if g["tokens"])
+    overall = nll / tokens if tokens else float("nan")
+    return {"group_by": pc.group_by, "groups": groups,
+            "all": {"loss": overall, "ppl": math.exp(overall) if tokens else float("nan"),
+                    "tokens": tokens, "docs": sum(g["docs"] for g in groups.values())}}
+
+
+def run_lm_eval_tasks(model: Any, tok: Any, task_names: list[str], ec: Any, results: dict, contam: dict | None,
+                      w: Any) -> None:
+    """``eval.engine=lm_eval``: run ``task_names`` through lm-evaluation-harness; items to ``w``."""
+    from cptkit.eval.lm_eval_engine import run_lm_eval
+
+    ts = time.time()
+    done = run_lm_eval(model, tok, task_names, num_fewshot=ec.shots, limit=ec.limit, batch_size=ec.batch_size,
+                       seed=ec.fewshot_seed, max_length=ec.max_length, include_path=ec.lm_eval.include_path,
+                       allow_code=ec.lm_eval.allow_code, max_gen_toks=ec.max_gen_toks)
+    for name, (metrics, items) in done.items():
+        metrics["seconds"] = time.time() - ts
+        results["tasks"][name] = {"metrics": metrics, "engine": "lm_eval"}
+        _add_split(results["tasks"][name], items, contam, name)
+        for it in items:
+            w.write({"id": f"{name}/{it['id']}", "text": it.pop("question"), "task": name, **it})
+
+
+def run_native_task(model: Any, tok: Any, et: Any, ec: Any, shots_for: dict, results: dict, contam: dict | None,
+                    w: Any, job: Job) -> None:
+    """One task of cptkit's own engine: its metrics into ``results``, its items to ``w``."""
+    from cptkit.eval import tasks as T
+
+    n_items = len(T.load_docs(et, et.spec["test_split"])[: ec.limit or None])
+    advance = job.add_bar(et.name, n_items * (4 if et.output_type == T.MC else 1))
+    ts = time.time()
+    shots = ec.shots if ec.shots is not None else shots_for.get(et.name, shots_for.get(str(et.path.stem)))
+    metrics, items = T.run_task(model, tok, et, num_fewshot=shots, limit=ec.limit, seed=ec.fewshot_seed,
+                                batch_size=ec.batch_size, max_gen_toks=ec.max_gen_toks, max_length=ec.max_length,
+                                on_batch=advance)
+    metrics["seconds"] = time.time() - ts
+    results["tasks"][et.name] = {"metrics": metrics, "version": et.version, "hash": et.hash(),
+                                 "file": str(et.path), "output_type": et.output_type, "data": dict(et.sources)}
+    _add_split(results["tasks"][et.name], items, contam, et.name)
+    for it in items:
+        w.write({"id": f"{et.name}/{it['id']}", "text": it.pop("question"), "task": et.name, **it})
+
+
 MODEL = Option(("--model",), "eval.model", "HF model dir, .gguf file, or smollm2.", metavar="MODEL")
 
 
-@step("evaluate", EvaluateJob, options=(MODEL, IN, OUT, QUIET, SKIP_BAD))
+@step("evaluate", EvaluateJob, options=(MODEL, IN, OUT, QUIET, SKIP_BAD), order=150)
 def run(conf: EvaluateJob, ctx: Run) -> dict:
     """Perplexity per group (when inputs are given) and benchmark tasks (when ``eval.tasks``)."""
     from cptkit.core.shards import resolve_inputs
@@ -139,47 +191,12 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
             if suite:
                 results["suite"] = {"name": suite["suite"], "file": suite["_path"]}
             if inputs:
-                pc = ec.ppl
-                groups = lm.group_losses(model, tok, job.read(task), pc.group_by, pc.max_docs_per_group,
-                                         batch_size=ec.batch_size, max_length=pc.max_length,
-                                         text_field=pc.text_field, max_tokens=pc.max_tokens)
-                tokens = sum(g["tokens"] for g in groups.values())
-                nll = sum(g["loss"] * g["tokens"] for g in groups.values() if g["tokens"])
-                overall = nll / tokens if tokens else float("nan")
-                results["perplexity"] = {"group_by": pc.group_by, "groups": groups,
-                                         "all": {"loss": overall, "ppl": math.exp(overall) if tokens else float("nan"),
-                                                 "tokens": tokens, "docs": sum(g["docs"] for g in groups.values())}}
+                results["perplexity"] = perplexity(model, tok, job.read(task), ec)
             with job.writer(task) as w:
                 if ec.engine == "lm_eval":
-                    from cptkit.eval.lm_eval_engine import run_lm_eval
-
-                    ts = time.time()
-                    done = run_lm_eval(model, tok, task_names, num_fewshot=ec.shots, limit=ec.limit,
-                                       batch_size=ec.batch_size, seed=ec.fewshot_seed,
-                                       max_length=ec.max_length, include_path=ec.lm_eval.include_path,
-                                       allow_code=ec.lm_eval.allow_code, max_gen_toks=ec.max_gen_toks)
-                    for name, (metrics, items) in done.items():
-                        metrics["seconds"] = time.time() - ts
-                        results["tasks"][name] = {"metrics": metrics, "engine": "lm_eval"}
-                        _add_split(results["tasks"][name], items, contam, name)
-                        for it in items:
-                            w.write({"id": f"{name}/{it['id']}", "text": it.pop("question"), "task": name, **it})
+                    run_lm_eval_tasks(model, tok, task_names, ec, results, contam, w)
                 for et in etasks:
-                    n_items = len(T.load_docs(et, et.spec["test_split"])[: ec.limit or None])
-                    advance = job.add_bar(et.name, n_items * (4 if et.output_type == T.MC else 1))
-                    ts = time.time()
-                    shots = ec.shots if ec.shots is not None else shots_for.get(et.name, shots_for.get(str(et.path.stem)))
-                    metrics, items = T.run_task(model, tok, et, num_fewshot=shots, limit=ec.limit,
-                                                seed=ec.fewshot_seed, batch_size=ec.batch_size,
-                                                max_gen_toks=ec.max_gen_toks, max_length=ec.max_length,
-                                                on_batch=advance)
-                    metrics["seconds"] = time.time() - ts
-                    results["tasks"][et.name] = {"metrics": metrics, "version": et.version, "hash": et.hash(),
-                                                 "file": str(et.path), "output_type": et.output_type,
-                                                 "data": dict(et.sources)}
-                    _add_split(results["tasks"][et.name], items, contam, et.name)
-                    for it in items:
-                        w.write({"id": f"{et.name}/{it['id']}", "text": it.pop("question"), "task": et.name, **it})
+                    run_native_task(model, tok, et, ec, shots_for, results, contam, w, job)
             if contam:
                 results["contamination"] = {"report": contam["_path"], "ngram": contam.get("ngram")}
             results["config"] = job.config

@@ -72,7 +72,7 @@ def item_texts(task, limit: int | None, mode: str) -> list[str]:
     return out
 
 
-@step("evaluate-contamination", EvaluateContaminationJob)
+@step("evaluate-contamination", EvaluateContaminationJob, order=160)
 def run(conf: EvaluateContaminationJob, ctx: Run) -> dict:
     from cptkit.eval import tasks as T
     from cptkit.eval.contamination import REPORT, BenchmarkIndex, contamination_report, ngram_hashes

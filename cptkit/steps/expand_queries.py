@@ -177,7 +177,7 @@ class QueryPool:
         return kept, len(candidates) - len(kept)
 
 
-@step("expand-queries", ExpandQueriesJob)
+@step("expand-queries", ExpandQueriesJob, order=20)
 def run(conf: ExpandQueriesJob, ctx: Run) -> dict[str, Any]:
     inputs = resolve_inputs(conf.io.inputs)
     task = Task(0, inputs)
@@ -237,70 +237,17 @@ def expand(conf: ExpandQueriesJob, job: Job, task: Task) -> tuple[list[Record], 
     pool.seed(seed_recs)
     kept["seed"] = len(seed_recs)
     frontier = list(seed_recs)
-    cl = dataclasses.asdict(ex.clean)
-    k = ex.questions_per_seed
     rng = random.Random(conf.seed)
     next_kinds = set(ex.next_round_kinds)
-
-    def drop(reason: str | None, n: int = 1) -> None:
-        if reason:
-            dropped[reason] = dropped.get(reason, 0) + n
-
     for rnd in range(1, ex.rounds + 1):
         if ex.max_frontier and len(frontier) > ex.max_frontier:
             frontier = [frontier[i] for i in sorted(rng.sample(range(len(frontier)), ex.max_frontier))]
         if not frontier:
             log.info("round %d: nothing left to expand", rnd)
             break
-        # -- Question Extension ------------------------------------------------------------------
-        reqs, parents, seeds_ = [], [], []
-        for item in frontier:
-            is_kw = item["kind"] == "seed" and item["seed_type"] == "keyword"
-            prompt = ex.keyword_prompt if is_kw else ex.question_prompt
-            text = render(prompt, keyword=item["text"], question=item["text"], domain=item["domain"])
-            for j in range(k):
-                reqs.append(text)
-                parents.append((item, j, prompt))
-                seeds_.append(conf.llm.seed * 1_000_003 + j)
-        outs, used = _generate_grouped(gen, reqs, [p[2] for p in parents], seeds_,
-                                       job.add_bar(f"round {rnd}: questions", len(reqs)), conf.llm)
-        cands = []
-        for (item, j, prompt), c, par, sd in zip(parents, outs, used, seeds_, strict=True):
-            q, why = clean_text(parse_question(c.text), c.finish_reason, **cl)
-            if why:
-                drop(why)
-                continue
-            cands.append({"id": f"{item['id']}.r{rnd}q{j}", "text": q, "kind": "question", "parent": item["id"],
-                          "round": rnd, "domain": item["domain"], "seed_id": item["seed_id"],
-                          "meta": {"generator": generator_meta(prompt, gen, par, sd)}})
-        new_q, n_dup = pool.add(cands)
-        drop("near_duplicate" if n_dup else None, n_dup)
+        new_q, n_reqs = extend_questions(conf, gen, pool, frontier, rnd, job, dropped)
+        new_t = generate_thoughts(conf, gen, pool, new_q, rnd, job, dropped) if ex.thoughts and new_q else []
         kept["question"] += len(new_q)
-        # -- Thought Generation ----------------------------------------------------------------
-        new_t: list[Record] = []
-        if ex.thoughts and new_q:
-            treqs = [render(ex.thought_prompt, question=q["text"], domain=q["domain"]) for q in new_q]
-            tseeds = [conf.llm.seed] * len(treqs)
-            touts, tused = _generate_grouped(gen, treqs, [ex.thought_prompt] * len(treqs), tseeds,
-                                             job.add_bar(f"round {rnd}: thoughts", len(treqs)), conf.llm)
-            tc = []
-            for q, c, par, sd in zip(new_q, touts, tused, tseeds, strict=True):
-                answer, cot = parse_thought(c.text)
-                # the answer precedes the chain of thought: it is complete unless nothing follows it
-                a_reason = "stop" if cot or c.finish_reason == "stop" else c.finish_reason
-                meta = {"generator": generator_meta(ex.thought_prompt, gen, par, sd)}
-                for kind, text, fr in (("answer", answer, a_reason), ("thought", cot, c.finish_reason)):
-                    if kind == "thought" and not text:
-                        drop("no_thought")
-                        continue
-                    t, why = clean_text(text, fr, **cl)
-                    if why:
-                        drop(why)
-                        continue
-                    tc.append({"id": f"{q['id']}.{kind[0]}", "text": t, "kind": kind, "parent": q["id"], "round": rnd,
-                               "domain": q["domain"], "seed_id": q["seed_id"], "meta": meta})
-            new_t, n_dup = pool.add(tc)
-            drop("near_duplicate" if n_dup else None, n_dup)
         n_ans = sum(r["kind"] == "answer" for r in new_t)
         n_cot = len(new_t) - n_ans
         kept["answer"] += n_ans
@@ -309,7 +256,7 @@ def expand(conf: ExpandQueriesJob, job: Job, task: Task) -> tuple[list[Record], 
         frontier = [r for r in new_q + new_t if r["kind"] in next_kinds]
         per_round.append({"round": rnd, "expanded": len(expanded),
                           "expanded_by_kind": {kd: expanded.count(kd) for kd in ("seed", *GENERATED_KINDS)},
-                          "question_requests": len(reqs), "questions": len(new_q), "answers": n_ans,
+                          "question_requests": n_reqs, "questions": len(new_q), "answers": n_ans,
                           "thoughts": n_cot, "pool": len(pool.records), "next_frontier": len(frontier)})
         log.info("round %d: %d questions, %d answers, %d thoughts kept; pool %d", rnd, len(new_q), n_ans, n_cot,
                  len(pool.records))
@@ -320,6 +267,71 @@ def expand(conf: ExpandQueriesJob, job: Job, task: Task) -> tuple[list[Record], 
              "prompts": {n: getattr(ex, n).name for n in ("question_prompt", "keyword_prompt", "thought_prompt")}}
     gen.close()
     return pool.records, stats
+
+
+def _drop(dropped: dict[str, int], reason: str | None, n: int = 1) -> None:
+    if reason:
+        dropped[reason] = dropped.get(reason, 0) + n
+
+
+def extend_questions(conf: ExpandQueriesJob, gen: Any, pool: QueryPool, frontier: list[Record], rnd: int, job: Job,
+                     dropped: dict[str, int]) -> tuple[list[Record], int]:
+    """Question Extension of round ``rnd``: ``questions_per_seed`` new questions per frontier item,
+    cleaned and near-deduplicated into ``pool``. Returns the kept questions and the request count."""
+    ex, cl = conf.expand, dataclasses.asdict(conf.expand.clean)
+    reqs, parents, seeds_ = [], [], []
+    for item in frontier:
+        is_kw = item["kind"] == "seed" and item["seed_type"] == "keyword"
+        prompt = ex.keyword_prompt if is_kw else ex.question_prompt
+        text = render(prompt, keyword=item["text"], question=item["text"], domain=item["domain"])
+        for j in range(ex.questions_per_seed):
+            reqs.append(text)
+            parents.append((item, j, prompt))
+            seeds_.append(conf.llm.seed * 1_000_003 + j)
+    outs, used = _generate_grouped(gen, reqs, [p[2] for p in parents], seeds_,
+                                   job.add_bar(f"round {rnd}: questions", len(reqs)), conf.llm)
+    cands = []
+    for (item, j, prompt), c, par, sd in zip(parents, outs, used, seeds_, strict=True):
+        q, why = clean_text(parse_question(c.text), c.finish_reason, **cl)
+        if why:
+            _drop(dropped, why)
+            continue
+        cands.append({"id": f"{item['id']}.r{rnd}q{j}", "text": q, "kind": "question", "parent": item["id"],
+                      "round": rnd, "domain": item["domain"], "seed_id": item["seed_id"],
+                      "meta": {"generator": generator_meta(prompt, gen, par, sd)}})
+    new_q, n_dup = pool.add(cands)
+    _drop(dropped, "near_duplicate" if n_dup else None, n_dup)
+    return new_q, len(reqs)
+
+
+def generate_thoughts(conf: ExpandQueriesJob, gen: Any, pool: QueryPool, new_q: list[Record], rnd: int, job: Job,
+                      dropped: dict[str, int]) -> list[Record]:
+    """Thought Generation of round ``rnd``: an answer and a chain of thought per new question,
+    cleaned and near-deduplicated into ``pool``. Returns the kept answer / thought records."""
+    ex, cl = conf.expand, dataclasses.asdict(conf.expand.clean)
+    treqs = [render(ex.thought_prompt, question=q["text"], domain=q["domain"]) for q in new_q]
+    tseeds = [conf.llm.seed] * len(treqs)
+    touts, tused = _generate_grouped(gen, treqs, [ex.thought_prompt] * len(treqs), tseeds,
+                                     job.add_bar(f"round {rnd}: thoughts", len(treqs)), conf.llm)
+    tc = []
+    for q, c, par, sd in zip(new_q, touts, tused, tseeds, strict=True):
+        answer, cot = parse_thought(c.text)
+        # the answer precedes the chain of thought: it is complete unless nothing follows it
+        a_reason = "stop" if cot or c.finish_reason == "stop" else c.finish_reason
+        meta = {"generator": generator_meta(ex.thought_prompt, gen, par, sd)}
+        for kind, text, fr in (("answer", answer, a_reason), ("thought", cot, c.finish_reason)):
+            if kind == "thought" and not text:
+                _drop(dropped, "no_thought")
+                continue
+            t, why = clean_text(text, fr, **cl)
+            if why:
+                _drop(dropped, why)
+                continue
+            tc.append({"id": f"{q['id']}.{kind[0]}", "text": t, "kind": kind, "parent": q["id"], "round": rnd,
+                       "domain": q["domain"], "seed_id": q["seed_id"], "meta": meta})
+    new_t, n_dup = pool.add(tc)
+    _drop(dropped, "near_duplicate" if n_dup else None, n_dup)
+    return new_t
 
 
 def _generate_grouped(gen: Any, reqs: list, prompts: list[PromptConfig], seeds: list[int], advance: Any,

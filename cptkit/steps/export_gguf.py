@@ -36,7 +36,7 @@ MODEL = Option(("--model", "-m"), "export.model", "The model directory to export
 OUT_FILE = Option(("--out", "-o"), "io.output", "The GGUF file to write.")
 
 
-@step("export-gguf", ExportGGUFJob, options=(MODEL, OUT_FILE, QUIET))
+@step("export-gguf", ExportGGUFJob, options=(MODEL, OUT_FILE, QUIET), order=145)
 def run(conf: ExportGGUFJob, ctx: Run) -> dict:
     from pathlib import Path
 

@@ -105,7 +105,7 @@ class LabelTopics(MapStep):
         return rows | dict(sorted(total.items()))
 
 
-@step("label-topics", LabelTopicsJob)
+@step("label-topics", LabelTopicsJob, order=100)
 def run(conf: LabelTopicsJob, ctx: Run) -> dict:
     return LabelTopics(conf, ctx).run()
 

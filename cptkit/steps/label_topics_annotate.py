@@ -254,7 +254,7 @@ def annotate_loglikelihood(gen, todo: list[tuple[Record, str]], taxes: dict, con
     return labelled
 
 
-@step("label-topics-annotate", LabelTopicsAnnotateJob)
+@step("label-topics-annotate", LabelTopicsAnnotateJob, order=80)
 def run(conf: LabelTopicsAnnotateJob, ctx: Run) -> dict:
     from cptkit.llm import load_generator
 

@@ -39,7 +39,7 @@ class LabelTopicsTrainJob(JobConfig):
 
 MIN_EXAMPLES = 10  # fewer labelled records in a language: no classifier for it (too few to split)
 
-@step("label-topics-train", LabelTopicsTrainJob)
+@step("label-topics-train", LabelTopicsTrainJob, order=90)
 def run(conf: LabelTopicsTrainJob, ctx: Run) -> dict:
     taxes = taxonomies(conf)
     label_field = conf.train.label_field

@@ -164,7 +164,7 @@ QUERIES = Option(("--queries",), "retrieve.queries", "Query records (their `text
 INDEX = Option(("--index",), "retrieve.index", "Index directory: reused if finished, else built there from --corpus.")
 
 
-@step("retrieve", RetrieveJob, options=(QUERIES, CORPUS, INDEX, OUT, QUIET, SKIP_BAD))
+@step("retrieve", RetrieveJob, options=(QUERIES, CORPUS, INDEX, OUT, QUIET, SKIP_BAD), order=40)
 def run(conf: RetrieveJob, ctx: Run) -> dict:
     """Build or reuse the index, search every query, write the union of hits and the run file."""
     rc = conf.retrieve

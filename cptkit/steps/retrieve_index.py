@@ -27,7 +27,7 @@ from cptkit.index.store import build_index
 from cptkit.steps.retrieve import CORPUS, RetrieveJob
 
 
-@step("retrieve-index", RetrieveJob, options=(CORPUS, OUT, QUIET, SKIP_BAD))
+@step("retrieve-index", RetrieveJob, options=(CORPUS, OUT, QUIET, SKIP_BAD), order=30)
 def run(conf: RetrieveJob, ctx: Run) -> dict:
     """Build this slice's index shards (resumable: finished shards are kept)."""
     rc = conf.retrieve

@@ -111,6 +111,6 @@ class ScoreQuality(MapStep):
         return rows | dict(total)
 
 
-@step("score-quality", ScoreQualityJob)
+@step("score-quality", ScoreQualityJob, order=70)
 def run(conf: ScoreQualityJob, ctx: Run) -> dict:
     return ScoreQuality(conf, ctx).run()

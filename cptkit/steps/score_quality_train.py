@@ -52,7 +52,7 @@ NEGATIVES = Option(("--negatives",), "train.negatives", "JSONL file, directory o
                    multiple=True)
 
 
-@step("score-quality-train", ScoreQualityTrainJob, options=(POSITIVES, NEGATIVES, IN, OUT, QUIET, SKIP_BAD))
+@step("score-quality-train", ScoreQualityTrainJob, options=(POSITIVES, NEGATIVES, IN, OUT, QUIET, SKIP_BAD), order=60)
 def run(conf: ScoreQualityTrainJob, ctx: Run) -> dict:
     t = conf.train
     if t.positives or t.negatives:

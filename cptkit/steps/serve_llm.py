@@ -52,7 +52,7 @@ class ServeLLMJob(JobConfig):
               "serve-llm serves a local backend: use llm=auto, llm=llamacpp, llm=transformers or llm=vllm")
 
 
-@step("serve-llm", ServeLLMJob, options=(QUIET,))
+@step("serve-llm", ServeLLMJob, options=(QUIET,), order=180)
 def run(conf: ServeLLMJob, ctx: Run) -> None:
     from cptkit.llm import load_generator
     from cptkit.llm.serve import serve

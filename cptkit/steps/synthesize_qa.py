@@ -151,7 +151,7 @@ def length_band(lo: int, hi: int, tolerance: float) -> tuple[int, int]:
     return math.floor(round(lo * (1 - tolerance), 6)), (math.ceil(round(hi * (1 + tolerance), 6)) if hi else 0)
 
 
-@step("synthesize-qa", SynthesizeQAJob)
+@step("synthesize-qa", SynthesizeQAJob, order=110)
 def run(conf: SynthesizeQAJob, ctx: Run) -> dict[str, Any]:
     sy = conf.synth
     mode = sy.mode

@@ -376,7 +376,7 @@ def _set_rng_state(s: dict[str, Any]) -> None:
 
 
 # --- the step -------------------------------------------------------------------------------
-@step("train", TrainJob, options=(IN, OUT, QUIET))
+@step("train", TrainJob, options=(IN, OUT, QUIET), order=140)
 def run(conf: TrainJob, ctx: Run) -> dict:
     from cptkit.core.job import Job, Task
     from cptkit.mixtures.stream import Stream

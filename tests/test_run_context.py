@@ -1,0 +1,115 @@
+"""The framework's side of a step run: the typed config converted once, the frozen :class:`Run`
+that carries the infrastructure settings and the recorded config, and ``_SUCCESS`` as the last
+file any step writes into its output (observed from outside, on real runs)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import write_jsonl
+from mixdata import build_stream, make_tokenizer
+
+from cptkit.core.config import compose_step, to_dict
+from cptkit.core.job import Job, config_hash
+from cptkit.core.redact import redact
+from cptkit.core.run import Run
+from cptkit.steps import execute, step_module
+
+STEPS_DIR = Path(__file__).resolve().parent.parent / "cptkit" / "steps"
+
+_WRITES: list[tuple[str, str]] | None = None  # (event, path) while a test records; None: off
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _WRITES is None:
+        return
+    if event == "open" and args[0] is not None and not isinstance(args[0], int):
+        mode, flags = args[1], args[2]
+        writing = (mode is not None and any(c in str(mode) for c in "wax+")) or \
+            (mode is None and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
+        if writing:
+            _WRITES.append(("open", os.path.abspath(os.fsdecode(args[0]))))
+    elif event == "os.rename":  # os.rename and os.replace
+        _WRITES.append(("rename", os.path.abspath(os.fsdecode(args[1]))))
+
+
+sys.addaudithook(_audit)
+
+
+def writes_into(out: Path, fn) -> list[str]:
+    """The files ``fn()`` writes under ``out``, in order (opened for writing, or renamed onto)."""
+    global _WRITES
+    _WRITES = []
+    try:
+        fn()
+        seen = list(_WRITES)
+    finally:
+        _WRITES = None
+    root = str(out.resolve()) + os.sep
+    return [os.path.relpath(p, root) for _, p in seen if p.startswith(root)]
+
+
+def assert_success_is_last(out: Path, written: list[str]) -> None:
+    assert written and written[-1] == "_SUCCESS", written[-5:]
+    done = (out / "_SUCCESS").stat().st_mtime_ns
+    later = [str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and p.stat().st_mtime_ns > done]
+    assert not later, f"written after _SUCCESS: {later}"
+
+
+def test_build_mix_writes_nothing_after_success(corpus_dir, corpus_records, tmp_path_factory, tmp_path):
+    """The stream's manifest entry goes in through Job's hooks, not by rewriting the manifest."""
+    tok = make_tokenizer(corpus_records, tmp_path_factory.mktemp("tok"))
+    out = tmp_path / "mix"
+    written = writes_into(out, lambda: build_stream(corpus_dir, tok, out, []))
+    assert "_manifest.json" in written and written.count("_manifest.json") == 1
+    assert_success_is_last(out, written)
+    assert json.loads((out / "_manifest.json").read_text())["stream"]["domains"]  # the hook's addition
+
+
+def test_a_map_step_writes_nothing_after_success(tmp_path):
+    write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": f"a{i}", "text": f"word {i} " * 20} for i in range(30)])
+    write_jsonl(tmp_path / "in" / "b.jsonl", [{"id": f"b{i}", "text": f"more {i} " * 20} for i in range(10)])
+    out = tmp_path / "out"
+    step_module("corrupt")
+    cfg = compose_step("corrupt", [f"io.inputs=[{tmp_path / 'in'}]", f"io.output={out}", "quiet=true"])
+    written = writes_into(out, lambda: execute("corrupt", cfg))
+    assert any(w.startswith("part-") for w in written)
+    assert_success_is_last(out, written)
+
+
+def test_a_run_is_frozen_and_records_changes_as_copies(tmp_path):
+    """Run.recording gives a copy (io.* changes the I/O settings too); the original is untouched."""
+    write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": "a", "text": "one doc"}])
+    step_module("corrupt")
+    cfg = compose_step("corrupt", [f"io.inputs=[{tmp_path / 'in'}]", f"io.output={tmp_path / 'o'}",
+                                   "corrupt.ratio=0.25"])
+    before = to_dict(cfg)
+    ctx = Run.of(cfg)
+    assert to_dict(cfg) == before and ctx.record == redact(before)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.quiet = True  # type: ignore[misc]
+    other = ctx.recording("io.unique_ids", False).recording("corrupt.ratio", 0.5)
+    assert other.io.unique_ids is False and other.record["io"]["unique_ids"] is False
+    assert other.record["corrupt"]["ratio"] == 0.5 and ctx.record["corrupt"]["ratio"] == 0.25 and ctx.io.unique_ids
+    assert config_hash(other.record) != config_hash(ctx.record)
+    assert isinstance(Job(ctx).ctx, Run)
+
+
+def test_no_step_converts_or_mutates_its_config():
+    """Every step's run takes (conf, ctx); none calls OmegaConf.to_object / set_struct / open_dict."""
+    bad = []
+    for p in sorted(STEPS_DIR.glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("to_object", "set_struct", "open_dict"):
+                bad.append(f"{p.name}:{node.lineno} {node.attr}")
+            if isinstance(node, ast.FunctionDef) and node.name == "run" and any(
+                    isinstance(d, ast.Call) and getattr(d.func, "id", "") == "step" for d in node.decorator_list):
+                if [a.arg for a in node.args.args] != ["conf", "ctx"]:
+                    bad.append(f"{p.name}:{node.lineno} run({', '.join(a.arg for a in node.args.args)})")
+    assert not bad, bad
