@@ -100,9 +100,13 @@ class MapStep(ABC):
         """Summary-table and manifest rows from the stats of every finished task."""
         return dict(sorted(total.items()))
 
+    def reads(self) -> list[Any]:
+        """Files and directories the step reads besides its inputs (models): they key the output too."""
+        return []
+
     def run(self) -> dict[str, Any]:
         """Run every pending task of this process's slice; finish the output when all are done."""
-        with Job(self.ctx) as job:
+        with Job(self.ctx, reads=self.reads()) as job:
             total = job.run_map(lambda recs, stats: map_batches(recs, self.batch_size, self.process, stats),
                                 self.stats_key)
             return job.finish(extra=self.summary(total))

@@ -113,7 +113,7 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
         # mix.unique_ids: a repeated id is expected (a retrieved page and its corpus copy) and the
         # mix keeps the first one, so the reader's duplicate-id check would refuse the very case.
         ctx = ctx.recording("io.unique_ids", False)
-    with Job(ctx, tasks=[task], needs_inputs=False) as job:
+    with Job(ctx, tasks=[task], needs_inputs=False, reads=[conf.tokenizer, s.cur.model]) as job:
         if not job.pending():
             return job.finish()
         t0 = time.time()

@@ -62,7 +62,9 @@ def run(conf: TrainJob, ctx: Run) -> dict:
     ckdir = out / "checkpoints"
     job = None
     if rank == 0:
-        job = Job(ctx, tasks=[Task(0, [], name="train")], needs_inputs=False)
+        reads = [conf.io.inputs[0], conf.model.path, conf.tokenizer or stream.tokenizer_spec(),
+                 tcfg.velocitune.targets_file]  # the stream, the model, the tokenizer: they key the run
+        job = Job(ctx, tasks=[Task(0, [], name="train")], needs_inputs=False, reads=reads)
         job.hash = run_identity(job.config)
         extend = reopen_finished(out, ckdir, tcfg.max_steps, resume)
         job.__enter__()
