@@ -58,13 +58,15 @@ class HashCache:
         return digest
 
     def save(self) -> None:
-        """Write the cache (merged with entries other processes added meanwhile); errors are ignored."""
+        """Write the cache (merged with entries other processes added meanwhile, less those of
+        files that are gone); errors are ignored."""
         if not self.dirty:
             return
         try:
             merged = {**json.loads(self.path.read_text()), **self.entries}
         except (OSError, ValueError):
             merged = dict(self.entries)
+        merged = {k: v for k, v in merged.items() if os.path.exists(k)}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
