@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from classify_realtext import fortunes_en, manpages_zh, maxima_docs, poems_zh, python_docs
+from classify_realtext import fortunes_en, maxima_docs, python_docs
 from conftest import read_jsonl_dir, write_jsonl
 from mixdata import TWO_DOMAINS, make_tokenizer
 
@@ -27,9 +27,10 @@ def hash_cache(tmp_path, monkeypatch) -> Path:
     return tmp_path / "cache" / "hashes.json"
 
 
-def cli(argv: list, capsys) -> tuple[int, str]:
+def cli(argv: list, capsys=None) -> tuple[int, str]:
     """``cptkit ARGV`` in-process through the console entry point: (exit code, stderr)."""
-    capsys.readouterr()
+    if capsys is not None:
+        capsys.readouterr()
     old, sys.argv = sys.argv, ["cptkit", *map(str, argv)]
     code = 0
     try:
@@ -38,7 +39,7 @@ def cli(argv: list, capsys) -> tuple[int, str]:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
         sys.argv = old
-    return code, capsys.readouterr().err
+    return code, capsys.readouterr().err if capsys is not None else ""
 
 
 def refused(code: int, err: str, *words: str) -> str:
@@ -66,22 +67,28 @@ def edit_same_size_same_mtime(path: Path) -> None:
     assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
 
 
-def train_quality(tmp: Path, name: str, pos: list[dict], neg: list[dict], capsys) -> Path:
+def train_quality(tmp: Path, name: str, pos: list[dict], neg: list[dict]) -> Path:
     p, n, out = write_jsonl(tmp / f"{name}-pos.jsonl", pos), write_jsonl(tmp / f"{name}-neg.jsonl", neg), tmp / name
-    code, err = cli(["score-quality-train", "--positives", p, "--negatives", n, "--out", out, "-q"], capsys)
-    assert code == 0, err
+    assert cli(["score-quality-train", "--positives", p, "--negatives", n, "--out", out, "-q"])[0] == 0
     return out
 
 
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Two quality models: python docs good (a) and fortunes good (b)."""
+    tmp = tmp_path_factory.mktemp("quality")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CPTKIT_CACHE", str(tmp / "cache"))
+        good, bad = python_docs(60) + maxima_docs(30), fortunes_en(90)
+        return train_quality(tmp, "qa", good, bad), train_quality(tmp, "qb", bad, good)
+
+
 @pytest.fixture()
-def quality(tmp_path, capsys):
-    """Two quality models (python docs good / fortunes good) and a probe set."""
-    good, bad = python_docs(60) + maxima_docs(30), fortunes_en(90)
-    a = train_quality(tmp_path, "qa", good, bad, capsys)
-    b = train_quality(tmp_path, "qb", bad, good, capsys)
+def quality(models, tmp_path):
+    """The two quality models and a probe set of this test's own (it may be edited)."""
     probe = [{"id": f"p{i}", "text": r["text"]} for i, r in enumerate(python_docs(200)[1::20] + fortunes_en(200)[1::20])]
     write_jsonl(tmp_path / "probe" / "p.jsonl", probe)
-    return a, b, tmp_path / "probe"
+    return *models, tmp_path / "probe"
 
 
 def test_quality_model_replaced_in_place(quality, tmp_path, capsys):
@@ -118,29 +125,27 @@ def test_input_edited_keeping_size_and_mtime(quality, tmp_path, capsys):
 
 
 def test_topic_model_replaced_in_place(tmp_path, capsys):
-    def train(name: str, zh_topic: str) -> Path:
-        recs = ([{**r, "topic": "Computer Science and Engineering"} for r in python_docs(60)]
-                + [{**r, "topic": "Others"} for r in fortunes_en(60)]
-                + [{**r, "topic": zh_topic} for r in poems_zh(60)]
-                + [{**r, "topic": "Computer Science and Engineering"} for r in manpages_zh(60)])
+    def train(name: str, fortune_topic: str) -> Path:
+        recs = ([{**r, "topic": "Computer Science and Engineering", "lang": "en"} for r in python_docs(40)]
+                + [{**r, "topic": fortune_topic, "lang": "en"} for r in fortunes_en(40)])
         write_jsonl(tmp_path / name / "labels.jsonl", recs)
         code, err = cli(["label-topics-train", "--in", tmp_path / name, "--out", tmp_path / f"{name}-model", "-q"], capsys)
         assert code == 0, err
         return tmp_path / f"{name}-model"
 
-    a, b = train("ta", "Arts and Culture"), train("tb", "Philosophy")
+    a, b = train("ta", "Others"), train("tb", "Philosophy and Logic")
     model, out = tmp_path / "topics", tmp_path / "labelled"
     shutil.copytree(a, model)
-    write_jsonl(tmp_path / "in" / "p.jsonl", [{"id": f"po{i}", "text": r["text"]}
-                                              for i, r in enumerate(poems_zh(200)[1::20])])
+    write_jsonl(tmp_path / "in" / "p.jsonl", [{"id": f"f{i}", "text": r["text"], "lang": "en"}
+                                              for i, r in enumerate(fortunes_en(200)[1::20])])
     argv = ["label-topics", "--in", tmp_path / "in", "--out", out, "-q", f"topics.model={model}"]
     assert cli(argv, capsys)[0] == 0
-    assert "Arts and Culture" in {r["topic"] for r in read_jsonl_dir(out)}
+    assert "Others" in {r["topic"] for r in read_jsonl_dir(out)}
     replace_dir(model, b)
     refused(*cli(argv, capsys), "topics", "changed")
     assert cli([*argv, "io.overwrite=true"], capsys)[0] == 0
     topics = {r["topic"] for r in read_jsonl_dir(out)}
-    assert "Philosophy" in topics and "Arts and Culture" not in topics
+    assert "Philosophy and Logic" in topics and "Others" not in topics
 
 
 def test_tokenizer_replaced_in_place(corpus_dir, corpus_records, tmp_path, capsys):
@@ -153,7 +158,7 @@ def test_tokenizer_replaced_in_place(corpus_dir, corpus_records, tmp_path, capsy
     replace_dir(tok, other)
     refused(*cli(argv, capsys), "tok changed (size", "io.overwrite=true")
     assert cli([*argv, "io.overwrite=true"], capsys)[0] == 0
-    assert json.loads((out / "stream.json").read_text())["vocab_size"] == 400
+    assert json.loads((out / "_stream.json").read_text())["vocab_size"] == 400
 
 
 def tiny_model(tok: Path, out: Path, seed: int) -> Path:
