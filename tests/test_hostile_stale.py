@@ -214,3 +214,21 @@ def test_digests_are_cached_by_inode_size_mtime_ctime(quality, tmp_path, hash_ca
     edit_same_size_same_mtime(big)
     fingerprint._CACHES.clear()
     assert run("o3")[key]["sha256"] == hashlib.sha256(big.read_bytes()).hexdigest()
+
+
+def test_model_path_replaced_in_place_train(corpus_dir, corpus_records, tmp_path, capsys):
+    tok = make_tokenizer(corpus_records, tmp_path / "tok", vocab_size=300)
+    stream, run = tmp_path / "stream", tmp_path / "run"
+    assert cli(["build-mix", "--in", corpus_dir, "--out", stream, "-q", f"tokenizer={tok}", *TWO_DOMAINS,
+                "mix.budget_tokens=4000", "mix.seq_len=32", "mix.eval_docs=2"], capsys)[0] == 0
+    model = tiny_model(tok, tmp_path / "model", seed=0)
+    other = tiny_model(tok, tmp_path / "other", seed=1)
+    argv = ["train", "--in", stream, "--out", run, "-q", "model=hf", f"model.path={model}", "train.max_steps=2",
+            "train.micro_batch=2", "train.threads=1", "train.plot=false", "train.tensorboard=false"]
+    assert cli(argv, capsys)[0] == 0
+    first = (run / "metrics.jsonl").read_text()
+    replace_dir(model, other)
+    refused(*cli(argv, capsys), "model changed", "io.overwrite=true")
+    assert (run / "metrics.jsonl").read_text() == first
+    assert cli([*argv, "io.overwrite=true"], capsys)[0] == 0
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["loss"] != json.loads(first.splitlines()[0])["loss"]
