@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 CACHE_FILE = "hashes.json"
+BOOKKEEPING = frozenset({"_manifest.json", "_SUCCESS"})  # a cptkit output's run records (timings), not its data
 _CHUNK = 1 << 20
 
 
@@ -90,7 +91,9 @@ def cache() -> HashCache:
 
 def content_hash(path: str | Path) -> tuple[str, int] | None:
     """(sha256, bytes) of a file, or of a directory's files (relative names and digests, sorted;
-    names starting with ``.`` skipped: run state, locks); None when the path does not exist."""
+    names starting with ``.`` (run state, locks) and a cptkit output's ``_manifest.json`` and
+    ``_SUCCESS`` skipped: a model rerun to the same files is the same model); None when the path
+    does not exist."""
     p = Path(path).resolve()
     c = cache()
     if p.is_file():
@@ -101,7 +104,7 @@ def content_hash(path: str | Path) -> tuple[str, int] | None:
     for root, dirs, files in os.walk(p):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
-            if name.startswith("."):
+            if name.startswith(".") or name in BOOKKEEPING:
                 continue
             f = Path(root) / name
             if not f.is_file():
