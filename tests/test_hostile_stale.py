@@ -232,3 +232,23 @@ def test_model_path_replaced_in_place_train(corpus_dir, corpus_records, tmp_path
     assert (run / "metrics.jsonl").read_text() == first
     assert cli([*argv, "io.overwrite=true"], capsys)[0] == 0
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["loss"] != json.loads(first.splitlines()[0])["loss"]
+
+
+def test_directory_digest_covers_names_and_bytes_not_run_records(tmp_path):
+    from cptkit.core.fingerprint import content_hash
+
+    d = tmp_path / "model"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.bin").write_bytes(b"abc")
+    (d / "sub" / "b.json").write_text("{}")
+    sha, size = content_hash(d)
+    expect = hashlib.sha256(f"a.bin\0{hashlib.sha256(b'abc').hexdigest()}\n"
+                            f"sub/b.json\0{hashlib.sha256(b'{}').hexdigest()}\n".encode()).hexdigest()
+    assert (sha, size) == (expect, 5)
+    (d / "_manifest.json").write_text('{"timings": 1}')  # run records and state: not the model
+    (d / ".cptkit").mkdir()
+    (d / ".cptkit" / "lock").write_text("1")
+    assert content_hash(d) == (expect, 5)
+    (d / "a.bin").rename(d / "c.bin")  # same bytes, another name: another model
+    assert content_hash(d)[0] != expect
+    assert content_hash(tmp_path / "missing") is None
