@@ -4,15 +4,16 @@ The output protocol (docs/records.md):
 
 * ``OUT/part-TTTTT-KKKK.jsonl.gz``: data shards; task ``T`` writes shards ``K = 0, 1, ...``.
 * ``OUT/.cptkit/done/TTTTT.json``: a task's completion marker (counts, files, seconds, and what the
-  task read: each input's path, size and mtime_ns).
-* ``OUT/.cptkit/inputs.json``: every input of the run (path, size, mtime_ns); ``config_hash``.
+  task read: each input's path, size, mtime_ns and sha256).
+* ``OUT/.cptkit/inputs.json``: every input of the run and every other file it reads (models,
+  tokenizers: ``Job(reads=...)``), each with path, size, mtime_ns and sha256; ``config_hash``.
 * ``OUT/.cptkit/lock-IIIII-of-NNNNN``: the lock of the run writing slice ``I`` (pid, host).
 * ``OUT/_manifest.json``, ``OUT/README.md`` (a data card) and ``OUT/_SUCCESS``: written once
   every task is done.
 * Other ``OUT/_*`` files are a step's side outputs (removed ids, run files, indexes).
 
 A rerun skips tasks that have a marker and redoes the others from scratch, so a killed run
-resumes to byte-identical output. A rerun whose inputs changed redoes the tasks that read a
+resumes to byte-identical output. A rerun whose inputs changed (by content: see :mod:`cptkit.core.fingerprint`) redoes the tasks that read a
 changed file (or the whole output when the step's tasks share state), and refuses, naming the
 file, when the input set changed or the output is finished. If a run fails on bad input and
 created ``OUT`` (or found it empty), it empties it again: nothing half-written is left behind.
@@ -35,6 +36,8 @@ from typing import Any
 from cptkit import __version__
 from cptkit.core.config import IOConfig
 from cptkit.core.errors import BadInput, CptkitError
+from cptkit.core.fingerprint import cache as hash_cache
+from cptkit.core.fingerprint import content_hash
 from cptkit.core.progress import log, make_progress, print_summary, setup_logging
 from cptkit.core.records import Record
 from cptkit.core.redact import redact
@@ -105,15 +108,35 @@ IO_DEFAULTS = {"max_record_chars": IOConfig().max_record_chars, "oversize": IOCo
 
 
 def fingerprint(inp: InputFile) -> dict[str, Any]:
-    """What a task read from one input: absolute path, size and modification time (ns)."""
+    """What a task read from one input: absolute path, size, modification time (ns) and the
+    sha256 of its contents (cached: :mod:`cptkit.core.fingerprint`)."""
     if inp.path == STDIO:
         return {"path": STDIO}
-    p = Path(inp.path)
+    return fingerprint_path(inp.path)
+
+
+def fingerprint_path(path: str | Path) -> dict[str, Any]:
+    """:func:`fingerprint` of any file or directory (a model, a tokenizer): a directory's size is
+    its files' bytes and its digest covers every file's name and contents."""
+    p = Path(path)
     try:
         st = p.stat()
+        found = content_hash(p)
     except OSError:
+        found = None
+    if found is None:
         return {"path": str(p.resolve()), "size": None, "mtime_ns": None}
-    return {"path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    sha, size = found
+    return {"path": str(p.resolve()), "size": size, "mtime_ns": None if p.is_dir() else st.st_mtime_ns, "sha256": sha}
+
+
+def same_read(old: dict, new: dict) -> bool:
+    """Whether two fingerprints of a path read the same bytes: by content when both have a digest
+    (an edit that keeps the size and restores the mtime is a change; a touch is not), else by size and mtime."""
+    if old.get("path") == STDIO or new.get("path") == STDIO:
+        return False
+    keys = ("size", "sha256") if "sha256" in old and "sha256" in new else ("size", "mtime_ns")
+    return all(old.get(k) == new.get(k) for k in keys)
 
 
 def _short(path: str) -> str:
@@ -128,8 +151,7 @@ def input_changes(old: list[dict], new: list[dict]) -> tuple[list[str], list[str
     o, n = {f["path"]: f for f in old}, {f["path"]: f for f in new}
     set_diff = [f"{_short(p)} is a new input" for p in n if p not in o]
     set_diff += [f"{_short(p)} is no longer an input" for p in o if p not in n]
-    changed = [p for p in n if p in o and (p == STDIO or {k: o[p].get(k) for k in ("size", "mtime_ns")}
-                                            != {k: n[p].get(k) for k in ("size", "mtime_ns")})]
+    changed = [p for p in n if p in o and not same_read(o[p], n[p])]
     return set_diff, changed
 
 
@@ -138,7 +160,7 @@ def _describe_change(path: str, old: dict | None, new: dict) -> str:
         return "stdin (-) cannot be compared with what an earlier run read"
     if old is not None and old.get("size") != new.get("size"):
         return f"{_short(path)} changed (size {old.get('size')} -> {new.get('size')} bytes)"
-    return f"{_short(path)} changed (modified since the earlier run read it)"
+    return f"{_short(path)} changed (its contents differ from what the earlier run read)"
 
 
 def _alive(pid: int) -> bool:
@@ -253,10 +275,14 @@ class Job:
     """Context manager around a step run. Use :meth:`pending` / :meth:`read` / :meth:`writer`.
 
     ``independent_tasks=False`` says the tasks share state (a global phase, caches): then any
-    changed input redoes the whole unfinished output instead of the tasks that read it."""
+    changed input redoes the whole unfinished output instead of the tasks that read it.
+    ``reads``: the other files and directories the run reads (models, tokenizers); a path that
+    does not exist (a model name, not a file) is skipped. They key the output as the inputs do:
+    one replaced in place redoes an unfinished output and makes a finished one refuse."""
 
     def __init__(self, ctx: Run, *, inputs: list[InputFile] | None = None, tasks: list[Task] | None = None,
-                 needs_inputs: bool = True, independent_tasks: bool = True, hooks: Hooks | None = None):
+                 needs_inputs: bool = True, independent_tasks: bool = True, hooks: Hooks | None = None,
+                 reads: list[Any] | None = None):
         self.hooks = hooks or Hooks()
         self.ctx = ctx
         self.step = ctx.step
@@ -294,12 +320,17 @@ class Job:
         self._bar: Any = None
         self._ids: set[int] = set()
         self._read_tasks: set[tuple[str, ...]] = set()
+        self.reads = [str(p) for p in (reads or []) if p is not None and str(p) and os.path.exists(str(p))]
         self._fps = self._fingerprints()
+        hash_cache().save()
 
     def _fingerprints(self) -> list[dict]:
         seen: dict[str, dict] = {}
         for f in [*self.inputs, *(f for t in self.tasks for f in t.inputs)]:
             fp = fingerprint(f)
+            seen.setdefault(fp["path"], fp)
+        for path in self.reads:
+            fp = fingerprint_path(path)
             seen.setdefault(fp["path"], fp)
         return list(seen.values())
 
@@ -446,7 +477,11 @@ class Job:
             read = json.loads(self.marker(task).read_text()).get("read")
         except ValueError:
             return False
-        return read is None or read == [fingerprint(f) for f in task.inputs]
+        if read is None:
+            return True
+        now = [fingerprint(f) for f in task.inputs]
+        return len(read) == len(now) and all(o.get("path") == n["path"] and same_read(o, n)
+                                              for o, n in zip(read, now, strict=True))
 
     def pending(self) -> list[Task]:
         """Tasks of this slice that still need work; finished ones are reported and skipped."""

@@ -105,9 +105,13 @@ class MapStep(ABC):
         """The :class:`cptkit.core.job.Hooks` of this step's Job (none by default)."""
         return None
 
+    def reads(self) -> list[Any]:
+        """Files and directories the step reads besides its inputs (models): they key the output too."""
+        return []
+
     def run(self) -> dict[str, Any]:
         """Run every pending task of this process's slice; finish the output when all are done."""
-        with Job(self.ctx, hooks=self.hooks()) as job:
+        with Job(self.ctx, hooks=self.hooks(), reads=self.reads()) as job:
             total = job.run_map(lambda recs, stats: map_batches(recs, self.batch_size, self.process, stats),
                                 self.stats_key)
             return job.finish(extra=self.summary(total))

@@ -114,7 +114,7 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
         ctx = ctx.recording("io.unique_ids", False)
     streamed: dict[str, Any] = {}  # the stream's manifest entry, once written (Hooks.manifest_extra)
     hooks = Hooks(manifest_extra=lambda: {"stream": streamed} if streamed else {})
-    with Job(ctx, tasks=[task], needs_inputs=False, hooks=hooks) as job:
+    with Job(ctx, tasks=[task], needs_inputs=False, hooks=hooks, reads=[conf.tokenizer, s.cur.model]) as job:
         if not job.pending():
             return job.finish()
         t0 = time.time()

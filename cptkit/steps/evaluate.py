@@ -180,7 +180,8 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
     for t in etasks:
         T.load_docs(t, t.spec["test_split"])
     contam = load_contamination(ec.contamination, [t.name for t in etasks] or task_names) if ec.contamination else None
-    with Job(ctx, inputs=inputs, tasks=[Task(0, inputs, name="eval")], needs_inputs=False) as job:
+    with Job(ctx, inputs=inputs, tasks=[Task(0, inputs, name="eval")], needs_inputs=False,
+             reads=[model_spec]) as job:
         results: dict[str, Any] = {}
         rows: dict[str, Any] = {}
         for task in job.pending():

@@ -99,6 +99,10 @@ class LabelTopics(MapStep):
     def process(self, batch: list[Record], stats: Counter) -> list[Record]:
         return label_batch(batch, self.models, self.conf, stats)
 
+    def reads(self) -> list[Any]:
+        taxes = [taxonomy_path(lang, self.conf.topics.taxonomy.get(lang), CONF_DIR) for lang in self.conf.topics.languages]
+        return [self.conf.topics.model, *taxes]
+
     def summary(self, total: Counter) -> dict[str, Any]:
         rows = {"labelled": total.pop("labelled", 0),
                 "no classifier for language": total.pop("no classifier for language", 0)}

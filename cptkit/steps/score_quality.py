@@ -105,6 +105,9 @@ class ScoreQuality(MapStep):
     def process(self, batch: list[Record], stats: Counter[str]) -> list[Record]:
         return score_batch(batch, self.scorers, stats)
 
+    def reads(self) -> list[str | None]:
+        return [self.conf.quality.model, self.conf.edu.model]
+
     def summary(self, total: Counter[str]) -> dict:
         rows: dict = {f"{s.field} model": getattr(self.conf, s.kind).model for s in self.scorers}
         rows |= {f"dropped ({s.field} < {s.min_score})": 0 for s in self.scorers if s.min_score is not None}

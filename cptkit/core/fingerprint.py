@@ -1,0 +1,114 @@
+"""Content fingerprints of what a run reads: the sha256 of a file, or of every file under a
+directory (a model, a tokenizer, a stream), so that an input edited in place, even to the same
+size with its mtime restored, is seen as changed.
+
+Each file is hashed once: the digest is cached by absolute path with the file's inode, size,
+mtime and ctime (ctime changes on every write, even when mtime is set back), in
+``$CPTKIT_CACHE/hashes.json`` (default ``~/.cache/cptkit``). A cache that cannot be read or
+written only costs a re-hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+CACHE_FILE = "hashes.json"
+BOOKKEEPING = frozenset({"_manifest.json", "_SUCCESS"})  # a cptkit output's run records (timings), not its data
+_CHUNK = 1 << 20
+
+
+def cache_path() -> Path:
+    return Path(os.environ.get("CPTKIT_CACHE", Path.home() / ".cache" / "cptkit")).expanduser() / CACHE_FILE
+
+
+def _signature(st: os.stat_result) -> list[int]:
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+class HashCache:
+    """``{absolute path: {"stat": [dev, inode, size, mtime_ns, ctime_ns], "sha256": hex}}`` on disk."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.entries: dict[str, dict[str, Any]] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            self.entries = {}
+        self.dirty = False
+
+    def file_sha256(self, path: Path) -> str:
+        """The file's sha256, read only when its stat signature is not the cached one."""
+        key = str(path)
+        sig = _signature(path.stat())
+        hit = self.entries.get(key)
+        if isinstance(hit, dict) and hit.get("stat") == sig and isinstance(hit.get("sha256"), str):
+            return hit["sha256"]
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        digest = h.hexdigest()
+        after = _signature(path.stat())
+        if after == sig:  # not written while we read it: safe to remember
+            self.entries[key] = {"stat": sig, "sha256": digest}
+            self.dirty = True
+        return digest
+
+    def save(self) -> None:
+        """Write the cache (merged with entries other processes added meanwhile, less those of
+        files that are gone); errors are ignored."""
+        if not self.dirty:
+            return
+        try:
+            merged = {**json.loads(self.path.read_text()), **self.entries}
+        except (OSError, ValueError):
+            merged = dict(self.entries)
+        merged = {k: v for k, v in merged.items() if os.path.exists(k)}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(merged, sort_keys=True))
+            os.replace(tmp, self.path)
+            self.entries, self.dirty = merged, False
+        except OSError:
+            pass
+
+
+_CACHES: dict[Path, HashCache] = {}
+
+
+def cache() -> HashCache:
+    """This process's cache for the current ``$CPTKIT_CACHE``."""
+    p = cache_path()
+    if p not in _CACHES:
+        _CACHES[p] = HashCache(p)
+    return _CACHES[p]
+
+
+def content_hash(path: str | Path) -> tuple[str, int] | None:
+    """(sha256, bytes) of a file, or of a directory's files (relative names and digests, sorted;
+    names starting with ``.`` (run state, locks) and a cptkit output's ``_manifest.json`` and
+    ``_SUCCESS`` skipped: a model rerun to the same files is the same model); None when the path
+    does not exist."""
+    p = Path(path).resolve()
+    c = cache()
+    if p.is_file():
+        return c.file_sha256(p), p.stat().st_size
+    if not p.is_dir():
+        return None
+    h, total = hashlib.sha256(), 0
+    for root, dirs, files in os.walk(p):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if name.startswith(".") or name in BOOKKEEPING:
+                continue
+            f = Path(root) / name
+            if not f.is_file():
+                continue
+            h.update(f"{f.relative_to(p).as_posix()}\0{c.file_sha256(f)}\n".encode())
+            total += f.stat().st_size
+    return h.hexdigest(), total

@@ -1,0 +1,139 @@
+"""The ``train`` step's typed config: the model (``model.*``) and the training options (``train.*``),
+each value checked at compose time (a bad one is refused with one line naming its key)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from cptkit.core.config import check
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny_llama"  # tiny_llama (random, seeded) | hf (model.path)
+    path: str | None = None  # HF directory, .gguf file or smollm2 (name=hf)
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int | None = None
+    intermediate: int | None = None
+    max_position: int = 0  # 0: the stream's seq_len
+    seed: int = 0
+    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 (GPU)
+
+    def __post_init__(self) -> None:
+        check(self.name in ("tiny_llama", "hf"), "name", self.name, "use tiny_llama or hf")
+
+
+@dataclass
+class TopicPPLConfig:
+    round_tokens: float = 1e5  # R: tokens per adjustment round
+    round_fraction: float | None = None  # R as a share of the run's tokens (overrides round_tokens); paper 40B/100B
+    alpha: float = 0.4
+    within_parent: bool = True  # adjust topics within their parent (language), keeping its share
+
+    def __post_init__(self) -> None:
+        frac = self.round_fraction
+        check(frac is None or 0 < frac <= 1, "round_fraction", frac, "must be in (0, 1]")
+
+
+@dataclass
+class VelocituneConfig:
+    interval_steps: int = 150  # m
+    use_target: bool = True  # false: the ablation V = l_t / l_init
+    learnt_guard: bool = False  # true: l_init <= l_target counts as learnt (V = 0) instead of Algorithm 1's ratio
+    targets: Any = None  # target loss per domain {domain: loss}
+    targets_file: str | None = None  # _velocitune_targets.json of a proxy run
+    allow_budget_mismatch: bool = False  # use targets extrapolated to another token budget than this run's
+    allow_unconverged: bool = False  # use targets whose proxy stopped at proxy_fraction before converging
+    init_eval_docs: int = 0  # held-out docs per domain for l_init and the proxy's checkpoints (0: all)
+    eval_docs: int | None = None  # the subset S' per domain for velocities (null: train.eval_docs)
+    proxy: bool = False  # run the proxy: token-share weights, checkpoints until the targets settle, write targets
+    proxy_fraction: float = 0.6  # the most of the real run's steps the proxy may train
+    proxy_every: float = 0.05  # a checkpoint every this share of the real run's steps (or steps, if >= 1)
+    proxy_min_checkpoints: int = 4
+    sigma: float = 0.01  # stop when the predicted targets move less than this between checkpoint sets (App. B)
+
+
+@dataclass
+class DBLConfig:
+    interval_steps: int = 150
+    eta: float = 1.0
+    smoothing: float = 1e-4
+    clip: bool = True
+
+
+@dataclass
+class TrainOptions:
+    mixture: str = "static"  # static | staged | topic_ppl | velocitune | dbl | package.module:Class (a Controller)
+    weights: Any = None  # static: null/stages (each stage's weights in turn), or one mixture: {domain: w}, tokens, uniform
+    init_weights: Any = None  # dynamic start in each stage: {domain: w}, uniform, stage, tokens; null: per method
+    controller_stages: Any = None  # stages a dynamic mixture acts in (null: all); the others keep their static weights
+    micro_batch: int = 4
+    grad_accum: int = 1
+    budget_tokens: float = 0.0  # 0: the stream's planned tokens
+    max_steps: int = 0  # 0: from the budget
+    lr: float = 1e-4  # peak
+    init_lr: float = 1e-7
+    warmup: float = 0.05  # steps (≥ 1) or fraction (< 1)
+    decay: float = 0.0  # steps or fraction at the end; 0: constant after warmup
+    decay_type: str = "linear"  # linear | cosine | 1-sqrt | exponential
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    precision: str = "auto"  # auto (bf16 on GPU or a CPU with native bf16, else fp32) | bf16 | fp32 | fp16 (GPU)
+    engine: str = "auto"  # auto (DeepSpeed on GPU / >1 process / ZeRO-3 / a DeepSpeed file; else torch) | deepspeed | torch
+    zero_stage: int | None = None  # null: the deepspeed group's stage (deepspeed=zero1|zero2|zero3)
+    gradient_checkpointing: Any = "auto"  # auto (on for models of ≥ 1e8 parameters) | true | false
+    deepspeed_config: str | None = None  # a JSON/YAML DeepSpeed file; its stage/optimizer/scheduler win
+    save_every: int = 0  # optimizer steps between checkpoints (0: only at the end)
+    keep_last: int = 2
+    resume: bool = False
+    save_initial: bool = False  # also save the model before training as OUT/model_init (HF format)
+    eval_docs: int = 8  # held-out docs per domain used for eval losses
+    eval_max_tokens: int = 256
+    eval_every: int = 0  # per-domain eval losses every N steps, before step 1 and after the last (0: off)
+    eval_tasks: list[str] = field(default_factory=list)  # few-shot tasks (conf/eval/tasks) at every eval point
+    eval_tasks_limit: int = 50  # first N items per task (0: all)
+    eval_tasks_shots: int | None = 0  # null: the task's default
+    threads: int = 0  # torch CPU threads (0: torch's default)
+    plot: bool = True
+    tensorboard: bool = True  # OUT/tensorboard: loss, LR, tokens/s, weights, per-domain eval losses
+    wandb: Any = "auto"  # auto: log to W&B when wandb is installed and WANDB_PROJECT/WANDB_MODE/WANDB_API_KEY is set
+    log_every: int = 0  # progress lines when stderr is not a terminal (0: every ~10% of the steps)
+    backend: str = "auto"  # gloo on CPU, nccl on GPU
+    topic_ppl: TopicPPLConfig = field(default_factory=TopicPPLConfig)
+    velocitune: VelocituneConfig = field(default_factory=VelocituneConfig)
+    dbl: DBLConfig = field(default_factory=DBLConfig)
+
+    def __post_init__(self) -> None:
+        """Refuse invalid ``train.*`` values with one line each, before anything is written."""
+        from cptkit.mixtures.controller import MIXTURES
+        from cptkit.training.schedule import DECAY_TYPES
+
+        check(self.mixture in MIXTURES or ":" in self.mixture, "mixture", self.mixture,
+              f"use one of {', '.join(MIXTURES)} or package.module:Class")
+        for key, lo in (("micro_batch", 1), ("grad_accum", 1), ("max_steps", 0), ("save_every", 0), ("keep_last", 0),
+                        ("threads", 0), ("eval_docs", 0), ("eval_max_tokens", 1), ("eval_every", 0), ("log_every", 0)):
+            v = getattr(self, key)
+            check(v >= lo, key, v, f"must be ≥ {lo}")
+        for key in ("budget_tokens", "init_lr", "weight_decay", "grad_clip", "warmup", "decay"):
+            v = getattr(self, key)
+            check(v >= 0 and not math.isinf(v), key, v, "must be a finite number ≥ 0")
+        check(self.lr > 0 and not math.isinf(self.lr), "lr", self.lr, "must be > 0")
+        check(self.eps > 0, "eps", self.eps, "must be > 0")
+        check(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        check(self.decay_type in DECAY_TYPES, "decay_type", self.decay_type, f"use one of {', '.join(DECAY_TYPES)}")
+        check(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "betas", self.betas,
+              "two values in [0, 1)")
+        check(self.precision in ("auto", "bf16", "fp32", "fp16"), "precision", self.precision,
+              "use auto, bf16, fp32 or fp16 (GPU)")
+        check(self.engine in ("auto", "deepspeed", "torch"), "engine", self.engine, "use auto, deepspeed or torch")
+        check(self.zero_stage is None or self.zero_stage in (0, 1, 2, 3), "zero_stage", self.zero_stage,
+              "use 0, 1, 2 or 3 (or null: the deepspeed group's)")
+        check(str(self.gradient_checkpointing).lower() in ("auto", "true", "false"), "gradient_checkpointing",
+              self.gradient_checkpointing, "use auto, true or false")  # Any: a bool or auto
