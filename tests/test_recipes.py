@@ -161,7 +161,11 @@ def test_shipped_upsample_tail_recipe_scaled_to_a_short_run(corpus_dir, tok, tmp
     main, tail = s["stages"]
     assert tail["start"] == s["total_sequences"] - round(0.1 * s["total_sequences"])
     out = tmp_path / "run"
-    train(tmp_path / "stream", out, "train.max_steps=20", "train.lr=1e-3", "train.warmup=2")
+    train(tmp_path / "stream", out, "recipe=upsample_tail", "train.max_steps=20", "train.lr=1e-3", "train.warmup=2")
+    # the paper's training setup (Table 1, §2): LionW, inverse-sqrt LR with a cooldown over the last 10%
+    lrs = [r["lr"] for r in jsonl(out / "metrics.jsonl")]
+    assert lrs[5] == pytest.approx(1e-3 * math.sqrt(2 / 5)) and lrs[-1] < lrs[17] < lrs[5]
+    assert json.loads((out / "_manifest.json").read_text())["extra"]["optimizer"] == "lion"
     segs = sequence_stages(jsonl(out / "metrics.jsonl"))
     boundary = round(tail["start"] / s["total_sequences"] * 160)
     assert boundary == 144 and segs[-1][1] == 160
