@@ -608,7 +608,7 @@ def write_outputs(spec: RunSpec, engine: Any, tokenizer: Any, state: TrainState,
 
 def _train(spec: RunSpec) -> dict:
     from cptkit.core.job import TaskResult
-    from cptkit.mixtures.controller import domain_losses
+    from cptkit.mixtures.controller import domain_eval, domain_losses
     from cptkit.mixtures.stream import Sampler
     from cptkit.models.lm import load_tokenizer
     from cptkit.training.engine import make_engine
@@ -700,10 +700,10 @@ def _train(spec: RunSpec) -> dict:
             mlog.weights_event(state, controller.weights, {"event": "stage", "stage": entered})
         if controller.dynamic and controller.wants_eval(state.step, state.tokens):
             te = time.time()
-            losses = domain_losses(engine.module, tokenizer, eval_recs,
-                                   controller.eval_docs(state.step, tcfg.eval_docs), tcfg.eval_max_tokens, seq_len)
+            losses, ses = domain_eval(engine.module, tokenizer, eval_recs,
+                                      controller.eval_docs(state.step, tcfg.eval_docs), tcfg.eval_max_tokens, seq_len)
             upd = controller.update(state.step, state.tokens, losses)
-            info = {"eval_loss": losses, **upd}
+            info = {"eval_loss": losses, "eval_loss_se": ses, **upd}
             mlog.weights_event(state, controller.weights, {"event": "update", **info})
             mix_s += time.time() - te
         elif tcfg.eval_every and state.step % tcfg.eval_every == 0:
