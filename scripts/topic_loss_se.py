@@ -49,7 +49,7 @@ def main() -> None:
         cells = [f"{r['loss']:.3f} ± {r['se']:.3f}" for r in rows if r["topic"] == g]
         print(f"| {g} | " + " | ".join(cells) + " |")
     full = sorted(r["loss"] for r in rows if r["docs"] == max(sizes))
-    gaps = [b - a for a, b in zip(full, full[1:])]
+    gaps = [b - a for a, b in zip(full, full[1:], strict=False)]
     print(f"median gap between adjacent topics' losses ({max(sizes)} docs): {statistics.median(gaps):.3f}")
     for k in sizes:
         print(f"median SE at {k} docs: {statistics.median(r['se'] for r in rows if r['docs'] == k):.3f}")

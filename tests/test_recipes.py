@@ -239,6 +239,10 @@ def test_synE_cpt_two_stages_in_one_run(corpus_dir, tok, scorer, tmp_path):
     # all in stage 1, and every update keeps ZH:EN = 1:4 (topics move within their language)
     ups = [w for w in jsonl(out / "weights.jsonl") if w.get("event") == "update"]
     assert [u["step"] for u in ups] == [0, 20, 40] and all("ppl" in u for u in ups)
+    # each topic's loss comes with its standard error over the held-out docs (2 per domain here)
+    assert all(u["eval_loss_se"].keys() == u["eval_loss"].keys() for u in ups)
+    assert all(v is None or v >= 0 for u in ups for v in u["eval_loss_se"].values())
+    assert any(v and v > 0 for v in ups[0]["eval_loss_se"].values())
     for u in ups:
         assert sum(v for d, v in u["weights"].items() if d in zh) == pytest.approx(0.2, abs=1e-9)
     assert ups[-1]["weights"] != ups[0]["weights"]  # the rule moved the topics
