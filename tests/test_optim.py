@@ -94,3 +94,16 @@ def test_bad_optimizer_or_schedule_is_refused():
     for bad in ("train.optimizer=sgd", "train.schedule=cosine"):
         with pytest.raises(CptkitError, match=bad.split("=")[0]):
             compose_step("train", ["io.inputs=['x']", "io.output='y'", bad])
+
+
+def test_deepspeed_config_leaves_the_optimizer_to_lion():
+    from cptkit.core.errors import CptkitError
+    from cptkit.training.engine import deepspeed_config
+
+    kw = {"micro_batch": 2, "grad_accum": 1, "world": 1, "lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8,
+          "weight_decay": 0.1, "grad_clip": 1.0, "precision": "fp32", "zero_stage": 2}
+    cfg = deepspeed_config({}, optimizer="lion", **kw)
+    assert "optimizer" not in cfg and cfg["zero_allow_untested_optimizer"] is True  # LionW goes in as a client
+    assert deepspeed_config({}, **kw)["optimizer"]["type"] == "AdamW"
+    with pytest.raises(CptkitError, match="contradicts train.optimizer=lion"):
+        deepspeed_config({}, optimizer="lion", user={"optimizer": {"type": "AdamW"}}, **kw)
