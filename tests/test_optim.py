@@ -89,6 +89,7 @@ def test_train_runs_lion_on_both_engines(stream, tmp_path, engine):
 
 
 def test_bad_optimizer_or_schedule_is_refused():
+    import cptkit.steps.train  # noqa: F401 - registers the train step's schema
     from cptkit.core.errors import CptkitError
 
     for bad in ("train.optimizer=sgd", "train.schedule=cosine"):
