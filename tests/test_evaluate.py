@@ -228,6 +228,50 @@ def test_contamination_step_reports_flags_and_drops(eval_data, tmp_path):
     assert [r["id"] for r in read_jsonl_dir(tmp_path / "d")] == ["clean1", "clean2"]
 
 
+def test_cjk_ngrams_count_characters():
+    # "机器学习 is fun，很好" → 机 器 学 习 is fun 很 好: 8 words, so 8 − 3 + 1 = 6 trigrams and one 8-gram
+    assert words("机器学习 is fun，很好") == ["机", "器", "学", "习", "is", "fun", "很", "好"]
+    assert len(ngram_hashes("机器学习 is fun，很好", 3)) == 6 and len(ngram_hashes("机器学习 is fun，很好", 8)) == 1
+    # kana are CJK too; Latin words inside stay whole: 日 本 語 の python テ ス ト = 8 words
+    assert words("日本語のpythonテスト") == ["日", "本", "語", "の", "python", "テ", "ス", "ト"]
+    # a 7-character question has no 8-gram; before, the whole run was ONE word and no item had any
+    assert len(ngram_hashes("下列说法正确的", 8)) == 0 and len(ngram_hashes("下列说法正确的是", 8)) == 1
+
+
+CEVAL_ROWS = [  # C-Eval's val CSV: id,question,A,B,C,D,answer,explanation
+    ["0", "新民主主义革命的对象是帝国主义、封建主义和官僚资本主义", "正确", "错误", "部分正确", "无法判断", "A", ""],
+    ["1", "下列关于光合作用的叙述，正确的是", "只在白天进行", "需要叶绿体", "不需要光", "只释放二氧化碳", "B", ""],
+    ["2", "我国古代四大发明不包括下列哪一项", "造纸术", "印刷术", "火药", "地动仪", "D", ""],
+]
+
+
+def test_contamination_step_finds_planted_ceval_items(tmp_path):
+    import csv
+
+    data = tmp_path / "data"
+    for split in ("val", "dev"):
+        (data / "ceval" / split).mkdir(parents=True)
+        with open(data / "ceval" / split / f"high_school_history_{split}.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["id", "question", "A", "B", "C", "D", "answer", "explanation"])
+            w.writerows(CEVAL_ROWS)
+    q1 = CEVAL_ROWS[1][1]
+    docs = [{"id": "clean", "text": "光合作用是植物利用光能把二氧化碳和水合成有机物的过程。"},  # shares topic words only
+            {"id": "hit1", "text": f"高考复习资料：{q1}？A. 只在白天进行 B. 需要叶绿体 答案B。"},
+            {"id": "hit2", "text": "题目：我国古代四大发明不包括下列哪一项（　）"},
+            {"id": "short", "text": "四大发明不包括"}]  # 7 characters: below the 8-gram
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs))
+    res = CliRunner().invoke(app, ["evaluate-contamination", "--in", str(src), "--out", str(tmp_path / "c"),
+                                   "eval.action=flag", "eval.tasks=[ceval]", f"eval.data_dir={data}",
+                                   "eval.ngram=8", "-q"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads((tmp_path / "c" / "_contamination.json").read_text())["benchmarks"]["ceval"]
+    assert rep["docs_contaminated"] == 2 and rep["test_items_hit"] == 2
+    flagged = {r["id"]: r["contaminated"] for r in read_jsonl_dir(tmp_path / "c")}
+    assert flagged == {"clean": [], "hit1": ["ceval"], "hit2": ["ceval"], "short": []}
+
+
 # --- the step -----------------------------------------------------------------------------------------
 def test_evaluate_ppl_and_tasks_end_to_end(tiny, heldout, eval_data, tmp_path):
     model_dir, tok, model = tiny

@@ -198,3 +198,13 @@ def test_schedule_phases_and_decay_types():
         make_schedule(1.0, 10, decay_type="step")
     with pytest.raises(ValueError, match="exceed"):
         make_schedule(1.0, 10, warmup=8, decay=5)
+
+
+def test_weighted_loss_se_hand_computed():
+    from cptkit.models.lm import weighted_loss_se
+
+    # docs (summed NLL, tokens) = (2, 1), (6, 2), (3, 1): L = 11/4 = 2.75; s − n·L = −0.75, 0.5, 0.25;
+    # squares 0.5625 + 0.25 + 0.0625 = 0.875; × k/(k−1) = 1.5 → 1.3125; sqrt = 1.145644; / 4 tokens = 0.286411
+    assert weighted_loss_se([(2.0, 1), (6.0, 2), (3.0, 1)]) == pytest.approx(0.286411, abs=1e-6)
+    assert weighted_loss_se([(2.0, 1), (4.0, 2)]) == 0.0  # every doc at the mean
+    assert math.isnan(weighted_loss_se([(2.0, 1), (5.0, 0)]))  # one scored doc: no SE

@@ -161,7 +161,11 @@ def test_shipped_upsample_tail_recipe_scaled_to_a_short_run(corpus_dir, tok, tmp
     main, tail = s["stages"]
     assert tail["start"] == s["total_sequences"] - round(0.1 * s["total_sequences"])
     out = tmp_path / "run"
-    train(tmp_path / "stream", out, "train.max_steps=20", "train.lr=1e-3", "train.warmup=2")
+    train(tmp_path / "stream", out, "recipe=upsample_tail", "train.max_steps=20", "train.lr=1e-3", "train.warmup=2")
+    # the paper's training setup (Table 1, §2): LionW, inverse-sqrt LR with a cooldown over the last 10%
+    lrs = [r["lr"] for r in jsonl(out / "metrics.jsonl")]
+    assert lrs[5] == pytest.approx(1e-3 * math.sqrt(2 / 5)) and lrs[-1] < lrs[17] < lrs[5]
+    assert json.loads((out / "_manifest.json").read_text())["extra"]["optimizer"] == "lion"
     segs = sequence_stages(jsonl(out / "metrics.jsonl"))
     boundary = round(tail["start"] / s["total_sequences"] * 160)
     assert boundary == 144 and segs[-1][1] == 160
@@ -235,6 +239,10 @@ def test_synE_cpt_two_stages_in_one_run(corpus_dir, tok, scorer, tmp_path):
     # all in stage 1, and every update keeps ZH:EN = 1:4 (topics move within their language)
     ups = [w for w in jsonl(out / "weights.jsonl") if w.get("event") == "update"]
     assert [u["step"] for u in ups] == [0, 20, 40] and all("ppl" in u for u in ups)
+    # each topic's loss comes with its standard error over the held-out docs (2 per domain here)
+    assert all(u["eval_loss_se"].keys() == u["eval_loss"].keys() for u in ups)
+    assert all(v is None or v >= 0 for u in ups for v in u["eval_loss_se"].values())
+    assert any(v and v > 0 for v in ups[0]["eval_loss_se"].values())
     for u in ups:
         assert sum(v for d, v in u["weights"].items() if d in zh) == pytest.approx(0.2, abs=1e-9)
     assert ups[-1]["weights"] != ups[0]["weights"]  # the rule moved the topics

@@ -1,7 +1,9 @@
 """N-gram overlap between training documents and benchmark test items (Retrieve-Pile §4.3, Table 6).
 
 Text is normalised (lower case, words = runs of letters/digits, as Overlapy and lm-eval's
-decontamination do) and every word n-gram (default n = 8; 13 in lm-eval's decontamination) is
+decontamination do; each CJK character is one word, since Chinese and Japanese have no spaces and
+a whole sentence would otherwise be one word: an 8-gram of C-Eval/CMMLU/GaoKao text is 8
+characters) and every word n-gram (default n = 8; 13 in lm-eval's decontamination) is
 hashed to 64 bits with xxhash. A benchmark is a sorted ``uint64`` array of its items' n-gram
 hashes with the item each came from; a document is contaminated for a benchmark when one of its
 n-gram hashes is in that array (``numpy.searchsorted``: O(n log m), memory 16 bytes per test
@@ -24,7 +26,7 @@ _WORDS = word_tokenizer("contamination")
 
 
 def words(text: str) -> list[str]:
-    """Lower-cased word tokens (runs of letters, digits, underscore); CJK runs stay whole."""
+    """Lower-cased word tokens: runs of letters, digits, underscore; each CJK character alone."""
     return _WORDS(text)
 
 

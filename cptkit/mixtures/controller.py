@@ -206,9 +206,10 @@ class DBL(Controller):
         return {"distance": {d: cur[d] - self.targets[d] for d in act}}
 
 
-def domain_losses(model, tokenizer, records: list[dict], max_docs: int, max_tokens: int,
-                  seq_len: int) -> dict[str, float]:
-    """Per-domain token-weighted eval loss on the first ``max_docs`` held-out docs per domain (0: all)."""
+def domain_eval(model, tokenizer, records: list[dict], max_docs: int, max_tokens: int,
+                seq_len: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Per-domain token-weighted eval loss on the first ``max_docs`` held-out docs per domain (0: all),
+    and its standard error over those docs (logged next to the loss; the rules use the loss only)."""
     from cptkit.models.lm import group_losses
 
     was_training = model.training
@@ -218,7 +219,14 @@ def domain_losses(model, tokenizer, records: list[dict], max_docs: int, max_toke
                            max_length=seq_len, max_tokens=int(max_tokens))
     finally:
         model.train(was_training)
-    return {d: float(v["loss"]) for d, v in res.items()}
+    return ({d: float(v["loss"]) for d, v in res.items()},
+            {d: (None if math.isnan(v["se"]) else float(v["se"])) for d, v in res.items()})
+
+
+def domain_losses(model, tokenizer, records: list[dict], max_docs: int, max_tokens: int,
+                  seq_len: int) -> dict[str, float]:
+    """Per-domain token-weighted eval loss (:func:`domain_eval` without the standard errors)."""
+    return domain_eval(model, tokenizer, records, max_docs, max_tokens, seq_len)[0]
 
 
 def plugin_controller(spec: str) -> type[Controller]:

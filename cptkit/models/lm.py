@@ -249,10 +249,23 @@ def document_losses(model, tokenizer, texts: Sequence[str], batch_size: int = 8,
     return list(zip(sums, counts, strict=True))
 
 
+def weighted_loss_se(losses: list[tuple[float, int]]) -> float:
+    """Standard error of the token-weighted mean loss L = Σs_i / Σn_i over documents (s_i: summed
+    NLL, n_i: tokens), documents as the sampling unit (ratio estimator, delta method):
+    SE = sqrt(k/(k−1) · Σ(s_i − n_i·L)²) / Σn_i. NaN for fewer than two scored documents."""
+    docs = [(s, n) for s, n in losses if n > 0]
+    k, tokens = len(docs), sum(n for _, n in docs)
+    if k < 2:
+        return float("nan")
+    mean = sum(s for s, _ in docs) / tokens
+    return math.sqrt(k / (k - 1) * sum((s - n * mean) ** 2 for s, n in docs)) / tokens
+
+
 def group_losses(model, tokenizer, records: Iterable[dict], group_by: str | None,
                  max_docs_per_group: int | None = None, batch_size: int = 8, max_length: int = 1024,
                  text_field: str = "text", max_tokens: int | None = None) -> dict[str, dict[str, float]]:
-    """Token-weighted loss and perplexity per group: ``{group: {loss, ppl, tokens, docs}}``.
+    """Token-weighted loss and perplexity per group: ``{group: {loss, se, ppl, tokens, docs}}``
+    (``se``: :func:`weighted_loss_se`, the sampling error of ``loss`` over the group's documents).
 
     ``group_by`` names a record field (``domain``, ``topic``, ``lang``, ``source``, any field);
     ``None`` or ``""`` puts every record in the group ``all``. The first ``max_docs_per_group``
@@ -282,7 +295,8 @@ def group_losses(model, tokenizer, records: Iterable[dict], group_by: str | None
         nll = sum(s for s, _ in losses)
         tokens = sum(c for _, c in losses)
         loss = nll / tokens if tokens else float("nan")
-        out[g] = {"loss": loss, "ppl": math.exp(loss) if tokens else float("nan"), "tokens": tokens,
+        out[g] = {"loss": loss, "se": weighted_loss_se(losses), "ppl": math.exp(loss) if tokens else float("nan"),
+                  "tokens": tokens,
                   "docs": len(texts[g])}
     return out
 

@@ -20,12 +20,14 @@ would change the tokens of text containing those characters, so each keeps its o
 tests/test_text_tokenize.py against the original regexes):
 
 ``contamination``
-    Lower-case; runs of Unicode word characters ``\\w+`` (letters, digits, ``_``); a CJK run stays
-    one word. The n-gram words of lm-eval/GPT-3 decontamination (and Overlapy), which
-    evaluate-contamination follows so its overlaps stay comparable with published ones.
+    Lower-case; each :data:`CJK_CLASS` character alone, other runs of Unicode word characters
+    (letters, digits, ``_``) whole. Outside CJK these are the n-gram words of lm-eval/GPT-3
+    decontamination (and Overlapy), so English overlaps stay comparable with published ones; a
+    CJK run is not one word (Chinese and Japanese have no spaces: a whole sentence would be one
+    "word" and C-Eval/CMMLU/GaoKao items would never reach 8 words), so CJK n-grams count characters.
 ``bm25``
-    ``contamination``'s words (BM25's default ``split: \\W+`` yields exactly the ``\\w+`` runs, so
-    both use one regex), then runs of :data:`CJK_CLASS` characters become overlapping bigrams
+    Runs of Unicode word characters ``\\w+`` (BM25's default ``split: \\W+`` yields exactly
+    these runs, so both use one regex), then runs of :data:`CJK_CLASS` characters become overlapping bigrams
     (below). Indexes record their tokenizer config; queries must tokenize as the index did.
 ``minhash``
     Lower-case; each CJK character alone, other runs of word characters whole
@@ -154,7 +156,7 @@ class WordTokenizer:
 
 
 _PRESETS: dict[str, WordTokenizer] = {
-    "contamination": WordTokenizer("contamination", r"\w+", lowercase=True),
+    "contamination": WordTokenizer("contamination", rf"[{CJK_CLASS}]|[^\W{CJK_CLASS}]+", lowercase=True),
     "minhash": WordTokenizer("minhash", rf"[{MINHASH_CJK}]|[^\W{MINHASH_CJK}]+", lowercase=True,
                              ascii_bytes="word"),
     "whitespace": WordTokenizer("whitespace", r"\S+", lowercase=True, ascii_bytes="nonspace"),
@@ -165,7 +167,8 @@ _PRESETS: dict[str, WordTokenizer] = {
     "fasttext_v1": WordTokenizer("fasttext_v1", rf"[{HAN}]|[^\W\d_]+|\d+|[^\w\s]", lowercase=True),
 }
 WORD_PRESETS = (*_PRESETS, "bm25")
-_DEFAULT_SPLIT = r"\W+"  # BM25's default split: its tokens are the contamination preset's words
+_DEFAULT_SPLIT = r"\W+"  # BM25's default split: its tokens are the \w+ runs
+_WORD_RUNS = WordTokenizer("bm25", r"\w+", lowercase=True)
 
 
 # -- BM25 terms -------------------------------------------------------------------------------
@@ -201,7 +204,7 @@ class Tokenizer:
             raise ValueError(f"tokenizer.cjk must be bigram, unigram or none, got {cfg.cjk!r}")
         self.cfg = cfg
         if cfg.split == _DEFAULT_SPLIT:  # the pieces of a \W+ split are the \w+ runs
-            self._tokens: Callable[[str], list[str]] = _PRESETS["contamination"].findall
+            self._tokens: Callable[[str], list[str]] = _WORD_RUNS.findall
         else:
             split = re.compile(cfg.split).split
             self._tokens = lambda text: [t for t in split(text) if t]

@@ -75,6 +75,8 @@ class TrainOptions:
     grad_accum: int = 1
     budget_tokens: float = 0.0  # 0: the stream's planned tokens
     max_steps: int = 0  # 0: from the budget
+    optimizer: str = "adamw"  # adamw | lion (LionW, decoupled weight decay; cptkit/training/optim.py)
+    schedule: str = "wsd"  # wsd (warmup, constant, decay) | rsqrt (warmup, peak·sqrt(warmup/step), cooldown)
     lr: float = 1e-4  # peak
     init_lr: float = 1e-7
     warmup: float = 0.05  # steps (≥ 1) or fraction (< 1)
@@ -113,7 +115,8 @@ class TrainOptions:
     def __post_init__(self) -> None:
         """Refuse invalid ``train.*`` values with one line each, before anything is written."""
         from cptkit.mixtures.controller import MIXTURES
-        from cptkit.training.schedule import DECAY_TYPES
+        from cptkit.training.optim import OPTIMIZERS
+        from cptkit.training.schedule import DECAY_TYPES, SCHEDULES
 
         check(self.mixture in MIXTURES or ":" in self.mixture, "mixture", self.mixture,
               f"use one of {', '.join(MIXTURES)} or package.module:Class")
@@ -127,6 +130,8 @@ class TrainOptions:
         check(self.lr > 0 and not math.isinf(self.lr), "lr", self.lr, "must be > 0")
         check(self.eps > 0, "eps", self.eps, "must be > 0")
         check(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        check(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"use one of {', '.join(OPTIMIZERS)}")
+        check(self.schedule in SCHEDULES, "schedule", self.schedule, f"use one of {', '.join(SCHEDULES)}")
         check(self.decay_type in DECAY_TYPES, "decay_type", self.decay_type, f"use one of {', '.join(DECAY_TYPES)}")
         check(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "betas", self.betas,
               "two values in [0, 1)")

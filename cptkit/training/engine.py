@@ -105,13 +105,15 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def deepspeed_config(base: dict[str, Any], *, micro_batch: int, grad_accum: int, world: int, lr: float,
                      betas: tuple[float, float], eps: float, weight_decay: float, grad_clip: float,
                      precision: str, zero_stage: int | None, user: dict[str, Any] | None = None,
-                     user_name: str = "train.deepspeed_config") -> dict[str, Any]:
+                     user_name: str = "train.deepspeed_config", optimizer: str = "adamw") -> dict[str, Any]:
     """The DeepSpeed config: ``base`` (``conf/deepspeed/*.yaml``), then ``user`` (a JSON/YAML file) over it.
 
     What the user file sets wins: ZeRO stage, optimizer, scheduler, clipping, precision. Batch
     sizes must agree with ``train.micro_batch``/``grad_accum`` (cptkit slices the data by them),
     and an explicit ``train.zero_stage`` or ``train.precision`` that contradicts the file is an
     error rather than a silent choice. ``precision`` may be ``auto`` (see :func:`resolve_precision`).
+    ``optimizer="lion"`` leaves ``optimizer`` out: :func:`make_engine` hands DeepSpeed a client
+    :class:`~cptkit.training.optim.LionW` (ZeRO wraps it; ``zero_allow_untested_optimizer``).
     """
     user = dict(user or {})
     cfg = _merge(base, user)
@@ -143,12 +145,17 @@ def deepspeed_config(base: dict[str, Any], *, micro_batch: int, grad_accum: int,
     precision = resolve_precision(precision)
     cfg["bf16"] = {**(cfg.get("bf16") or {}), "enabled": precision == "bf16"}
     cfg["fp16"] = {**(cfg.get("fp16") or {}), "enabled": precision == "fp16"}
+    if "optimizer" in user and optimizer != "adamw":
+        raise CptkitError(f"{user_name}: its optimizer contradicts train.optimizer={optimizer}; drop one of them")
     if "optimizer" in user:  # the user's optimizer and its hyper-parameters win over train.lr/betas/...
         opt = dict(user["optimizer"])
         opt["params"] = dict(opt.get("params") or {})
         if not on_gpu() and str(opt.get("type", "")).lower() in ("adam", "adamw"):
             opt["params"].setdefault("torch_adam", True)  # no fused_adam JIT build on CPU
         cfg["optimizer"] = opt
+    elif optimizer != "adamw":  # a client torch optimizer (make_engine); ZeRO wraps it
+        cfg.pop("optimizer", None)
+        cfg["zero_allow_untested_optimizer"] = True
     else:
         params = {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay}
         if not on_gpu():
@@ -179,16 +186,18 @@ def use_deepspeed(engine: str, world: int, user_config: bool, zero_stage: int) -
 class TorchEngine:
     """One process, plain PyTorch: the loop a user would write, behind DeepSpeed's engine interface.
 
-    AdamW (``torch.optim``, foreach), gradient clipping, gradient accumulation (``backward``
+    AdamW (``torch.optim``, foreach) or LionW (``train.optimizer``), gradient clipping, gradient accumulation (``backward``
     scales by 1/accum; ``step`` updates at the boundary), bf16 through ``torch.autocast`` over
     fp32 weights, and checkpoints read with ``weights_only=True`` (:mod:`cptkit.training.checkpoint`).
     """
 
     def __init__(self, model: torch.nn.Module, groups: list[dict[str, Any]], *, lr: float,
                  betas: tuple[float, float], eps: float, grad_clip: float, precision: str, grad_accum: int,
-                 lr_scheduler: Any = None):
+                 lr_scheduler: Any = None, optimizer: str = "adamw"):
+        from cptkit.training.optim import make_optimizer
+
         self.module = model
-        self.optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+        self.optimizer = make_optimizer(optimizer, groups, lr=lr, betas=betas, eps=eps)
         self.lr_scheduler = lr_scheduler(self.optimizer) if callable(lr_scheduler) else None
         self.grad_clip = float(grad_clip)
         self.precision = precision
@@ -255,7 +264,7 @@ class TorchEngine:
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: no weight decay on biases, norms and other 1-D parameters."""
+    """Optimizer groups: no weight decay on biases, norms and other 1-D parameters."""
     decay, no_decay = [], []
     for _, p in model.named_parameters():
         if p.requires_grad:
@@ -314,13 +323,14 @@ def make_engine(model: torch.nn.Module, tcfg: Any, *, deepspeed_base: dict[str, 
     from cptkit.training.schedule import torch_scheduler
 
     user = load_user_deepspeed(tcfg.deepspeed_config)
+    opt_name = str(getattr(tcfg, "optimizer", "adamw"))
     micro, accum = int(tcfg.micro_batch), int(tcfg.grad_accum)
     betas = (float(tcfg.betas[0]), float(tcfg.betas[1]))
     ds_cfg = deepspeed_config(deepspeed_base, micro_batch=micro, grad_accum=accum, world=world, lr=float(tcfg.lr),
                               betas=betas, eps=float(tcfg.eps), weight_decay=float(tcfg.weight_decay),
                               grad_clip=float(tcfg.grad_clip), precision=str(tcfg.precision),
                               zero_stage=None if tcfg.zero_stage is None else int(tcfg.zero_stage), user=user,
-                              user_name=str(tcfg.deepspeed_config))
+                              user_name=str(tcfg.deepspeed_config), optimizer=opt_name)
     stage = int(ds_cfg["zero_optimization"]["stage"])
     precision = "bf16" if ds_cfg["bf16"]["enabled"] else "fp16" if ds_cfg["fp16"]["enabled"] else "fp32"
     if precision == "fp16" and not on_gpu():
@@ -337,7 +347,13 @@ def make_engine(model: torch.nn.Module, tcfg: Any, *, deepspeed_base: dict[str, 
     if use_deepspeed(str(tcfg.engine), world, bool(user), stage):
         import deepspeed
 
-        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_cfg,
+        client = None
+        if "optimizer" not in ds_cfg:  # train.optimizer=lion: DeepSpeed takes the torch optimizer as a client
+            from cptkit.training.optim import make_optimizer
+
+            client = make_optimizer(opt_name, groups, lr=schedule.peak_lr, betas=betas, eps=float(tcfg.eps))
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=None if client else groups,
+                                               optimizer=client, config=ds_cfg,
                                                lr_scheduler=None if "scheduler" in ds_cfg else sched)
         guard_deepspeed(engine)
         got = int(engine.zero_optimization_stage())
@@ -347,9 +363,9 @@ def make_engine(model: torch.nn.Module, tcfg: Any, *, deepspeed_base: dict[str, 
     else:
         engine = TorchEngine(model, groups, lr=float(tcfg.lr), betas=betas, eps=float(tcfg.eps),
                              grad_clip=float(tcfg.grad_clip), precision=precision, grad_accum=accum,
-                             lr_scheduler=sched)
+                             lr_scheduler=sched, optimizer=opt_name)
         kind, stage = "torch", 0
-    info = {"engine": kind, "zero stage": stage, "precision": precision,
+    info = {"engine": kind, "optimizer": str((user.get("optimizer") or {}).get("type") or opt_name), "zero stage": stage, "precision": precision,
             "gradient checkpointing": "on" if ckpt else "off",
             "lr scheduler": "deepspeed (user file)" if "scheduler" in ds_cfg and kind == "deepspeed" else "cptkit"}
     return engine, info

@@ -29,10 +29,11 @@ class EvalPoints:
                 raise CptkitError(f"{stream.path}: no held-out eval documents for domain {missing[0]!r} "
                                   "(rebuild the stream with mix.eval_docs > 0)")
 
-    def losses(self, model: Any, tokenizer: Any, docs: int | None) -> dict[str, float]:
-        from cptkit.mixtures.controller import domain_losses
+    def losses(self, model: Any, tokenizer: Any, docs: int | None) -> tuple[dict[str, float], dict[str, float]]:
+        """Per-domain held-out loss and its standard error over documents."""
+        from cptkit.mixtures.controller import domain_eval
 
-        return domain_losses(model, tokenizer, self.records, docs, self.tcfg.eval_max_tokens, self.seq_len)
+        return domain_eval(model, tokenizer, self.records, docs, self.tcfg.eval_max_tokens, self.seq_len)
 
     def point(self, model: Any, tokenizer: Any) -> dict[str, Any]:
         """An ``eval_every`` point: per-domain losses and the few-shot tasks."""
@@ -47,8 +48,8 @@ class EvalPoints:
         tcfg = self.tcfg
         if controller.dynamic and controller.wants_eval(state.step, state.tokens):
             te = time.time()
-            losses = self.losses(model, tokenizer, controller.eval_docs(state.step, tcfg.eval_docs))
-            info = {"eval_loss": losses, **controller.update(state.step, state.tokens, losses)}
+            losses, ses = self.losses(model, tokenizer, controller.eval_docs(state.step, tcfg.eval_docs))
+            info = {"eval_loss": losses, "eval_loss_se": ses, **controller.update(state.step, state.tokens, losses)}
             on_update(info)
             self.mix_s += time.time() - te
             return info
@@ -60,6 +61,6 @@ class EvalPoints:
         """A Velocitune proxy checkpoint after this step, if due; True once its targets settled."""
         if proxy_run is None or not proxy_run.is_checkpoint(state.step):
             return False
-        losses = self.losses(model, tokenizer, proxy_run.eval_docs)
+        losses, _ = self.losses(model, tokenizer, proxy_run.eval_docs)
         state.proxy_log.append((float(state.tokens), losses))
         return bool(proxy_run.add(state.tokens, losses))

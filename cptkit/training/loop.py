@@ -29,7 +29,7 @@ def plan_steps(spec: RunSpec) -> tuple[int, int, int, Any]:
     total_steps = tcfg.max_steps or max(1, math.ceil(budget / (global_seqs * seq_len)))
     try:
         schedule = make_schedule(tcfg.lr, total_steps, warmup=tcfg.warmup, decay=tcfg.decay, init_lr=tcfg.init_lr,
-                                 decay_type=tcfg.decay_type, min_lr_ratio=tcfg.min_lr_ratio)
+                                 decay_type=tcfg.decay_type, min_lr_ratio=tcfg.min_lr_ratio, kind=tcfg.schedule)
     except ValueError as e:
         raise CptkitError(f"train schedule ({total_steps} steps): {e}") from None
     return global_seqs, total_steps, total_steps * global_seqs * seq_len, schedule

@@ -1,10 +1,17 @@
-"""Warmup-Stable-Decay learning-rate schedules (SPEC §9).
+"""Learning-rate schedules (SPEC §9): Warmup-Stable-Decay (``wsd``) and inverse square root (``rsqrt``).
 
 Phases: a linear warmup from ``init_lr`` to ``peak_lr``; a stable phase at ``peak_lr``; a
 decay to ``min_lr_ratio · peak_lr`` over the last ``decay`` steps, shaped linear | cosine |
 1-sqrt | exponential. ``warmup`` and ``decay`` are given in steps (int ≥ 1, or 0) or as
 fractions of ``total_steps`` (float < 1). ``decay = 0`` keeps the LR constant after warmup
 (Llama-3-SynE's CPT: 1e-7 → 1e-5, then constant).
+
+``rsqrt`` (the domain-upsampling paper's, seed 002 §2: "an inverse square root learning schedule
+similar to (Zhai et al., 2022)"; Zhai et al.'s ViT schedule: linear warmup, then
+``peak·sqrt(warmup/step)``, then a linear cooldown to zero): the same linear warmup, then
+``peak · sqrt(max(warmup, 1) / step)`` (equal to ``peak`` where warmup ends), then over the last
+``decay`` steps the LR falls linearly (``decay_type``) from the rsqrt value where the cooldown
+starts to ``min_lr_ratio`` times that value.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 DECAY_TYPES = ("linear", "cosine", "1-sqrt", "exponential")
+SCHEDULES = ("wsd", "rsqrt")
 
 
 def phase_steps(value: float | int, total_steps: int, what: str) -> int:
@@ -35,8 +43,11 @@ class Schedule:
     init_lr: float = 1e-7
     decay_type: str = "linear"
     min_lr_ratio: float = 0.0
+    kind: str = "wsd"
 
     def __post_init__(self) -> None:
+        if self.kind not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.kind!r}")
         if self.decay_type not in DECAY_TYPES:
             raise ValueError(f"decay_type must be one of {DECAY_TYPES}, got {self.decay_type!r}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
@@ -51,11 +62,20 @@ class Schedule:
     def stable_end(self) -> int:
         return self.total_steps - self.decay_steps
 
+    def rsqrt(self, step: int) -> float:
+        """The inverse-square-root body: ``peak · sqrt(max(warmup, 1) / step)`` (``peak`` up to there)."""
+        w = max(self.warmup_steps, 1)
+        return self.peak_lr * math.sqrt(w / max(step, w))
+
     def lr(self, step: int) -> float:
         peak = self.peak_lr
         if step < self.warmup_steps:
             return self.init_lr + (peak - self.init_lr) * step / self.warmup_steps
-        if self.decay_steps == 0 or step < self.stable_end:
+        if self.kind == "rsqrt":
+            if self.decay_steps == 0 or step < self.stable_end:
+                return self.rsqrt(step)
+            peak = self.rsqrt(self.stable_end)  # the cooldown starts where the rsqrt body stops
+        elif self.decay_steps == 0 or step < self.stable_end:
             return peak
         p = min((step - self.stable_end) / self.decay_steps, 1.0)
         lo = peak * self.min_lr_ratio
@@ -69,14 +89,15 @@ class Schedule:
 
 
 def make_schedule(peak_lr: float, total_steps: int, warmup: float | int = 0, decay: float | int = 0,
-                  init_lr: float = 1e-7, decay_type: str = "linear", min_lr_ratio: float = 0.0) -> Schedule:
-    """Build a :class:`Schedule` with phases in steps or fractions of ``total_steps``."""
+                  init_lr: float = 1e-7, decay_type: str = "linear", min_lr_ratio: float = 0.0,
+                  kind: str = "wsd") -> Schedule:
+    """Build a :class:`Schedule` (``kind``: wsd | rsqrt) with phases in steps or fractions of ``total_steps``."""
     if total_steps <= 0:
         raise ValueError(f"total_steps must be > 0, got {total_steps}")
     return Schedule(peak_lr=float(peak_lr), total_steps=int(total_steps),
                     warmup_steps=phase_steps(warmup, total_steps, "warmup"),
                     decay_steps=phase_steps(decay, total_steps, "decay"), init_lr=float(init_lr),
-                    decay_type=str(decay_type), min_lr_ratio=float(min_lr_ratio))
+                    decay_type=str(decay_type), min_lr_ratio=float(min_lr_ratio), kind=str(kind))
 
 
 def lr_at(step: int, **kw) -> float:
