@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from dataclasses import dataclass
 from math import comb
 from pathlib import Path
@@ -158,7 +159,9 @@ def netns_available() -> bool:
 
 _INIT = textwrap.dedent("""
     import ctypes, os, resource, sys
-    work, newroot, mem, fsize, cpu, binds = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6]), sys.argv[6:]
+    work, newroot, mem, fsize, cpu, drop, binds = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7]), sys.argv[7:]
+    if drop:  # host root: wait until the parent has written our uid/gid maps
+        os.read(0, 1)
     libc = ctypes.CDLL(None, use_errno=True)
     BIND, REC, RO, REMOUNT, PRIVATE = 4096, 16384, 1, 32, 1 << 18
     def mount(src, dst, fs, flags, data=None):
@@ -197,6 +200,13 @@ _INIT = textwrap.dedent("""
     for r, v in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_CORE, 0),
                  (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CPU, cpu), (resource.RLIMIT_NPROC, 64)):
         resource.setrlimit(r, (v, v))
+    if drop:  # leave host uid 0 (exempt from RLIMIT_NPROC) for the unprivileged uid mapped to SANDBOX_UID
+        os.setgroups([])
+        os.setgid(1000)
+        os.setuid(1000)
+    fd = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(fd, 0)
+    os.close(fd)
     env = {"PATH": "/usr/bin:/bin", "HOME": "/box", "TMPDIR": "/box", "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONHASHSEED": "0"}
     os.execve(sys.executable, [sys.executable, "-I", "prog.py"], env)
@@ -219,6 +229,29 @@ def _binds() -> list[str]:
     return [p for p in paths if os.path.lexists(p)]
 
 
+SANDBOX_UID = 65534  # host uid/gid the program runs as when cptkit runs as root (nobody)
+
+
+def _map_ids(proc: subprocess.Popen) -> None:
+    """As host root: map the new user namespace's 0 to host 0 (to set up mounts) and its 1000 to
+    ``SANDBOX_UID`` (the program's uid; host uid 0 is exempt from RLIMIT_NPROC), then let it go on."""
+    own = os.readlink("/proc/self/ns/user")
+    deadline = time.monotonic() + 5
+    try:
+        while os.readlink(f"/proc/{proc.pid}/ns/user") == own:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return
+            time.sleep(0.0005)
+        for f in ("uid_map", "gid_map"):
+            Path(f"/proc/{proc.pid}/{f}").write_text(f"0 0 1\n1000 {SANDBOX_UID} 1\n")
+        proc.stdin.write(b"x")
+    except OSError:  # it died meanwhile: its exit status says so
+        pass
+    finally:
+        proc.stdin.close()
+        proc.stdin = None  # communicate() must not flush it
+
+
 def run_sandboxed(code: str, timeout: float = 10.0, memory_mb: int = 1024, max_file_mb: int = 1,
                   unshare: str = "unshare") -> ExecResult:
     """Run ``code`` inside fresh user/net/pid/mount namespaces with a minimal read-only root (see module doc)."""
@@ -228,11 +261,15 @@ def run_sandboxed(code: str, timeout: float = 10.0, memory_mb: int = 1024, max_f
         newroot.mkdir()
         os.chmod(work, 0o777)
         (work / "prog.py").write_text(code + "\n", encoding="utf-8")
-        cmd = [unshare, "--user", "--map-root-user", "--net", "--pid", "--mount", "--fork", "--kill-child",
-               sys.executable, "-I", "-S", "-c", _INIT, str(work), str(newroot), str(memory_mb << 20),
-               str(max_file_mb << 20), str(int(timeout) + 1), *_binds()]
-        proc = subprocess.Popen(cmd, cwd=tmp, env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL,
+        drop = os.geteuid() == 0
+        cmd = [unshare, "--user", *([] if drop else ["--map-root-user"]), "--net", "--pid", "--mount", "--fork",
+               "--kill-child", sys.executable, "-I", "-S", "-c", _INIT, str(work), str(newroot),
+               str(memory_mb << 20), str(max_file_mb << 20), str(int(timeout) + 1), str(int(drop)), *_binds()]
+        proc = subprocess.Popen(cmd, cwd=tmp, env={"PATH": "/usr/bin:/bin"},
+                                stdin=subprocess.PIPE if drop else subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        if drop:
+            _map_ids(proc)
         try:
             _, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
