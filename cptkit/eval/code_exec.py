@@ -160,8 +160,11 @@ def netns_available() -> bool:
 _INIT = textwrap.dedent("""
     import ctypes, os, resource, sys
     work, newroot, mem, fsize, cpu, drop, binds = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7]), sys.argv[7:]
-    if drop:  # host root: wait until the parent has written our uid/gid maps
-        os.read(0, 1)
+    if drop == 1:  # host root: wait until the parent has written our uid/gid maps, then re-exec to get
+        os.read(0, 1)  # the namespace's capabilities (an exec before the maps existed dropped them)
+        argv = list(sys.orig_argv)
+        argv[len(argv) - len(binds) - 1] = "2"
+        os.execv(sys.executable, argv)
     libc = ctypes.CDLL(None, use_errno=True)
     BIND, REC, RO, REMOUNT, PRIVATE = 4096, 16384, 1, 32, 1 << 18
     def mount(src, dst, fs, flags, data=None):
