@@ -160,11 +160,6 @@ def netns_available() -> bool:
 _INIT = textwrap.dedent("""
     import ctypes, os, resource, sys
     work, newroot, mem, fsize, cpu, drop, binds = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7]), sys.argv[7:]
-    if drop == 1:  # host root: wait until the parent has written our uid/gid maps, then re-exec to get
-        os.read(0, 1)  # the namespace's capabilities (an exec before the maps existed dropped them)
-        argv = list(sys.orig_argv)
-        argv[len(argv) - len(binds) - 1] = "2"
-        os.execv(sys.executable, argv)
     libc = ctypes.CDLL(None, use_errno=True)
     BIND, REC, RO, REMOUNT, PRIVATE = 4096, 16384, 1, 32, 1 << 18
     def mount(src, dst, fs, flags, data=None):
@@ -247,7 +242,7 @@ def _map_ids(proc: subprocess.Popen) -> None:
             time.sleep(0.0005)
         for f in ("uid_map", "gid_map"):
             Path(f"/proc/{proc.pid}/{f}").write_text(f"0 0 1\n1000 {SANDBOX_UID} 1\n")
-        proc.stdin.write(b"x")
+        proc.stdin.write(b"go\n")
     except OSError:  # it died meanwhile: its exit status says so
         pass
     finally:
@@ -266,7 +261,11 @@ def run_sandboxed(code: str, timeout: float = 10.0, memory_mb: int = 1024, max_f
         (work / "prog.py").write_text(code + "\n", encoding="utf-8")
         drop = os.geteuid() == 0
         cmd = [unshare, "--user", *([] if drop else ["--map-root-user"]), "--net", "--pid", "--mount", "--fork",
-               "--kill-child", sys.executable, "-I", "-S", "-c", _INIT, str(work), str(newroot),
+               "--kill-child",
+               # as host root, /bin/sh waits for the uid maps before exec'ing the launcher (an exec before
+               # the maps exist would drop the namespace's capabilities)
+               *(["/bin/sh", "-c", 'read -r _ && exec "$0" "$@"'] if drop else []),
+               sys.executable, "-I", "-S", "-c", _INIT, str(work), str(newroot),
                str(memory_mb << 20), str(max_file_mb << 20), str(int(timeout) + 1), str(int(drop)), *_binds()]
         proc = subprocess.Popen(cmd, cwd=tmp, env={"PATH": "/usr/bin:/bin"},
                                 stdin=subprocess.PIPE if drop else subprocess.DEVNULL,
