@@ -1,24 +1,27 @@
-"""Execute generated programs in a sandboxed subprocess; pass@k with the unbiased estimator.
+"""Execute generated programs in an OS-level sandbox; pass@k with the unbiased estimator.
 
-``run_program(code)`` writes ``code`` to ``prog.py`` in a fresh temporary directory and runs
-``python -I prog.py`` there with:
+``run_program(code)`` writes ``code`` to ``prog.py`` in a fresh empty temporary directory and runs
+``python -I prog.py`` under ``unshare --user --map-root-user --net --pid --mount --fork --kill-child``
+(works as root and as an unprivileged user where the kernel allows user namespaces). Before the
+program starts, a tiny launcher (``_INIT``) inside the namespaces:
 
-* a wall-clock timeout (the whole process group is killed; an infinite loop is ``timeout``);
-* ``RLIMIT_AS`` (address space, default 1 GiB), ``RLIMIT_FSIZE`` (largest file it may write,
-  default 1 MiB), ``RLIMIT_CORE`` 0, ``RLIMIT_NOFILE`` 64, ``RLIMIT_CPU`` (timeout + 1 s);
-* no network: a new user + network namespace (``unshare(CLONE_NEWUSER | CLONE_NEWNET)``, only a
-  loopback that is down) when the kernel allows it, else ``socket`` is disabled in the child;
-* a guard installed before the program runs: ``open``/``os.open`` for writing, and ``os``
-  removal/rename/chmod/link calls, refuse any path outside the temporary directory; ``os.system``,
-  ``os.fork``, ``subprocess.Popen``, ``os.kill`` and ``shutil.rmtree`` are disabled (the
-  ``reliability_guard`` of Chen et al.'s human-eval, plus the path check);
-* an empty environment (``PATH`` only) and the temporary directory as cwd and ``HOME``, which
-  is deleted afterwards.
+* builds a new root on a small tmpfs holding only read-only bind mounts of ``/usr`` (and the
+  ``/bin``, ``/lib`` links), the Python install and the venv, ``/dev/null|zero|urandom``, a fresh
+  ``/proc`` of the PID namespace, and the work dir at ``/box`` (the only writable place); the
+  tmpfs is then made read-only and the process ``chroot``s into it, so ``/etc``, ``/home``,
+  ``/root``, ``/tmp``, Unix sockets and every other host path are simply absent;
+* sets ``RLIMIT_AS`` (default 1 GiB), ``RLIMIT_FSIZE`` (default 1 MiB), ``RLIMIT_NPROC`` (64, counted
+  per user namespace), ``RLIMIT_NOFILE`` 64, ``RLIMIT_CORE`` 0, ``RLIMIT_CPU`` (timeout + 1 s);
+* has no network: the new network namespace has only a loopback that is down.
 
-Not prevented: the guard is Python-level, so code that reaches libc directly (``ctypes``, a C
-extension) can write files the user can write, and without the namespace it could open a
-network connection the same way; reading files is allowed. For untrusted models run
-``evaluate`` inside a container or VM (as human-eval's README also advises).
+At the timeout the ``unshare`` process is killed; ``--kill-child`` then kills PID 1 of the PID
+namespace, and the kernel kills every process left in it (forked, ``setsid`` or not).
+
+If the namespaces are not available (probed once by running a real program through the sandbox;
+``CPTKIT_UNSHARE`` names the ``unshare`` binary, default the one on ``PATH``), ``run_program``
+refuses with a ``CptkitError`` unless ``allow_unsandboxed=True``; then it falls back to the old
+Python-level guard (human-eval's ``reliability_guard`` plus a path check), which a hostile program
+can bypass. docs/evaluate.md "Sandbox: threat model" says what is and is not stopped.
 """
 
 from __future__ import annotations
@@ -26,14 +29,18 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from dataclasses import dataclass
 from math import comb
 from pathlib import Path
+
+from cptkit.core.errors import CptkitError
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
@@ -150,8 +157,173 @@ def netns_available() -> bool:
     return _NETNS_OK
 
 
-def run_program(code: str, timeout: float = 10.0, memory_mb: int = 1024, max_file_mb: int = 1) -> ExecResult:
-    """Run ``code`` in the sandbox; ``passed`` when it exits 0 within ``timeout`` seconds."""
+_INIT = textwrap.dedent("""
+    import ctypes, os, resource, sys
+    work, newroot, mem, fsize, cpu, drop, binds = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7]), sys.argv[7:]
+    libc = ctypes.CDLL(None, use_errno=True)
+    BIND, REC, RO, REMOUNT, PRIVATE = 4096, 16384, 1, 32, 1 << 18
+    def mount(src, dst, fs, flags, data=None):
+        enc = lambda x: None if x is None else x.encode()
+        if libc.mount(enc(src), enc(dst), enc(fs), flags, enc(data)) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"sandbox: mount {src} on {dst}: {os.strerror(e)}")
+    def locked(path):
+        f = os.statvfs(path).f_flag
+        return (f & (1 | 2 | 4 | 8 | 1024 | 2048)) | ((1 << 21) if f & 4096 else 0)
+    def bind(src, ro=True):
+        dst = newroot + src
+        if os.path.islink(src):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.symlink(os.readlink(src), dst)
+            return
+        if os.path.isdir(src):
+            os.makedirs(dst, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            open(dst, "w").close()
+        mount(src, dst, None, BIND | REC)
+        if ro:
+            mount(None, dst, None, BIND | REMOUNT | RO | locked(src))
+    mount(None, "/", None, REC | PRIVATE)
+    mount("tmpfs", newroot, "tmpfs", 2 | 4, "size=64k,mode=0755")
+    for b in binds:
+        bind(b)
+    os.makedirs(newroot + "/box")
+    mount(work, newroot + "/box", None, BIND | REC)
+    os.makedirs(newroot + "/proc")
+    mount("proc", newroot + "/proc", "proc", 2 | 4 | 8)
+    mount(None, newroot, None, REMOUNT | RO | 2 | 4)
+    os.chroot(newroot)
+    os.chdir("/box")
+    for r, v in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_CORE, 0),
+                 (resource.RLIMIT_NOFILE, 64), (resource.RLIMIT_CPU, cpu), (resource.RLIMIT_NPROC, 64)):
+        resource.setrlimit(r, (v, v))
+    if drop:  # leave host uid 0 (exempt from RLIMIT_NPROC) for the unprivileged uid mapped to SANDBOX_UID
+        os.setgroups([])
+        os.setgid(1000)
+        os.setuid(1000)
+    fd = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(fd, 0)
+    os.close(fd)
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/box", "TMPDIR": "/box", "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONHASHSEED": "0"}
+    os.execve(sys.executable, [sys.executable, "-I", "prog.py"], env)
+""")
+
+
+def _unshare() -> str | None:
+    """The ``unshare`` binary: ``$CPTKIT_UNSHARE`` if set (a path), else the one on ``PATH``."""
+    exe = os.environ.get("CPTKIT_UNSHARE") or shutil.which("unshare")
+    return exe if exe and os.access(exe, os.X_OK) else None
+
+
+def _binds() -> list[str]:
+    """Host paths the program sees read-only: the system's /usr (+ merged-usr links) and Python's own trees."""
+    paths = ["/usr", "/bin", "/lib", "/lib64", "/sbin", "/dev/null", "/dev/zero", "/dev/urandom"]
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+              os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))):
+        if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in paths):
+            paths.append(p)
+    return [p for p in paths if os.path.lexists(p)]
+
+
+SANDBOX_UID = 65534  # host uid/gid the program runs as when cptkit runs as root (nobody)
+
+
+def _map_ids(proc: subprocess.Popen) -> None:
+    """As host root: map the new user namespace's 0 to host 0 (to set up mounts) and its 1000 to
+    ``SANDBOX_UID`` (the program's uid; host uid 0 is exempt from RLIMIT_NPROC), then let it go on."""
+    own = os.readlink("/proc/self/ns/user")
+    deadline = time.monotonic() + 5
+    try:
+        while os.readlink(f"/proc/{proc.pid}/ns/user") == own:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return
+            time.sleep(0.0005)
+        for f in ("uid_map", "gid_map"):
+            Path(f"/proc/{proc.pid}/{f}").write_text(f"0 0 1\n1000 {SANDBOX_UID} 1\n")
+        proc.stdin.write(b"go\n")
+    except OSError:  # it died meanwhile: its exit status says so
+        pass
+    finally:
+        proc.stdin.close()
+        proc.stdin = None  # communicate() must not flush it
+
+
+def run_sandboxed(code: str, timeout: float = 10.0, memory_mb: int = 1024, max_file_mb: int = 1,
+                  unshare: str = "unshare") -> ExecResult:
+    """Run ``code`` inside fresh user/net/pid/mount namespaces with a minimal read-only root (see module doc)."""
+    with tempfile.TemporaryDirectory(prefix="cptkit-exec-") as tmp:
+        work, newroot = Path(tmp, "work"), Path(tmp, "root")
+        work.mkdir()
+        newroot.mkdir()
+        os.chmod(work, 0o777)
+        (work / "prog.py").write_text(code + "\n", encoding="utf-8")
+        drop = os.geteuid() == 0
+        cmd = [unshare, "--user", *([] if drop else ["--map-root-user"]), "--net", "--pid", "--mount", "--fork",
+               "--kill-child",
+               # as host root, /bin/sh waits for the uid maps before exec'ing the launcher (an exec before
+               # the maps exist would drop the namespace's capabilities)
+               *(["/bin/sh", "-c", 'read -r _ && exec "$0" "$@"'] if drop else []),
+               sys.executable, "-I", "-S", "-c", _INIT, str(work), str(newroot),
+               str(memory_mb << 20), str(max_file_mb << 20), str(int(timeout) + 1), str(int(drop)), *_binds()]
+        proc = subprocess.Popen(cmd, cwd=tmp, env={"PATH": "/usr/bin:/bin"},
+                                stdin=subprocess.PIPE if drop else subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        if drop:
+            _map_ids(proc)
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # --kill-child: PID 1 of the namespace dies, and with it every process in it
+            _, err = proc.communicate()
+            return ExecResult("timeout", None, err.decode("utf-8", "replace")[-500:], "netns")
+        rc = proc.returncode
+        status = "timeout" if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU) else "passed" if rc == 0 else "failed"
+        return ExecResult(status, rc, err.decode("utf-8", "replace")[-500:], "netns")
+
+
+_SANDBOX_OK: dict[str, str | None] = {}
+
+
+def sandbox_problem() -> str | None:
+    """Why the OS sandbox cannot run here (``None``: it can). Probed once per ``unshare`` binary by
+    running a real program through it."""
+    exe = _unshare()
+    if exe is None:
+        return f"no executable unshare ({os.environ.get('CPTKIT_UNSHARE') or 'not on PATH'})"
+    if exe not in _SANDBOX_OK:
+        try:
+            r = run_sandboxed("import sys\nsys.exit(0 if open('/proc/self/status') else 1)\n", timeout=20, unshare=exe)
+            _SANDBOX_OK[exe] = None if r.status == "passed" else \
+                (r.stderr_tail.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        except OSError as e:
+            _SANDBOX_OK[exe] = str(e)
+    return _SANDBOX_OK[exe]
+
+
+def require_sandbox(allow_unsandboxed: bool = False) -> bool:
+    """True when the OS sandbox is usable; False when it is not but ``allow_unsandboxed``; else refuse."""
+    why = sandbox_problem()
+    if why is None:
+        return True
+    if allow_unsandboxed:
+        return False
+    raise CptkitError(f"code sandbox unavailable ({why}): refusing to run untrusted programs; "
+                      "set eval.code.allow_unsandboxed=true to run them with only a Python-level guard")
+
+
+def run_program(code: str, timeout: float = 10.0, memory_mb: int = 1024, max_file_mb: int = 1,
+                allow_unsandboxed: bool = False) -> ExecResult:
+    """Run ``code`` in the OS sandbox; ``passed`` when it exits 0 within ``timeout`` seconds."""
+    if require_sandbox(allow_unsandboxed):
+        return run_sandboxed(code, timeout, memory_mb, max_file_mb, unshare=_unshare() or "unshare")
+    return run_guarded(code, timeout, memory_mb, max_file_mb)
+
+
+
+def run_guarded(code: str, timeout: float = 10.0, memory_mb: int = 1024, max_file_mb: int = 1) -> ExecResult:
+    """The Python-level guard (no OS isolation): the fallback under ``allow_unsandboxed``."""
     use_netns = netns_available()
 
     def limits() -> None:

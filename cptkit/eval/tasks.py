@@ -486,7 +486,8 @@ def answers_match(pred: str | None, gold: str | None) -> bool:
 # --- running a task -----------------------------------------------------------------------------
 def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, limit: int | None = None,
              seed: int = 1234, batch_size: int = 8, max_gen_toks: int | None = None,
-             max_length: int | None = None, on_batch=None) -> tuple[dict[str, Any], list[dict]]:
+             max_length: int | None = None, on_batch=None,
+             allow_unsandboxed: bool = False) -> tuple[dict[str, Any], list[dict]]:
     """Score ``task``: ``(metrics, per-item records)``. Metrics: acc/acc_norm or exact_match, with stderr."""
     from cptkit.models import lm
 
@@ -531,7 +532,8 @@ def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, l
             if on_batch:
                 on_batch(len(reps[b:b + batch_size]) / n_samples)
         if ce:
-            items = score_code(task, docs, [outs[i * n_samples:(i + 1) * n_samples] for i in range(len(docs))], ce)
+            items = score_code(task, docs, [outs[i * n_samples:(i + 1) * n_samples] for i in range(len(docs))], ce,
+                                allow_unsandboxed=allow_unsandboxed)
             metrics = _mean_metrics(items, [f"pass@{k}" for k in code_ks(ce, n_samples)])
         else:
             gold_t = task.spec.get("doc_to_gold", task.spec["doc_to_target"])
@@ -561,7 +563,8 @@ def code_ks(ce: dict, n_samples: int) -> list[int]:
     return ks
 
 
-def score_code(task: EvalTask, docs: list[dict], completions: list[list[str]], ce: dict) -> list[dict]:
+def score_code(task: EvalTask, docs: list[dict], completions: list[list[str]], ce: dict,
+               allow_unsandboxed: bool = False) -> list[dict]:
     """Run every completion's program (``code_eval.program``, Jinja2 with ``completion``) in the sandbox."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -574,7 +577,7 @@ def score_code(task: EvalTask, docs: list[dict], completions: list[list[str]], c
 
     def one(prog: str):
         return run_program(prog, timeout=float(ce.get("timeout", 10)), memory_mb=int(ce.get("memory_mb", 1024)),
-                           max_file_mb=int(ce.get("max_file_mb", 1)))
+                           max_file_mb=int(ce.get("max_file_mb", 1)), allow_unsandboxed=allow_unsandboxed)
 
     with ThreadPoolExecutor(max_workers=int(ce.get("workers", 2))) as ex:
         res = list(ex.map(one, flat))

@@ -49,6 +49,13 @@ class LmEvalConfig:
 
 
 @dataclass
+class CodeConfig:
+    # run HumanEval/MBPP programs with only a Python-level guard where the OS sandbox (user/net/pid/mount
+    # namespaces) is unavailable; false: refuse (docs/evaluate.md "Sandbox: threat model")
+    allow_unsandboxed: bool = False
+
+
+@dataclass
 class EvalConfig:
     model: str | None = None  # HF dir, .gguf file, or smollm2
     dtype: str = "float32"
@@ -65,6 +72,7 @@ class EvalConfig:
     data_dir: str = "~/.cache/cptkit/eval"
     engine: str = "cptkit"  # cptkit | lm_eval (tasks are then lm-eval task names)
     lm_eval: LmEvalConfig = field(default_factory=LmEvalConfig)
+    code: CodeConfig = field(default_factory=CodeConfig)
     suite: str | None = None  # conf/eval/suites/<name>.yaml (or a path): a paper's table
     task_shots: Any = None  # per-task shots {task: n} (a suite sets them)
     contamination: str | None = None  # evaluate-contamination output: clean/contaminated split
@@ -145,7 +153,7 @@ def run_native_task(model: Any, tok: Any, et: Any, ec: Any, shots_for: dict, res
     shots = ec.shots if ec.shots is not None else shots_for.get(et.name, shots_for.get(str(et.path.stem)))
     metrics, items = T.run_task(model, tok, et, num_fewshot=shots, limit=ec.limit, seed=ec.fewshot_seed,
                                 batch_size=ec.batch_size, max_gen_toks=ec.max_gen_toks, max_length=ec.max_length,
-                                on_batch=advance)
+                                on_batch=advance, allow_unsandboxed=ec.code.allow_unsandboxed)
     metrics["seconds"] = time.time() - ts
     results["tasks"][et.name] = {"metrics": metrics, "version": et.version, "hash": et.hash(),
                                  "file": str(et.path), "output_type": et.output_type, "data": dict(et.sources)}
@@ -179,6 +187,10 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
     etasks = [] if ec.engine == "lm_eval" else [T.load_task(n, T.task_dir(ec), ec.data_dir) for n in task_names]
     for t in etasks:
         T.load_docs(t, t.spec["test_split"])
+    if any(t.spec.get("code_eval") for t in etasks):
+        from cptkit.eval.code_exec import require_sandbox
+
+        require_sandbox(ec.code.allow_unsandboxed)  # refuse before loading the model, not after generating
     contam = load_contamination(ec.contamination, [t.name for t in etasks] or task_names) if ec.contamination else None
     with Job(ctx, inputs=inputs, tasks=[Task(0, inputs, name="eval")], needs_inputs=False,
              reads=[model_spec]) as job:
