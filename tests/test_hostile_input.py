@@ -1,0 +1,82 @@
+"""Hostile input (issue "Hostile input" §6), through the real CLI: a bad setting or an exhausted
+resource is one line on stderr naming the key or file, exit code 2, no traceback, and no output
+files left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import write_jsonl
+
+CLI = [sys.executable, "-m", "cptkit.cli"]
+
+
+def run_cli(argv: list, **kw) -> subprocess.CompletedProcess:
+    """``cptkit ARGV`` in a child process (stderr captured as text)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([*CLI, *map(str, argv)], capture_output=True, text=True, env=env, timeout=120, **kw)
+
+
+def one_line(r: subprocess.CompletedProcess, *names: str) -> str:
+    """Assert exit 2 and a single-line error naming every one of ``names``; return it."""
+    err = r.stderr.strip()
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert len(err.splitlines()) == 1, err
+    for n in names:
+        assert n in err, (n, err)
+    return err
+
+
+def corpus(tmp_path: Path, n: int = 20) -> Path:
+    write_jsonl(tmp_path / "in" / "part-0.jsonl",
+                [{"id": f"d{i}", "text": f"document number {i} about cells and proteins"} for i in range(n)])
+    return tmp_path / "in"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("retrieve.epsilon=nan", "epsilon"),
+    ("retrieve.epsilon=inf", "epsilon"),
+    ("retrieve.k1=inf", "k1"),
+    ("retrieve.tokenizer.split='(['", "tokenizer.split"),
+])
+def test_retrieve_settings_refused_at_compose(tmp_path, override, key):
+    out = tmp_path / "out"
+    r = run_cli(["retrieve-index", "--corpus", corpus(tmp_path), "--out", out, "-q", override])
+    one_line(r, key)
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("override, key", [
+    ("mix.budget_tokens=inf", "budget_tokens"),
+    ("mix.budget_tokens=nan", "budget_tokens"),
+])
+def test_mix_budget_must_be_finite(tmp_path, override, key):
+    out = tmp_path / "out"
+    r = run_cli(["build-mix", "--in", corpus(tmp_path), "--out", out, "-q", "mix=demo", "mix.seq_len=128", override])
+    one_line(r, key)
+    assert not out.exists() or not any(out.iterdir())
+
+
+def _limit_fsize() -> None:  # runs in the child: writes past 4 KiB fail with EFBIG
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+
+def test_file_size_limit_is_one_line(tmp_path):
+    """A write that hits RLIMIT_FSIZE (EFBIG, as ENOSPC on a full disk) is one line naming the
+    resource and the file, at the step boundary."""
+    big = [{"id": f"d{i}", "text": f"record {i} " + "word " * 400} for i in range(40)]
+    write_jsonl(tmp_path / "in" / "part-0.jsonl", big)
+    out = tmp_path / "out"
+    r = run_cli(["corrupt", "--in", tmp_path / "in", "--out", out, "-q"], preexec_fn=_limit_fsize)
+    err = one_line(r, "cptkit corrupt", "file size limit exceeded")
+    assert str(out) in err
+    assert not (out / "_SUCCESS").exists()
