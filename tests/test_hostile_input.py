@@ -80,3 +80,33 @@ def test_file_size_limit_is_one_line(tmp_path):
     err = one_line(r, "cptkit corrupt", "file size limit exceeded")
     assert str(out) in err
     assert not (out / "_SUCCESS").exists()
+
+
+@pytest.mark.parametrize("line, why", [
+    ('{"id": "d1", "text": "x", "n": ' + "7" * 5000 + "}", "digits"),
+    ('{"id": "d1", "text": "x", "deep": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    ('{"id": "d1", "text": "x", "score": NaN}', "NaN is not JSON"),
+    ('{"id": "d1", "text": "x", "score": -Infinity}', "-Infinity is not JSON"),
+])
+def test_hostile_record_is_named_by_file_and_line(tmp_path, line, why):
+    """A record Python's json cannot or should not read is refused as ``file:line: reason``
+    (NaN and Infinity are refused, not written back as invalid JSON)."""
+    src = tmp_path / "in" / "part-0.jsonl"
+    src.parent.mkdir()
+    src.write_text('{"id": "d0", "text": "fine"}\n' + line + "\n")
+    out = tmp_path / "out"
+    r = run_cli(["dedup", "--in", src.parent, "--out", out, "-q"])
+    one_line(r, f"{src}:2", why)
+    assert not out.exists() or not any(p for p in out.rglob("*") if p.is_file() and p.suffix in (".jsonl", ".gz"))
+
+
+@pytest.mark.parametrize("override, key", [
+    ("model.hidden=0", "hidden"),
+    ("model.heads=5", "heads"),
+    ("model.kv_heads=3", "kv_heads"),
+])
+def test_model_shape_refused_at_compose(tmp_path, override, key):
+    out = tmp_path / "out"
+    r = run_cli(["train", "--in", corpus(tmp_path), "--out", out, "-q", override])
+    one_line(r, key)
+    assert not out.exists() or not any(out.iterdir())

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from cptkit.core.errors import BadInput, CptkitError
 from cptkit.core.records import Record, dumps, validate
@@ -31,6 +31,16 @@ DATA_SUFFIXES = JSONL_SUFFIXES + (".parquet",)
 # a JSON \uD800-\uDFFF escape: json.loads accepts a lone surrogate that UTF-8 cannot encode
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
 STDIO = "-"
+
+
+class NotJSON(ValueError):
+    """``NaN``/``Infinity``/``-Infinity`` in a record: Python's json reads them, JSON has none."""
+
+
+def _no_constant(name: str) -> Any:
+    """``parse_constant`` of record lines: refuse the non-JSON constants instead of reading them
+    (they would be written back as invalid JSON)."""
+    raise NotJSON(name)
 
 
 @dataclass(frozen=True)
@@ -237,11 +247,17 @@ def read_records(
             n_lines += 1
             truncated = False
             try:
-                obj = json.loads(raw.decode("utf-8"))
+                obj = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
             except UnicodeDecodeError as e:
                 err = f"invalid UTF-8 at byte {e.start}"
             except json.JSONDecodeError as e:
                 err = f"malformed JSON: {e.msg} (column {e.colno})"
+            except NotJSON as e:
+                err = f"malformed JSON: {e} is not JSON (RFC 8259 has no NaN or Infinity)"
+            except RecursionError:
+                err = "malformed JSON: nested too deeply"
+            except ValueError as e:  # an integer over Python's int_max_str_digits (4300)
+                err = f"malformed JSON: {str(e).split(';')[0]}"
             else:
                 err, truncated = _check_record(obj, raw, max_chars, oversize) if validate_records else (None, False)
                 if err is None:
