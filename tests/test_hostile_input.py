@@ -110,3 +110,27 @@ def test_model_shape_refused_at_compose(tmp_path, override, key):
     r = run_cli(["train", "--in", corpus(tmp_path), "--out", out, "-q", override])
     one_line(r, key)
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_text_field_that_no_document_has_is_refused(tmp_path):
+    """``retrieve.text_field=nope`` used to index every document as empty and exit 0."""
+    inp = corpus(tmp_path)
+    out = tmp_path / "idx"
+    r = run_cli(["retrieve-index", "--corpus", inp, "--out", out, "-q", "retrieve.text_field=nope"])
+    one_line(r, "retrieve.text_field='nope'", str((inp / "part-0.jsonl").resolve()))
+    assert not any(p.name.startswith("docs") for p in tmp_path.rglob("*"))
+
+
+def test_unfinished_step_output_is_refused_unless_allowed(tmp_path):
+    """A reader pointed at a step's output without ``_SUCCESS`` (running, or died) stops with one
+    line; ``--allow-partial`` reads it anyway."""
+    first = tmp_path / "dedup"
+    assert run_cli(["dedup", "--in", corpus(tmp_path), "--out", first, "-q"]).returncode == 0
+    (first / "_SUCCESS").unlink()
+    out = tmp_path / "out"
+    r = run_cli(["corrupt", "--in", first, "--out", out, "-q"])
+    one_line(r, str(first), "_SUCCESS", "--allow-partial")
+    assert not out.exists() or not any(out.iterdir())
+    r = run_cli(["corrupt", "--in", first, "--out", out, "-q", "--allow-partial"])
+    assert r.returncode == 0, r.stderr
+    assert (out / "_SUCCESS").exists()

@@ -18,6 +18,7 @@ import re
 import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -31,6 +32,8 @@ DATA_SUFFIXES = JSONL_SUFFIXES + (".parquet",)
 # a JSON \uD800-\uDFFF escape: json.loads accepts a lone surrogate that UTF-8 cannot encode
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
 STDIO = "-"
+# io.allow_partial of the running step: read a step's output directory that has no _SUCCESS
+ALLOW_PARTIAL: ContextVar[bool] = ContextVar("allow_partial", default=False)
 
 
 class NotJSON(ValueError):
@@ -79,7 +82,9 @@ def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
     The order is sorted and therefore stable; a file named twice is read once. A spec that
     matches nothing is an error, except
     a step's finished output that holds no records (``_SUCCESS`` and no shards): it is empty.
-    A ``save_to_disk`` folder gives its Arrow files, in their order.
+    A ``save_to_disk`` folder gives its Arrow files, in their order. A step's output directory
+    without ``_SUCCESS`` (a run still going, or one that died) is refused unless
+    ``io.allow_partial`` (:data:`ALLOW_PARTIAL`).
     """
     if isinstance(specs, str):
         specs = [specs]
@@ -97,6 +102,9 @@ def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
             if files is None:
                 files = sorted(f for f in p.rglob("*") if is_data_file(f)
                                and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts[:-1]))
+            if (p / ".cptkit").is_dir() and not (p / "_SUCCESS").exists() and not ALLOW_PARTIAL.get():
+                raise CptkitError(f"{spec}: a step's output without _SUCCESS (still running, or it died): its "
+                                  "shards may be partial; rerun that step to finish it, or pass --allow-partial")
             if not files and (p / "_SUCCESS").exists():
                 continue  # the finished, empty output of a step (everything was filtered out)
             if not files:
