@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_jsonl
+from conftest import read_jsonl_dir, write_jsonl
 
 CLI = [sys.executable, "-m", "cptkit.cli"]
 
@@ -134,3 +134,39 @@ def test_unfinished_step_output_is_refused_unless_allowed(tmp_path):
     r = run_cli(["corrupt", "--in", first, "--out", out, "-q", "--allow-partial"])
     assert r.returncode == 0, r.stderr
     assert (out / "_SUCCESS").exists()
+
+
+def test_text_chunks_cover_the_text_within_the_size():
+    from cptkit.synthetic.corruption import text_chunks
+
+    text = ("alpha beta gamma\ndelta " * 300) + "x" * 2500
+    pieces = text_chunks(text, 1000)
+    assert "".join(p for _, p in pieces) == text
+    assert all(len(p) <= 1000 for _, p in pieces)
+    assert [o for o, _ in pieces] == [sum(len(p) for _, p in pieces[:i]) for i in range(len(pieces))]
+    assert all(p.endswith((" ", "\n")) for _, p in pieces[:6])  # word boundaries while there are spaces
+    assert text_chunks("short text", 1000) == [(0, "short text")]
+
+
+def _peak_rss_mib(argv: list) -> tuple[subprocess.CompletedProcess, float]:
+    """Run ``cptkit ARGV`` in a fresh child and return it with the child's peak RSS (MiB)."""
+    code = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024); sys.exit(r.returncode)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    r = subprocess.run([sys.executable, "-c", code, *CLI, *map(str, argv)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    return r, float(r.stdout.strip().splitlines()[-1])
+
+
+def test_corrupt_memory_is_bounded_on_a_large_record(tmp_path):
+    """One 1M-character record: spaCy sees bounded pieces, so the child's peak RSS stays far
+    under what tagging it as one document took (about 3 GB per 1M characters before)."""
+    words = "The 3 big cells and 17 small proteins were measured in 2019 by a careful team . "
+    text = words * (1_000_000 // len(words))
+    write_jsonl(tmp_path / "in" / "part-0.jsonl", [{"id": "big", "text": text, "lang": "en"}])
+    out = tmp_path / "out"
+    r, peak = _peak_rss_mib(["corrupt", "--in", tmp_path / "in", "--out", out, "-q"])
+    assert r.returncode == 0, r.stderr
+    [rec] = read_jsonl_dir(out)
+    assert rec["corruption"]["changed"] > 0 and len(rec["text"]) > 990_000
+    assert peak < 1024, peak  # MiB; the whole-document code took about 3 GB here
