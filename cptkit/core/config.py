@@ -60,6 +60,7 @@ class IOConfig:
     inputs: list[str] = field(default_factory=list)  # --in: files, directories, globs, - (stdin); parquet, save_to_disk
     output: str | None = None  # --out: a directory, or - (stdout); {key} placeholders filled from the config
     skip_bad_lines: bool = False  # count and skip malformed lines instead of failing
+    allow_partial: bool = False  # read a step's output directory that has no _SUCCESS (partial shards)
     overwrite: bool = False  # replace an existing output (finished, or of another config or input set)
     lock_wait_s: float = 0.0  # another run holds --out: 0 refuses at once, >0 waits up to this many seconds
     unique_ids: bool = True  # a record id read twice in one run is an error (file:line)

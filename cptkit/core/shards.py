@@ -18,9 +18,10 @@ import re
 import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from cptkit.core.errors import BadInput, CptkitError
 from cptkit.core.records import Record, dumps, validate
@@ -32,6 +33,18 @@ DATA_SUFFIXES = JSONL_SUFFIXES + (".parquet",)
 # a JSON \uD800-\uDFFF escape: json.loads accepts a lone surrogate that UTF-8 cannot encode
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
 STDIO = "-"
+# io.allow_partial of the running step: read a step's output directory that has no _SUCCESS
+ALLOW_PARTIAL: ContextVar[bool] = ContextVar("allow_partial", default=False)
+
+
+class NotJSON(ValueError):
+    """``NaN``/``Infinity``/``-Infinity`` in a record: Python's json reads them, JSON has none."""
+
+
+def _no_constant(name: str) -> Any:
+    """``parse_constant`` of record lines: refuse the non-JSON constants instead of reading them
+    (they would be written back as invalid JSON)."""
+    raise NotJSON(name)
 
 
 @dataclass(frozen=True)
@@ -70,7 +83,9 @@ def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
     The order is sorted and therefore stable; a file named twice is read once. A spec that
     matches nothing is an error, except
     a step's finished output that holds no records (``_SUCCESS`` and no shards): it is empty.
-    A ``save_to_disk`` folder gives its Arrow files, in their order.
+    A ``save_to_disk`` folder gives its Arrow files, in their order. A step's output directory
+    without ``_SUCCESS`` (a run still going, or one that died) is refused unless
+    ``io.allow_partial`` (:data:`ALLOW_PARTIAL`).
     """
     if isinstance(specs, str):
         specs = [specs]
@@ -88,6 +103,9 @@ def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
             if files is None:
                 files = sorted(f for f in p.rglob("*") if is_data_file(f)
                                and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts[:-1]))
+            if (p / ".cptkit").is_dir() and not (p / "_SUCCESS").exists() and not ALLOW_PARTIAL.get():
+                raise CptkitError(f"{spec}: a step's output without _SUCCESS (still running, or it died): its "
+                                  "shards may be partial; rerun that step to finish it, or pass --allow-partial")
             if not files and (p / "_SUCCESS").exists():
                 continue  # the finished, empty output of a step (everything was filtered out)
             if not files:
@@ -238,11 +256,17 @@ def read_records(
             n_lines += 1
             truncated = False
             try:
-                obj = json.loads(raw.decode("utf-8"))
+                obj = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
             except UnicodeDecodeError as e:
                 err = f"invalid UTF-8 at byte {e.start}"
             except json.JSONDecodeError as e:
                 err = f"malformed JSON: {e.msg} (column {e.colno})"
+            except NotJSON as e:
+                err = f"malformed JSON: {e} is not JSON (RFC 8259 has no NaN or Infinity)"
+            except RecursionError:
+                err = "malformed JSON: nested too deeply"
+            except ValueError as e:  # an integer over Python's int_max_str_digits (4300)
+                err = f"malformed JSON: {str(e).split(';')[0]}"
             else:
                 err, truncated = _check_record(obj, raw, max_chars, oversize) if validate_records else (None, False)
                 if err is None:

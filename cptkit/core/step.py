@@ -55,6 +55,7 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 
+from cptkit.core import shards
 from cptkit.core.config import register_step
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Hooks, Job
@@ -157,7 +158,9 @@ OUT = Option(("--out", "-o"), "io.output",
 QUIET = Option(("--quiet", "-q"), "quiet", "No progress bar, no summary table.", flag=True)
 SKIP_BAD = Option(("--skip-bad-lines",), "io.skip_bad_lines", "Skip and count malformed input lines instead of failing.",
                   flag=True)
-DATA = (IN, OUT, QUIET, SKIP_BAD)  # the options of a step that maps input shards to output shards
+ALLOW_PARTIAL = Option(("--allow-partial",), "io.allow_partial",
+                       "Read an input step output that has no _SUCCESS (its shards may be partial).", flag=True)
+DATA = (IN, OUT, QUIET, SKIP_BAD, ALLOW_PARTIAL)  # the options of a step that maps input shards to output shards
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,12 @@ class Step:
     def __call__(self, cfg: DictConfig) -> Any:
         """Fill ``--out`` placeholders, convert the composed ``cfg`` once, run the body."""
         cfg = with_output(cfg)
-        return self.body(OmegaConf.to_object(cfg), Run.of(cfg))
+        allow = bool(OmegaConf.select(cfg, "io.allow_partial", default=False))
+        token = shards.ALLOW_PARTIAL.set(allow)
+        try:
+            return self.body(OmegaConf.to_object(cfg), Run.of(cfg))
+        finally:
+            shards.ALLOW_PARTIAL.reset(token)
 
 
 STEPS: dict[str, Step] = {}  # filled as step modules are imported (cptkit.steps.step_module)

@@ -78,17 +78,23 @@ def build_index(records: Iterable[Record], directory: str | Path, tokenizer: Tok
     try:
         builder = BM25Builder()
         offsets = [0]
+        with_text = 0  # documents whose text_field is a string
         with open(tmp / "docs.jsonl", "wb") as fh:
             for rec in records:
                 line = (dumps(rec) + "\n").encode("utf-8")
                 fh.write(line)
                 offsets.append(offsets[-1] + len(line))
                 text = rec.get(text_field)
+                with_text += isinstance(text, str)
                 builder.add(tokenizer(text) if isinstance(text, str) else [])
                 if on_record is not None:
                     on_record()
         if builder.n_docs == 0:
             raise CptkitError("the corpus holds no documents")
+        if with_text == 0:
+            files = ", ".join(str(s.get("path")) for s in sources or []) or "the corpus"
+            raise CptkitError(f"retrieve.text_field={text_field!r}: no document of {files} has a string "
+                              f"{text_field!r} field, so every document would be empty")
         np.save(tmp / "doc_offsets.npy", np.asarray(offsets, dtype=np.int64))
         index = builder.finish(params, dtype)
         index.save(tmp)

@@ -197,7 +197,7 @@ def resolve_weights(weights: dict[str, float], leaves: dict[str, Domain], specs:
     out: dict[str, float] = {}
     for key, w in weights.items():
         w = float(w)
-        if w < 0 or math.isnan(w):
+        if w < 0 or not math.isfinite(w):
             raise CptkitError(f"mix stage {stage!r}: weight of {key!r} is {w}")
         if key in leaves and leaves[key].parent == key:
             out[key] = out.get(key, 0.0) + w
@@ -347,5 +347,7 @@ class MixConfig:
 
     def __post_init__(self) -> None:
         check(self.seq_len >= 2, "seq_len", self.seq_len, "must be ≥ 2")
+        check(math.isfinite(self.budget_tokens), "budget_tokens", f"{self.budget_tokens:g}",
+              "must be a finite number of tokens")
         check(self.budget_tokens >= self.seq_len, "budget_tokens", f"{self.budget_tokens:g}",
               f"is smaller than one sequence (mix.seq_len={self.seq_len})")

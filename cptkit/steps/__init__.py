@@ -10,6 +10,7 @@ on a composed config (single runs from the CLI, sweep members, job arrays).
 from __future__ import annotations
 
 import ast
+import errno
 import importlib
 from functools import cache
 from pathlib import Path
@@ -85,6 +86,40 @@ def declaration(step: str) -> Any:
     return STEPS[step]
 
 
+RESOURCE_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+                   errno.EFBIG: "file size limit exceeded"}
+
+
+def resource_error(step: str, exc: BaseException, output: Any = None) -> Any:
+    """The one-line :class:`CptkitError` for a resource that ran out while ``step`` ran (disk full,
+    quota, file size limit, memory), or None when ``exc`` is not one. ``output``: the step's
+    output directory, named when the error does not carry a file name (a failed ``write``)."""
+    from cptkit.core.errors import CptkitError
+
+    if isinstance(exc, MemoryError):
+        return CptkitError(f"cptkit {step}: out of memory (lower the batch size or the record size limit)")
+    if isinstance(exc, OSError) and exc.errno in RESOURCE_ERRNOS:
+        target = exc.filename or output
+        where = f" writing {target}" if target else ""
+        return CptkitError(f"cptkit {step}: {RESOURCE_ERRNOS[exc.errno]}{where}")
+    return None
+
+
+def _output(cfg: Any) -> Any:
+    """The composed config's ``io.output`` (None when it has none)."""
+    try:
+        return cfg.io.output
+    except Exception:  # noqa: BLE001 - a config without io (or unresolvable): name no place
+        return None
+
+
 def execute(step: str, cfg: Any) -> Any:
-    """Run ``step`` on the composed ``cfg`` (its declaration fills ``--out`` and converts it once)."""
-    return declaration(step)(cfg)
+    """Run ``step`` on the composed ``cfg`` (its declaration fills ``--out`` and converts it once).
+    A resource that runs out (ENOSPC, EDQUOT, EFBIG, MemoryError) becomes one line naming it."""
+    try:
+        return declaration(step)(cfg)
+    except (OSError, MemoryError) as e:
+        err = resource_error(step, e, _output(cfg))
+        if err is None:
+            raise
+        raise err from None

@@ -20,7 +20,14 @@ from cptkit.core.errors import CptkitError
 from cptkit.core.records import Record
 from cptkit.core.run import Run
 from cptkit.core.step import MapStep, step
-from cptkit.synthetic.corruption import KINDS, Lexicon, Token, corrupt_text, wordnet_lexicon
+from cptkit.synthetic.corruption import (
+    KINDS,
+    Lexicon,
+    Token,
+    corrupt_text,
+    text_chunks,
+    wordnet_lexicon,
+)
 from cptkit.text.hashing import rng_for
 from cptkit.text.langid import record_languages
 
@@ -38,10 +45,12 @@ class CorruptConfig:
     wordnet_cache: str | None = None  # where the nltk copy lives (default ~/.cache/cptkit/wordnet)
     wordnet_fetch: bool = True  # apt-get download wordnet-base when it is not installed
     batch_size: int = 64
+    chunk_chars: int = 10_000  # longer texts are tagged in pieces of at most this many characters (bounded memory)
 
     def __post_init__(self) -> None:
         check(0.0 <= float(self.ratio) <= 1.0, "ratio", self.ratio, "must be in [0, 1]")
         check(int(self.batch_size) >= 1, "batch_size", self.batch_size, "must be >= 1")
+        check(int(self.chunk_chars) >= 100, "chunk_chars", self.chunk_chars, "must be >= 100")
         check(int(self.noun_min_count) >= 1, "noun_min_count", self.noun_min_count, "must be >= 1")
         check(int(self.adj_min_count) >= 1, "adj_min_count", self.adj_min_count, "must be >= 1")
 
@@ -84,6 +93,24 @@ class Corrupter:
     def languages(self, batch: list[Record]) -> list[str]:
         return record_languages(batch, self.c.lang_field)
 
+    def tag(self, texts: dict[int, str]) -> dict[int, list[Token]]:
+        """spaCy tokens of each text. Texts up to ``chunk_chars`` are tagged as whole documents
+        (as always); a longer one is tagged piece by piece (:func:`text_chunks`), one piece at a
+        time, so spaCy never holds more than a bounded document whatever the record's size."""
+        size = int(self.c.chunk_chars)
+        short = [j for j, t in texts.items() if len(t) <= size]
+        tokens: dict[int, list[Token]] = {}
+        for j, doc in zip(short, self.nlp.pipe([texts[j] for j in short], batch_size=32), strict=True):
+            tokens[j] = [Token(t.idx, t.idx + len(t.text), t.tag_, t.lemma_) for t in doc]
+        for j, text in texts.items():
+            if j in tokens:
+                continue
+            toks: list[Token] = []
+            for offset, piece in text_chunks(text, size):
+                toks += [Token(offset + t.idx, offset + t.idx + len(t.text), t.tag_, t.lemma_) for t in self.nlp(piece)]
+            tokens[j] = toks
+        return dict(sorted(tokens.items()))
+
     def corrupt_batch(self, batch: list[Record], stats: Counter) -> list[Record]:
         if self.ratio == 0:
             stats["records"] += len(batch)
@@ -100,9 +127,7 @@ class Corrupter:
                     raise CptkitError(f"record {rec['id']!r}: field {f!r} is {type(v).__name__}, not a string")
                 jobs.append((i, f, v))
         english = [j for j, (i, _, _) in enumerate(jobs) if langs[i] == "en"]
-        tokens: dict[int, list[Token]] = {}
-        for j, doc in zip(english, self.nlp.pipe([jobs[j][2] for j in english], batch_size=32), strict=True):
-            tokens[j] = [Token(t.idx, t.idx + len(t.text), t.tag_, t.lemma_) for t in doc]
+        tokens = self.tag({j: jobs[j][2] for j in english})
         out = [dict(rec) for rec in batch]
         reports: list[dict[str, Any]] = [{"ratio": self.ratio, "lang": langs[i], "candidates": 0, "changed": 0,
                                           "edits": []} for i in range(len(batch))]

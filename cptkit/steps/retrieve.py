@@ -11,7 +11,9 @@ Ties: score descending, then corpus order. See docs/retrieve.md.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +71,11 @@ class RetrieveConfig:
         check(self.idf in IDF_VARIANTS, "idf", self.idf, f"must be one of {', '.join(IDF_VARIANTS)}")
         check(self.k1 is None or self.k1 >= 0, "k1", self.k1, "must be >= 0 (null: the idf variant's default)")
         check(0.0 <= self.b <= 1.0, "b", self.b, "must be in [0, 1]")
+        check(self.k1 is None or math.isfinite(self.k1), "k1", self.k1, "must be finite")
+        check(math.isfinite(self.epsilon) and self.epsilon >= 0, "epsilon", self.epsilon,
+              "must be a finite number >= 0 (okapi: negative IDFs become epsilon * mean IDF)")
+        check(_compiles(self.tokenizer.split), "tokenizer.split", repr(self.tokenizer.split),
+              "is not a valid regular expression")
         check(self.backend != "elasticsearch" or self.idf == "lucene", "idf", self.idf,
               "retrieve.backend=elasticsearch scores with Lucene's IDF: set retrieve.idf=lucene")
         check(self.tokenizer.cjk in CJK_MODES, "tokenizer.cjk", self.tokenizer.cjk,
@@ -79,6 +86,15 @@ class RetrieveConfig:
         check(self.run_format in ("tsv", "trec"), "run_format", self.run_format, "must be tsv or trec")
         check(self.run_tag != "" and not any(c.isspace() for c in self.run_tag), "run_tag", repr(self.run_tag),
               "must be one word (TREC's run name column)")
+
+
+def _compiles(pattern: str) -> bool:
+    """Whether ``pattern`` is a valid regular expression (checked at compose time)."""
+    try:
+        re.compile(pattern)
+    except (re.error, TypeError, RecursionError, OverflowError):
+        return False
+    return True
 
 
 @dataclass

@@ -40,7 +40,7 @@ NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 KINDS = ("number", "noun", "adj")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Token:
     """A POS-tagged word of the text (from spaCy): character offsets, tag, lemma."""
 
@@ -48,6 +48,22 @@ class Token:
     end: int
     tag: str  # Penn tag: NN, NNS, JJ, ...
     lemma: str
+
+
+def text_chunks(text: str, size: int) -> list[tuple[int, str]]:
+    """``text`` as consecutive ``(offset, piece)`` of at most ``size`` characters, each cut after
+    the last whitespace of its second half (a hard cut when there is none), so a tagger sees
+    bounded documents and words stay whole. A text of at most ``size`` characters is one piece."""
+    out: list[tuple[int, str]] = []
+    start = 0
+    while len(text) - start > size:
+        end = start + size
+        cut = max(text.rfind(" ", start + size // 2, end), text.rfind("\n", start + size // 2, end))
+        end = cut + 1 if cut >= 0 else end
+        out.append((start, text[start:end]))
+        start = end
+    out.append((start, text[start:]))
+    return out
 
 
 @dataclass

@@ -25,6 +25,14 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check(self.name in ("tiny_llama", "hf"), "name", self.name, "use tiny_llama or hf")
+        for key in ("hidden", "layers", "heads"):
+            check(getattr(self, key) >= 1, key, getattr(self, key), "must be >= 1")
+        check(self.hidden % self.heads == 0, "heads", self.heads, f"must divide model.hidden={self.hidden}")
+        kv = self.kv_heads
+        check(kv is None or (kv >= 1 and self.heads % kv == 0), "kv_heads", kv,
+              f"must be >= 1 and divide model.heads={self.heads}")
+        check(self.intermediate is None or self.intermediate >= 1, "intermediate", self.intermediate, "must be >= 1")
+        check(self.max_position >= 0, "max_position", self.max_position, "must be >= 0 (0: the stream's seq_len)")
 
 
 @dataclass

@@ -1,0 +1,172 @@
+"""Hostile input (issue "Hostile input" §6), through the real CLI: a bad setting or an exhausted
+resource is one line on stderr naming the key or file, exit code 2, no traceback, and no output
+files left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import read_jsonl_dir, write_jsonl
+
+CLI = [sys.executable, "-m", "cptkit.cli"]
+
+
+def run_cli(argv: list, **kw) -> subprocess.CompletedProcess:
+    """``cptkit ARGV`` in a child process (stderr captured as text)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([*CLI, *map(str, argv)], capture_output=True, text=True, env=env, timeout=120, **kw)
+
+
+def one_line(r: subprocess.CompletedProcess, *names: str) -> str:
+    """Assert exit 2 and a single-line error naming every one of ``names``; return it."""
+    err = r.stderr.strip()
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert len(err.splitlines()) == 1, err
+    for n in names:
+        assert n in err, (n, err)
+    return err
+
+
+def corpus(tmp_path: Path, n: int = 20) -> Path:
+    write_jsonl(tmp_path / "in" / "part-0.jsonl",
+                [{"id": f"d{i}", "text": f"document number {i} about cells and proteins"} for i in range(n)])
+    return tmp_path / "in"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("retrieve.epsilon=nan", "epsilon"),
+    ("retrieve.epsilon=inf", "epsilon"),
+    ("retrieve.k1=inf", "k1"),
+    ("retrieve.tokenizer.split='(['", "tokenizer.split"),
+])
+def test_retrieve_settings_refused_at_compose(tmp_path, override, key):
+    out = tmp_path / "out"
+    r = run_cli(["retrieve-index", "--corpus", corpus(tmp_path), "--out", out, "-q", override])
+    one_line(r, key)
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("override, key", [
+    ("mix.budget_tokens=inf", "budget_tokens"),
+    ("mix.budget_tokens=nan", "budget_tokens"),
+])
+def test_mix_budget_must_be_finite(tmp_path, override, key):
+    out = tmp_path / "out"
+    r = run_cli(["build-mix", "--in", corpus(tmp_path), "--out", out, "-q", "mix=demo", "mix.seq_len=128", override])
+    one_line(r, key)
+    assert not out.exists() or not any(out.iterdir())
+
+
+def _limit_fsize() -> None:  # runs in the child: writes past 4 KiB fail with EFBIG
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+
+def test_file_size_limit_is_one_line(tmp_path):
+    """A write that hits RLIMIT_FSIZE (EFBIG, as ENOSPC on a full disk) is one line naming the
+    resource and the file, at the step boundary."""
+    big = [{"id": f"d{i}", "text": f"record {i} " + "word " * 400} for i in range(40)]
+    write_jsonl(tmp_path / "in" / "part-0.jsonl", big)
+    out = tmp_path / "out"
+    r = run_cli(["corrupt", "--in", tmp_path / "in", "--out", out, "-q"], preexec_fn=_limit_fsize)
+    err = one_line(r, "cptkit corrupt", "file size limit exceeded")
+    assert str(out) in err
+    assert not (out / "_SUCCESS").exists()
+
+
+@pytest.mark.parametrize("line, why", [
+    ('{"id": "d1", "text": "x", "n": ' + "7" * 5000 + "}", "digits"),
+    ('{"id": "d1", "text": "x", "deep": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    ('{"id": "d1", "text": "x", "score": NaN}', "NaN is not JSON"),
+    ('{"id": "d1", "text": "x", "score": -Infinity}', "-Infinity is not JSON"),
+])
+def test_hostile_record_is_named_by_file_and_line(tmp_path, line, why):
+    """A record Python's json cannot or should not read is refused as ``file:line: reason``
+    (NaN and Infinity are refused, not written back as invalid JSON)."""
+    src = tmp_path / "in" / "part-0.jsonl"
+    src.parent.mkdir()
+    src.write_text('{"id": "d0", "text": "fine"}\n' + line + "\n")
+    out = tmp_path / "out"
+    r = run_cli(["dedup", "--in", src.parent, "--out", out, "-q"])
+    one_line(r, f"{src}:2", why)
+    assert not out.exists() or not any(p for p in out.rglob("*") if p.is_file() and p.suffix in (".jsonl", ".gz"))
+
+
+@pytest.mark.parametrize("override, key", [
+    ("model.hidden=0", "hidden"),
+    ("model.heads=5", "heads"),
+    ("model.kv_heads=3", "kv_heads"),
+])
+def test_model_shape_refused_at_compose(tmp_path, override, key):
+    out = tmp_path / "out"
+    r = run_cli(["train", "--in", corpus(tmp_path), "--out", out, "-q", override])
+    one_line(r, key)
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_text_field_that_no_document_has_is_refused(tmp_path):
+    """``retrieve.text_field=nope`` used to index every document as empty and exit 0."""
+    inp = corpus(tmp_path)
+    out = tmp_path / "idx"
+    r = run_cli(["retrieve-index", "--corpus", inp, "--out", out, "-q", "retrieve.text_field=nope"])
+    one_line(r, "retrieve.text_field='nope'", str((inp / "part-0.jsonl").resolve()))
+    assert not any(p.name.startswith("docs") for p in tmp_path.rglob("*"))
+
+
+def test_unfinished_step_output_is_refused_unless_allowed(tmp_path):
+    """A reader pointed at a step's output without ``_SUCCESS`` (running, or died) stops with one
+    line; ``--allow-partial`` reads it anyway."""
+    first = tmp_path / "dedup"
+    assert run_cli(["dedup", "--in", corpus(tmp_path), "--out", first, "-q"]).returncode == 0
+    (first / "_SUCCESS").unlink()
+    out = tmp_path / "out"
+    r = run_cli(["corrupt", "--in", first, "--out", out, "-q"])
+    one_line(r, str(first), "_SUCCESS", "--allow-partial")
+    assert not out.exists() or not any(out.iterdir())
+    r = run_cli(["corrupt", "--in", first, "--out", out, "-q", "--allow-partial"])
+    assert r.returncode == 0, r.stderr
+    assert (out / "_SUCCESS").exists()
+
+
+def test_text_chunks_cover_the_text_within_the_size():
+    from cptkit.synthetic.corruption import text_chunks
+
+    text = ("alpha beta gamma\ndelta " * 300) + "x" * 2500
+    pieces = text_chunks(text, 1000)
+    assert "".join(p for _, p in pieces) == text
+    assert all(len(p) <= 1000 for _, p in pieces)
+    assert [o for o, _ in pieces] == [sum(len(p) for _, p in pieces[:i]) for i in range(len(pieces))]
+    assert all(p.endswith((" ", "\n")) for _, p in pieces[:6])  # word boundaries while there are spaces
+    assert text_chunks("short text", 1000) == [(0, "short text")]
+
+
+def _peak_rss_mib(argv: list) -> tuple[subprocess.CompletedProcess, float]:
+    """Run ``cptkit ARGV`` in a fresh child and return it with the child's peak RSS (MiB)."""
+    code = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024); sys.exit(r.returncode)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    r = subprocess.run([sys.executable, "-c", code, *CLI, *map(str, argv)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    return r, float(r.stdout.strip().splitlines()[-1])
+
+
+def test_corrupt_memory_is_bounded_on_a_large_record(tmp_path):
+    """One 1M-character record: spaCy sees bounded pieces, so the child's peak RSS stays far
+    under what tagging it as one document took (about 3 GB per 1M characters before)."""
+    words = "The 3 big cells and 17 small proteins were measured in 2019 by a careful team . "
+    text = words * (1_000_000 // len(words))
+    write_jsonl(tmp_path / "in" / "part-0.jsonl", [{"id": "big", "text": text, "lang": "en"}])
+    out = tmp_path / "out"
+    r, peak = _peak_rss_mib(["corrupt", "--in", tmp_path / "in", "--out", out, "-q"])
+    assert r.returncode == 0, r.stderr
+    [rec] = read_jsonl_dir(out)
+    assert rec["corruption"]["changed"] > 0 and len(rec["text"]) > 990_000
+    assert peak < 1024, peak  # MiB; the whole-document code took about 3 GB here
