@@ -170,3 +170,49 @@ def test_corrupt_memory_is_bounded_on_a_large_record(tmp_path):
     [rec] = read_jsonl_dir(out)
     assert rec["corruption"]["changed"] > 0 and len(rec["text"]) > 990_000
     assert peak < 1024, peak  # MiB; the whole-document code took about 3 GB here
+
+
+class _Planted:
+    """Unpickling this runs ``touch MARK``: what a hostile pytorch_model.bin would do."""
+
+    def __init__(self, mark: Path):
+        self.mark = mark
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.mark}",))
+
+
+def test_pickled_model_with_code_is_refused_in_one_line(tmp_path):
+    """A pytorch_model.bin that holds more than tensors: refused (one line, exit 2), nothing run, nothing written."""
+    import shutil
+
+    import torch
+    from _tiny_llm import cached_tiny_model
+    from safetensors.torch import load_file
+
+    model = tmp_path / "m"
+    shutil.copytree(cached_tiny_model(), model)
+    weights = load_file(model / "model.safetensors")
+    (model / "model.safetensors").unlink()
+    mark = tmp_path / "PWNED"
+    torch.save({**weights, "payload": _Planted(mark)}, model / "pytorch_model.bin")
+    write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "text": "hello world"}])
+    r = run_cli(["evaluate", "--model", model, "--in", tmp_path / "in.jsonl", "--out", tmp_path / "ev",
+                 "eval.tasks=[]", "-q"])
+    assert "objects other than tensors" in one_line(r, str(model))
+    assert not mark.exists() and not (tmp_path / "ev").exists()
+
+
+def test_non_finite_numbers_are_written_as_valid_json(tmp_path):
+    """A one-document perplexity has no standard error: _results.json says null, not NaN."""
+    import json
+
+    from _tiny_llm import cached_tiny_model
+
+    write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "text": "hello world"}])
+    r = run_cli(["evaluate", "--model", cached_tiny_model(), "--in", tmp_path / "in.jsonl", "--out", tmp_path / "ev",
+                 "eval.tasks=[]", "-q"])
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "ev" / "_results.json").read_text()
+    res = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in _results.json"))
+    assert res["perplexity"]["groups"]["all"]["se"] is None and res["perplexity"]["groups"]["all"]["docs"] == 1

@@ -13,6 +13,7 @@ import glob as globlib
 import gzip
 import io
 import json
+import math
 import os
 import re
 import sys
@@ -364,12 +365,26 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float replaced by ``None``: valid JSON (RFC 8259 has no NaN).
+    A standard error of one document, a loss that diverged: written as ``null``, read back by any parser."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    return obj
+
+
 def atomic_write_json(path: Path, obj) -> None:
-    """Write ``obj`` as JSON atomically, secrets masked (manifests, markers, stats: cptkit.core.redact)."""
+    """Write ``obj`` as JSON atomically: secrets masked (manifests, markers, stats: cptkit.core.redact),
+    non-finite numbers as ``null``."""
     from cptkit.core.redact import redact
 
-    obj = redact(obj)
-    atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n").encode())
+    obj = finite(redact(obj))
+    atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, ensure_ascii=False, default=str, allow_nan=False)
+                                    + "\n").encode())
 
 
 class ShardWriter:

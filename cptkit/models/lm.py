@@ -113,8 +113,14 @@ def load_causal_lm(spec: str, dtype: Any = "float32", device: str = "cpu"):
     try:
         model = AutoModelForCausalLM.from_pretrained(d, dtype=_dtype(dtype), **kw)
     except Exception as e:  # noqa: BLE001 - OSError, ValueError, SafetensorError (a truncated file), ...
-        if not isinstance(e, (OSError, ValueError)) and "safetensor" not in type(e).__name__.lower():
+        import pickle
+
+        # a pickled pytorch_model.bin holding more than tensors: torch refuses it (weights_only)
+        if not isinstance(e, (OSError, ValueError, pickle.UnpicklingError)) and "safetensor" not in type(e).__name__.lower():
             raise
+        if isinstance(e, pickle.UnpicklingError):
+            raise CptkitError(f"model {spec}: refused: its pickled weights hold objects other than tensors "
+                              "(loading them could run code); save the model as safetensors") from None
         raise CptkitError(f"model {spec}: cannot load: {str(e).splitlines()[0]}") from None
     return model.to(device).eval()
 
