@@ -59,3 +59,30 @@ def test_seeded_cpt_table_pairs_each_arm_with_the_base_of_its_seed():
     assert "replay − noreplay on general text: -0.090 ± 0.023 nats (less forgetting: holds)" in r
     with pytest.raises(Exception, match="2 seeds, the base has 3"):
         seeded_table({**runs, "replay": runs["replay"][:2]}, groups, None)
+
+
+def test_curves_over_seeds_are_mean_and_shaded_error(tmp_path):
+    """An arm given as one run per seed is drawn as its mean ± SE; seeds measured at different
+    token counts cannot be averaged and say so."""
+    import json
+    from pathlib import Path
+
+    from cptkit.core.errors import CptkitError
+    from cptkit.training.metrics import overlay_curves
+
+    def run(name: str, losses: list[float], tokens: tuple[int, ...] = (0, 100, 200)) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        rows = [{"step": i, "tokens": t, "eval_tokens": t, "eval_loss": {"domain": x, "general": 3.0 + x / 10}}
+                for i, (t, x) in enumerate(zip(tokens, losses, strict=True))]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return d
+
+    arms = {"noreplay": [run(f"a{s}", [3.0, 2.5 - s / 10, 2.2]) for s in range(3)],
+            "replay": [run(f"b{s}", [3.0, 2.7, 2.4 + s / 10]) for s in range(3)]}
+    assert overlay_curves(arms, tmp_path / "curves.png") is None
+    png = (tmp_path / "curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    arms["replay"].append(run("b9", [3.0, 2.7], tokens=(0, 150)))
+    with pytest.raises(CptkitError, match="different token counts"):
+        overlay_curves(arms, tmp_path / "bad.png")

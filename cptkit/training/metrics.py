@@ -12,6 +12,7 @@ weight trajectory. :func:`overlay_curves` draws several runs in one figure
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -144,28 +145,45 @@ def plot_curves(run_dir: Path, out: Path) -> str | None:
     return None
 
 
-def overlay_curves(runs: dict[str, Path], out: Path) -> str | None:
-    """One panel per domain, one line per run: eval loss vs tokens from each run's ``metrics.jsonl``."""
+def overlay_curves(runs: dict[str, Path | list[Path]], out: Path) -> str | None:
+    """One panel per domain, one line per run: eval loss vs tokens from each run's ``metrics.jsonl``.
+    A run given as several directories (one per seed) is drawn as its mean, shaded ± standard error."""
+    from cptkit.eval.stats import mean_se
+
     plt = _pyplot()
     if plt is None:
         return "matplotlib is not installed: no curves (pip install matplotlib)"
-    data = {}
-    for name, d in runs.items():
-        tokens, losses, _ = eval_curves(read_jsonl(Path(d) / "metrics.jsonl"))
-        if not tokens:
-            raise CptkitError(f"{d}: no eval losses in metrics.jsonl (train with train.eval_every > 0)")
-        data[name] = (tokens, losses)
+    data: dict[str, tuple[list[float], dict[str, list[tuple[float, float]]], int]] = {}
+    for name, dirs in runs.items():
+        seeds = []
+        for d in dirs if isinstance(dirs, list) else [dirs]:
+            tokens, losses, _ = eval_curves(read_jsonl(Path(d) / "metrics.jsonl"))
+            if not tokens:
+                raise CptkitError(f"{d}: no eval losses in metrics.jsonl (train with train.eval_every > 0)")
+            seeds.append((tokens, losses))
+        tokens = seeds[0][0]
+        if any(t != tokens for t, _ in seeds):
+            raise CptkitError(f"{name}: its seeds were evaluated at different token counts: cannot average them")
+        doms = [x for x in seeds[0][1] if all(x in ls for _, ls in seeds)]
+        data[name] = (tokens, {x: [mean_se([ls[x][i] for _, ls in seeds]) for i in range(len(tokens))]
+                               for x in doms}, len(seeds))
     domains: list[str] = []
-    for _, losses in data.values():
+    for _, losses, _ in data.values():
         domains += [x for x in losses if x not in domains]
     fig, axes = plt.subplots(1, len(domains), figsize=(4.5 * len(domains), 4), dpi=100, squeeze=False)
     for ax, dom in zip(axes[0], domains, strict=True):
-        for name, (tokens, losses) in data.items():
-            if dom in losses:
-                ax.plot(tokens, losses[dom], marker="o", markersize=3, label=name)
+        for name, (tokens, losses, n) in data.items():
+            if dom not in losses:
+                continue
+            mean = [m for m, _ in losses[dom]]
+            line = ax.plot(tokens, mean, marker="o", markersize=3, label=name if n == 1 else f"{name} ({n} seeds)")[0]
+            if n > 1:
+                se = [0.0 if math.isnan(e) else e for _, e in losses[dom]]
+                ax.fill_between(tokens, [m - e for m, e in zip(mean, se, strict=True)],
+                                [m + e for m, e in zip(mean, se, strict=True)], color=line.get_color(), alpha=0.2)
         ax.set_title(f"{dom}: held-out loss")
         ax.set_xlabel("training tokens")
-        ax.set_ylabel("nats/token")
+        ax.set_ylabel("nats/token" + (" (mean ± SE)" if any(n > 1 for *_, n in data.values()) else ""))
         ax.legend(fontsize=7)
     _save(fig, out)
     return None

@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.curves:
             from cptkit.training.metrics import overlay_curves, run_dir_of
 
-            dirs = {n: d for n in names[1:] if (d := run_dir_of(named[n][0])) is not None}  # the arms (first seed)
+            dirs = {n: ds for n in names[1:]  # the arms: every seed's run, drawn as mean ± SE
+                    if (ds := [d for r in named[n] if (d := run_dir_of(r)) is not None])}
             note = overlay_curves(dirs, Path(a.curves)) if dirs else "no run with eval curves"
             if note:
                 print(note, file=sys.stderr)
