@@ -57,6 +57,9 @@ def test_seeded_cpt_table_pairs_each_arm_with_the_base_of_its_seed():
                         "replay: domain -0.450 ± 0.000 nats (a gain), general +0.010 ± 0.012 (inconclusive at this scale)")
     # paired per seed: −0.09, −0.13, −0.05: mean −0.090, SE 0.023, interval [−0.136, −0.044]
     assert "replay − noreplay on general text: -0.090 ± 0.023 nats (less forgetting: holds)" in r
+    fell = {**runs, "replay": [seed(1.55, 3.9, 2.9, 40.0), seed(1.75, 4.1, 3.0, 42.0), seed(1.65, 4.0, 2.95, 41.0)]}
+    assert "general -0.150 ± 0.029 (no forgetting: the general loss fell)" in seeded_reading(
+        fell, "domain", "general", "noreplay", "replay")
     with pytest.raises(Exception, match="2 seeds, the base has 3"):
         seeded_table({**runs, "replay": runs["replay"][:2]}, groups, None)
 

@@ -142,15 +142,16 @@ def seeded_reading(runs: dict[str, list[dict[str, float | None]]], domain: str, 
                    no_replay: str, replay: str) -> str:
     """What holds: each arm's domain gain and forgetting, and replay against no replay, each a paired
     effect over seeds that holds only where mean ± 2 SE excludes zero (:func:`cptkit.eval.stats.effect`)."""
-    from cptkit.eval.stats import HOLDS, effect
+    from cptkit.eval.stats import CONTRADICTS, HOLDS, effect
 
+    FORGETTING = {HOLDS: "forgetting", CONTRADICTS: "no forgetting: the general loss fell"}
     base = runs[next(iter(runs))]
     parts = []
     for n in (no_replay, replay):
         gain = effect([s[domain] - b[domain] for s, b in zip(runs[n], base, strict=True)], expect=-1)
         forg = effect([s[general] - b[general] for s, b in zip(runs[n], base, strict=True)], expect=+1)
         parts.append(f"{n}: domain {gain.text()} nats ({'a gain' if gain.verdict == HOLDS else gain.verdict}), "
-                     f"general {forg.text()} ({'forgetting' if forg.verdict == HOLDS else forg.verdict})")
+                     f"general {forg.text()} ({FORGETTING.get(forg.verdict, forg.verdict)})")
     diff = effect([r[general] - nr[general] for r, nr in zip(runs[replay], runs[no_replay], strict=True)], expect=-1)
     cost = effect([r[domain] - nr[domain] for r, nr in zip(runs[replay], runs[no_replay], strict=True)], expect=+1)
     verdict = {"holds": "holds", "contradicts": "the opposite holds"}.get(diff.verdict, diff.verdict)
