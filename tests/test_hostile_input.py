@@ -18,7 +18,7 @@ CLI = [sys.executable, "-m", "cptkit.cli"]
 def run_cli(argv: list, **kw) -> subprocess.CompletedProcess:
     """``cptkit ARGV`` in a child process (stderr captured as text)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    return subprocess.run([*CLI, *map(str, argv)], capture_output=True, text=True, env=env, timeout=120, **kw)
+    return subprocess.run([*CLI, *map(str, argv)], capture_output=True, text=True, env=env, timeout=600, **kw)
 
 
 def one_line(r: subprocess.CompletedProcess, *names: str) -> str:
@@ -54,6 +54,7 @@ def test_retrieve_settings_refused_at_compose(tmp_path, override, key):
 @pytest.mark.parametrize("override, key", [
     ("mix.budget_tokens=inf", "budget_tokens"),
     ("mix.budget_tokens=nan", "budget_tokens"),
+    ("mix.stages=[{name:s,weights:{all:inf}}]", "stages.s.weights.all=inf"),
 ])
 def test_mix_budget_must_be_finite(tmp_path, override, key):
     out = tmp_path / "out"

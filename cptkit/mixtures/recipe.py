@@ -7,6 +7,7 @@ No I/O here: :mod:`cptkit.mixtures.stream` writes and reads streams with these.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -351,3 +352,8 @@ class MixConfig:
               "must be a finite number of tokens")
         check(self.budget_tokens >= self.seq_len, "budget_tokens", f"{self.budget_tokens:g}",
               f"is smaller than one sequence (mix.seq_len={self.seq_len})")
+        for stage in self.stages:
+            weights = stage.get("weights") if isinstance(stage, Mapping) else None
+            for key, w in (weights or {}).items():
+                ok = isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and w >= 0
+                check(ok, f"stages.{stage.get('name', '?')}.weights.{key}", w, "must be a finite number ≥ 0")
