@@ -28,11 +28,11 @@ def table(header: list[str], rows: list[list]) -> str:
     return "\n".join(out)
 
 
-def write_section(name: str, title: str, command: str, body: str) -> None:
+def write_section(name: str, title: str, command: str, body: str, machine_line: str | None = None) -> None:
     """Replace (or append) the ``<!-- bench:name -->`` section of docs/benchmarks.md."""
     text = DOC.read_text() if DOC.exists() else HEADER
     section = (f"<!-- bench:{name} -->\n## {title}\n\n"
-               f"Command: `{command}`  \nMachine: {machine()}; run {time.strftime('%Y-%m-%d')}.\n\n"
+               f"Command: `{command}`  \nMachine: {machine_line or machine()}; run {time.strftime('%Y-%m-%d')}.\n\n"
                f"{body.strip()}\n<!-- /bench:{name} -->")
     pattern = re.compile(rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->", re.S)
     text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"

@@ -105,9 +105,12 @@ def _dtype(dtype: Any) -> Any:
 
 
 def load_causal_lm(spec: str, dtype: Any = "float32", device: str = "cpu"):
-    """A causal LM in eval mode for a model spec (directory, ``.gguf`` file or ``smollm2``)."""
+    """A causal LM in eval mode for a model spec (directory, ``.gguf`` file or ``smollm2``) on
+    ``device`` (``auto``: the GPU when there is one)."""
     from transformers import AutoModelForCausalLM
 
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     d, gguf = resolve_spec(spec)
     kw: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
     try:

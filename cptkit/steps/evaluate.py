@@ -59,7 +59,7 @@ class CodeConfig:
 class EvalConfig:
     model: str | None = None  # HF dir, .gguf file, or smollm2
     dtype: str = "float32"
-    device: str = "cpu"
+    device: str = "auto"  # auto (the GPU when there is one) | cpu | cuda | cuda:N
     batch_size: int = 8
     max_length: int | None = None  # benchmark context length; null: the model's
     ppl: PplConfig = field(default_factory=PplConfig)

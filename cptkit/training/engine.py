@@ -157,9 +157,10 @@ def deepspeed_config(base: dict[str, Any], *, micro_batch: int, grad_accum: int,
         cfg.pop("optimizer", None)
         cfg["zero_allow_untested_optimizer"] = True
     else:
-        params = {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay}
-        if not on_gpu():
-            params["torch_adam"] = True  # no fused_adam JIT build on CPU
+        # torch's AdamW (fused CUDA kernel on GPU): no JIT build of DeepSpeed's FusedAdam, which needs nvcc
+        params = {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay, "torch_adam": True}
+        if on_gpu():
+            params["fused"] = True
         cfg["optimizer"] = {"type": "AdamW", "params": params}
     if "scheduler" not in user:
         cfg.pop("scheduler", None)  # the LR schedule is cptkit's (train.lr, warmup, decay)

@@ -172,14 +172,15 @@ def optimizer_step(engine: Any, data: np.ndarray, micro: int, accum: int, rank: 
     """One optimizer step over ``accum`` micro-batches of this rank's rows; the loss averaged over
     micro-batches and ranks."""
     step_loss = 0.0
+    device = getattr(engine, "device", None) or next(engine.module.parameters()).device
     for j in range(accum):
         lo = (j * world + rank) * micro
-        x = torch.from_numpy(data[lo:lo + micro])
+        x = torch.from_numpy(data[lo:lo + micro]).to(device, non_blocking=True)
         outp = engine(input_ids=x, labels=x)
         engine.backward(outp.loss)
         engine.step()
         step_loss += float(outp.loss.detach().float()) / accum
-    loss_t = torch.tensor([step_loss], dtype=torch.float64)
+    loss_t = torch.tensor([step_loss], dtype=torch.float64, device=device)  # NCCL reduces GPU tensors only
     if world > 1:
         torch.distributed.all_reduce(loss_t)
         loss_t /= world

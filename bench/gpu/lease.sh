@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU checks of docs/benchmarks.md ("train on one GPU") and README/docs/cpt.md ("on a GPU"), as run
+# on a lent machine that has torch + CUDA but no network: cptkit's other dependencies travel as wheels
+# in .whl/, the data and the SmolLM2 GGUF (in two halves) under .dev/.
+#
+#   bash bench/gpu/lease.sh mfu    # cptkit train vs HF Trainer + DeepSpeed, ZeRO-2 bf16, 1B and 360M shapes
+#   bash bench/gpu/lease.sh stash  # keeps the GGUF half it was carried with, for cpt
+#   bash bench/gpu/lease.sh cpt    # make cpt-experiment with SmolLM2-135M (bench/gpu/cpt_smollm2.sh)
+#
+# Members run 3 at a time (JOBS): a final evaluation at batch 16 x 2,048 tokens takes ~36 GB of an H200.
+# Results land in $OUT (JSON, markdown, plot); `bench/gpu/train_mfu.py --report` and the README take them.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" /tmp/keep
+export PYTHONUNBUFFERED=1 DS_ACCELERATOR=cuda TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+[ -f /tmp/site/.ok ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --target /tmp/site .whl/*.whl && touch /tmp/site/.ok; } || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+mkdir -p /tmp/v/bin   # make's $(BIN)/cptkit and $(BIN)/python, without a venv
+printf '#!/bin/sh\nexec python3 -m cptkit "$@"\n' >/tmp/v/bin/cptkit
+printf '#!/bin/sh\nexec python3 "$@"\n' >/tmp/v/bin/python
+chmod +x /tmp/v/bin/*
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+# what one call carried, kept outside the checkout for the next (the tool replaces .dev/ and data/ each call)
+for f in .dev/part_*; do [ -f "$f" ] && cp "$f" /tmp/keep/; done
+[ -f data/labelled/_SUCCESS ] && rm -rf /tmp/keep/labelled && cp -r data/labelled /tmp/keep/
+[ -d .dev/eval/gcide_defs ] && mkdir -p /tmp/keep/eval && cp -r .dev/eval/gcide_defs /tmp/keep/eval/
+
+case "${1:?mfu|stash|cpt}" in
+stash) ;;  # only carries a GGUF half (the working tree travels in pieces of at most 64 MiB)
+mfu)
+  python3 bench/gpu/train_mfu.py --stream .dev/stream2048 --out /tmp/mfu --shapes ${SHAPES:-1b smollm2-360m} \
+    --steps "${STEPS:-20}" --micro-batch "${MICRO:-8}" 2>&1 | tail -n 80
+  cp /tmp/mfu/train_mfu.json "$OUT/" ;;
+cpt)
+  MODEL=/tmp/smollm2-135m
+  if [ ! -f $MODEL/config.json ]; then
+    cat /tmp/keep/part_* >/tmp/smollm2.gguf
+    python3 - <<'EOF' || exit 1
+import torch
+from transformers import AutoTokenizer
+from cptkit.models.pretrained import load_pretrained
+m = load_pretrained("/tmp/smollm2.gguf")
+m.save_pretrained("/tmp/smollm2-135m")
+AutoTokenizer.from_pretrained("/tmp", gguf_file="smollm2.gguf").save_pretrained("/tmp/smollm2-135m")
+print("SmolLM2-135M:", sum(p.numel() for p in m.parameters()), "parameters")
+EOF
+  fi
+  [ -f data/labelled/_SUCCESS ] || cp -r /tmp/keep/labelled data/
+  export CPTKIT_EVAL_DATA=/tmp/keep/eval MAKE_ARGS="-j${JOBS:-3} -o data/labelled/_SUCCESS -o data/corpus/_SUCCESS VENV=/tmp/v"
+  start=$(date +%s)
+  XP=/tmp/xp_gpu bash bench/gpu/cpt_smollm2.sh $MODEL 2>&1 | tail -n 60
+  echo "wall $(( $(date +%s) - start )) s" | tee "$OUT/wall.txt"
+  cp /tmp/xp_gpu/cpt.md /tmp/xp_gpu/curves.png "$OUT/" 2>/dev/null
+  tar czf "$OUT/xp.tgz" /tmp/xp_gpu/runs/*/metrics.jsonl /tmp/xp_gpu/runs/*/_manifest.json /tmp/xp_gpu/eval 2>/dev/null ;;
+esac
+ls -la "$OUT"
