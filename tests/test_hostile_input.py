@@ -281,3 +281,56 @@ def test_dedup_reads_long_records_as_the_other_steps_do(tmp_path, oversize, kept
     got = read_jsonl_dir(out)
     assert [rec["id"] for rec in got] == kept
     assert all(len(rec["text"]) <= 2000 for rec in got)
+
+
+def _mixed_text(n: int) -> str:
+    """Real-looking prose of ``n`` characters: English paragraphs, double spaces, code, Chinese."""
+    parts = ["The tokenizer reads the  whole text;  it keeps offsets,\tmasks and strings for every token.\n",
+             "def f(x):\n    return x ** 2  # squared\n\n", "蛋白质和细胞在二〇一九年被测量。结果，细胞更小！\n",
+             "Numbers like 3.14159 and 2,718 stay whole... (parentheses) [brackets] \"quotes\"\n\n"]
+    block = "".join(parts)
+    return (block * (n // len(block) + 1))[:n]
+
+
+@pytest.mark.parametrize("pre", ["bytelevel", "metaspace"])
+def test_long_text_is_tokenized_in_pieces_with_the_same_ids(tmp_path, pre):
+    """encode_long cuts only where the ids do not change (checked around each cut), so a long text
+    gives the whole text's ids, with byte-level BPE and with a SentencePiece-style Metaspace."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from cptkit.models.lm import train_bpe_tokenizer
+    from cptkit.text.encode import encode_long
+
+    text = _mixed_text(60_000)
+    if pre == "bytelevel":
+        tok = train_bpe_tokenizer([text[:20_000]], vocab_size=400)
+    else:
+        raw = Tokenizer(models.BPE(unk_token="<unk>"))
+        raw.pre_tokenizer = pre_tokenizers.Metaspace()
+        raw.train_from_iterator([text[:20_000]], trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>"]))
+        tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>")
+    whole = tok(text, add_special_tokens=False)["input_ids"]
+    assert encode_long(tok, text, chunk=1000) == whole
+    assert encode_long(tok, text[:900], chunk=1000) == tok(text[:900], add_special_tokens=False)["input_ids"]
+
+
+def test_build_mix_memory_is_bounded_on_a_record_at_the_limit(tmp_path):
+    """A record of 5,000,000 characters (io.max_record_chars): build-mix tokenizes it in pieces, so
+    its peak RSS stays under 1 GiB (one whole-text Encoding took 1.17 GB)."""
+    import numpy as np
+
+    from cptkit.models.lm import train_bpe_tokenizer
+
+    text = _mixed_text(5_000_000)
+    tok = train_bpe_tokenizer([text[:50_000]], vocab_size=512, out_dir=tmp_path / "tok")
+    write_jsonl(tmp_path / "in" / "part-0.jsonl", [{"id": "big", "text": text, "lang": "en"}])
+    out = tmp_path / "stream"
+    r, peak = _peak_rss_mib(["build-mix", "--in", tmp_path / "in", "--out", out, "-q", f"tokenizer={tmp_path / 'tok'}",
+                             "mix.domains=[{name:en,filter:{lang:en}}]", "mix.stages=[{name:main,weights:{en:1}}]",
+                             "mix.fill=en", "mix.seq_len=64", "mix.eval_docs=0", "mix.budget_tokens=1e5"])
+    assert r.returncode == 0, r.stderr
+    [bin_file] = (out / "tokens").glob("*.bin")
+    ids = np.fromfile(bin_file, dtype=np.uint16)
+    assert ids[-1] == tok.eos_token_id and tok.decode(ids[:-1].tolist()) == text  # every piece, in order
+    assert peak < 1024, peak  # MiB; one whole-text Encoding took 1.17 GB here
