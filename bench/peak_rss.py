@@ -5,11 +5,13 @@ process, once per record size:
 
 * ``small``    - a normal record (one Python documentation page, about 4,000 characters): the baseline;
 * ``1M``       - one record of 1,000,000 characters;
+* ``5M``       - one record of 5,000,000 characters: the largest the reader accepts by default
+  (``io.max_record_chars``), so the one the 1 GiB target is about;
 * ``50MB``     - one record of about 50 MB of UTF-8 (50,000,000 characters), over the reader's
   default ``io.max_record_chars=5,000,000``: it must be refused (non-zero exit, one line naming
   ``file:line``, no output shard and no ``_SUCCESS`` left);
 * ``50MB trunc`` - the same file with ``io.oversize=truncate``: the record is cut to the limit
-  (5,000,000 characters), the largest record a step can be given.
+  (5,000,000 characters) after the whole 50 MB line was read and parsed.
 
 The big texts are real prose: the reStructuredText sources of the Python 3.11 documentation (the
 demo corpus's ``python3.11-doc`` package, or ``--text-dir``), one Chinese paragraph (gettext
@@ -28,8 +30,9 @@ tiny random chat model (``tests/_tiny_llm.py``, 64 hidden, built once, no downlo
 retrieve builds its index from a corpus of 300 documentation pages plus the record, then runs 4
 queries; score-quality and label-topics use classifiers trained here on the normal corpus;
 build-mix tokenizes with a 512-token BPE trained here and packs 64-token sequences; train runs
-``model=tiny_llama`` (32 hidden, 2 layers) for 2 steps on the record's stream; evaluate scores the
-record's perplexity with a tiny model trained here.
+``model=tiny_llama`` (32 hidden, 2 layers) for 2 steps on the stream build-mix made of the record;
+evaluate scores the record's perplexity (``eval.ppl.max_length=256``, every token) with a tiny
+model trained here.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ PY_DOC = Path("~/.cache/cptkit/debs/extracted/python3.11-doc_3.11.2-6+deb12u9_al
 ZH_MO = Path("/usr/share/locale/zh_CN/LC_MESSAGES")
 LICENSES = Path("/usr/share/common-licenses")
 LIMIT = 5_000_000  # io.max_record_chars default
-CASES = {"small": (0, []), "1M": (1_000_000, []), "50MB": (50_000_000, []),
+CASES = {"small": (0, []), "1M": (1_000_000, []), "5M": (LIMIT, []), "50MB": (50_000_000, []),
          "50MB trunc": (50_000_000, ["io.oversize=truncate"])}
 STEPS = ["expand-queries", "retrieve", "dedup", "score-quality", "label-topics", "synthesize-qa", "corrupt",
          "build-mix", "train", "evaluate"]
@@ -228,7 +231,7 @@ def step_argv(step: str, inp: Path, out: Path, env: dict, case_dir: Path, chars:
         stream = case_dir / "build-mix"
         return [step, "--in", str(stream), *base, *TRAIN] if (stream / "_SUCCESS").exists() else None
     if step == "evaluate":
-        return [step, "--model", env["lm"], "--in", str(inp), *base, "eval.ppl.max_length=64"]
+        return [step, "--model", env["lm"], "--in", str(inp), *base, "eval.ppl.max_length=256"]
     raise ValueError(step)
 
 
@@ -241,6 +244,7 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    ap.add_argument("--before", type=Path, help="an earlier run's WORK/results.json: its peaks as a column")
     args = ap.parse_args()
     steps, cases = args.steps.split(","), args.cases.split(",")
     work = args.work.resolve()
@@ -275,7 +279,8 @@ def main() -> None:
             results_file.write_text(json.dumps(results, indent=1))
             print(f"{step:15s} {case:10s} rc={r['rc']} peak={r['peak_mib']:.0f} MiB tree={r['tree_mib']:.0f} MiB "
                   f"wall={r['wall_s']:.1f}s {r['last'][:160] if r['rc'] else ''}", flush=True)
-    report(results, work, args.no_write)
+    before = json.loads(args.before.read_text()) if args.before else {}
+    report(results, work, args.no_write, before, " ".join(["python bench/peak_rss.py", *sys.argv[1:]]))
 
 
 def outcome(r: dict, case: str, work: Path) -> str:
@@ -290,7 +295,7 @@ def outcome(r: dict, case: str, work: Path) -> str:
     return f"refused (exit {r['rc']}, {one}{left}): `{r['last'].replace(str(work), 'WORK')[:220]}`"
 
 
-def report(results: dict, work: Path, no_write: bool) -> None:
+def report(results: dict, work: Path, no_write: bool, before: dict, command: str) -> None:
     rows = []
     for step in STEPS:
         base = results.get(f"{step}|small", {})
@@ -298,21 +303,25 @@ def report(results: dict, work: Path, no_write: bool) -> None:
             r = results.get(f"{step}|{case}")
             if r is None:
                 continue
+            b = before.get(f"{step}|{case}", {})
+            was = "" if not before else (f"{b['peak_mib']:,.0f}" if b.get("peak_mib") == b.get("peak_mib") and "peak_mib" in b
+                                         else f"killed, tree {b['tree_mib']:,.0f}" if b.get("timed_out") else "")
             if "skipped" in r:
-                rows.append([step, case, "", "", "", "", outcome(r, case, work)])
+                rows.append([step, case, "", "", "", "", outcome(r, case, work)] + ([was] if before else []))
                 continue
             delta = f"{r['peak_mib'] - base['peak_mib']:+,.0f}" if "peak_mib" in base and case != "small" else ""
             flag = " **over 1 GiB**" if r["peak_mib"] > 1024 and r["rc"] == 0 else ""
             rows.append([step, case, f"{r['peak_mib']:,.0f}{flag}", delta, f"{r['tree_mib']:,.0f}",
-                         f"{r['wall_s']:.1f}", outcome(r, case, work)])
-    tbl = table(["step", "record", "peak RSS MiB", "vs small", "tree peak MiB", "wall s", "outcome"], rows)
+                         f"{r['wall_s']:.1f}", outcome(r, case, work)] + ([was] if before else []))
+    tbl = table(["step", "record", "peak RSS MiB", "vs small", "tree peak MiB", "wall s", "outcome"]
+                + (["peak before MiB"] if before else []), rows)
     print(tbl)
     if no_write:
         return
     body = (__doc__.split("\n", 2)[2].strip() + "\n\n" + tbl + "\n\n"
             "Record sizes: small = one page of the Python docs; the 50MB file is "
             f"{results.get('dedup|50MB', {}).get('bytes', 0) / 1e6:,.1f} MB of JSONL. WORK is `--work`.\n")
-    write_section("peak_rss", "Peak memory on one huge record (every step)", "python bench/peak_rss.py", body)
+    write_section("peak_rss", "Peak memory on one huge record (every step)", command, body)
 
 
 if __name__ == "__main__":
