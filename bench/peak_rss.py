@@ -318,8 +318,19 @@ def report(results: dict, work: Path, no_write: bool, before: dict, command: str
     print(tbl)
     if no_write:
         return
+    over = [f"{k.replace('|', ' on ')} ({r['peak_mib']:,.0f} MiB)" for k, r in results.items()
+            if r.get("rc") == 0 and r.get("peak_mib", 0) > 1024]
+    fits = [k for k in over if k.split(" on ")[1].split(" (")[0] in ("small", "1M", "5M")]
     body = (__doc__.split("\n", 2)[2].strip() + "\n\n" + tbl + "\n\n"
-            "Record sizes: small = one page of the Python docs; the 50MB file is "
+            + (f"Over 1 GiB: {'; '.join(over)}. " if over else "No step went over 1 GiB. ")
+            + ("Of these, a record that fits the limit: " + "; ".join(fits) + ".\n\n" if fits
+               else "None of them on a record that fits the reader's limit.\n\n")
+            + ("*peak before*: the same run from `--before` (an earlier commit's results); outcomes that differed "
+               "then: " + "; ".join(f"{k.replace('|', ' on ')}: "
+                                   + ("killed at the time limit" if b.get("timed_out") else f"exit {b['rc']}")
+                                   for k, b in before.items() if "rc" in b and k in results
+                                   and b["rc"] != results[k].get("rc")) + ".\n\n" if before else "")
+            + "Record sizes: small = one page of the Python docs; the 50MB file is "
             f"{results.get('dedup|50MB', {}).get('bytes', 0) / 1e6:,.1f} MB of JSONL. WORK is `--work`.\n")
     write_section("peak_rss", "Peak memory on one huge record (every step)", command, body)
 
