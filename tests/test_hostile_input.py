@@ -217,3 +217,121 @@ def test_non_finite_numbers_are_written_as_valid_json(tmp_path):
     text = (tmp_path / "ev" / "_results.json").read_text()
     res = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in _results.json"))
     assert res["perplexity"]["groups"]["all"]["se"] is None and res["perplexity"]["groups"]["all"]["docs"] == 1
+
+
+def test_prompt_over_the_model_context_is_refused_in_one_line(tmp_path):
+    """A seed longer than the model's context is refused before the model sees it (one line, exit 2,
+    nothing written), as llama.cpp refuses it: fed whole, a 1M-character seed took minutes and
+    several GB in the tiny model's attention."""
+    from _tiny_llm import TEXTS, cached_tiny_model
+
+    text = " ".join(TEXTS * 40)  # about 50,000 characters: well over the tiny model's 4,096 positions
+    write_jsonl(tmp_path / "seeds.jsonl", [{"id": "s0", "text": text + " Why?"},
+                                           {"id": "s1", "text": "What is the capital of France?"}])
+    out = tmp_path / "q"
+    r = run_cli(["expand-queries", "--in", tmp_path / "seeds.jsonl", "--out", out, "-q", "llm=transformers",
+                 f"llm.model={cached_tiny_model()}", "llm.device=cpu", "llm.num_threads=1", "llm.cache=false",
+                 "llm.max_new_tokens=16", "expand.rounds=1", "expand.questions_per_seed=1"])
+    one_line(r, "exceeds the context of 4096 tokens", "llm.max_model_len")
+    assert not out.exists() or not any(p for p in out.rglob("*") if p.is_file() and p.suffix in (".jsonl", ".gz"))
+
+
+def _with_long_record(tmp_path: Path) -> tuple[Path, list[dict]]:
+    """A shard whose third line is over io.max_record_chars=2000 (as a 50 MB record is over the default)."""
+    words = "The reader refuses a record whose text is longer than the limit it was given . "
+    recs = [{"id": "a", "text": "cells and proteins " * 20}, {"id": "b", "text": "stars and planets " * 20},
+            {"id": "long", "text": words * 40},  # 3,160 characters: its first 2,000 are not a duplicate
+            {"id": "a2", "text": "cells and proteins " * 20},
+            {"id": "long2", "text": (words * 40)[:2000] + "Quite another story about ships and harbours . " * 30}]
+    return write_jsonl(tmp_path / "in" / "part-0.jsonl", recs).parent, recs
+
+
+def test_retrieve_index_applies_the_record_size_limit(tmp_path):
+    """retrieve built its index from every corpus record, however long (a 50 MB one took 1.5 GB):
+    now the reader's limit applies as in every step."""
+    inp, _ = _with_long_record(tmp_path)
+    write_jsonl(tmp_path / "q.jsonl", [{"id": "q0", "text": "cells"}, {"id": "q1", "text": "reader limit"}])
+    out = tmp_path / "out"
+    r = run_cli(["retrieve", "--queries", tmp_path / "q.jsonl", "--corpus", inp, "--out", out, "-q",
+                 "io.max_record_chars=2000"])
+    one_line(r, f"{inp / 'part-0.jsonl'}:3", "io.max_record_chars=2,000")
+    assert not out.exists() or not any(p for p in out.rglob("*") if p.is_file() and p.suffix in (".jsonl", ".gz"))
+    r = run_cli(["retrieve", "--queries", tmp_path / "q.jsonl", "--corpus", inp, "--out", out, "-q",
+                 "io.max_record_chars=2000", "io.oversize=truncate", "retrieve.top_k=10", "io.overwrite=true"])
+    assert r.returncode == 0, r.stderr
+    got = {rec["id"]: rec for rec in read_jsonl_dir(out)}
+    assert len(got["long"]["text"]) == 2000 and {"a", "a2", "long2"} <= set(got)
+
+
+@pytest.mark.parametrize("oversize, kept", [
+    ("skip", ["a", "b"]),  # a2 is a's duplicate; the long texts are skipped
+    ("truncate", ["a", "b", "long"]),  # cut to 2,000 characters, long2 is long's duplicate (whole, it is not)
+])
+def test_dedup_reads_long_records_as_the_other_steps_do(tmp_path, oversize, kept):
+    """dedup's signature phase read every text whole, whatever io.max_record_chars said: a 50 MB
+    record was shingled (1.4 GB) before the writer refused it, a truncated one was compared on its
+    whole text, and a skipped one shifted the rows of the records after it."""
+    inp, _ = _with_long_record(tmp_path)
+    out = tmp_path / "out"
+    r = run_cli(["dedup", "--in", inp, "--out", out, "-q", "io.max_record_chars=2000"])
+    one_line(r, f"{inp / 'part-0.jsonl'}:3", "io.max_record_chars=2,000")
+    assert not out.exists() or not any(p for p in out.rglob("*") if p.is_file() and p.suffix in (".jsonl", ".gz"))
+    r = run_cli(["dedup", "--in", inp, "--out", out, "-q", "io.max_record_chars=2000", f"io.oversize={oversize}",
+                 "io.overwrite=true"])
+    assert r.returncode == 0, r.stderr
+    got = read_jsonl_dir(out)
+    assert [rec["id"] for rec in got] == kept
+    assert all(len(rec["text"]) <= 2000 for rec in got)
+
+
+def _mixed_text(n: int) -> str:
+    """Real-looking prose of ``n`` characters: English paragraphs, double spaces, code, Chinese."""
+    parts = ["The tokenizer reads the  whole text;  it keeps offsets,\tmasks and strings for every token.\n",
+             "def f(x):\n    return x ** 2  # squared\n\n", "蛋白质和细胞在二〇一九年被测量。结果，细胞更小！\n",
+             "Numbers like 3.14159 and 2,718 stay whole... (parentheses) [brackets] \"quotes\"\n\n"]
+    block = "".join(parts)
+    return (block * (n // len(block) + 1))[:n]
+
+
+@pytest.mark.parametrize("pre", ["bytelevel", "metaspace"])
+def test_long_text_is_tokenized_in_pieces_with_the_same_ids(tmp_path, pre):
+    """encode_long cuts only where the ids do not change (checked around each cut), so a long text
+    gives the whole text's ids, with byte-level BPE and with a SentencePiece-style Metaspace."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from cptkit.models.lm import train_bpe_tokenizer
+    from cptkit.text.encode import encode_long
+
+    text = _mixed_text(60_000)
+    if pre == "bytelevel":
+        tok = train_bpe_tokenizer([text[:20_000]], vocab_size=400)
+    else:
+        raw = Tokenizer(models.BPE(unk_token="<unk>"))
+        raw.pre_tokenizer = pre_tokenizers.Metaspace()
+        raw.train_from_iterator([text[:20_000]], trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>"]))
+        tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>")
+    whole = tok(text, add_special_tokens=False)["input_ids"]
+    assert encode_long(tok, text, chunk=1000) == whole
+    assert encode_long(tok, text[:900], chunk=1000) == tok(text[:900], add_special_tokens=False)["input_ids"]
+
+
+def test_build_mix_memory_is_bounded_on_a_record_at_the_limit(tmp_path):
+    """A record of 5,000,000 characters (io.max_record_chars): build-mix tokenizes it in pieces, so
+    its peak RSS stays under 1 GiB (one whole-text Encoding took 1.17 GB)."""
+    import numpy as np
+
+    from cptkit.models.lm import train_bpe_tokenizer
+
+    text = _mixed_text(5_000_000)
+    tok = train_bpe_tokenizer([text[:50_000]], vocab_size=512, out_dir=tmp_path / "tok")
+    write_jsonl(tmp_path / "in" / "part-0.jsonl", [{"id": "big", "text": text, "lang": "en"}])
+    out = tmp_path / "stream"
+    r, peak = _peak_rss_mib(["build-mix", "--in", tmp_path / "in", "--out", out, "-q", f"tokenizer={tmp_path / 'tok'}",
+                             "mix.domains=[{name:en,filter:{lang:en}}]", "mix.stages=[{name:main,weights:{en:1}}]",
+                             "mix.fill=en", "mix.seq_len=64", "mix.eval_docs=0", "mix.budget_tokens=1e5"])
+    assert r.returncode == 0, r.stderr
+    [bin_file] = (out / "tokens").glob("*.bin")
+    ids = np.fromfile(bin_file, dtype=np.uint16)
+    assert ids[-1] == tok.eos_token_id and tok.decode(ids[:-1].tolist()) == text  # every piece, in order
+    assert peak < 1024, peak  # MiB; one whole-text Encoding took 1.17 GB here

@@ -145,6 +145,17 @@ class TransformersGenerator(Generator):
         if self.chat and not getattr(self.tok, "chat_template", None):
             raise CptkitError(f"llm.model={cfg.model}: the tokenizer has no chat template; set llm.chat=false")
         self.eos_ids = self._eos_ids()
+        # The longest prompt + new tokens: llm.max_model_len, else the model's trained positions (0: unknown).
+        self.n_ctx = int(getattr(cfg, "max_model_len", 0) or 0) or int(
+            getattr(getattr(self.model, "config", None), "max_position_embeddings", 0) or 0)
+
+    def _check_context(self, prompts: list[list[int]], max_new: int) -> None:
+        """Refuse a prompt that does not fit the context (as llama.cpp does), before the model sees it:
+        a prompt of a whole huge record would take time and memory quadratic in its length."""
+        for p in prompts:
+            if self.n_ctx and len(p) + max_new > self.n_ctx:
+                raise CptkitError(f"a prompt of {len(p)} tokens + max_new_tokens {max_new} exceeds the context of "
+                                  f"{self.n_ctx} tokens (llm.max_model_len)")
 
     def _eos_ids(self) -> list[int]:
         ids = {self.tok.eos_token_id}
@@ -167,7 +178,14 @@ class TransformersGenerator(Generator):
     def _prompt_ids(self, request: Request) -> list[int]:
         """Prompt token ids: chat-rendered text already holds its special tokens; raw prompts get BOS etc."""
         raw = isinstance(request, str) and not self.chat
-        return self.tok(self.render(request), add_special_tokens=raw)["input_ids"]
+        text = self.render(request)
+        head = 32 * self.n_ctx
+        if self.n_ctx and len(text) > head:  # a huge prompt is refused on its start, not tokenized whole
+            n = len(self.tok(text[:head], add_special_tokens=raw)["input_ids"])
+            if n > self.n_ctx:
+                raise CptkitError(f"a prompt of {len(text):,} characters (its first {head:,} already {n:,} tokens) "
+                                  f"exceeds the context of {self.n_ctx} tokens (llm.max_model_len)")
+        return self.tok(text, add_special_tokens=raw)["input_ids"]
 
     @torch.inference_mode()
     def _run(self, prefixes: list[list[int]], params: GenParams, sampler: RowSampler, max_new: int,
@@ -206,6 +224,7 @@ class TransformersGenerator(Generator):
 
     def _generate(self, requests: list[Request], params: GenParams, seeds: list[int]) -> list[Completion]:
         prompts = [self._prompt_ids(r) for r in requests]
+        self._check_context(prompts, int(params.max_new_tokens))
         sampler = RowSampler(seeds, float(params.temperature), float(params.top_p), self.device)
         rows = self._run(prompts, params, sampler, int(params.max_new_tokens))
         comps = []
@@ -222,6 +241,7 @@ class TransformersGenerator(Generator):
         gives its Completion, one that does not a :class:`Partial` to continue later. Continuing keeps
         each row's token ids and sampler state, so the slices add up to the unsliced sample."""
         parts = [s or Partial(self._prompt_ids(r), [], None) for r, s in zip(requests, states, strict=True)]
+        self._check_context([p.prompt for p in parts if not p.new], int(params.max_new_tokens))
         sampler = RowSampler(seeds, float(params.temperature), float(params.top_p), self.device)
         for g, p in zip(sampler.gens, parts, strict=True):
             if p.rng is not None:

@@ -11,6 +11,7 @@ Records whose language (their ``lang`` field, else detected) is not English get 
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from cptkit.core.run import Run
 from cptkit.core.step import MapStep, step
 from cptkit.synthetic.corruption import (
     KINDS,
+    TAGS,
     Lexicon,
     Token,
     corrupt_text,
@@ -100,14 +102,21 @@ class Corrupter:
         size = int(self.c.chunk_chars)
         short = [j for j, t in texts.items() if len(t) <= size]
         tokens: dict[int, list[Token]] = {}
+
+        def keep(doc: Any, offset: int = 0) -> list[Token]:
+            # only nouns and adjectives: the only tokens candidate_units uses (a 5M-character
+            # record held a Token for each of its ~1M words, and a lemma string for each)
+            return [Token(offset + t.idx, offset + t.idx + len(t.text), t.tag_, sys.intern(t.lemma_))
+                    for t in doc if t.tag_ in TAGS]
+
         for j, doc in zip(short, self.nlp.pipe([texts[j] for j in short], batch_size=32), strict=True):
-            tokens[j] = [Token(t.idx, t.idx + len(t.text), t.tag_, t.lemma_) for t in doc]
+            tokens[j] = keep(doc)
         for j, text in texts.items():
             if j in tokens:
                 continue
             toks: list[Token] = []
             for offset, piece in text_chunks(text, size):
-                toks += [Token(offset + t.idx, offset + t.idx + len(t.text), t.tag_, t.lemma_) for t in self.nlp(piece)]
+                toks += keep(self.nlp(piece), offset)
             tokens[j] = toks
         return dict(sorted(tokens.items()))
 

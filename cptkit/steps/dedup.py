@@ -175,18 +175,25 @@ class _Store:
         return json.loads((self.dir / f"ids-{task.name}.json").read_text(encoding="utf-8"))
 
 
+def _limits(io_cfg: IOConfig) -> dict:
+    """The reader's record-size limit, as every phase (and every other step) reads: a text over
+    ``io.max_record_chars`` is refused, skipped or truncated here too, before it is shingled."""
+    return {"max_chars": io_cfg.max_record_chars, "oversize": io_cfg.oversize}
+
+
 def _texts(job: Job, task: Task, skip_bad: bool):
     """(row, record) of a task's valid records, in the order every phase sees them."""
     row = 0
     for inp in task.inputs:
-        for rec in read_records(inp, skip_bad=skip_bad, stats=ReadStats()):
+        for rec in read_records(inp, skip_bad=skip_bad, stats=ReadStats(), **_limits(job.ctx.io)):
             yield row, rec
             row += 1
 
 
-def _wanted_texts(task: Task, rows: set[int]):
-    """(row, text) of the given rows only, parsing no other line. Valid when every non-blank line
-    is a record (phase 1 read the shard without skipping bad lines)."""
+def _wanted_texts(task: Task, rows: set[int], max_chars: int = 0):
+    """(row, text) of the given rows only, parsing no other line (texts cut to ``max_chars``: 0 keeps
+    them whole). Valid when every non-blank line is a record (phase 1 read the shard without
+    skipping bad lines or long texts)."""
     row = 0
     for inp in task.inputs:
         fh, _ = open_binary(inp.path)
@@ -195,7 +202,8 @@ def _wanted_texts(task: Task, rows: set[int]):
                 if not raw.strip():
                     continue
                 if row in rows:
-                    yield row, json.loads(raw)["text"]
+                    text = json.loads(raw)["text"]
+                    yield row, text[:max_chars] if max_chars else text
                 row += 1
         finally:
             fh.close()
@@ -227,6 +235,8 @@ def phase_signatures(job: Job, store: _Store, sh: mh.Shingler, d: DedupConfig, s
 def _shingle_sets(job: Job, sh: mh.Shingler, offsets: np.ndarray, docs: np.ndarray,
                   skip: bool) -> dict[int, np.ndarray]:
     """Phase 2 helper: re-read the candidate documents ``docs`` (global indices) and shingle them."""
+    io_cfg = job.ctx.io
+    skip = skip or io_cfg.oversize == "skip"  # rows are counted over valid records only
     want = set(docs.tolist()) if skip else set()
     owner = np.searchsorted(offsets, docs, side="right") - 1
     sets: dict[int, np.ndarray] = {}
@@ -241,7 +251,8 @@ def _shingle_sets(job: Job, sh: mh.Shingler, offsets: np.ndarray, docs: np.ndarr
                     texts.append(rec["text"])
         else:
             rows = {g - base for g in docs[owner == t].tolist()}
-            for row, text in _wanted_texts(job.tasks[t], rows):
+            cut = io_cfg.max_record_chars if io_cfg.oversize == "truncate" else 0
+            for row, text in _wanted_texts(job.tasks[t], rows, cut):
                 idx.append(base + row)
                 texts.append(text)
         for i, s in zip(idx, sh.shingle_sets(texts), strict=True):
@@ -352,18 +363,18 @@ def check_unique_ids(job: Job, store: _Store, io_cfg: IOConfig) -> None:
         (t1, r1), (t2, r2) = where(first), where(second)
         if parts[t1][r1] != parts[t2][r2]:
             continue  # a hash collision, not a duplicate
-        f1, l1 = _line_of(job.tasks[t1], r1, io_cfg.skip_bad_lines)
-        f2, l2 = _line_of(job.tasks[t2], r2, io_cfg.skip_bad_lines)
+        f1, l1 = _line_of(job.tasks[t1], r1, io_cfg)
+        f2, l2 = _line_of(job.tasks[t2], r2, io_cfg)
         raise BadInput(f2, l2, f"duplicate id {parts[t2][r2]!r} (first at {f1}:{l1}); ids must be unique, or "
                        "duplicate_of is ambiguous (io.unique_ids=false accepts them)")
 
 
-def _line_of(task: Task, row: int, skip: bool) -> tuple[str, int]:
+def _line_of(task: Task, row: int, io_cfg: IOConfig) -> tuple[str, int]:
     """(file, line) of a task's ``row``-th valid record."""
     n = 0
     for inp in task.inputs:
         st = ReadStats()
-        for _ in read_records(inp, skip_bad=skip, stats=st):
+        for _ in read_records(inp, skip_bad=io_cfg.skip_bad_lines, stats=st, **_limits(io_cfg)):
             if n == row:
                 return inp.name, st.line
             n += 1

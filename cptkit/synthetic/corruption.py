@@ -38,6 +38,7 @@ from typing import Any
 
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 KINDS = ("number", "noun", "adj")
+TAGS = frozenset({"NN", "NNS", "JJ"})  # the Penn tags candidate_units takes nouns and adjectives from
 
 
 @dataclass(frozen=True, slots=True)
