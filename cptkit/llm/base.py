@@ -159,11 +159,13 @@ class Generator(ABC):
     # -- public API -------------------------------------------------------------------------
     def generate(self, requests: Sequence[Request], params: GenParams | None = None, *,
                  seeds: Sequence[int] | None = None,
-                 progress: Callable[[int], None] | None = None) -> list[Completion]:
+                 progress: Callable[[int], None] | None = None,
+                 labels: Sequence[str] | None = None) -> list[Completion]:
         """Complete every request (cached ones from disk), in order.
 
         ``seeds`` optionally gives each request its own base seed (e.g. to draw several samples
-        of one prompt); by default all use ``params.seed``.
+        of one prompt); by default all use ``params.seed``. ``labels`` names each request (its
+        record id) in a refusal a backend marks with ``request_index`` (a prompt over the context).
         """
         params = params or self.params()
         reqs = [normalize_request(r) for r in requests]
@@ -188,7 +190,13 @@ class Generator(ABC):
             if not todo:
                 continue
             t0 = time.perf_counter()
-            comps = self._generate([reqs[i] for i in todo], params, [row_seeds[i] for i in todo])
+            try:
+                comps = self._generate([reqs[i] for i in todo], params, [row_seeds[i] for i in todo])
+            except CptkitError as e:  # name the request a backend refused (its ``request_index`` in the batch)
+                k = getattr(e, "request_index", None)
+                if not labels or k is None:
+                    raise
+                raise CptkitError(f"{labels[todo[k]]}: {e}") from None
             self.stats.generation_seconds += time.perf_counter() - t0
             for i, c in zip(todo, comps, strict=True):
                 out[i] = c

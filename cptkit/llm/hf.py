@@ -152,10 +152,12 @@ class TransformersGenerator(Generator):
     def _check_context(self, prompts: list[list[int]], max_new: int) -> None:
         """Refuse a prompt that does not fit the context (as llama.cpp does), before the model sees it:
         a prompt of a whole huge record would take time and memory quadratic in its length."""
-        for p in prompts:
+        for k, p in enumerate(prompts):
             if self.n_ctx and len(p) + max_new > self.n_ctx:
-                raise CptkitError(f"a prompt of {len(p)} tokens + max_new_tokens {max_new} exceeds the context of "
-                                  f"{self.n_ctx} tokens (llm.max_model_len)")
+                e = CptkitError(f"a prompt of {len(p)} tokens + max_new_tokens {max_new} exceeds the context of "
+                                f"{self.n_ctx} tokens (llm.max_model_len)")
+                e.request_index = k  # type: ignore[attr-defined]
+                raise e
 
     def _eos_ids(self) -> list[int]:
         ids = {self.tok.eos_token_id}
@@ -223,7 +225,13 @@ class TransformersGenerator(Generator):
                           finish_reason="stop" if cut else reason)
 
     def _generate(self, requests: list[Request], params: GenParams, seeds: list[int]) -> list[Completion]:
-        prompts = [self._prompt_ids(r) for r in requests]
+        prompts = []
+        for k, r in enumerate(requests):
+            try:
+                prompts.append(self._prompt_ids(r))
+            except CptkitError as e:  # a huge prompt refused on its start
+                e.request_index = k  # type: ignore[attr-defined]
+                raise
         self._check_context(prompts, int(params.max_new_tokens))
         sampler = RowSampler(seeds, float(params.temperature), float(params.top_p), self.device)
         rows = self._run(prompts, params, sampler, int(params.max_new_tokens))

@@ -169,7 +169,14 @@ class LlamaCppGenerator(Generator):
         return self.llm.detokenize(ids, special=False).decode("utf-8", errors="replace")
 
     def _generate(self, requests: list[Request], params: GenParams, seeds: list[int]) -> list[Completion]:
-        return [self._one(r, params, s) for r, s in zip(requests, seeds, strict=True)]
+        out = []
+        for k, (r, s) in enumerate(zip(requests, seeds, strict=True)):
+            try:
+                out.append(self._one(r, params, s))
+            except CptkitError as e:  # the caller names the request (Generator.generate's labels)
+                e.request_index = k  # type: ignore[attr-defined]
+                raise
+        return out
 
     def describe(self) -> dict[str, Any]:
         return super().describe() | {"device": "cpu", "threads": self.threads, "n_ctx": self.n_ctx}

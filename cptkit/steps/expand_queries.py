@@ -289,7 +289,8 @@ def extend_questions(conf: ExpandQueriesJob, gen: Any, pool: QueryPool, frontier
             parents.append((item, j, prompt))
             seeds_.append(conf.llm.seed * 1_000_003 + j)
     outs, used = _generate_grouped(gen, reqs, [p[2] for p in parents], seeds_,
-                                   job.add_bar(f"round {rnd}: questions", len(reqs)), conf.llm)
+                                   job.add_bar(f"round {rnd}: questions", len(reqs)), conf.llm,
+                                   labels=[f"record {p[0]['id']!r}" for p in parents])
     cands = []
     for (item, j, prompt), c, par, sd in zip(parents, outs, used, seeds_, strict=True):
         q, why = clean_text(parse_question(c.text), c.finish_reason, **cl)
@@ -312,7 +313,8 @@ def generate_thoughts(conf: ExpandQueriesJob, gen: Any, pool: QueryPool, new_q: 
     treqs = [render(ex.thought_prompt, question=q["text"], domain=q["domain"]) for q in new_q]
     tseeds = [conf.llm.seed] * len(treqs)
     touts, tused = _generate_grouped(gen, treqs, [ex.thought_prompt] * len(treqs), tseeds,
-                                     job.add_bar(f"round {rnd}: thoughts", len(treqs)), conf.llm)
+                                     job.add_bar(f"round {rnd}: thoughts", len(treqs)), conf.llm,
+                                     labels=[f"record {q['id']!r}" for q in new_q])
     tc = []
     for q, c, par, sd in zip(new_q, touts, tused, tseeds, strict=True):
         answer, cot = parse_thought(c.text)
@@ -335,7 +337,7 @@ def generate_thoughts(conf: ExpandQueriesJob, gen: Any, pool: QueryPool, new_q: 
 
 
 def _generate_grouped(gen: Any, reqs: list, prompts: list[PromptConfig], seeds: list[int], advance: Any,
-                      llm: LLMConfig | None = None) -> tuple[list, list]:
+                      llm: LLMConfig | None = None, labels: list[str] | None = None) -> tuple[list, list]:
     """Generate requests whose prompts may differ in max_new_tokens / temperature, in order
     (``llm.max_new_tokens``, when set, wins over every prompt's own value).
 
@@ -349,7 +351,8 @@ def _generate_grouped(gen: Any, reqs: list, prompts: list[PromptConfig], seeds: 
     for (mx, temp), idx in groups.items():
         params = gen.params(max_new_tokens=mx, temperature=temp)
         for i, c in zip(idx, gen.generate([reqs[i] for i in idx], params, seeds=[seeds[i] for i in idx],
-                                          progress=advance), strict=True):
+                                          progress=advance, labels=labels and [labels[i] for i in idx]),
+                        strict=True):
             out[i] = c
             used[i] = params
     return out, used
