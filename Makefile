@@ -287,7 +287,7 @@ cpt-experiment: $(XP)/cpt.md
 	@cat $<
 
 # --- benchmarks (each rewrites its section of docs/benchmarks.md) ----------------------------
-BENCHES := dedup dedup_scale retrieve generate classify train evaluate
+BENCHES := dedup dedup_scale retrieve generate classify train evaluate peak_rss
 bench: install $(addprefix bench-,$(BENCHES))
 bench-%: install
 	nice $(BIN)/python bench/$*.py

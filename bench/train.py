@@ -227,8 +227,8 @@ def train_vs_plain(args: argparse.Namespace) -> None:
         shutil.rmtree(work, ignore_errors=True)
     loads = (min(load_seen), max(load_seen)) if load_seen else (0.0, 0.0)
     body = (
-        "No GPU was lent to the session that wrote this section: CPU only (the ~1B-model H100 run with "
-        "ZeRO-2 bf16, its MFU and the HF Trainer comparison were not measured).\n\n"
+        "CPU only. On a GPU (a 1.07B Llama, ZeRO-2 bf16, tokens/s and MFU against HF Trainer + DeepSpeed): "
+        "section \"train on one GPU\" below (bench/gpu/train_mfu.py).\n\n"
         f"Both sides: same model (random Llama, vocabulary 49,152 = SmolLM2's tokenizer), shapes, "
         f"{args.threads} torch threads and precision; AdamW (0.9, 0.95), clipping 1.0; {args.repeats} interleaved "
         "repeats, the median repeat shown. *ms/step*: median optimizer step after two warm-up steps (cptkit: "
@@ -333,8 +333,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     body = (
-        "No GPU was lent to the session that wrote this section: CPU only (tokens/s and MFU of a 0.5–1B "
-        "model against an HF Trainer run were not measured).\n\n"
+        "CPU only. On a GPU (a 1.07B Llama, ZeRO-2 bf16, tokens/s and MFU against HF Trainer + DeepSpeed): "
+        "section \"train on one GPU\" below (bench/gpu/train_mfu.py).\n\n"
         f"**Packing** ({src.name}: {len(records):,} documents, {sum(len(r['text']) for r in records):,} characters; "
         f"byte-level BPE 2048, sequences of {args.seq_len}; best of 3 interleaved repeats):\n\n"
         + table(["packer", "tokens", "tokens/s", "× in-memory peer", "× file peer"], rows_pack)
