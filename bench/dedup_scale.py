@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from bench.dedup import (  # noqa: E402
     shingles,
     write_shards,
 )
+from cptkit.core.net import free_port  # noqa: E402
 
 
 def cptkit(args: list[str]) -> subprocess.Popen:
@@ -68,12 +68,6 @@ def phase(argsets: list[list[str]]) -> tuple[float, float]:
 
 def outputs(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name.startswith(("part-", "_removed"))}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_redis(tmp: Path) -> tuple[subprocess.Popen, str]:

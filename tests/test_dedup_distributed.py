@@ -7,7 +7,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from conftest import write_jsonl
 
 from cptkit.core.config import compose_step
 from cptkit.core.errors import CptkitError
+from cptkit.core.net import free_port
 from cptkit.dedup import minhash as mh
 from cptkit.steps.dedup import run
 
@@ -189,12 +189,6 @@ def test_mapreduce_equals_memory_other_settings(corpus, tmp_path, overrides):
 
 
 # -- Redis ------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
     binary = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.net import free_port
 from cptkit.llm import GenParams, load_generator
 from cptkit.llm.base import apply_stop, request_seed
 from tests._tiny_llm import cached_tiny_model, llm_cfg
@@ -107,12 +107,6 @@ def test_bad_requests_and_backends(tiny_dir):
             load_generator(llm_cfg(tiny_dir, backend="vllm"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tiny_dir, tmp_path_factory):
     """`cptkit serve-llm` on the tiny model, as a real subprocess on 127.0.0.1."""
@@ -160,7 +154,7 @@ def test_openai_backend_against_real_server(server, tiny_dir, tmp_path):
 
 
 def test_openai_unreachable_is_one_clear_error():
-    port = _free_port()
+    port = free_port()
     cfg = llm_cfg("m", backend="openai", base_url=f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_s=0.01)
     with pytest.raises(CptkitError, match=f"llm.base_url=http://127.0.0.1:{port}/v1: server unreachable .*2 tries"):
         load_generator(cfg)  # probed once (GET /models) before any concurrent request

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from cptkit.core.net import free_port
 from tests.conftest import write_jsonl
 
 ray = pytest.importorskip("ray")
@@ -27,17 +27,11 @@ RAY_HOME = Path(tempfile.mkdtemp(prefix="cptkit-ray-home-"))
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "HOME": str(RAY_HOME)}
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A one-node Ray cluster with 2 CPUs, started and stopped by the test."""
     tmp = tmp_path_factory.mktemp("ray")
-    port = _port()
+    port = free_port()
     env = RAY_ENV | {"HOME": str(RAY_HOME)}
     subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
                     "--num-cpus=2",

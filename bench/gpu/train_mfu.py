@@ -22,13 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from cptkit.core.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,12 +64,6 @@ def ds_config(micro: int, lr: float, hf: bool, gpu: bool = True) -> dict:
                                                    "weight_decay": auto or 0.1, "torch_adam": True, "fused": gpu}},
         "steps_per_print": 10**9, "wall_clock_breakdown": False,
     }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def median_after(xs: list[float], warm: int) -> float:

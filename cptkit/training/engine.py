@@ -19,16 +19,11 @@ from typing import Any
 import torch
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.net import free_port
 
 
 def on_gpu() -> bool:
     return torch.cuda.is_available()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def slurm_env() -> None:
