@@ -302,7 +302,7 @@ def test_long_text_is_tokenized_in_pieces_with_the_same_ids(tmp_path, pre):
     from transformers import PreTrainedTokenizerFast
 
     from cptkit.models.lm import train_bpe_tokenizer
-    from cptkit.text.encode import encode_long
+    from cptkit.text.encode import encode_long, encode_many
 
     text = _mixed_text(60_000)
     if pre == "bytelevel":
@@ -315,6 +315,9 @@ def test_long_text_is_tokenized_in_pieces_with_the_same_ids(tmp_path, pre):
     whole = tok(text, add_special_tokens=False)["input_ids"]
     assert encode_long(tok, text, chunk=1000) == whole
     assert encode_long(tok, text[:900], chunk=1000) == tok(text[:900], add_special_tokens=False)["input_ids"]
+    # a batch of short and long texts: each text's own ids, in order
+    batch = [text[:900], text, text[900:1500]]
+    assert encode_many(tok, batch, chunk=1000) == [tok(x, add_special_tokens=False)["input_ids"] for x in batch]
 
 
 def test_build_mix_memory_is_bounded_on_a_record_at_the_limit(tmp_path):

@@ -72,6 +72,10 @@ class IOConfig:
         check(self.max_record_chars >= 0, "max_record_chars", self.max_record_chars, "must be >= 0 (0: no limit)")
         check(self.oversize in OVERSIZE, "oversize", self.oversize, f"must be one of {', '.join(OVERSIZE)}")
 
+    def limits(self) -> dict[str, Any]:
+        """The record-size limit as ``read_records``/``iter_records`` keywords: every reader applies it."""
+        return {"max_chars": self.max_record_chars, "oversize": self.oversize}
+
 
 @dataclass
 class ShardConfig:

@@ -510,8 +510,7 @@ class Job:
         for inp in task.inputs:
             st = stats or ReadStats()
             seen = 0
-            for rec in read_records(inp, skip_bad=skip, stats=st, max_chars=io_cfg.max_record_chars,
-                                    oversize=io_cfg.oversize):
+            for rec in read_records(inp, skip_bad=skip, stats=st, **io_cfg.limits()):
                 if check_ids:
                     h = hash(rec["id"])
                     if h in ids:

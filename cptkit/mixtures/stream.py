@@ -42,7 +42,7 @@ from cptkit.mixtures.recipe import (
     resolve_weights,
     stage_spec_weights,
 )
-from cptkit.text.encode import ENCODE_CHUNK, encode_long
+from cptkit.text.encode import encode_many
 from cptkit.text.hashing import fast_seeded_hash
 
 if TYPE_CHECKING:
@@ -125,16 +125,7 @@ class DomainFiles:
         if not batch:
             return
         t = time.time()
-        texts = [r["text"] for _, r in batch]
-        short = [i for i, x in enumerate(texts) if len(x) <= ENCODE_CHUNK]
-        enc: list[list[int]] = [[] for _ in texts]
-        if short:
-            got = self.tok([texts[i] for i in short], add_special_tokens=False, return_attention_mask=False)["input_ids"]
-            for i, ids in zip(short, got, strict=True):
-                enc[i] = ids
-        for i, x in enumerate(texts):  # a long text in pieces: bounded memory, the same ids
-            if len(x) > ENCODE_CHUNK:
-                enc[i] = encode_long(self.tok, x)
+        enc = encode_many(self.tok, [r["text"] for _, r in batch])  # a long text in pieces: bounded memory
         self.tokenize_s += time.time() - t
         ppls = [float("nan")] * len(batch)
         score = [i for i, (name, _) in enumerate(batch) if self.wants_ppl(name)]

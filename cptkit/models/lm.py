@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from cptkit.core.errors import CptkitError
-from cptkit.text.encode import ENCODE_CHUNK, encode_long
+from cptkit.text.encode import encode_long
 
 __all__ = [
     "SMOLLM2",
@@ -231,10 +231,7 @@ def document_losses(model, tokenizer, texts: Sequence[str], batch_size: int = 8,
     device = _device(model)
     items: list[tuple[int, list[int], int]] = []  # (doc index, tokens, n_scored)
     for i, text in enumerate(texts):
-        if len(text) > ENCODE_CHUNK:  # in pieces: bounded memory, the same ids
-            ids = encode_long(tokenizer, text)
-        else:
-            ids = tokenizer.encode(text, add_special_tokens=False)
+        ids = encode_long(tokenizer, text)  # a long text in pieces: bounded memory, the same ids
         if max_tokens is not None:
             ids = ids[:max_tokens]
         for seq, n in _windows(ids, prefix, max_length):

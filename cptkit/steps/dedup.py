@@ -175,17 +175,11 @@ class _Store:
         return json.loads((self.dir / f"ids-{task.name}.json").read_text(encoding="utf-8"))
 
 
-def _limits(io_cfg: IOConfig) -> dict:
-    """The reader's record-size limit, as every phase (and every other step) reads: a text over
-    ``io.max_record_chars`` is refused, skipped or truncated here too, before it is shingled."""
-    return {"max_chars": io_cfg.max_record_chars, "oversize": io_cfg.oversize}
-
-
 def _texts(job: Job, task: Task, skip_bad: bool):
     """(row, record) of a task's valid records, in the order every phase sees them."""
     row = 0
     for inp in task.inputs:
-        for rec in read_records(inp, skip_bad=skip_bad, stats=ReadStats(), **_limits(job.ctx.io)):
+        for rec in read_records(inp, skip_bad=skip_bad, stats=ReadStats(), **job.ctx.io.limits()):
             yield row, rec
             row += 1
 
@@ -374,7 +368,7 @@ def _line_of(task: Task, row: int, io_cfg: IOConfig) -> tuple[str, int]:
     n = 0
     for inp in task.inputs:
         st = ReadStats()
-        for _ in read_records(inp, skip_bad=io_cfg.skip_bad_lines, stats=st, **_limits(io_cfg)):
+        for _ in read_records(inp, skip_bad=io_cfg.skip_bad_lines, stats=st, **io_cfg.limits()):
             if n == row:
                 return inp.name, st.line
             n += 1

@@ -119,11 +119,6 @@ def _same_sources(meta: dict, corpus: list[InputFile]) -> bool:
     return [{"path": s["path"], "size": s["size"]} for s in meta.get("sources", [])] == _sources(corpus)
 
 
-def _limits(job: Job) -> dict:
-    """The reader's record-size limit (``io.max_record_chars``, ``io.oversize``), as every step reads."""
-    return {"max_chars": job.ctx.io.max_record_chars, "oversize": job.ctx.io.oversize}
-
-
 def _open_or_build(job: Job, rc: RetrieveConfig, corpus: list[InputFile], skip_bad: bool) -> tuple[Any, float]:
     """The index to search: reuse a finished one, or build it from ``corpus``. Returns (index, build s)."""
     if rc.backend == "elasticsearch":
@@ -151,7 +146,7 @@ def _open_or_build(job: Job, rc: RetrieveConfig, corpus: list[InputFile], skip_b
         log.info("building the index from %d corpus file(s) into %s", len(corpus), index_dir)
         advance = job.add_bar("index build (docs)", None)
         t0 = time.time()
-        build_index(iter_records(corpus, skip_bad=skip_bad, **_limits(job)), index_dir, tokenizer, params,
+        build_index(iter_records(corpus, skip_bad=skip_bad, **job.ctx.io.limits()), index_dir, tokenizer, params,
                     dtype=rc.dtype, text_field=rc.text_field, sources=_sources(corpus), on_record=advance)
         build_s = time.time() - t0
         idx = OpenIndex(index_dir)
@@ -174,7 +169,7 @@ def _open_es(job: Job, rc: RetrieveConfig, corpus: list[InputFile], skip_bad: bo
                           "to build one from")
     log.info("bulk-indexing %d corpus file(s) into %s/%s", len(corpus), idx.cfg.url, idx.cfg.index)
     advance = job.add_bar("index build (docs)", None)
-    idx.build(iter_records(corpus, skip_bad=skip_bad, **_limits(job)), _sources(corpus), on_record=advance)
+    idx.build(iter_records(corpus, skip_bad=skip_bad, **job.ctx.io.limits()), _sources(corpus), on_record=advance)
     return idx, time.time() - t0
 
 

@@ -50,3 +50,17 @@ def encode_long(tok: Any, text: str, chunk: int = ENCODE_CHUNK) -> list[int]:
         start = end
     ids += _ids(tok, text[start:])
     return ids
+
+
+def encode_many(tok: Any, texts: list[str], chunk: int = ENCODE_CHUNK) -> list[list[int]]:
+    """:func:`encode_long` of each text: the texts of at most ``chunk`` characters in one batched
+    call (the fast path), the longer ones in pieces."""
+    short = [i for i, x in enumerate(texts) if len(x) <= chunk]
+    ids: list[list[int]] = [[] for _ in texts]
+    if short:
+        for i, got in zip(short, _ids(tok, [texts[i] for i in short]), strict=True):
+            ids[i] = got
+    for i, x in enumerate(texts):
+        if len(x) > chunk:
+            ids[i] = encode_long(tok, x, chunk)
+    return ids
