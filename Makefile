@@ -9,12 +9,13 @@ DATA   ?= data
 PYTEST_ARGS ?= -n $(TEST_WORKERS) --durations=15
 TEST_WORKERS ?= 2  # pytest-xdist workers: the suite runs in about 19 min on 2 cores (1,110 s measured)
 
-.PHONY: install test lint demo bench clean-demo help
+.PHONY: install test lint demo cpt-experiment bench clean-demo help
 
 help:
 	@echo "make install   create $(VENV) with torch==2.13.0 (CPU) and cptkit"
 	@echo "make test      the whole test suite (what .ci/run calls)"
-	@echo "make demo      build the demo corpus and run the pipeline on it"
+	@echo "make demo      build the demo corpus, run the pipeline on it, continue SmolLM2-135M (1 seed)"
+	@echo "make cpt-experiment  the CPT experiment with 3 seeds: mean ± standard error"
 	@echo "make bench     run every benchmark and rewrite docs/benchmarks.md"
 
 $(BIN)/python:
@@ -78,29 +79,6 @@ TOPIC_SAMPLE ?= 400
 SYNTH_ARGS  ?= synth.mode=code synth.code.num_problems=8 synth.code.demos=2 synth.code.discipline=mathematics \
                synth.code.min_problem_words=8 synth.code.min_solution_words=15 synth.code.max_solution_words=200 \
                synth.trim_truncated=true llm.max_new_tokens=128
-# The CPT experiment (make demo): a base model learns the general text (the corpus minus what
-# retrieval selected), then continues pre-training on the retrieved domain in two arms: no
-# replay and REPLAY of general text in every stage (mix.replay.share). Both streams hold the
-# same held-out documents, so every model is scored on the same text.
-MIX         ?= demo_cpt
-MIX_ARGS    ?= mix.budget_tokens=2.048e5
-REPLAY      ?= 0.2
-TOKENIZER   ?= smollm2
-MODEL       ?= model=tiny_llama model.hidden=128 model.layers=2 model.heads=4
-TRAIN_ARGS  ?= train.micro_batch=4 train.lr=3e-3 train.warmup=0.05 train.threads=2 train.precision=fp32 \
-               train.eval_docs=32
-# The base is annealed like a released checkpoint (the LR decays to 10% over the last quarter);
-# the arms re-warm to the peak LR, which is where forgetting comes from (Gupta et al. 2023).
-BASE_STEPS  ?= 240
-BASE_ARGS   ?= train.weights={general:1} train.eval_every=40 train.decay=0.25 train.min_lr_ratio=0.1
-# Start the arms from your own pretrained model instead: BASE_MODEL=DIR (no base phase is run)
-BASE_MODEL  ?= $(DATA)/runs/base/model
-CPT_STEPS   ?= 60
-CPT_ARGS    ?= train.max_steps=$(CPT_STEPS) train.eval_every=20
-EVAL_TASKS  ?= [gcide_defs]
-EVAL_ARGS   ?= eval.limit=100 eval.shots=0 eval.ppl.max_length=256 eval.ppl.max_tokens=256 \
-               eval.ppl.max_docs_per_group=32
-
 # Your own corpus needs no marker; the demo corpus is built by its own target.
 CORPUS_DEP  := $(if $(filter $(DATA)/corpus,$(CORPUS)),$(CORPUS)/_SUCCESS,$(wildcard $(CORPUS)/_SUCCESS))
 
@@ -148,61 +126,70 @@ $(DATA)/qa/_SUCCESS: $(DATA)/champ.jsonl
 $(DATA)/qa_c30/_SUCCESS: $(DATA)/qa/_SUCCESS
 	$(CPTKIT) corrupt --in $(DATA)/qa --out $(@D) corrupt.ratio=0.3 corrupt.seed=1
 
-# ARMS += dynamic: a third arm, the replay stream under Llama-3-SynE's PPL controller (topic_ppl
-# over {domain, general}: the domain whose perplexity rose most gains weight every round)
-ARMS        ?= noreplay replay
-BASE_DEP    := $(if $(filter $(DATA)/runs/base/model,$(BASE_MODEL)),$(DATA)/runs/base/_SUCCESS)
-REPLAY_NAME := replay_$(REPLAY)
-
-$(DATA)/stream/_SUCCESS: $(DATA)/labelled/_SUCCESS $(DATA)/qa/_SUCCESS $(CORPUS_DEP)
-	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(DATA)/qa --in $(CORPUS) --out $(@D) \
-	    mix=$(MIX) $(MIX_ARGS) tokenizer=$(TOKENIZER) mix.replay.share=$(REPLAY)
-
-$(DATA)/stream_noreplay/_SUCCESS: $(DATA)/labelled/_SUCCESS $(DATA)/qa/_SUCCESS $(CORPUS_DEP)
-	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(DATA)/qa --in $(CORPUS) --out $(@D) \
-	    mix=$(MIX) $(MIX_ARGS) tokenizer=$(TOKENIZER) mix.replay.share=0
-
-# 1. the base ("pre-trained") model: general text only
-$(DATA)/runs/base/_SUCCESS: $(DATA)/stream_noreplay/_SUCCESS
-	$(CPTKIT) train --in $(DATA)/stream_noreplay --out $(@D) $(MODEL) $(TRAIN_ARGS) \
-	    train.max_steps=$(BASE_STEPS) $(BASE_ARGS)
-
-# 2. continued pre-training from the base on the domain stream, without and with replay
-$(DATA)/runs/noreplay/_SUCCESS: $(DATA)/stream_noreplay/_SUCCESS $(BASE_DEP)
-	$(CPTKIT) train --in $(DATA)/stream_noreplay --out $(@D) model=hf model.path=$(BASE_MODEL) \
-	    $(TRAIN_ARGS) $(CPT_ARGS) train.mixture=staged
-
-$(DATA)/runs/replay/_SUCCESS: $(DATA)/stream/_SUCCESS $(BASE_DEP)
-	$(CPTKIT) train --in $(DATA)/stream --out $(@D) model=hf model.path=$(BASE_MODEL) \
-	    $(TRAIN_ARGS) $(CPT_ARGS) train.mixture=staged
-
-$(DATA)/runs/dynamic/_SUCCESS: $(DATA)/stream/_SUCCESS $(BASE_DEP)
-	$(CPTKIT) train --in $(DATA)/stream --out $(@D) model=hf model.path=$(BASE_MODEL) \
-	    $(TRAIN_ARGS) $(CPT_ARGS) train.mixture=topic_ppl train.topic_ppl.within_parent=false \
-	    train.topic_ppl.round_fraction=0.2
-
-# 3. every model on the same held-out documents (per domain) and one task
-$(DATA)/eval/base/_SUCCESS: $(DATA)/stream_noreplay/_SUCCESS $(BASE_DEP)
-	$(CPTKIT) evaluate --model $(BASE_MODEL) --in $(DATA)/stream_noreplay/_eval.jsonl.gz --out $(@D) \
-	    eval.ppl.group_by=domain eval.tasks=$(EVAL_TASKS) $(EVAL_ARGS)
-
-$(DATA)/eval/%/_SUCCESS: $(DATA)/runs/%/_SUCCESS $(DATA)/stream_noreplay/_SUCCESS
-	$(CPTKIT) evaluate --model $(DATA)/runs/$*/model --in $(DATA)/stream_noreplay/_eval.jsonl.gz --out $(@D) \
-	    eval.ppl.group_by=domain eval.tasks=$(EVAL_TASKS) $(EVAL_ARGS)
-
-$(DATA)/eval/cpt.md: $(DATA)/eval/base/_SUCCESS $(addprefix $(DATA)/eval/,$(addsuffix /_SUCCESS,$(ARMS)))
-	$(BIN)/python -m cptkit.training.report base=$(DATA)/eval/base noreplay=$(DATA)/eval/noreplay \
-	    $(REPLAY_NAME)=$(DATA)/eval/replay $(if $(filter dynamic,$(ARMS)),dynamic=$(DATA)/eval/dynamic) \
-	    --out $@ --curves $(DATA)/eval/curves.png > /dev/null
-
 STEP_TARGETS := $(DATA)/corpus/_SUCCESS $(DATA)/queries/_SUCCESS $(DATA)/retrieved/_SUCCESS \
     $(DATA)/deduped/_SUCCESS $(DATA)/models/quality/_SUCCESS $(DATA)/scored/_SUCCESS \
     $(DATA)/topic_labels/_SUCCESS $(DATA)/models/topics/_SUCCESS $(DATA)/labelled/_SUCCESS \
-    $(DATA)/qa/_SUCCESS $(DATA)/qa_c30/_SUCCESS $(DATA)/stream/_SUCCESS $(DATA)/stream_noreplay/_SUCCESS \
-    $(DATA)/runs/base/_SUCCESS $(DATA)/runs/noreplay/_SUCCESS $(DATA)/runs/replay/_SUCCESS \
-    $(DATA)/runs/dynamic/_SUCCESS $(DATA)/eval/base/_SUCCESS $(DATA)/eval/noreplay/_SUCCESS \
-    $(DATA)/eval/replay/_SUCCESS $(DATA)/eval/dynamic/_SUCCESS
+    $(DATA)/qa/_SUCCESS $(DATA)/qa_c30/_SUCCESS
 $(STEP_TARGETS): | $(VENV)/.installed
+
+# --- continued pre-training of a pretrained model: SmolLM2-135M as shipped ------------------
+# It continues on the retrieved English domain (data/labelled) and on Chinese (ZH:EN = 1:4,
+# Llama-3-SynE §4.1) in three arms: no replay, general English replayed at REPLAY, and the same
+# stream under SynE's topic-PPL controller. A seed draws its own held-out sample and data order.
+# Every model (the base on each seed's sample too) is scored on the domain, Chinese and general
+# English held-out text and on gcide_defs (SmolLM2: 46% acc_norm 0-shot, chance 25%).
+#   make demo            one seed (DEMO_SEEDS), about 100k training tokens in all: $(XP)/demo.md
+#   make cpt-experiment  three seeds (SEEDS), mean ± standard error:           $(XP)/cpt.md
+# Both share their members ($(XP)/runs/ARM_sSEED ...): the experiment reuses the demo's seed.
+# Resumes: rerun to finish what is missing. bench/gpu/cpt_smollm2.sh runs it on a GPU.
+XP          ?= $(DATA)/xp
+DEMO_SEEDS  ?= 0
+SEEDS       ?= 0 1 2
+# the model continued: smollm2 (shipped), an HF directory or a .gguf file
+BASE_MODEL  ?= smollm2
+TOKENIZER   ?= $(BASE_MODEL)
+REPLAY      ?= 0.2
+MIX         ?= mix=demo_smollm2 mix.budget_tokens=1.2e5
+# optimizer steps per arm, of 4 x 256 tokens: 30,720 tokens
+CPT_STEPS   ?= 30
+TRAIN_ARGS  ?= train.micro_batch=4 train.lr=1e-4 train.warmup=0.1 train.threads=2 train.precision=fp32 \
+               train.eval_every=10 train.eval_docs=12 train.eval_max_tokens=256
+EVAL_ARGS   ?= eval.tasks=[gcide_defs] eval.limit=100 eval.shots=0 eval.ppl.group_by=domain \
+               eval.ppl.max_length=256 eval.ppl.max_tokens=256 eval.ppl.max_docs_per_group=24
+ARMS        := noreplay replay dynamic
+TRAIN       := $(CPTKIT) train model=hf model.path=$(BASE_MODEL) $(TRAIN_ARGS) train.max_steps=$(CPT_STEPS)
+
+$(XP)/stream_r0_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
+	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$* \
+	    mix.replay.share=0 -q
+$(XP)/stream_rp_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
+	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$* \
+	    mix.replay.share=$(REPLAY) -q
+$(XP)/runs/noreplay_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS
+	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.mixture=staged -q
+$(XP)/runs/replay_s%/_SUCCESS: $(XP)/stream_rp_s%/_SUCCESS
+	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.mixture=staged -q
+$(XP)/runs/dynamic_s%/_SUCCESS: $(XP)/stream_rp_s%/_SUCCESS
+	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.mixture=topic_ppl train.topic_ppl.within_parent=false \
+	    train.topic_ppl.round_fraction=0.25 -q
+$(XP)/eval/base_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS | $(VENV)/.installed
+	$(CPTKIT) evaluate --model $(BASE_MODEL) --in $(<D)/_eval.jsonl.gz --out $(@D) $(EVAL_ARGS) -q
+$(XP)/eval/%/_SUCCESS: $(XP)/runs/%/_SUCCESS
+	$(CPTKIT) evaluate --model $(XP)/runs/$*/model --in $(XP)/stream_r0_$(lastword $(subst _, ,$*))/_eval.jsonl.gz \
+	    --out $(@D) $(EVAL_ARGS) -q
+
+# the table (mean ± SE over the seeds given) and the forgetting curves of one set of seeds
+comma       := ,
+xp_evals     = $(foreach s,$(2),$(XP)/eval/$(1)_s$(s))
+xp_report    = $(BIN)/python -m cptkit.training.report $(foreach a,base noreplay replay dynamic,\
+               $(if $(filter replay,$(a)),replay_$(REPLAY),$(a))=$(subst $(eval) ,$(comma),$(strip $(call xp_evals,$(a),$(1))))) \
+               --lang zh --out $@ --curves $(basename $@)-curves.png > /dev/null
+xp_deps      = $(foreach a,base $(ARMS),$(addsuffix /_SUCCESS,$(call xp_evals,$(a),$(1))))
+
+$(XP)/demo.md: $(call xp_deps,$(DEMO_SEEDS))
+	$(call xp_report,$(DEMO_SEEDS))
+$(XP)/cpt.md: $(call xp_deps,$(SEEDS))
+	$(call xp_report,$(SEEDS))
 
 corpus: $(DATA)/corpus/_SUCCESS
 queries: $(DATA)/queries/_SUCCESS
@@ -212,79 +199,34 @@ scored: $(DATA)/scored/_SUCCESS
 labelled: $(DATA)/labelled/_SUCCESS
 qa: $(DATA)/qa/_SUCCESS
 corrupted: $(DATA)/qa_c30/_SUCCESS
-stream: $(DATA)/stream/_SUCCESS $(DATA)/stream_noreplay/_SUCCESS
-trained: $(addprefix $(DATA)/runs/,$(addsuffix /_SUCCESS,$(ARMS)))
-evaluated: $(DATA)/eval/cpt.md
+stream: $(foreach s,$(DEMO_SEEDS),$(XP)/stream_r0_s$(s)/_SUCCESS $(XP)/stream_rp_s$(s)/_SUCCESS)
+trained: $(foreach a,$(ARMS),$(foreach s,$(DEMO_SEEDS),$(XP)/runs/$(a)_s$(s)/_SUCCESS))
+evaluated: $(XP)/demo.md
 
-pipeline: $(DATA)/eval/cpt.md $(DATA)/qa_c30/_SUCCESS
+pipeline: $(XP)/demo.md $(DATA)/qa_c30/_SUCCESS
 	@echo
 	@echo "seed queries      $(DATA)/queries"
 	@echo "retrieved         $(DATA)/retrieved   (per-query ranks: $(DATA)/retrieved/_run.tsv)"
 	@echo "deduplicated      $(DATA)/deduped     (removed ids: $(DATA)/deduped/_removed.jsonl)"
 	@echo "scored, labelled  $(DATA)/scored $(DATA)/labelled"
 	@echo "synthetic QA      $(DATA)/qa   corrupted copy: $(DATA)/qa_c30"
-	@echo "streams           $(DATA)/stream (replay $(REPLAY))  $(DATA)/stream_noreplay"
+	@echo "streams           $(XP)/stream_rp_s0 (replay $(REPLAY))  $(XP)/stream_r0_s0 (none)"
 	@echo "base model        $(BASE_MODEL)"
-	@echo "CPT arms          $(addprefix $(DATA)/runs/,$(ARMS))   (curves.png in each)"
-	@echo "forgetting curves $(DATA)/eval/curves.png"
-	@echo "evaluation        $(DATA)/eval/cpt.md"
+	@echo "CPT arms          $(foreach a,$(ARMS),$(XP)/runs/$(a)_s0)   (curves.png in each)"
+	@echo "forgetting curves $(XP)/demo-curves.png"
+	@echo "evaluation        $(XP)/demo.md   (3 seeds, mean ± SE: make cpt-experiment)"
 	@echo
-	@cat $(DATA)/eval/cpt.md
+	@cat $(XP)/demo.md
 
 demo: pipeline
-
-clean-demo:
-	rm -rf $(DATA)
-
-# --- CPT of a pretrained model: SmolLM2-135M as shipped, three arms x three seeds --------------
-# make cpt-experiment: the retrieved English domain and Chinese (ZH:EN = 1:4, Llama-3-SynE §4.1)
-# without replay, with general English replayed at XP_REPLAY, and under the topic-PPL controller;
-# each seed draws its own held-out sample and data order. Every model (the base included, on each
-# seed's sample) is scored on the domain, Chinese and general English held-out text and on
-# gcide_defs (SmolLM2: 46% acc_norm 0-shot, chance 25%). Resumes: rerun to finish what is missing.
-XP          ?= $(DATA)/xp
-XP_SEEDS    ?= 0 1 2
-XP_REPLAY   ?= 0.2
-XP_BASE     ?= smollm2
-XP_TOKENIZER ?= $(XP_BASE)
-XP_MIX      ?= mix=demo_smollm2 mix.budget_tokens=1.2e5
-XP_TRAIN    ?= model=hf model.path=$(XP_BASE) train.micro_batch=4 train.lr=1e-4 train.warmup=0.1 train.threads=2 \
-               train.precision=fp32 train.max_steps=30 train.eval_every=10 train.eval_docs=12 train.eval_max_tokens=256
-XP_EVAL     ?= eval.tasks=[gcide_defs] eval.limit=100 eval.shots=0 eval.ppl.group_by=domain eval.ppl.max_length=256 \
-               eval.ppl.max_tokens=256 eval.ppl.max_docs_per_group=24
-XP_ARMS     := noreplay replay dynamic
-xp_seeds     = $(foreach s,$(XP_SEEDS),$(XP)/$(1)_s$(s))
-xp_list      = $(subst $(eval) ,$(comma),$(strip $(call xp_seeds,eval/$(1))))
-comma       := ,
-
-$(XP)/stream_r0_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP)
-	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(XP_MIX) tokenizer=$(XP_TOKENIZER) seed=$* \
-	    mix.replay.share=0 -q
-$(XP)/stream_rp_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP)
-	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(XP_MIX) tokenizer=$(XP_TOKENIZER) seed=$* \
-	    mix.replay.share=$(XP_REPLAY) -q
-$(XP)/runs/noreplay_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS
-	$(CPTKIT) train --in $(<D) --out $(@D) $(XP_TRAIN) seed=$* train.mixture=staged -q
-$(XP)/runs/replay_s%/_SUCCESS: $(XP)/stream_rp_s%/_SUCCESS
-	$(CPTKIT) train --in $(<D) --out $(@D) $(XP_TRAIN) seed=$* train.mixture=staged -q
-$(XP)/runs/dynamic_s%/_SUCCESS: $(XP)/stream_rp_s%/_SUCCESS
-	$(CPTKIT) train --in $(<D) --out $(@D) $(XP_TRAIN) seed=$* train.mixture=topic_ppl \
-	    train.topic_ppl.within_parent=false train.topic_ppl.round_fraction=0.25 -q
-$(XP)/eval/base_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS
-	$(CPTKIT) evaluate --model $(XP_BASE) --in $(<D)/_eval.jsonl.gz --out $(@D) $(XP_EVAL) -q
-$(XP)/eval/%/_SUCCESS: $(XP)/runs/%/_SUCCESS
-	$(CPTKIT) evaluate --model $(XP)/runs/$*/model --in $(XP)/stream_r0_$(lastword $(subst _, ,$*))/_eval.jsonl.gz \
-	    --out $(@D) $(XP_EVAL) -q
-
-$(XP)/cpt.md: $(foreach a,base $(XP_ARMS),$(addsuffix /_SUCCESS,$(call xp_seeds,eval/$(a))))
-	$(BIN)/python -m cptkit.training.report base=$(call xp_list,base) noreplay=$(call xp_list,noreplay) \
-	    replay_$(XP_REPLAY)=$(call xp_list,replay) dynamic=$(call xp_list,dynamic) --lang zh --out $@ \
-	    --curves $(XP)/curves.png
 
 .SECONDARY:  # keep every intermediate _SUCCESS: finished members are never redone nor deleted
 .PHONY: cpt-experiment
 cpt-experiment: $(XP)/cpt.md
 	@cat $<
+
+clean-demo:
+	rm -rf $(DATA)
 
 # --- benchmarks (each rewrites its section of docs/benchmarks.md) ----------------------------
 BENCHES := dedup dedup_scale retrieve generate classify train evaluate peak_rss

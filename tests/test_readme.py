@@ -1,7 +1,7 @@
 """Every per-step example of the README runs as written, on a toy ``make demo``.
 
 The ``data/`` the examples read is made by the Makefile's own ``pipeline`` target at toy sizes
-(Make variables below) on the demo-corpus slice; then each README command runs from a directory
+(Make variables below: SmolLM2 continued for 2 steps per arm) on the demo-corpus slice; then each README command runs from a directory
 laid out like the repository root (``examples/``, ``data/``, a fresh ``out/``), with the
 embedded SmolLM2 as the LLM. Only these overrides are added to the commands as written, to keep
 them small: :func:`toy_overrides`.
@@ -27,12 +27,12 @@ TOY_MAKE = {
     "TOPIC_SAMPLE": "80",
     "SYNTH_ARGS": "synth.mode=code synth.code.num_problems=2 synth.code.demos=2 synth.code.discipline=mathematics "
                   "synth.trim_truncated=true llm.max_new_tokens=48",
-    "MIX_ARGS": "mix.budget_tokens=16384 mix.seq_len=64 mix.eval_docs=4",
-    "MODEL": "model=tiny_llama model.hidden=32 model.layers=1 model.heads=2",
-    "TRAIN_ARGS": "train.micro_batch=2 train.lr=3e-3 train.threads=1 train.precision=fp32 train.eval_docs=4",
-    "BASE_STEPS": "8",
-    "CPT_STEPS": "4",
-    "EVAL_ARGS": "eval.limit=8 eval.shots=0 eval.ppl.max_length=64 eval.ppl.max_tokens=64 eval.ppl.max_docs_per_group=4",
+    "MIX": "mix=demo_smollm2 mix.budget_tokens=16384 mix.seq_len=64 mix.eval_docs=4",
+    "CPT_STEPS": "2",
+    "TRAIN_ARGS": "train.micro_batch=2 train.lr=1e-4 train.threads=1 train.precision=fp32 train.eval_every=1 "
+                  "train.eval_docs=2 train.eval_max_tokens=64",
+    "EVAL_ARGS": "eval.tasks=[gcide_defs] eval.limit=8 eval.shots=0 eval.ppl.group_by=domain eval.ppl.max_length=64 "
+                 "eval.ppl.max_tokens=64 eval.ppl.max_docs_per_group=4",
 }
 
 
@@ -70,7 +70,7 @@ def test_readme_examples_run_as_written(tmp_path: Path, corpus_dir: Path, smollm
             *(f"{k}={v}" for k, v in TOY_MAKE.items()), "pipeline"]
     r = subprocess.run(make, capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert (data / "eval" / "cpt.md").read_text().startswith("| model |")
+    assert (data / "xp" / "demo.md").read_text().startswith("| model |")
 
     commands = readme_commands()
     assert len(commands) >= 20 and {c.step for c in commands} >= {

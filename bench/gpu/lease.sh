@@ -53,7 +53,7 @@ EOF
   start=$(date +%s)
   XP=/tmp/xp_gpu bash bench/gpu/cpt_smollm2.sh $MODEL 2>&1 | tail -n 60
   echo "wall $(( $(date +%s) - start )) s" | tee "$OUT/wall.txt"
-  cp /tmp/xp_gpu/cpt.md /tmp/xp_gpu/curves.png "$OUT/" 2>/dev/null
+  cp /tmp/xp_gpu/cpt.md /tmp/xp_gpu/cpt-curves.png "$OUT/" 2>/dev/null
   tar czf "$OUT/xp.tgz" /tmp/xp_gpu/runs/*/metrics.jsonl /tmp/xp_gpu/runs/*/_manifest.json /tmp/xp_gpu/eval 2>/dev/null ;;
 esac
 ls -la "$OUT"
