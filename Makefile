@@ -139,12 +139,12 @@ $(STEP_TARGETS): | $(VENV)/.installed
 # Every model (the base on each seed's sample too) is scored on the domain, Chinese and general
 # English held-out text and on gcide_defs (SmolLM2: 46% acc_norm 0-shot, chance 25%).
 #   make demo            one seed (DEMO_SEEDS), about 100k training tokens in all: $(XP)/demo.md
-#   make cpt-experiment  three seeds (SEEDS), mean ± standard error:           $(XP)/cpt.md
+#   make cpt-experiment  three seeds (XP_SEEDS), mean ± standard error:           $(XP)/cpt.md
 # Both share their members ($(XP)/runs/ARM_sSEED ...): the experiment reuses the demo's seed.
 # Resumes: rerun to finish what is missing. bench/gpu/cpt_smollm2.sh runs it on a GPU.
 XP          ?= $(DATA)/xp
 DEMO_SEEDS  ?= 0
-SEEDS       ?= 0 1 2
+XP_SEEDS    ?= 0 1 2
 # the model continued: smollm2 (shipped), an HF directory or a .gguf file
 BASE_MODEL  ?= smollm2
 TOKENIZER   ?= $(BASE_MODEL)
@@ -188,8 +188,8 @@ xp_deps      = $(foreach a,base $(ARMS),$(addsuffix /_SUCCESS,$(call xp_evals,$(
 
 $(XP)/demo.md: $(call xp_deps,$(DEMO_SEEDS))
 	$(call xp_report,$(DEMO_SEEDS))
-$(XP)/cpt.md: $(call xp_deps,$(SEEDS))
-	$(call xp_report,$(SEEDS))
+$(XP)/cpt.md: $(call xp_deps,$(XP_SEEDS))
+	$(call xp_report,$(XP_SEEDS))
 
 corpus: $(DATA)/corpus/_SUCCESS
 queries: $(DATA)/queries/_SUCCESS
