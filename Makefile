@@ -138,7 +138,7 @@ $(STEP_TARGETS): | $(VENV)/.installed
 # stream under SynE's topic-PPL controller. A seed draws its own held-out sample and data order.
 # Every model (the base on each seed's sample too) is scored on the domain, Chinese and general
 # English held-out text and on gcide_defs (SmolLM2: 46% acc_norm 0-shot, chance 25%).
-#   make demo            one seed (DEMO_SEEDS), about 100k training tokens in all: $(XP)/demo.md
+#   make demo            one seed (DEMO_SEEDS):                               $(XP)/demo.md
 #   make cpt-experiment  three seeds (XP_SEEDS), mean ± standard error:           $(XP)/cpt.md
 # Both share their members ($(XP)/runs/ARM_sSEED ...): the experiment reuses the demo's seed.
 # Resumes: rerun to finish what is missing. bench/gpu/cpt_smollm2.sh runs it on a GPU.
@@ -149,13 +149,16 @@ XP_SEEDS    ?= 0 1 2
 BASE_MODEL  ?= smollm2
 TOKENIZER   ?= $(BASE_MODEL)
 REPLAY      ?= 0.2
-MIX         ?= mix=demo_smollm2 mix.budget_tokens=1.2e5
-# optimizer steps per arm, of 4 x 256 tokens: 30,720 tokens
-CPT_STEPS   ?= 30
+MIX         ?= mix=demo_smollm2 mix.budget_tokens=4e4
+# The budget (2 CPU cores: SmolLM2 trains at ~65 tokens/s and scores ~260 tokens/s in fp32):
+# 10 steps of 4 x 256 tokens per arm (10,240 tokens; 30,720 for the three arms), the held-out
+# loss at steps 0, 5 and 10 on 8 documents per domain, and each final model on 8 documents per
+# domain and 100 gcide_defs items. `make demo` then takes about 20 minutes.
+CPT_STEPS   ?= 10
 TRAIN_ARGS  ?= train.micro_batch=4 train.lr=1e-4 train.warmup=0.1 train.threads=2 train.precision=fp32 \
-               train.eval_every=10 train.eval_docs=12 train.eval_max_tokens=256
+               train.eval_every=5 train.eval_docs=8 train.eval_max_tokens=256
 EVAL_ARGS   ?= eval.tasks=[gcide_defs] eval.limit=100 eval.shots=0 eval.ppl.group_by=domain \
-               eval.ppl.max_length=256 eval.ppl.max_tokens=256 eval.ppl.max_docs_per_group=24
+               eval.ppl.max_length=256 eval.ppl.max_tokens=256 eval.ppl.max_docs_per_group=8
 ARMS        := noreplay replay dynamic
 TRAIN       := $(CPTKIT) train model=hf model.path=$(BASE_MODEL) $(TRAIN_ARGS) train.max_steps=$(CPT_STEPS)
 
@@ -171,7 +174,7 @@ $(XP)/runs/replay_s%/_SUCCESS: $(XP)/stream_rp_s%/_SUCCESS
 	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.mixture=staged -q
 $(XP)/runs/dynamic_s%/_SUCCESS: $(XP)/stream_rp_s%/_SUCCESS
 	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.mixture=topic_ppl train.topic_ppl.within_parent=false \
-	    train.topic_ppl.round_fraction=0.25 -q
+	    train.topic_ppl.round_fraction=0.5 -q
 $(XP)/eval/base_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS | $(VENV)/.installed
 	$(CPTKIT) evaluate --model $(BASE_MODEL) --in $(<D)/_eval.jsonl.gz --out $(@D) $(EVAL_ARGS) -q
 $(XP)/eval/%/_SUCCESS: $(XP)/runs/%/_SUCCESS
