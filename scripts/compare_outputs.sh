@@ -68,7 +68,7 @@ run() {  # run CODE_DIR OUT_DIR
     --out "$out/quality" train.max_per_class=1500 "train.tune.epoch=[10]" "${grid[@]}" -q
   $c label-topics-train --in "$DATA/topic_labels" --out "$out/topics" "train.tune.epoch=[20]" "${grid[@]}" -q
   $c evaluate-contamination --in "$DATA/deduped" --out "$out/contam" "eval.tasks=[gcide_defs]" eval.action=flag -q
-  (cd "$out" && $c evaluate --model train_static/model --in "$DATA/stream_noreplay/_eval.jsonl.gz" --out eval \
+  (cd "$out" && $c evaluate --model train_static/model --in "$DATA/xp/stream_r0_s0/_eval.jsonl.gz" --out eval \
     eval.ppl.group_by=domain eval.ppl.max_docs_per_group=8 eval.ppl.max_length=128 eval.ppl.max_tokens=128 \
     "eval.tasks=[gcide_defs]" eval.limit=20 eval.shots=0 -q)
   if [ "${SKIP_LLM:-0}" != 1 ]; then  # the Makefile demo's model, deterministic on one thread
@@ -108,6 +108,13 @@ def text(p):  # the two output roots differ: compare paths under them as "OUT" (
     t = p.read_text().replace(str(a), "OUT").replace(str(b), "OUT")
     return t.replace(code[0], "CODE").replace(code[1], "CODE")
 
+def paths(x, y, at=""):  # the key paths where two JSON values differ (at most 5 printed)
+    if isinstance(x, dict) and isinstance(y, dict):
+        return [q for k in sorted(set(x) | set(y)) for q in paths(x.get(k), y.get(k), f"{at}.{k}")]
+    if isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+        return [q for i, (u, v) in enumerate(zip(x, y)) for q in paths(u, v, f"{at}[{i}]")]
+    return [] if x == y else [f"{at or '.'}: {json.dumps(x)[:80]} != {json.dumps(y)[:80]}"]
+
 def jsonl(p):
     return [strip(json.loads(line)) for line in text(p).splitlines() if line.strip()]
 
@@ -126,14 +133,17 @@ for fa in sorted(p for p in a.rglob("*") if p.is_file()):
         for m in (ma, mb):
             m.pop("config", None), m.pop("version", None)
         ok = ma == mb
+        why = paths(ma, mb)[:5]
     elif rel.suffix == ".jsonl" and rel.parent.name.startswith("train_"):
         ok = jsonl(fa) == jsonl(fb)
+        why = []
     else:
         ok = fa.read_bytes() == fb.read_bytes()
+        why = []
     same += ok
     diff += not ok
     if not ok:
-        print(f"DIFFERENT: {rel}")
+        print(f"DIFFERENT: {rel}" + "".join(f"\n    {w}" for w in why))
 for fb in sorted(p for p in b.rglob("*") if p.is_file()):
     rel = fb.relative_to(b)
     if not (a / rel).exists() and rel.parts[1:2] not in (("checkpoints",), ("tensorboard",), (".cptkit",)):
