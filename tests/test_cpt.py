@@ -141,37 +141,6 @@ def test_cpt_chain_gains_the_domain_and_replay_limits_forgetting(cpt_streams, tm
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_cpt_table_and_reading_from_the_numbers():
-    import math
-
-    from cptkit.training.report import cpt_table, reading
-
-    ln = math.log
-    arms = {"base": {"domain_loss": ln(800), "general_loss": ln(100), "task": 30.0},
-            "noreplay": {"domain_loss": ln(200), "general_loss": ln(150), "task": 25.0},
-            "replay": {"domain_loss": ln(250), "general_loss": ln(110), "task": 28.0}}
-    # gains ln(800/200) = 1.386 and ln(800/250) = 1.163 nats: 84%; general +50% vs +10%: 80% avoided
-    assert reading(arms, "noreplay", "replay") == (
-        "replay keeps general PPL within +10.0% of the base (no replay: +50.0%, 80% of the forgetting avoided) "
-        "while reaching 84% of the no-replay domain gain (no replay lowers domain PPL by 75%).")
-    t = cpt_table(arms, "gcide_defs").splitlines()
-    assert t[0] == "| model | domain PPL | general PPL | gcide_defs (%) | domain gain | general PPL vs base |"
-    assert t[2] == "| base | 800.0 | 100.0 | 30.0 | – | – |"
-    assert t[3] == "| noreplay | 200.0 | 150.0 | 25.0 | +1.386 nats | +50.0% |"
-    # honest when replay does not help, when nothing was forgotten, when nothing was learnt
-    worse = {**arms, "replay": {"domain_loss": ln(250), "general_loss": ln(160), "task": 20.0}}
-    assert reading(worse, "noreplay", "replay").startswith("replay did not reduce forgetting in this run: "
-                                                           "general PPL +60.0% vs +50.0% without replay")
-    better = {**arms, "replay": {"domain_loss": ln(250), "general_loss": ln(90), "task": 28.0}}
-    assert reading(better, "noreplay", "replay") == (
-        "replay lowers general PPL 10.0% below the base (no forgetting; no replay: +50.0%) while reaching 84% "
-        "of the no-replay domain gain (no replay lowers domain PPL by 75%).")
-    kept = {**arms, "noreplay": {"domain_loss": ln(200), "general_loss": ln(95), "task": 25.0}}
-    assert "no forgetting to prevent in this run" in reading(kept, "noreplay", "replay")
-    flat = {**arms, "noreplay": {"domain_loss": ln(900), "general_loss": ln(150), "task": 25.0}}
-    assert reading(flat, "noreplay", "replay").startswith("noreplay did not lower the domain perplexity")
-
-
 def test_eval_tasks_at_every_eval_point(corpus_dir, corpus_records, tok, tmp_path):
     """train.eval_tasks scores a few-shot task (here a 4-way continuation task from the corpus) at each point."""
     from conftest import write_jsonl

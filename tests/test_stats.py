@@ -62,6 +62,15 @@ def test_seeded_cpt_table_pairs_each_arm_with_the_base_of_its_seed():
         fell, "domain", "general", "noreplay", "replay")
     with pytest.raises(Exception, match="2 seeds, the base has 3"):
         seeded_table({**runs, "replay": runs["replay"][:2]}, groups, None)
+    # one seed (make demo): the same units, no error bar, and nothing is claimed to hold
+    one = {n: v[:1] for n, v in runs.items()}
+    t1 = seeded_table(one, groups, "gcide_defs").splitlines()
+    assert t1[2] == "| base | 1 | 2.000 | 4.000 | 3.000 | 40.000 |"
+    assert t1[3] == "| noreplay − base | 1 | -0.500 | -0.100 | +0.100 | -2.000 |"
+    r1 = seeded_reading(one, "domain", "general", "noreplay", "replay")
+    assert "noreplay: domain -0.500 ± n/a nats (inconclusive" in r1 and "holds" not in r1.split(". One seed")[0]
+    assert r1.endswith("One seed has no standard error, so no difference can hold yet: run three seeds "
+                       "(make cpt-experiment).")
 
 
 def test_curves_over_seeds_are_mean_and_shaded_error(tmp_path):

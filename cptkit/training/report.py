@@ -1,11 +1,11 @@
 """The CPT result table: domain gain against forgetting, for a base model and its CPT arms.
 
-``python -m cptkit.training.report base=eval/base noreplay=eval/noreplay replay20=eval/replay``
-reads ``cptkit evaluate`` outputs (the first is the base model) and prints one markdown table:
-per model the domain perplexity (the gain), the general perplexity (the forgetting) and one
-task score, then a one-line reading computed from those numbers (:func:`reading`). Gains and
-forgetting are measured in log-perplexity (nats per token), so "reaches 90% of the no-replay
-domain gain" means 90% of the no-replay arm's drop in domain loss.
+``python -m cptkit.training.report base=eval/b_s0,eval/b_s1 noreplay=... replay20=... --lang zh``
+reads ``cptkit evaluate`` outputs (the base first; one directory per seed, comma-separated) and
+prints one markdown table: the base's held-out losses, then each arm's change against the base
+of the same seed, as mean ± standard error over seeds, every loss column in nats per token and
+the task in accuracy points (:func:`seeded_table`); then a reading that calls a difference
+real only where it exceeds twice its standard error (:func:`seeded_reading`).
 """
 
 from __future__ import annotations
@@ -19,89 +19,20 @@ from typing import Any
 from cptkit.core.errors import CptkitError
 
 
-def arm_numbers(results: dict[str, Any], domain: str, general: str, task: str | None) -> dict[str, float | None]:
-    """``{domain_loss, general_loss, task}`` of one evaluate output (task score in %, None when absent)."""
-    groups = ((results.get("perplexity") or {}).get("groups")) or {}
-    for g in (domain, general):
-        if g not in groups:
-            raise CptkitError(f"evaluate output has no perplexity group {g!r} (groups: {', '.join(groups) or 'none'}); "
-                              "evaluate with eval.ppl.group_by=domain on the stream's _eval.jsonl.gz")
-    score = None
-    if task:
-        m = ((results.get("tasks") or {}).get(task) or {}).get("metrics")
-        if m is None:
-            raise CptkitError(f"evaluate output has no task {task!r}")
-        score = 100 * float(m.get("acc_norm", m.get("exact_match", m.get("acc"))))
-    return {"domain_loss": float(groups[domain]["loss"]), "general_loss": float(groups[general]["loss"]),
-            "task": score}
-
-
-def cpt_table(arms: dict[str, dict[str, float | None]], task: str | None) -> str:
-    """Markdown: one row per model; PPLs, the task score, and each arm's change against the first row."""
-    names = list(arms)
-    base = arms[names[0]]
-    head = ["model", "domain PPL", "general PPL", f"{task} (%)" if task else None, "domain gain", "general PPL vs base"]
-    head = [h for h in head if h]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    g0 = base["domain_loss"]
-    for n in names:
-        a = arms[n]
-        cells = [n, f"{math.exp(a['domain_loss']):.1f}", f"{math.exp(a['general_loss']):.1f}"]
-        if task:
-            cells.append("–" if a["task"] is None else f"{a['task']:.1f}")
-        if n == names[0]:
-            cells += ["–", "–"]
-        else:
-            cells += [f"{g0 - a['domain_loss']:+.3f} nats",
-                      f"{100 * (math.exp(a['general_loss'] - base['general_loss']) - 1):+.1f}%"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def reading(arms: dict[str, dict[str, float | None]], no_replay: str, replay: str) -> str:
-    """One sentence on what the numbers show: the replay arm's forgetting and share of the no-replay gain.
-
-    ``arms`` holds the base first. Honest in every direction: it says when the domain was not
-    learnt, when the base did not forget, and when replay did not help.
-    """
-    base = arms[next(iter(arms))]
-    nr, rp = arms[no_replay], arms[replay]
-
-    def gen(a):
-        return 100 * (math.exp(a["general_loss"] - base["general_loss"]) - 1)
-
-    gain_nr = base["domain_loss"] - nr["domain_loss"]
-    gain_rp = base["domain_loss"] - rp["domain_loss"]
-    dom_nr = 100 * (1 - math.exp(-gain_nr))
-    if gain_nr <= 0:
-        return (f"{no_replay} did not lower the domain perplexity (domain PPL {100 * (math.exp(-gain_nr) - 1):+.1f}% "
-                "vs the base): this run shows no domain gain to trade against forgetting.")
-    share = 100 * gain_rp / gain_nr
-    f_nr, f_rp = gen(nr), gen(rp)
-    if f_nr <= 0:
-        return (f"{no_replay} lowered domain PPL by {dom_nr:.0f}% without raising general PPL ({f_nr:+.1f}%): "
-                f"no forgetting to prevent in this run; {replay} reached {share:.0f}% of that domain gain.")
-    if f_rp <= 0:
-        return (f"{replay} lowers general PPL {-f_rp:.1f}% below the base (no forgetting; no replay: {f_nr:+.1f}%) "
-                f"while reaching {share:.0f}% of the no-replay domain gain (no replay lowers domain PPL by "
-                f"{dom_nr:.0f}%).")
-    if f_rp < f_nr:
-        kept = 100 * (1 - f_rp / f_nr)
-        return (f"{replay} keeps general PPL within {f_rp:+.1f}% of the base (no replay: {f_nr:+.1f}%, "
-                f"{kept:.0f}% of the forgetting avoided) while reaching {share:.0f}% of the no-replay domain gain "
-                f"(no replay lowers domain PPL by {dom_nr:.0f}%).")
-    return (f"{replay} did not reduce forgetting in this run: general PPL {f_rp:+.1f}% vs {f_nr:+.1f}% without "
-            f"replay, at {share:.0f}% of the no-replay domain gain.")
-
-
 def seed_numbers(results: dict[str, Any], groups: list[str], task: str | None) -> dict[str, float | None]:
     """``{group: loss, ..., "task": score}`` of one evaluate output (one seed of one model)."""
     ppl = ((results.get("perplexity") or {}).get("groups")) or {}
     missing = [g for g in groups if g not in ppl]
     if missing:
-        raise CptkitError(f"evaluate output has no perplexity group {missing[0]!r} (groups: {', '.join(ppl) or 'none'})")
+        raise CptkitError(f"evaluate output has no perplexity group {missing[0]!r} (groups: {', '.join(ppl) or 'none'}); "
+                          "evaluate with eval.ppl.group_by=domain on the stream's _eval.jsonl.gz")
     out: dict[str, float | None] = {g: float(ppl[g]["loss"]) for g in groups}
-    out["task"] = arm_numbers(results, groups[0], groups[0], task)["task"] if task else None
+    out["task"] = None
+    if task:
+        m = ((results.get("tasks") or {}).get(task) or {}).get("metrics")
+        if m is None:
+            raise CptkitError(f"evaluate output has no task {task!r}")
+        out["task"] = 100 * float(m.get("acc_norm", m.get("exact_match", m.get("acc"))))
     return out
 
 
@@ -155,9 +86,11 @@ def seeded_reading(runs: dict[str, list[dict[str, float | None]]], domain: str, 
     diff = effect([r[general] - nr[general] for r, nr in zip(runs[replay], runs[no_replay], strict=True)], expect=-1)
     cost = effect([r[domain] - nr[domain] for r, nr in zip(runs[replay], runs[no_replay], strict=True)], expect=+1)
     verdict = {"holds": "holds", "contradicts": "the opposite holds"}.get(diff.verdict, diff.verdict)
+    why = ("One seed has no standard error, so no difference can hold yet: run three seeds "
+           "(make cpt-experiment)." if len(base) == 1 else
+           "A difference holds only where mean ± 2 SE over seeds excludes zero.")
     return ("; ".join(parts) + f". {replay} − {no_replay} on general text: {diff.text()} nats "
-            f"(less forgetting: {verdict}); on the domain: {cost.text()} nats. A difference holds only where "
-            "mean ± 2 SE over seeds excludes zero.")
+            f"(less forgetting: {verdict}); on the domain: {cost.text()} nats. {why}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,15 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         first = named[names[0]][0]
         task = a.task or next(iter(first.get("tasks") or {}), None)
         no_replay, replay = a.no_replay or names[1], a.replay or names[2]
-        if all(len(v) == 1 for v in named.values()):
-            arms = {n: arm_numbers(v[0], a.domain, a.general, task) for n, v in named.items()}
-            text = cpt_table(arms, task) + "\n" + reading(arms, no_replay, replay) + "\n"
-        else:
-            groups = {a.domain: "domain Δ", **({a.lang: "language Δ"} if a.lang else {}),
-                      a.general: "general Δ (forgetting)"}
-            runs = {n: [seed_numbers(r, list(groups), task) for r in v] for n, v in named.items()}
-            text = (seeded_table(runs, groups, task) + "\n"
-                    + seeded_reading(runs, a.domain, a.general, no_replay, replay) + "\n")
+        groups = {a.domain: "domain Δ", **({a.lang: "language Δ"} if a.lang else {}),
+                  a.general: "general Δ (forgetting)"}
+        runs = {n: [seed_numbers(r, list(groups), task) for r in v] for n, v in named.items()}
+        text = (seeded_table(runs, groups, task) + "\n"
+                + seeded_reading(runs, a.domain, a.general, no_replay, replay) + "\n")
         if a.curves:
             from cptkit.training.metrics import overlay_curves, run_dir_of
 
