@@ -86,6 +86,9 @@ def test_velocitune_proxy_targets_and_reweighting(stream, tmp_path):
     assert traj[0]["weights"] == {"en": 0.5, "zh": 0.5}
     ups = [t for t in traj if "velocity" in t]
     assert [t["step"] for t in ups] == [4, 8, 12]
+    # the controller's evaluations are curve points at the tokens seen before their step, like eval_every's
+    evals = [m for m in metrics(out) if "eval_loss" in m]
+    assert evals and all(m["eval_tokens"] == m["tokens"] - 4 * 64 for m in evals if m.get("event") != "eval")
     # every update multiplies by exp(V): weight moves toward the domain with the larger velocity
     w = {"en": 0.5, "zh": 0.5}
     for t in ups:

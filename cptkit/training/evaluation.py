@@ -49,7 +49,8 @@ class EvalPoints:
         if controller.dynamic and controller.wants_eval(state.step, state.tokens):
             te = time.time()
             losses, ses = self.losses(model, tokenizer, controller.eval_docs(state.step, tcfg.eval_docs))
-            info = {"eval_loss": losses, "eval_loss_se": ses, **controller.update(state.step, state.tokens, losses)}
+            info = {"eval_loss": losses, "eval_loss_se": ses, "eval_tokens": state.tokens,
+                    **controller.update(state.step, state.tokens, losses)}
             on_update(info)
             self.mix_s += time.time() - te
             return info
