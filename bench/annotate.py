@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from _report import table, write_section  # noqa: E402
-from classify_realtext import GCIDE_TOPICS, gcide_topics  # noqa: E402
+from classify_realtext import GCIDE_TOPICS  # noqa: E402
+from topic_classifiers import gcide_split  # noqa: E402
 
 from cptkit.labels.classifiers import (  # noqa: E402
     FastTextParams,
@@ -80,12 +81,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(2)
-    recs = [{**r, "lang": "en"} for r in gcide_topics(5 * args.per_topic)]
-    by: dict[str, list[dict]] = {}
-    for r in recs:
-        by.setdefault(r["topic"], []).append(r)
-    ev = [r for t in TOPICS for i, r in enumerate(by[t]) if i % 5 == 0][:]
-    tr = [r for t in TOPICS for i, r in enumerate(by[t]) if i % 5 != 0]
+    tr, ev = gcide_split(args.per_topic)
     small = [r for t in TOPICS for r in [x for x in ev if x["topic"] == t][:args.llm_per_topic]]
     gold = {r["id"]: r["topic"] for r in ev}
     rows: list[list] = []

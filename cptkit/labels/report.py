@@ -13,7 +13,7 @@ from cptkit.labels.classifiers import TrainParams, confusion_text, no_better_tha
 def params_of(train: TrainParams, cls: type = TrainParams) -> TrainParams:
     """The TrainParams part of a step's typed ``train`` config (a TrainParams subclass), as its own copy."""
     keep = {k: copy.deepcopy(getattr(train, k)) for k in ("backend", "heldout", "max_per_class", "max_chars", "min_f1", "tune",
-                                         "fasttext", "minilm")}
+                                         "fasttext", "minilm", "embed")}
     return cls(**keep)
 
 
@@ -51,12 +51,16 @@ def report(metrics: dict, title: str, quiet: bool) -> dict:
 
 
 def tuning_rows(clf, title: str) -> dict:
-    """The chosen fastText settings (and how many candidates were tried) for the summary."""
-    ft, tun = clf.info.get("fasttext"), clf.info.get("tuning")
-    if not ft:
+    """The chosen fastText (or embedding-head) settings and how many candidates were tried, for the summary."""
+    ft, em, tun = clf.info.get("fasttext"), clf.info.get("embed"), clf.info.get("tuning")
+    if ft:
+        chosen = f"epoch {ft['epoch']}, lr {ft['lr']:g}, wordNgrams {ft['word_ngrams']}, minn/maxn {ft['minn']}/{ft['maxn']}"
+        rows = {f"{title} fastText settings": chosen}
+    elif em:
+        rows = {f"{title} embedding head": f"C {em['c']:g}, n-gram weight {em['ngram_weight']:g}, "
+                                           f"{em['terms']} n-grams, max_length {em['max_length']}"}
+    else:
         return {}
-    chosen = f"epoch {ft['epoch']}, lr {ft['lr']:g}, wordNgrams {ft['word_ngrams']}, minn/maxn {ft['minn']}/{ft['maxn']}"
-    rows = {f"{title} fastText settings": chosen}
     if tun:
         best = max((t["macro_f1"] for t in tun["trials"]), default=None)
         rows[f"{title} tuning"] = (f"{tun['mode']}: {len(tun['trials'])} candidates on {tun['validation_examples']} "

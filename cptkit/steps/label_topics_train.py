@@ -4,7 +4,8 @@ held-out accuracy, macro-F1 and the confusion table (SPEC §5).
 Input: records with ``topic`` (a label of the language's taxonomy, e.g. from
 ``label-topics-annotate``) and ``lang`` (detected when missing). Output: ``<out>/<lang>/`` per
 language with at least two topics, each a classifier directory (fastText by default,
-``train.backend=minilm`` for the BERT option) with held-out accuracy, macro-F1 and the
+``train.backend=minilm`` for the BERT option, ``train.backend=embed`` for frozen MiniLM
+embeddings under a logistic-regression head) with held-out accuracy, macro-F1 and the
 confusion table (printed, in ``classifier.json`` and in the manifest).
 """
 
