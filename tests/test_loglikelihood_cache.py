@@ -59,7 +59,7 @@ def requests(model, tok, texts) -> list[tuple[str, str]]:
                 "Copyright:",
                 texts[7][:400] + "\n\nLicense:",
                 texts[11][:900]]  # over 96 tokens: truncated, scored whole
-    conts = [" GPL", " of this software and associated documentation files (the \"Software\")", "\n", " MIT license"]
+    conts = [" GPL", "s", " of this software and associated documentation files (the \"Software\")", "\n", " MIT license"]
     reqs = [(c, x) for c in contexts for x in conts]
     reqs += [(c, greedy_text(model, tok, c, 3)) for c in contexts[:3]]
     return reqs + [("Files: *", " debian/*"), ("", "License")]
@@ -74,6 +74,8 @@ def test_shared_context_scores_equal_each_request_alone(tiny):
     for ml in (96, 1024):
         groups, alone = lm._context_groups(encoded, ml)
         assert len(groups) >= (2 if ml == 96 else 4) and alone  # the cached path and the whole path both run
+        lengths = {len(encoded[i][1]) for m in groups for i in m}
+        assert 1 in lengths and max(lengths) > 10  # one-token continuations (no second pass) and long ones
         if ml == 96:
             assert any(len(encoded[i][0]) > 96 for i in alone)  # the long context is cut: scored whole
         for bs in (1, 3, 16):
@@ -100,8 +102,8 @@ def test_cached_scores_equal_uncached_scores(tiny):
 def test_context_groups_keep_truncated_and_single_requests_whole():
     enc = [([1, 2, 3], [4]), ([1, 2, 3], [5, 6]), ([1, 2, 3], [7] * 8), ([9], [4]), ([9], [5]), ([8, 8], [1])]
     groups, alone = lm._context_groups(enc, limit=5)
-    assert groups == [[0, 1]]  # request 2 would be cut at 5 + 1 tokens; [9] is one token; [8, 8] is alone
-    assert alone == [2, 3, 4, 5]
+    assert groups == [[0, 1], [3, 4]]  # request 2 would be cut at 5 + 1 tokens; [8, 8] is alone
+    assert alone == [2, 5]
     assert lm._context_groups(enc, limit=5, share=False) == ([], [0, 1, 2, 3, 4, 5])
 
 

@@ -439,12 +439,12 @@ def loglikelihood(model, tokenizer, requests: Sequence[tuple[str, str]], batch_s
 def _context_groups(encoded: Sequence[tuple[list[int], list[int]]], limit: int,
                     share: bool = True) -> tuple[list[list[int]], list[int]]:
     """``(groups, alone)``: indices of requests with the same context tokens (≥ 2 of them, each
-    context ≥ 2 tokens, context + continuation ≤ ``limit + 1`` tokens so nothing is truncated),
-    and the indices of every other request."""
+    context + continuation ≤ ``limit + 1`` tokens so nothing is truncated), and the indices of
+    every other request."""
     by_ctx: dict[tuple[int, ...], list[int]] = {}
     alone: list[int] = []
     for i, (ctx, cont) in enumerate(encoded):
-        if share and len(ctx) >= 2 and len(ctx) + len(cont) <= limit + 1:
+        if share and ctx and len(ctx) + len(cont) <= limit + 1:
             by_ctx.setdefault(tuple(ctx), []).append(i)
         else:
             alone.append(i)
@@ -489,48 +489,73 @@ def _score_plain(model, pairs: Sequence[tuple[list[int], list[int]]], batch_size
 
 def _score_shared(model, groups: Sequence[tuple[list[int], list[list[int]]]],
                   batch_size: int) -> list[list[tuple[float, bool]]]:
-    """Score ``(context, [continuations])`` groups: ``context[:-1]`` runs once per group (batches
-    of ``batch_size`` groups, right-padded, no mask) into a KV cache; then batches of
-    ``batch_size`` continuations run ``context[-1:] + continuation[:-1]`` on their group's rows
-    of the cache (attention mask: the group's prefix, then the continuation; positions follow
-    the prefix). Nothing is truncated here: :func:`_context_groups` sends those requests to
-    :func:`_score_plain`."""
+    """Score ``(context, [continuations])`` groups, the context run once per group.
+
+    Batches of ``batch_size`` contexts run whole (right-padded, no mask) into a KV cache; the
+    logits at each context's last token score the first token of its continuations. Then
+    batches of ``batch_size`` continuations run ``continuation[:-1]`` on their group's rows of
+    the cache (:func:`_score_rest`). Nothing is truncated here: :func:`_context_groups` sends
+    those requests to :func:`_score_plain`."""
+    out: list[list[tuple[float, bool]]] = [[] for _ in groups]
+    for gidx in _batches([len(groups[g][0]) for g in range(len(groups))], batch_size):
+        batch = [groups[g] for g in gidx]
+        cache, last = _run_contexts(model, [ctx for ctx, _ in batch])
+        members = [(r, j) for r, (_, conts) in enumerate(batch) for j in range(len(conts))]
+        first = _continuation_scores(last[torch.tensor([r for r, _ in members], device=last.device)],
+                                     [batch[r][1][j][:1] for r, j in members])
+        rest = _score_rest(model, cache, batch, [m for m in members if len(batch[m[0]][1][m[1]]) > 1], batch_size)
+        for (r, j), (ll, greedy) in zip(members, first, strict=True):
+            more, more_greedy = rest.get((r, j), (0.0, True))
+            out[gidx[r]].append((ll + more, greedy and more_greedy))
+    return out
+
+
+def _run_contexts(model, contexts: Sequence[list[int]]):
+    """Run ``contexts`` (right-padded, no mask): ``(KV cache, float32 logits at each context's last token)``."""
     from transformers import DynamicCache
 
     device = _device(model)
-    params = _forward_params(model)
-    cache_kw = "cache" if "cache" in params else "past_key_values"
-    head = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-    out: list[list[tuple[float, bool]]] = [[] for _ in groups]
-    for gidx in _batches([len(ctx) - 1 for ctx, _ in groups], batch_size):
-        prefix_len = torch.tensor([len(groups[g][0]) - 1 for g in gidx], device=device)
-        inp = torch.zeros((len(gidx), int(prefix_len.max())), dtype=torch.long)
-        for r, g in enumerate(gidx):
-            inp[r, :len(groups[g][0]) - 1] = torch.tensor(groups[g][0][:-1])
-        cache = DynamicCache()
-        model(input_ids=inp.to(device), use_cache=True, **{cache_kw: cache}, **head)
-        prefix_mask = torch.arange(inp.shape[1], device=device)[None, :] < prefix_len[:, None]
-        members = [(r, g, j) for r, g in enumerate(gidx) for j in range(len(groups[g][1]))]
-        scores: dict[tuple[int, int], tuple[float, bool]] = {}
-        for midx in _batches([len(groups[members[m][1]][1][members[m][2]]) for m in range(len(members))], batch_size):
-            chunk = [members[m] for m in midx]
-            conts = [groups[g][1][j] for _, g, j in chunk]
-            rows = torch.tensor([r for r, _, _ in chunk], device=device)
-            inp = torch.zeros((len(chunk), len(conts[0])), dtype=torch.long)
-            keep = torch.zeros(inp.shape, dtype=torch.bool)
-            for k, ((_, g, _), cont) in enumerate(zip(chunk, conts, strict=True)):
-                inp[k, :len(cont)] = torch.tensor(groups[g][0][-1:] + cont[:-1])
-                keep[k, :len(cont)] = True
-            keep = keep.to(device)
-            logits = _logits_at(model, keep, input_ids=inp.to(device), use_cache=True,
-                                attention_mask=torch.cat([prefix_mask[rows], keep], dim=1).long(),
-                                position_ids=prefix_len[rows][:, None] + torch.arange(inp.shape[1], device=device),
-                                **{cache_kw: _cache_rows(cache, rows)})
-            for (_, g, j), r in zip(chunk, _continuation_scores(logits, conts), strict=True):
-                scores[(g, j)] = r
-        for g in gidx:
-            out[g] = [scores[(g, j)] for j in range(len(groups[g][1]))]
+    inp = torch.zeros((len(contexts), max(len(c) for c in contexts)), dtype=torch.long)
+    keep = torch.zeros(inp.shape, dtype=torch.bool)
+    for r, ctx in enumerate(contexts):
+        inp[r, :len(ctx)] = torch.tensor(ctx)
+        keep[r, len(ctx) - 1] = True
+    cache = DynamicCache()
+    logits = _logits_at(model, keep.to(device), input_ids=inp.to(device), use_cache=True,
+                        **{_cache_kwarg(model): cache})
+    return cache, logits
+
+
+def _score_rest(model, cache, batch: Sequence[tuple[list[int], list[list[int]]]], members: Sequence[tuple[int, int]],
+                batch_size: int) -> dict[tuple[int, int], tuple[float, bool]]:
+    """``{(row, j): (sum log p, all greedy)}`` of the tokens after the first of continuation ``j`` of
+    context ``row`` of ``batch``, from ``cache`` (that batch's contexts): ``continuation[:-1]`` in,
+    attention mask over the row's context then the continuation, positions after the context."""
+    device = _device(model)
+    ctx_len = torch.tensor([len(ctx) for ctx, _ in batch], device=device)
+    ctx_mask = torch.arange(int(ctx_len.max()), device=device)[None, :] < ctx_len[:, None]
+    out: dict[tuple[int, int], tuple[float, bool]] = {}
+    for midx in _batches([len(batch[r][1][j]) - 1 for r, j in members], batch_size):
+        chunk = [members[m] for m in midx]
+        conts = [batch[r][1][j] for r, j in chunk]
+        rows = torch.tensor([r for r, _ in chunk], device=device)
+        inp = torch.zeros((len(chunk), len(conts[0]) - 1), dtype=torch.long)
+        keep = torch.zeros(inp.shape, dtype=torch.bool)
+        for k, cont in enumerate(conts):
+            inp[k, :len(cont) - 1] = torch.tensor(cont[:-1])
+            keep[k, :len(cont) - 1] = True
+        keep = keep.to(device)
+        logits = _logits_at(model, keep, input_ids=inp.to(device), use_cache=True,
+                            attention_mask=torch.cat([ctx_mask[rows], keep], dim=1).long(),
+                            position_ids=ctx_len[rows][:, None] + torch.arange(inp.shape[1], device=device),
+                            **{_cache_kwarg(model): _cache_rows(cache, rows)})
+        out.update(zip(chunk, _continuation_scores(logits, [c[1:] for c in conts]), strict=True))
     return out
+
+
+def _cache_kwarg(model) -> str:
+    """The forward's name for the KV cache: ``cache`` (transformers ≥ 5) or ``past_key_values``."""
+    return "cache" if "cache" in _forward_params(model) else "past_key_values"
 
 
 def _cache_rows(cache, rows: torch.Tensor):
