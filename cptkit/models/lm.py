@@ -217,7 +217,13 @@ def _batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
 
 
 def _forward_params(model) -> frozenset[str]:
-    return frozenset(inspect.signature(model.forward).parameters)
+    return _forward_params_of(type(model))
+
+
+@functools.cache
+def _forward_params_of(cls: type) -> frozenset[str]:
+    """The forward's parameter names, read once per model class (not once per batch)."""
+    return frozenset(inspect.signature(cls.forward).parameters)
 
 
 def _logits_at(model, keep: torch.Tensor, **inputs: Any) -> torch.Tensor:
