@@ -9,6 +9,7 @@ them small: :func:`toy_overrides`.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -54,6 +55,10 @@ def toy_overrides(c: Command) -> list[str]:
         extra = ["train.micro_batch=2", "train.threads=1", "train.eval_docs=4"]
         if "model=hf" not in args:
             extra += ["model.hidden=32", "model.layers=1", "model.heads=2"]
+        else:  # SmolLM2: a tenth of the steps (20 -> 2, then extended to 40 -> 4, so resume still extends)
+            steps = re.search(r"train\.max_steps=(\d+)", args)
+            if steps:
+                extra.append(f"train.max_steps={max(1, int(steps.group(1)) // 10)}")
     elif step == "evaluate" and "eval.suite" not in args:
         extra = ["eval.limit=8", "eval.ppl.max_docs_per_group=4", "eval.ppl.max_length=64"]
     return extra

@@ -285,7 +285,7 @@ def format_path(template: str | None, cfg: DictConfig) -> str | None:
     def sub(m: re.Match) -> str:
         value = OmegaConf.select(cfg, m.group(1), default=None)
         if value is None:
-            raise CptkitError(f"--out {template!r}: no config key {m.group(1)!r}")
+            raise CptkitError(f"{template!r}: no config key {m.group(1)!r} to fill {{{m.group(1)}}}")
         return str(value)
 
     return _FIELD.sub(sub, template)

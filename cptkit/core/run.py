@@ -48,9 +48,11 @@ class Run:
         return dataclasses.replace(self, io=io, record=redact(record))
 
 
-def with_output(cfg: DictConfig) -> DictConfig:
-    """A copy of ``cfg`` whose ``--out`` has its ``{key}`` placeholders filled from the config."""
+def with_paths(cfg: DictConfig) -> DictConfig:
+    """A copy of ``cfg`` whose ``--out`` and ``--in`` have their ``{key}`` placeholders filled from the
+    config: a sweep's members read and write their own directories (``--in 'stream_s{seed}'``)."""
     out = format_path(cfg.io.output, cfg)
-    if out == cfg.io.output:
+    inputs = [format_path(p, cfg) for p in cfg.io.inputs]
+    if out == cfg.io.output and inputs == list(cfg.io.inputs):
         return cfg
-    return OmegaConf.merge(cfg, {"io": {"output": out}})  # type: ignore[return-value]
+    return OmegaConf.merge(cfg, {"io": {"output": out, "inputs": inputs}})  # type: ignore[return-value]

@@ -60,7 +60,7 @@ from cptkit.core.config import register_step
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Hooks, Job
 from cptkit.core.records import Record
-from cptkit.core.run import Run, with_output
+from cptkit.core.run import Run, with_paths
 
 Stats = Counter  # str -> int counters of one task; merged by addition
 
@@ -175,8 +175,8 @@ class Step:
     order: float | None = None  # place in ``cptkit --help`` (None: after the ordered steps, by name)
 
     def __call__(self, cfg: DictConfig) -> Any:
-        """Fill ``--out`` placeholders, convert the composed ``cfg`` once, run the body."""
-        cfg = with_output(cfg)
+        """Fill ``--out``/``--in`` placeholders, convert the composed ``cfg`` once, run the body."""
+        cfg = with_paths(cfg)
         allow = bool(OmegaConf.select(cfg, "io.allow_partial", default=False))
         token = shards.ALLOW_PARTIAL.set(allow)
         try:
