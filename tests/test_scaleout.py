@@ -63,6 +63,11 @@ def test_sweep_basic_launcher_outputs_never_collide(qa):
     cptkit("corrupt", "--in", "qa", "--out", "nested", "-q", "-m", "corrupt.ratio=0.0,0.3", cwd=qa)
     assert sorted(p.name for p in (qa / "nested").iterdir()) == ["corrupt.ratio=0.0", "corrupt.ratio=0.3"]
     assert shard_bytes(qa / "nested" / "corrupt.ratio=0.0") == shard_bytes(qa / "c0.0")
+    # --in placeholders too: each member reads its own input (here: the member of the sweep above).
+    cptkit("corrupt", "--in", "c{corrupt.ratio}", "--out", "cc{corrupt.ratio}", "-q", "-m", "corrupt.ratio=0.0,0.5",
+           cwd=qa)
+    assert shard_bytes(qa / "cc0.0") == shard_bytes(qa / "c0.0")  # ratio 0 of c0.0, not of c0.5
+    assert json.loads((qa / "cc0.5" / "_manifest.json").read_text())["config"]["io"]["inputs"] == ["c0.5"]
 
 
 @pytest.mark.slow
