@@ -281,6 +281,22 @@ def test_liger_kernels_without_cuda_is_one_line(stream, tmp_path):
     assert not out.exists()
 
 
+def test_liger_kernels_refuse_zero3_before_touching_the_model(stream):
+    from cptkit.core.errors import CptkitError
+    from cptkit.models.lm import load_tokenizer, tiny_llama
+    from cptkit.training.config import TrainOptions
+    from cptkit.training.engine import make_engine
+    from cptkit.training.schedule import make_schedule
+
+    tok = load_tokenizer(json.loads((stream / "_stream.json").read_text())["tokenizer"])
+    model = tiny_llama(tok, hidden=16, layers=1, heads=2)
+    tcfg = TrainOptions(kernels="liger", zero_stage=3, engine="deepspeed", precision="fp32")
+    with pytest.raises(CptkitError, match="train.kernels=liger is refused under ZeRO-3"):
+        make_engine(model, tcfg, deepspeed_base={"zero_optimization": {"stage": 2}}, world=1,
+                    schedule=make_schedule(1e-3, 4, warmup=0))
+    assert "forward" not in model.__dict__
+
+
 def test_kernel_routing_keeps_loss_and_eval_logits(stream):
     """train.kernels=liger sends calls with labels (the training loss) to Liger's fused forward and all
     others (evaluation's boolean logits_to_keep, which that forward cannot take) to the class's forward.

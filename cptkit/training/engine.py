@@ -333,7 +333,13 @@ def make_engine(model: torch.nn.Module, tcfg: Any, *, deepspeed_base: dict[str, 
     precision = "bf16" if ds_cfg["bf16"]["enabled"] else "fp16" if ds_cfg["fp16"]["enabled"] else "fp32"
     if precision == "fp16" and not on_gpu():
         raise CptkitError("train.precision=fp16 needs a GPU; use bf16 or fp32 on CPU")
-    kernels = apply_kernels(model, str(getattr(tcfg, "kernels", "none")))
+    kernels = str(getattr(tcfg, "kernels", "none"))
+    if kernels != "none" and stage >= 3 and use_deepspeed(str(tcfg.engine), world, bool(user), stage):
+        # the fused loss reads lm_head.weight without calling lm_head: ZeRO-3 would hand it an empty shard
+        raise CptkitError(f"train.kernels={kernels} is refused under ZeRO-3: its fused loss reads the LM head's "
+                          "weight outside that module, where ZeRO-3 holds only a shard; use deepspeed=zero2 or "
+                          "train.kernels=none")
+    kernels = apply_kernels(model, kernels)
     ckpt = checkpointing_wanted(tcfg.gradient_checkpointing, model)
     if ckpt:
         enable_checkpointing(model)
