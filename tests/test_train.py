@@ -53,6 +53,7 @@ def test_loss_goes_down_and_model_loads(stream, tmp_path):
     assert m[0]["weights"] == {"en": 0.5, "zh": 0.5}
     man = json.loads((tmp_path / "r1" / "_manifest.json").read_text())
     assert man["extra"]["steps"] == 30 and man["extra"]["engine"] == "torch"  # one CPU process: no ZeRO
+    assert man["extra"]["kernels"] == "none"  # train.kernels' default: the model as transformers builds it
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "r1" / "model")
     tok = AutoTokenizer.from_pretrained(tmp_path / "r1" / "model")
     assert model.config.hidden_size == 32 and len(tok) == 512

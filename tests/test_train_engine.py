@@ -264,12 +264,67 @@ def test_safe_load_reads_both_engines_checkpoints(tmp_path):
     ("train.micro_batch=0", "train.micro_batch=0: must be ≥ 1"),
     ("train.decay_type=foo", "train.decay_type=foo: use one of linear, cosine, 1-sqrt, exponential"),
     ("train.precision=fp8", "train.precision=fp8"),
+    ("train.kernels=triton", "train.kernels=triton: use one of none, liger"),
 ])
 def test_bad_options_are_one_line(stream, tmp_path, override, needle):
     out = tmp_path / "out"
     r = cli(stream, out, override)
     one_line_error(r, needle)
     assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal")
+def test_liger_kernels_without_cuda_is_one_line(stream, tmp_path):
+    out = tmp_path / "out"
+    r = cli(stream, out, "train.kernels=liger", "train.max_steps=1")
+    one_line_error(r, "train.kernels=liger needs a CUDA GPU")
+    assert not out.exists()
+
+
+def test_liger_kernels_refuse_zero3_before_touching_the_model(stream):
+    from cptkit.core.errors import CptkitError
+    from cptkit.models.lm import load_tokenizer, tiny_llama
+    from cptkit.training.config import TrainOptions
+    from cptkit.training.engine import make_engine
+    from cptkit.training.schedule import make_schedule
+
+    tok = load_tokenizer(json.loads((stream / "_stream.json").read_text())["tokenizer"])
+    model = tiny_llama(tok, hidden=16, layers=1, heads=2)
+    tcfg = TrainOptions(kernels="liger", zero_stage=3, engine="deepspeed", precision="fp32")
+    with pytest.raises(CptkitError, match="train.kernels=liger is refused under ZeRO-3"):
+        make_engine(model, tcfg, deepspeed_base={"zero_optimization": {"stage": 2}}, world=1,
+                    schedule=make_schedule(1e-3, 4, warmup=0))
+    assert "forward" not in model.__dict__
+
+
+def test_kernel_routing_keeps_loss_and_eval_logits(stream):
+    """train.kernels=liger sends calls with labels (the training loss) to Liger's fused forward and all
+    others (evaluation's boolean logits_to_keep, which that forward cannot take) to the class's forward.
+    Here the "fused" forward is the class's own, observed: the loss and the eval logits stay bit-identical."""
+    from cptkit.models.lm import _logits_at, load_tokenizer, tiny_llama
+    from cptkit.training.kernels import apply_kernels, route_labels
+
+    tok = load_tokenizer(json.loads((stream / "_stream.json").read_text())["tokenizer"])
+    model = tiny_llama(tok, hidden=32, layers=2, heads=4, intermediate=64, kv_heads=2)
+    model.train()
+    assert apply_kernels(model, "none") == "none" and "forward" not in model.__dict__  # none: untouched
+    x = torch.randint(0, len(tok), (2, 16), generator=torch.Generator().manual_seed(0))
+    keep = torch.rand(2, 15, generator=torch.Generator().manual_seed(1)) > 0.5
+    loss = model(input_ids=x, labels=x).loss
+    ref_logits = _logits_at(model, keep, input_ids=x[:, :15])
+    calls = []
+
+    def fused(*a, **kw):
+        calls.append(sorted(kw))
+        return type(model).forward(model, *a, **kw)
+
+    route_labels(model, fused)
+    got = model(input_ids=x, labels=x).loss
+    assert calls == [["input_ids", "labels"]] and torch.equal(got, loss)
+    assert torch.equal(_logits_at(model, keep, input_ids=x[:, :15]), ref_logits) and len(calls) == 1
+    manual = torch.nn.functional.cross_entropy(model(input_ids=x).logits[:, :-1].flatten(0, 1).float(),
+                                               x[:, 1:].flatten())  # the loss's meaning: mean NLL, shifted by one
+    assert torch.allclose(got, manual, atol=1e-6) and len(calls) == 1
 
 
 def test_truncated_safetensors_is_one_line(stream, corpus_records, tmp_path):

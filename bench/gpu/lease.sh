@@ -4,6 +4,7 @@
 # in .whl/, the data and the SmolLM2 GGUF (in two halves) under .dev/.
 #
 #   bash bench/gpu/lease.sh mfu    # cptkit train vs HF Trainer + DeepSpeed, ZeRO-2 bf16, 1B and 360M shapes
+#     SHAPES="1b" KERNELS="none liger" STEPS=20 MICRO=8: each shape once per kernels value (liger: Liger-Kernel)
 #   bash bench/gpu/lease.sh stash  # keeps the GGUF half it was carried with, for cpt
 #   bash bench/gpu/lease.sh cpt    # make cpt-experiment with SmolLM2-135M (bench/gpu/cpt_smollm2.sh)
 #
@@ -15,8 +16,9 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/keep
 export PYTHONUNBUFFERED=1 DS_ACCELERATOR=cuda TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-[ -f /tmp/site/.ok ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-  --target /tmp/site .whl/*.whl && touch /tmp/site/.ok; } || exit 1
+# installed once per machine, again when .whl/ holds other wheels (a warm machine, a wheel added since)
+[ "$(cat /tmp/site/.ok 2>/dev/null)" = "$(ls .whl)" ] || { python3 -m pip install -q --no-index --no-deps \
+  --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && ls .whl >/tmp/site/.ok; } || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 mkdir -p /tmp/v/bin   # make's $(BIN)/cptkit and $(BIN)/python, without a venv
 printf '#!/bin/sh\nexec python3 -m cptkit "$@"\n' >/tmp/v/bin/cptkit
@@ -31,8 +33,9 @@ for f in .dev/part_*; do [ -f "$f" ] && cp "$f" /tmp/keep/; done
 case "${1:?mfu|stash|cpt}" in
 stash) ;;  # only carries a GGUF half (the working tree travels in pieces of at most 64 MiB)
 mfu)
+  rm -rf /tmp/mfu  # a warm machine's earlier runs would be found finished and not measured again
   python3 bench/gpu/train_mfu.py --stream .dev/stream2048 --out /tmp/mfu --shapes ${SHAPES:-1b smollm2-360m} \
-    --steps "${STEPS:-20}" --micro-batch "${MICRO:-8}" 2>&1 | tail -n 80
+    --steps "${STEPS:-20}" --micro-batch "${MICRO:-8}" --kernels ${KERNELS:-none liger} 2>&1 | tail -n 80
   cp /tmp/mfu/train_mfu.json "$OUT/" ;;
 cpt)
   MODEL=/tmp/smollm2-135m

@@ -43,6 +43,7 @@ def run(conf: TrainJob, ctx: Run) -> dict:
     from cptkit.mixtures.stream import Stream
     from cptkit.training.checkpointing import reopen_finished, run_identity
     from cptkit.training.engine import init_distributed
+    from cptkit.training.kernels import check_kernels
     from cptkit.training.loop import train
     from cptkit.training.state import RunSpec
 
@@ -51,6 +52,7 @@ def run(conf: TrainJob, ctx: Run) -> dict:
         raise CptkitError("train: pass exactly one --in: a build-mix stream directory")
     if conf.io.output in (None, "-"):
         raise CptkitError("train: pass --out DIR for checkpoints, metrics and the final model")
+    check_kernels(tcfg.kernels)  # train.kernels=liger without CUDA or liger_kernel: one line, nothing written
     stream = Stream(conf.io.inputs[0])
     proxy = tcfg.velocitune.proxy
     resume = tcfg.resume

@@ -99,6 +99,7 @@ class TrainOptions:
     engine: str = "auto"  # auto (DeepSpeed on GPU / >1 process / ZeRO-3 / a DeepSpeed file; else torch) | deepspeed | torch
     zero_stage: int | None = None  # null: the deepspeed group's stage (deepspeed=zero1|zero2|zero3)
     gradient_checkpointing: Any = "auto"  # auto (on for models of ≥ 1e8 parameters) | true | false
+    kernels: str = "none"  # none | liger (Liger-Kernel's RoPE, RMSNorm, SwiGLU, fused linear cross-entropy; GPU)
     deepspeed_config: str | None = None  # a JSON/YAML DeepSpeed file; its stage/optimizer/scheduler win
     save_every: int = 0  # optimizer steps between checkpoints (0: only at the end)
     keep_last: int = 2
@@ -123,6 +124,7 @@ class TrainOptions:
     def __post_init__(self) -> None:
         """Refuse invalid ``train.*`` values with one line each, before anything is written."""
         from cptkit.mixtures.controller import MIXTURES
+        from cptkit.training.kernels import KERNELS
         from cptkit.training.optim import OPTIMIZERS
         from cptkit.training.schedule import DECAY_TYPES, SCHEDULES
 
@@ -146,6 +148,7 @@ class TrainOptions:
         check(self.precision in ("auto", "bf16", "fp32", "fp16"), "precision", self.precision,
               "use auto, bf16, fp32 or fp16 (GPU)")
         check(self.engine in ("auto", "deepspeed", "torch"), "engine", self.engine, "use auto, deepspeed or torch")
+        check(self.kernels in KERNELS, "kernels", self.kernels, f"use one of {', '.join(KERNELS)}")
         check(self.zero_stage is None or self.zero_stage in (0, 1, 2, 3), "zero_stage", self.zero_stage,
               "use 0, 1, 2 or 3 (or null: the deepspeed group's)")
         check(str(self.gradient_checkpointing).lower() in ("auto", "true", "false"), "gradient_checkpointing",

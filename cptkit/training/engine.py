@@ -313,9 +313,11 @@ def make_engine(model: torch.nn.Module, tcfg: Any, *, deepspeed_base: dict[str, 
                 schedule: Any) -> tuple[Any, dict[str, Any]]:
     """The engine for ``train.*``: :class:`TorchEngine` or a DeepSpeed engine (checkpoint loads guarded).
 
-    Returns the engine and what was chosen (engine, ZeRO stage, precision, gradient checkpointing).
+    Returns the engine and what was chosen (engine, ZeRO stage, precision, gradient checkpointing, kernels).
+    ``train.kernels`` patches the model (:mod:`cptkit.training.kernels`) before the engine wraps it.
     """
     from cptkit.training.checkpoint import guard_deepspeed
+    from cptkit.training.kernels import apply_kernels
     from cptkit.training.schedule import torch_scheduler
 
     user = load_user_deepspeed(tcfg.deepspeed_config)
@@ -331,6 +333,13 @@ def make_engine(model: torch.nn.Module, tcfg: Any, *, deepspeed_base: dict[str, 
     precision = "bf16" if ds_cfg["bf16"]["enabled"] else "fp16" if ds_cfg["fp16"]["enabled"] else "fp32"
     if precision == "fp16" and not on_gpu():
         raise CptkitError("train.precision=fp16 needs a GPU; use bf16 or fp32 on CPU")
+    kernels = str(getattr(tcfg, "kernels", "none"))
+    if kernels != "none" and stage >= 3 and use_deepspeed(str(tcfg.engine), world, bool(user), stage):
+        # the fused loss reads lm_head.weight without calling lm_head: ZeRO-3 would hand it an empty shard
+        raise CptkitError(f"train.kernels={kernels} is refused under ZeRO-3: its fused loss reads the LM head's "
+                          "weight outside that module, where ZeRO-3 holds only a shard; use deepspeed=zero2 or "
+                          "train.kernels=none")
+    kernels = apply_kernels(model, kernels)
     ckpt = checkpointing_wanted(tcfg.gradient_checkpointing, model)
     if ckpt:
         enable_checkpointing(model)
@@ -362,7 +371,7 @@ def make_engine(model: torch.nn.Module, tcfg: Any, *, deepspeed_base: dict[str, 
                              lr_scheduler=sched, optimizer=opt_name)
         kind, stage = "torch", 0
     info = {"engine": kind, "optimizer": str((user.get("optimizer") or {}).get("type") or opt_name), "zero stage": stage, "precision": precision,
-            "gradient checkpointing": "on" if ckpt else "off",
+            "gradient checkpointing": "on" if ckpt else "off", "kernels": kernels,
             "lr scheduler": "deepspeed (user file)" if "scheduler" in ds_cfg and kind == "deepspeed" else "cptkit"}
     return engine, info
 
