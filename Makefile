@@ -16,6 +16,7 @@ help:
 	@echo "make test      the whole test suite (what .ci/run calls)"
 	@echo "make demo      build the demo corpus, run the pipeline on it, continue SmolLM2-135M (1 seed)"
 	@echo "make cpt-experiment  the CPT experiment with 3 seeds: mean ± standard error"
+	@echo "make reproduce the papers' ablations (Hydra sweeps x 3 seeds) -> docs/reproductions.md"
 	@echo "make bench     run every benchmark and rewrite docs/benchmarks.md"
 
 $(BIN)/python:
@@ -236,3 +237,4 @@ BENCHES := dedup dedup_scale retrieve generate classify train evaluate peak_rss
 bench: install $(addprefix bench-,$(BENCHES))
 bench-%: install
 	nice $(BIN)/python bench/$*.py
+include mk/reproduce.mk

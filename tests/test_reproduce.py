@@ -80,3 +80,68 @@ def test_a_real_multirun_through_aggregate_to_verdict(tmp_path, corpus_records):
     got = report(tmp_path / "claims.yaml", tmp_path / "repro.md")
     assert got == [("more", HOLDS), ("less", CONTRADICTS)]
     assert "| 0.6 | 3 | 0.5" in (tmp_path / "repro.md").read_text()  # realised ≈ target (0.5996 here), 3 seeds
+
+
+def write_run(d: Path, config: dict, evals: list[dict], inputs: list[str] | None = None) -> None:
+    """A finished train-like member: its config and a metrics.jsonl with step lines and eval events."""
+    d.mkdir(parents=True)
+    (d / "_manifest.json").write_text(json.dumps({"config": {**config, "io": {"inputs": inputs or []}}}))
+    lines = [{"step": 1, "loss": 9.0}]
+    lines += [{"step": 10 * i, "event": "eval", "eval_loss": e} for i, e in enumerate(evals)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (d / "_SUCCESS").write_text("")
+
+
+def test_several_metrics_last_eval_reductions_and_input_axis(tmp_path):
+    """A replay-like sweep: the axis lives in the input stream's config, the metrics are the last eval's
+    losses; a worst-topic metric reduces over keys with a prefix; the verdict needs every comparison."""
+    for share, general in ((0.0, [3.30, 3.32, 3.31]), (0.2, [3.10, 3.12, 3.09])):
+        for s in range(3):
+            stream = tmp_path / "streams" / f"rp{share}_s{s}"
+            stream.mkdir(parents=True)
+            (stream / "_manifest.json").write_text(json.dumps({"config": {"mix": {"replay": {"share": share}}}}))
+            first = {"general": 3.0, "domain/a": 4.0, "domain/b": 4.0}
+            last = {"general": general[s], "domain/a": 2.0 + s / 100, "domain/b": 2.5 + share}
+            write_run(tmp_path / "replay" / f"rp{share}_s{s}", {"seed": s}, [first, last], [str(stream)])
+    metrics = {"general": {"file": "metrics.jsonl", "event": "eval", "path": ["eval_loss", "general"]},
+               "worst": {"file": "metrics.jsonl", "event": "eval", "path": ["eval_loss"], "reduce": "max",
+                         "prefix": "domain/"}}
+    c = claim(members="replay/*", axis="input:mix.replay.share", seed="seed", metric=None, metrics=metrics,
+              frontier=["worst", "general"],
+              compare=[{"metric": "general", "a": 0.2, "b": 0.0, "expect": -1},
+                       {"metric": "worst", "a": 0.2, "b": 0.0, "expect": 1}])
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump([c]))
+    out = tmp_path / "docs" / "r.md"
+    assert report(tmp_path / "claims.yaml", out, tmp_path) == [("c", HOLDS)]
+    text = out.read_text()
+    # general 0.2 − 0.0: −0.20, −0.20, −0.22 by seed; worst topic = domain/b: 2.5 vs 2.7 (+0.2 on every seed)
+    assert "| general(0.2) − general(0.0) | < 0 | -0.2067 ± 0.0067 |" in text
+    assert "| worst(0.2) − worst(0.0) | > 0 | +0.2000 ± 0.0000 |" in text
+    assert "| 0.2 | 3 | 3.1033 ± 0.0088 | 2.7000 ± 0.0000 |" in text
+    # the step lines of metrics.jsonl are not evals; a metric asking for an absent event names it
+    c["metrics"]["general"]["event"] = "final"
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump([c]))
+    with pytest.raises(CptkitError, match="event 'final' in metrics.jsonl"):
+        report(tmp_path / "claims.yaml", out, tmp_path)
+
+
+def test_velocity_spread_from_first_and_last_eval_and_a_dirname_axis(tmp_path):
+    """V = (l_t − l_target) / (l_init − l_target) per domain (Velocitune Eq. 2): arm 'even' brings both
+    domains half way (V = 0.5, 0.5: spread 0), arm 'uneven' one all the way and one not at all (1, 0)."""
+    (tmp_path / "proxy").mkdir()
+    (tmp_path / "proxy" / "_velocitune_targets.json").write_text(json.dumps({"targets": {"a": 2.0, "b": 1.0}}))
+    for arm, last in (("even", {"a": 3.0, "b": 2.0}), ("uneven", {"a": 2.0, "b": 3.0})):
+        for s in range(3):
+            jitter = s / 1000
+            write_run(tmp_path / "runs" / f"{arm}_s{s}", {}, [{"a": 4.0, "b": 3.0},
+                                                             {"a": last["a"] + jitter, "b": last["b"]}])
+    spec = {"file": "metrics.jsonl", "event": "eval", "path": ["eval_loss"], "reduce": "velocity_spread",
+            "targets": "proxy/_velocitune_targets.json"}
+    c = claim(members="runs/*", axis="dir:^([a-z]+)_s", seed="dir:_s([0-9]+)$", metric=spec,
+              compare=[{"a": "even", "b": "uneven", "expect": -1}])
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump([c]))
+    out = tmp_path / "r.md"
+    assert report(tmp_path / "claims.yaml", out, tmp_path) == [("c", HOLDS)]
+    # even: V = (0.5, 0.5) → spread 0 (+0.0005 jitter·2/2); uneven: V = (0, 1) → spread 1
+    assert "| even | 3 | 0.0005 ± 0.0003 |" in out.read_text()
+    assert "| uneven | 3 | 0.9995 ± 0.0003 |" in out.read_text()

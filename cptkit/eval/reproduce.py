@@ -21,6 +21,14 @@ A claim in the YAML::
       seed: corrupt.seed
       metric: {file: _manifest.json, path: [extra, realised ratio], label: realised ratio}
       compare: [{a: 0.5, b: 0.0, expect: 1}]   # metric(a) - metric(b) is expected to be > 0
+
+Several metrics: ``metrics: {name: {file, path, label, ...}}`` (``compare`` items then name theirs:
+``{metric: name, ...}``) and ``frontier: [x_metric, y_metric]`` for a trade-off plot. A metric
+``file`` ending in ``.jsonl`` is read at its last line whose ``event`` is the metric's ``event``
+(``metrics.jsonl``'s final held-out losses: ``event: eval``); ``reduce: mean | max | min`` reduces
+a mapping at ``path`` over its values (``keys``: only these; ``prefix``: only keys starting so).
+An axis or seed key ``input:KEY`` is read from the config of the member's first input (a train
+run's stream: ``input:mix.replay.share``).
 """
 
 from __future__ import annotations
@@ -28,8 +36,12 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import os
+import platform
+import re
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,9 +62,32 @@ class Claim:
     members: str
     axis: str
     seed: str
-    metric: dict[str, Any]
+    metric: dict[str, Any] | None = None
     compare: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    frontier: list[str] | None = None
+    trajectories: dict[str, Any] | None = None  # {file: weights.jsonl, seed: S}: each arm's mixture weights
+
+    def __post_init__(self) -> None:
+        if self.metric is not None:
+            self.metrics = {"metric": self.metric, **self.metrics}
+        if not self.metrics:
+            raise CptkitError(f"claim {self.id}: give metric or metrics")
+        for c in self.compare:
+            if c.get("metric", self.first) not in self.metrics:
+                raise CptkitError(f"claim {self.id}: compare names metric {c['metric']!r}; have {', '.join(self.metrics)}")
+        for m in self.frontier or []:
+            if m not in self.metrics:
+                raise CptkitError(f"claim {self.id}: frontier names metric {m!r}; have {', '.join(self.metrics)}")
+
+    @property
+    def first(self) -> str:
+        return next(iter(self.metrics))
+
+    def label(self, name: str) -> str:
+        m = self.metrics[name]
+        return str(m.get("label", m["path"] if name == "metric" else name))
 
 
 def dotted(obj: Any, path: str | Sequence[str]) -> Any:
@@ -65,38 +100,111 @@ def dotted(obj: Any, path: str | Sequence[str]) -> Any:
     return obj
 
 
-def member_point(d: Path, claim: Claim) -> tuple[Any, Any, float]:
-    """``(axis value, seed, metric)`` of one sweep member's output directory."""
+def read_metric(d: Path, spec: dict[str, Any], root: Path | None = None) -> float:
+    """One metric of one member: a JSON file's value at ``path`` (a ``.jsonl``: its last line whose
+    ``event`` is ``spec['event']``), reduced over a mapping's values when ``reduce`` is given."""
+    src = d / spec["file"]
+    text = src.read_text()
+    if src.suffix == ".jsonl":
+        rows = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+        rows = [r for r in rows if r.get("event") == spec.get("event")]
+        if not rows:
+            raise KeyError(f"event {spec.get('event')!r} in {spec['file']}")
+        obj = rows[-1]
+    else:
+        obj = json.loads(text)
+    value = dotted(obj, spec["path"])
+    how = spec.get("reduce")
+    if how is None:
+        return float(value)
+    if how in ("velocity_spread", "velocity_max"):  # Velocitune's V per domain, from the first and last eval
+        if src.suffix != ".jsonl":
+            raise CptkitError(f"reduce: {how} reads the first and last eval of a .jsonl file, not {spec['file']}")
+        return velocity_metric(rows[0], value, spec, how, root or d)
+    keys = [k for k in value if k in spec.get("keys", value) and str(k).startswith(spec.get("prefix", ""))]
+    if not keys:
+        raise KeyError(f"{spec['path']} has no key to reduce (keys {spec.get('keys')}, prefix {spec.get('prefix')!r})")
+    vals = [float(value[k]) for k in keys]
+    reducers = {"mean": lambda v: sum(v) / len(v), "max": max, "min": min}
+    if how not in reducers:
+        raise CptkitError(f"reduce: {how!r}: use mean, max or min")
+    return reducers[how](vals)
+
+
+def velocity_metric(first: dict[str, Any], last: Mapping[str, float], spec: dict[str, Any], how: str,
+                    root: Path) -> float:
+    """The spread (max − min) or the largest of the learning velocities V = (ℓ_t − ℓ_target) /
+    (ℓ_init − ℓ_target) (Velocitune Eq. 2) at the last eval, ℓ_init the first eval's loss and
+    ℓ_target the proxy's targets (``spec['targets']``, a ``_velocitune_targets.json``; relative: to ``root``)."""
+    from cptkit.mixtures.rules import velocities
+    from cptkit.mixtures.velocitune import load_targets_file
+
+    init = dotted(first, spec["path"])
+    targets = load_targets_file(root / spec["targets"], 0.0, list(last), allow_budget_mismatch=True, allow_unconverged=True)
+    v = velocities(init, {d: targets[d] for d in last}, last)
+    return max(v.values()) - min(v.values()) if how == "velocity_spread" else max(v.values())
+
+
+def member_config(d: Path, key: str, config: dict[str, Any]) -> Any:
+    """``key`` of a member's config; of its first input's config for ``input:KEY``; for ``dir:REGEX``,
+    the regex's first group in the member directory's name (a number when it reads as one)."""
+    if key.startswith("dir:"):
+        m = re.search(key.removeprefix("dir:"), d.name)
+        if not m:
+            raise KeyError(f"{key} (no match in {d.name!r})")
+        import yaml
+
+        return yaml.safe_load(m.group(1))
+    if not key.startswith("input:"):
+        return dotted(config, key)
+    inputs = config.get("io", {}).get("inputs") or []
+    if not inputs:
+        raise KeyError(f"{key} (the member has no input)")
+    man = Path(inputs[0]) / "_manifest.json"
+    try:
+        return dotted(json.loads(man.read_text())["config"], key.removeprefix("input:"))
+    except FileNotFoundError:
+        raise CptkitError(f"{d}: its input's manifest {man} is missing (for {key})") from None
+
+
+def member_point(d: Path, claim: Claim, root: Path | None = None) -> tuple[Any, Any, dict[str, float]]:
+    """``(axis value, seed, {metric: value})`` of one sweep member's output directory."""
     man_path = d / "_manifest.json"
     if not (d / "_SUCCESS").exists() or not man_path.exists():
         raise CptkitError(f"{d}: not a finished step output (no _SUCCESS/_manifest.json): rerun the sweep")
     config = json.loads(man_path.read_text())["config"]
-    src = d / claim.metric["file"]
+    name = ""
     try:
-        value = float(dotted(json.loads(src.read_text()), claim.metric["path"]))
-        return dotted(config, claim.axis), dotted(config, claim.seed), value
-    except FileNotFoundError:
-        raise CptkitError(f"{src}: missing (claim {claim.id})") from None
+        x, s = member_config(d, claim.axis, config), member_config(d, claim.seed, config)
+        values = {}
+        for name, spec in claim.metrics.items():
+            values[name] = read_metric(d, spec, root)
+        return x, s, values
+    except FileNotFoundError as e:
+        raise CptkitError(f"{e.filename}: missing (claim {claim.id})") from None
     except KeyError as e:
-        raise CptkitError(f"{d}: no {e.args[0]!r} for claim {claim.id} (axis {claim.axis}, seed {claim.seed}, "
-                          f"metric {claim.metric['path']})") from None
+        raise CptkitError(f"{d}: no {e.args[0]!r} for claim {claim.id} (axis {claim.axis}, seed {claim.seed}"
+                          + (f", metric {name}" if name else "") + ")") from None
 
 
-def collect(claim: Claim, root: Path) -> dict[Any, dict[Any, float]]:
-    """``{axis value: {seed: metric}}`` over every member of the claim's sweep."""
+Points = dict[Any, dict[Any, dict[str, float]]]  # {axis value: {seed: {metric: value}}}
+
+
+def collect(claim: Claim, root: Path) -> Points:
+    """``{axis value: {seed: {metric: value}}}`` over every member of the claim's sweep."""
     dirs = sorted(Path(p) for p in glob.glob(str(root / claim.members)) if Path(p).is_dir())
     if not dirs:
         raise CptkitError(f"claim {claim.id}: no sweep member matches {root / claim.members}: run `{claim.command}`")
-    points: dict[Any, dict[Any, float]] = {}
+    points: Points = {}
     for d in dirs:
-        x, s, v = member_point(d, claim)
+        x, s, v = member_point(d, claim, root)
         if s in points.setdefault(x, {}):
             raise CptkitError(f"claim {claim.id}: two members with {claim.axis}={x}, {claim.seed}={s} ({d})")
         points[x][s] = v
     return points
 
 
-def compare(points: dict[Any, dict[Any, float]], a: Any, b: Any, expect: int) -> Effect:
+def compare(points: Points, a: Any, b: Any, expect: int, metric: str = "metric") -> Effect:
     """The paired (by seed) effect metric(a) − metric(b) with its verdict."""
     for x in (a, b):
         if x not in points:
@@ -104,7 +212,7 @@ def compare(points: dict[Any, dict[Any, float]], a: Any, b: Any, expect: int) ->
     seeds = sorted(set(points[a]) & set(points[b]), key=str)
     if not seeds:
         raise CptkitError(f"axis values {a} and {b} share no seed: nothing to pair")
-    return effect([points[a][s] - points[b][s] for s in seeds], expect)
+    return effect([points[a][s][metric] - points[b][s][metric] for s in seeds], expect)
 
 
 def claim_verdict(effects: Sequence[Effect]) -> str:
@@ -116,8 +224,17 @@ def claim_verdict(effects: Sequence[Effect]) -> str:
     return INCONCLUSIVE
 
 
-def plot(points: dict[Any, dict[Any, float]], claim: Claim, out: Path) -> bool:
-    """Mean ± SE of the metric against the axis (a PNG); False when matplotlib is missing."""
+def axis_order(points: Points) -> list[Any]:
+    return sorted(points, key=lambda v: (isinstance(v, str), v))
+
+
+def stats_of(points: Points, x: Any, metric: str) -> tuple[float, float]:
+    return mean_se([v[metric] for v in points[x].values()])
+
+
+def plot(points: Points, claim: Claim, out: Path) -> bool:
+    """Mean ± SE of each metric against the axis, and the frontier plot if asked (a PNG); False
+    when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -125,16 +242,65 @@ def plot(points: dict[Any, dict[Any, float]], claim: Claim, out: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    xs = sorted(points, key=lambda v: (isinstance(v, str), v))
-    stats = [mean_se(list(points[x].values())) for x in xs]
-    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
+    xs = axis_order(points)
+    panels = list(claim.metrics) + (["frontier"] if claim.frontier else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.3), dpi=100, squeeze=False)
     pos = list(range(len(xs))) if any(isinstance(x, str) for x in xs) else xs
-    ax.errorbar(pos, [m for m, _ in stats], yerr=[0 if se != se else se for _, se in stats], marker="o", capsize=4)
-    if pos is not xs:
-        ax.set_xticks(pos, [str(x) for x in xs])
-    ax.set_xlabel(claim.axis)
-    ax.set_ylabel(claim.metric.get("label", str(claim.metric["path"])))
-    ax.set_title(f"{claim.title} (mean ± SE over seeds)", fontsize=9)
+    for ax, name in zip(axes[0], panels, strict=True):
+        if name == "frontier" and claim.frontier:
+            mx, my = claim.frontier
+            for x in xs:
+                (a, sa), (b, sb) = stats_of(points, x, mx), stats_of(points, x, my)
+                ax.errorbar([a], [b], xerr=[0 if sa != sa else sa], yerr=[0 if sb != sb else sb], marker="o", capsize=3)
+                ax.annotate(str(x), (a, b), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            ax.set_xlabel(claim.label(mx), fontsize=8)
+            ax.set_ylabel(claim.label(my), fontsize=8)
+            ax.set_title(f"frontier over {claim.axis}", fontsize=9)
+            continue
+        stats = [stats_of(points, x, name) for x in xs]
+        ax.errorbar(pos, [m for m, _ in stats], yerr=[0 if se != se else se for _, se in stats], marker="o", capsize=4)
+        if pos is not xs:
+            ax.set_xticks(pos, [str(x) for x in xs])
+        ax.set_xlabel(claim.axis, fontsize=8)
+        ax.set_ylabel(claim.label(name), fontsize=8)
+    fig.suptitle(f"{claim.title} (mean ± SE over seeds)", fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return True
+
+
+def plot_trajectories(claim: Claim, root: Path, out: Path) -> bool:
+    """Each arm's mixture weights over training steps (one seed), from its ``weights.jsonl``."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    spec = claim.trajectories or {}
+    arms: dict[Any, list[dict[str, Any]]] = {}
+    for p in sorted(glob.glob(str(root / claim.members))):
+        d = Path(p)
+        config = json.loads((d / "_manifest.json").read_text())["config"]
+        if member_config(d, claim.seed, config) != spec.get("seed", 0):
+            continue
+        rows = [json.loads(ln) for ln in (d / spec.get("file", "weights.jsonl")).read_text().splitlines() if ln.strip()]
+        arms[member_config(d, claim.axis, config)] = rows
+    if not arms:
+        return False
+    fig, axes = plt.subplots(1, len(arms), figsize=(4 * len(arms), 3.2), dpi=100, squeeze=False, sharey=True)
+    for ax, (arm, rows) in zip(axes[0], sorted(arms.items(), key=lambda kv: str(kv[0])), strict=True):
+        domains = list(rows[-1]["weights"])
+        for dom in domains:
+            ax.plot([r["step"] for r in rows], [r["weights"].get(dom, 0.0) for r in rows], marker=".", label=dom)
+        ax.set_title(f"{claim.axis}={arm}", fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+    axes[0][0].set_ylabel("mixture weight", fontsize=8)
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(f"{claim.title}: weights over training (seed {spec.get('seed', 0)})", fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
@@ -145,17 +311,24 @@ def plot(points: dict[Any, dict[Any, float]], claim: Claim, out: Path) -> bool:
 def section(n: int, claim: Claim, root: Path, figdir: Path, doc_dir: Path) -> tuple[str, str]:
     """The markdown of one claim and its verdict."""
     points = collect(claim, root)
-    label = claim.metric.get("label", str(claim.metric["path"]))
+    names = list(claim.metrics)
     lines = [f"## {n}. {claim.title}", "", f"> {claim.quote}", f"> — {claim.source}", "",
-             f"Sweep: `{claim.command}`", "", f"| {claim.axis} | seeds | {label} (mean ± SE) |", "|---|---|---|"]
-    for x in sorted(points, key=lambda v: (isinstance(v, str), v)):
-        m, se = mean_se(list(points[x].values()))
-        lines.append(f"| {x} | {len(points[x])} | {m:.4f}" + ("" if se != se else f" ± {se:.4f}") + " |")
+             f"Sweep: `{claim.command}`", "",
+             f"| {claim.axis} | seeds | " + " | ".join(f"{claim.label(m)} (mean ± SE)" for m in names) + " |",
+             "|---|---|" + "---|" * len(names)]
+    for x in axis_order(points):
+        cells = []
+        for m in names:
+            mean, se = stats_of(points, x, m)
+            cells.append(f"{mean:.4f}" + ("" if se != se else f" ± {se:.4f}"))
+        lines.append(f"| {x} | {len(points[x])} | " + " | ".join(cells) + " |")
     lines += ["", "| comparison | expected | difference (mean ± SE) | interval (± 2 SE) | verdict |",
               "|---|---|---|---|---|"]
     effects = []
     for c in claim.compare:
-        e = compare(points, c["a"], c["b"], int(c["expect"]))
+        metric = c.get("metric", claim.first)
+        label = claim.label(metric)
+        e = compare(points, c["a"], c["b"], int(c["expect"]), metric)
         effects.append(e)
         interval = "–" if e.lo != e.lo else f"[{e.lo:+.4f}, {e.hi:+.4f}]"
         lines.append(f"| {label}({c['a']}) − {label}({c['b']}) | {'> 0' if c['expect'] > 0 else '< 0'} | "
@@ -165,6 +338,10 @@ def section(n: int, claim: Claim, root: Path, figdir: Path, doc_dir: Path) -> tu
     png = figdir / f"{claim.id}.png"
     if plot(points, claim, png):
         lines += ["", f"![{claim.title}]({png.relative_to(doc_dir) if png.is_relative_to(doc_dir) else png})"]
+    traj = figdir / f"{claim.id}-weights.png"
+    if claim.trajectories and plot_trajectories(claim, root, traj):
+        lines += ["", f"![{claim.title}: mixture weights]"
+                      f"({traj.relative_to(doc_dir) if traj.is_relative_to(doc_dir) else traj})"]
     return "\n".join(lines) + "\n", verdict
 
 
@@ -195,15 +372,34 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
     return verdicts
 
 
+def describe(root: Path) -> str:
+    """The report's header: date, machine, and the members' own run time summed (resumed runs count
+    their last run) over every step output under ``root``."""
+    seconds, n = 0.0, 0
+    for man in root.rglob("_manifest.json"):
+        try:
+            seconds += float(json.loads(man.read_text())["timings"]["seconds_last_run"])
+            n += 1
+        except (KeyError, ValueError, TypeError, json.JSONDecodeError):
+            continue
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    return (f"Generated by `make reproduce` on {time.strftime('%Y-%m-%d')}, on {os.cpu_count()} CPU cores "
+            f"({cpu}), no GPU. The {n} step outputs under `{root}` (corpus slice, base model, streams, members, "
+            f"evaluations) took {seconds / 60:.1f} minutes of their own run time in all.")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cptkit.eval.reproduce", description=__doc__.splitlines()[0])
     p.add_argument("claims", type=Path, help="the claims YAML")
     p.add_argument("--out", type=Path, required=True, help="the markdown report to write")
     p.add_argument("--root", type=Path, default=None, help="where member globs start (default: the YAML's folder)")
-    p.add_argument("--header", default="", help="text above the claims (date, machine, wall time)")
+    p.add_argument("--header", default=None,
+                   help="text above the claims (default: date, machine and the run time of the outputs under --root)")
     a = p.parse_args(argv)
+    root = a.root or a.claims.parent
     try:
-        verdicts = report(a.claims, a.out, a.root, a.header)
+        verdicts = report(a.claims, a.out, root, describe(root) if a.header is None else a.header)
     except CptkitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,116 @@
+# make reproduce: the four papers' ablations, each a Hydra multirun over the paper's axis x seeds,
+# aggregated into docs/reproductions.md by cptkit.eval.reproduce (conf/reproduce/claims.yaml holds
+# each claim's words, metric, comparisons and the verdict rule). Included by the Makefile.
+#
+# The model continued is a small Llama (hidden 128, 2 layers, SmolLM2's tokenizer) that a base
+# phase pre-trains on the corpus' general English (mix=repro_base, ~300k tokens): at ~1,000
+# tokens/s on 2 cores it gives each member 30 steps of 4 x 256 tokens in about half a minute,
+# where SmolLM2-135M (~80 tokens/s here) would take six minutes. The sweeps read a slice of the
+# demo corpus (REPRO_DOCS records per source), so that a stream builds in ~10 s.
+#   make reproduce                       every sweep, resuming finished members; then the report
+#   make reproduce-replay                one sweep (replay topic_ppl velocitune upsampling synthetic corruption)
+#   make reproduce REPRO_SEEDS=0,1,2,3   more seeds
+# Members are step outputs like any other: a rerun skips the finished ones, redoes the rest.
+REPRO        ?= $(DATA)/repro
+REPRO_SEEDS  ?= 0,1,2
+REPRO_DOCS   ?= 1000
+REPRO_STEPS  ?= 30
+REPRO_MODEL  ?= model=tiny_llama model.hidden=128 model.layers=2 model.heads=4
+REPRO_BASE_ARGS ?= train.micro_batch=4 train.lr=3e-3 train.warmup=0.05 train.threads=2 train.precision=fp32 \
+                   train.eval_docs=24 train.eval_every=50 train.decay=0.25 train.min_lr_ratio=0.1
+# Every member: the base continued for REPRO_STEPS steps at a re-warmed LR; held-out losses per
+# domain before step 1 and after the last (metrics.jsonl), on 16 documents per domain.
+REPRO_TRAIN  ?= model=hf model.path=$(REPRO)/base/model train.micro_batch=4 train.lr=1e-3 train.warmup=0.1 \
+                train.threads=2 train.precision=fp32 train.max_steps=$(REPRO_STEPS) train.eval_every=$(REPRO_STEPS) \
+                train.eval_docs=16 train.eval_max_tokens=256
+REPRO_MIXIN  := --in $(DATA)/labelled --in $(REPRO)/corpus tokenizer=smollm2
+REPRO_SWEEPS := replay topic_ppl velocitune upsampling synthetic corruption
+R            := $(REPRO)/.done
+
+.PHONY: reproduce $(addprefix reproduce-,$(REPRO_SWEEPS))
+reproduce: docs/reproductions.md
+$(foreach s,$(REPRO_SWEEPS),$(eval reproduce-$(s): $(R)/$(s)))
+
+$(REPRO)/corpus/_SUCCESS: | $(VENV)/.installed
+	$(CPTKIT) demo-corpus --out $(@D) corpus.limit_per_source=$(REPRO_DOCS) -q
+$(REPRO)/stream_base/_SUCCESS: $(DATA)/labelled/_SUCCESS $(REPRO)/corpus/_SUCCESS
+	$(CPTKIT) build-mix $(REPRO_MIXIN) --out $(@D) mix=repro_base seed=0 -q
+$(REPRO)/base/_SUCCESS: $(REPRO)/stream_base/_SUCCESS
+	$(CPTKIT) train --in $(<D) --out $(@D) $(REPRO_MODEL) $(REPRO_BASE_ARGS) seed=0 -q
+REPRO_DEPS := $(REPRO)/base/_SUCCESS $(REPRO)/corpus/_SUCCESS $(DATA)/labelled/_SUCCESS
+
+# Streams of the continued runs: the retrieved domain and Chinese at ZH:EN = 1:4, general English
+# replayed at each share (sweep 7; the 0.2 streams serve sweeps 5 too), and the domain split by topic (sweep 4).
+$(R)/streams_rp: $(REPRO_DEPS)
+	$(CPTKIT) build-mix $(REPRO_MIXIN) --out '$(REPRO)/streams/rp{mix.replay.share}_s{seed}' mix=repro_cpt -q \
+	    -m mix.replay.share=0.0,0.1,0.2,0.3 seed=$(REPRO_SEEDS)
+	@mkdir -p $(@D) && touch $@
+
+# 7. Replay share: one train multirun over the seeds per share.
+$(R)/replay: $(R)/streams_rp
+	for r in 0.0 0.1 0.2 0.3; do \
+	  $(CPTKIT) train --in "$(REPRO)/streams/rp$${r}_s{seed}" --out "$(REPRO)/replay/rp$${r}_s{seed}" $(REPRO_TRAIN) \
+	      train.mixture=staged -q -m seed=$(REPRO_SEEDS) || exit 1; done
+	@touch $@
+
+# 4. SynE's topic-PPL controller (within each language, alpha 0.4, 4 rounds) against the static weights.
+$(R)/topic_ppl: $(REPRO_DEPS)
+	$(CPTKIT) build-mix $(REPRO_MIXIN) --out '$(REPRO)/streams/topics_s{seed}' mix=repro_topics -q -m seed=$(REPRO_SEEDS)
+	$(CPTKIT) train --in '$(REPRO)/streams/topics_s{seed}' --out '$(REPRO)/topic_ppl/{train.mixture}_s{seed}' \
+	    $(REPRO_TRAIN) train.topic_ppl.round_fraction=0.25 -q -m train.mixture=static,topic_ppl seed=$(REPRO_SEEDS)
+	@touch $@
+
+# 5. Velocitune against token-share static weights (the paper's baseline) and DBL, with the
+# targets of one proxy run (seed 0); every 5 steps, velocities on 8 held-out documents per domain.
+$(R)/velocitune: $(R)/streams_rp
+	$(CPTKIT) train --in $(REPRO)/streams/rp0.2_s0 --out $(REPRO)/velocitune_proxy $(REPRO_TRAIN) \
+	    train.velocitune.proxy=true train.velocitune.proxy_every=3 seed=0 -q
+	$(CPTKIT) train --in '$(REPRO)/streams/rp0.2_s{seed}' --out '$(REPRO)/velocitune/{train.mixture}_s{seed}' \
+	    $(REPRO_TRAIN) train.weights=tokens train.eval_every=5 train.velocitune.interval_steps=5 \
+	    train.velocitune.eval_docs=8 train.dbl.interval_steps=5 \
+	    train.velocitune.targets_file=$(REPRO)/velocitune_proxy/_velocitune_targets.json \
+	    train.velocitune.allow_unconverged=true -q -m train.mixture=static,velocitune,dbl seed=$(REPRO_SEEDS)
+	@touch $@
+
+# 6. Domain upsampling: the last 0-30% of the budget on Table 4's mix (mix=upsample_tail).
+$(R)/upsampling: $(REPRO_DEPS)
+	$(CPTKIT) build-mix --in $(REPRO)/corpus --out '$(REPRO)/streams/tail{mix.tail_fraction}_s{seed}' tokenizer=smollm2 \
+	    mix=upsample_tail mix.budget_tokens=3.1e4 mix.seq_len=256 mix.eval_docs=16 -q \
+	    -m mix.tail_fraction=0.0,0.05,0.1,0.2,0.3 seed=$(REPRO_SEEDS)
+	for f in 0.0 0.05 0.1 0.2 0.3; do \
+	  $(CPTKIT) train --in "$(REPRO)/streams/tail$${f}_s{seed}" --out "$(REPRO)/upsampling/tail$${f}_s{seed}" \
+	      $(REPRO_TRAIN) train.mixture=staged -q -m seed=$(REPRO_SEEDS) || exit 1; done
+	@touch $@
+
+# 2, 3. SynE's synthetic QA: more of SmolLM2's CHAMP-style problems than the demo writes.
+REPRO_SYNTH ?= $(subst num_problems=8,num_problems=40,$(SYNTH_ARGS))
+$(REPRO)/qa/_SUCCESS: $(DATA)/champ.jsonl | $(VENV)/.installed
+	$(CPTKIT) synthesize-qa --in $< --out $(@D) $(REPRO_SYNTH) $(LLM) -q
+
+# 2. Synthetic share 0.1-0.4 (App. G), the rest at ZH:EN = 1:4 (mix=synE_synthetic's weights).
+$(R)/synthetic: $(REPRO_DEPS) $(REPRO)/qa/_SUCCESS
+	$(CPTKIT) build-mix --in $(REPRO)/qa $(REPRO_MIXIN) --out '$(REPRO)/streams/syn{mix.stages.0.weights.synthetic}_s{seed}' \
+	    mix=repro_synthetic -q -m +sweep=synthetic_ratio seed=$(REPRO_SEEDS)
+	for w in 0.555556 1.25 2.142857 3.333333; do \
+	  $(CPTKIT) train --in "$(REPRO)/streams/syn$${w}_s{seed}" --out "$(REPRO)/synthetic/syn$${w}_s{seed}" \
+	      $(REPRO_TRAIN) train.mixture=staged -q -m seed=$(REPRO_SEEDS) || exit 1; done
+	@touch $@
+
+# 3. Corruption 0-0.7 of the synthetic share (0.2), every model scored on the clean held-out QA
+# (the uncorrupted streams' held-out documents: corruption keeps ids, so the same documents).
+REPRO_CORRUPT := 0.0 0.3 0.4 0.5 0.6 0.7
+$(R)/corruption: $(REPRO_DEPS) $(REPRO)/qa/_SUCCESS
+	$(CPTKIT) corrupt --in $(REPRO)/qa --out '$(REPRO)/qa_c{corrupt.ratio}' corrupt.seed=1 -q -m +sweep=corrupt_ratio
+	for c in $(REPRO_CORRUPT); do \
+	  $(CPTKIT) build-mix --in $(REPRO)/qa_c$$c $(REPRO_MIXIN) --out "$(REPRO)/streams/corrupt$${c}_s{seed}" \
+	      mix=repro_synthetic -q -m seed=$(REPRO_SEEDS) || exit 1; \
+	  $(CPTKIT) train --in "$(REPRO)/streams/corrupt$${c}_s{seed}" --out "$(REPRO)/corruption_runs/c$${c}_s{seed}" \
+	      $(REPRO_TRAIN) train.mixture=staged train.eval_every=0 -q -m seed=$(REPRO_SEEDS) || exit 1; done
+	for c in $(REPRO_CORRUPT); do for s in $(subst $(comma), ,$(REPRO_SEEDS)); do \
+	  $(CPTKIT) evaluate --model $(REPRO)/corruption_runs/c$${c}_s$$s/model --in $(REPRO)/streams/corrupt0.0_s$$s/_eval.jsonl.gz \
+	      --out $(REPRO)/corruption/c$${c}_s$$s eval.tasks=[] eval.ppl.group_by=domain eval.ppl.max_length=256 \
+	      eval.ppl.max_tokens=256 eval.ppl.max_docs_per_group=16 -q || exit 1; done; done
+	@touch $@
+
+docs/reproductions.md: $(addprefix $(R)/,$(REPRO_SWEEPS)) conf/reproduce/claims.yaml
+	$(BIN)/python -m cptkit.eval.reproduce conf/reproduce/claims.yaml --root $(REPRO) --out $@
