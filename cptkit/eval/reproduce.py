@@ -21,6 +21,11 @@ A claim in the YAML::
       seed: corrupt.seed
       metric: {file: _manifest.json, path: [extra, realised ratio], label: realised ratio}
       compare: [{a: 0.5, b: 0.0, expect: 1}]   # metric(a) - metric(b) is expected to be > 0
+      # optional: where axis and seed are read (default: the member's _manifest.json, key config),
+      # e.g. the config of an upstream step recorded in a metric file
+      config: {file: _relevance.json, path: [queries, config]}
+      # optional: more metrics shown as table columns (mean ± SE), without a verdict
+      report: [{file: _relevance.json, path: [all, precision], label: precision}]
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ class Claim:
     metric: dict[str, Any]
     compare: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""
+    config: dict[str, Any] | None = None  # {file, path}: where axis and seed are read (default: _manifest.json config)
+    report: list[dict[str, Any]] = field(default_factory=list)  # more metrics {file, path, label}: columns, no verdict
 
 
 def dotted(obj: Any, path: str | Sequence[str]) -> Any:
@@ -65,31 +72,34 @@ def dotted(obj: Any, path: str | Sequence[str]) -> Any:
     return obj
 
 
-def member_point(d: Path, claim: Claim) -> tuple[Any, Any, float]:
-    """``(axis value, seed, metric)`` of one sweep member's output directory."""
+def member_point(d: Path, claim: Claim, metric: dict[str, Any] | None = None) -> tuple[Any, Any, float]:
+    """``(axis value, seed, metric)`` of one sweep member's output directory (``metric``: another
+    of the claim's metrics than ``claim.metric``)."""
+    metric = metric or claim.metric
     man_path = d / "_manifest.json"
     if not (d / "_SUCCESS").exists() or not man_path.exists():
         raise CptkitError(f"{d}: not a finished step output (no _SUCCESS/_manifest.json): rerun the sweep")
-    config = json.loads(man_path.read_text())["config"]
-    src = d / claim.metric["file"]
+    where = claim.config or {"file": "_manifest.json", "path": ["config"]}
+    src = d / metric["file"]
     try:
-        value = float(dotted(json.loads(src.read_text()), claim.metric["path"]))
+        config = dotted(json.loads((d / where["file"]).read_text()), where["path"])
+        value = float(dotted(json.loads(src.read_text()), metric["path"]))
         return dotted(config, claim.axis), dotted(config, claim.seed), value
-    except FileNotFoundError:
-        raise CptkitError(f"{src}: missing (claim {claim.id})") from None
+    except FileNotFoundError as e:
+        raise CptkitError(f"{e.filename}: missing (claim {claim.id})") from None
     except KeyError as e:
         raise CptkitError(f"{d}: no {e.args[0]!r} for claim {claim.id} (axis {claim.axis}, seed {claim.seed}, "
-                          f"metric {claim.metric['path']})") from None
+                          f"metric {metric['path']})") from None
 
 
-def collect(claim: Claim, root: Path) -> dict[Any, dict[Any, float]]:
+def collect(claim: Claim, root: Path, metric: dict[str, Any] | None = None) -> dict[Any, dict[Any, float]]:
     """``{axis value: {seed: metric}}`` over every member of the claim's sweep."""
     dirs = sorted(Path(p) for p in glob.glob(str(root / claim.members)) if Path(p).is_dir())
     if not dirs:
         raise CptkitError(f"claim {claim.id}: no sweep member matches {root / claim.members}: run `{claim.command}`")
     points: dict[Any, dict[Any, float]] = {}
     for d in dirs:
-        x, s, v = member_point(d, claim)
+        x, s, v = member_point(d, claim, metric)
         if s in points.setdefault(x, {}):
             raise CptkitError(f"claim {claim.id}: two members with {claim.axis}={x}, {claim.seed}={s} ({d})")
         points[x][s] = v
@@ -145,12 +155,20 @@ def plot(points: dict[Any, dict[Any, float]], claim: Claim, out: Path) -> bool:
 def section(n: int, claim: Claim, root: Path, figdir: Path, doc_dir: Path) -> tuple[str, str]:
     """The markdown of one claim and its verdict."""
     points = collect(claim, root)
+    extra = [collect(claim, root, m) for m in claim.report]
     label = claim.metric.get("label", str(claim.metric["path"]))
+    labels = [label, *(m.get("label", str(m["path"])) for m in claim.report)]
     lines = [f"## {n}. {claim.title}", "", f"> {claim.quote}", f"> — {claim.source}", "",
-             f"Sweep: `{claim.command}`", "", f"| {claim.axis} | seeds | {label} (mean ± SE) |", "|---|---|---|"]
+             f"Sweep: `{claim.command}`", "", f"| {claim.axis} | seeds | "
+             + " | ".join(f"{lb} (mean ± SE)" for lb in labels) + " |", "|---|---|" + "---|" * len(labels)]
+
+    def cell(values: list[float]) -> str:
+        m, se = mean_se(values)
+        return f"{m:.4f}" + ("" if se != se else f" ± {se:.4f}")
+
     for x in sorted(points, key=lambda v: (isinstance(v, str), v)):
-        m, se = mean_se(list(points[x].values()))
-        lines.append(f"| {x} | {len(points[x])} | {m:.4f}" + ("" if se != se else f" ± {se:.4f}") + " |")
+        lines.append(f"| {x} | {len(points[x])} | " + " | ".join(cell(list(p[x].values())) for p in [points, *extra])
+                     + " |")
     lines += ["", "| comparison | expected | difference (mean ± SE) | interval (± 2 SE) | verdict |",
               "|---|---|---|---|---|"]
     effects = []
