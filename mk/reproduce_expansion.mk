@@ -24,7 +24,9 @@ REPRO       ?= $(DATA)/repro
 EXP         := $(REPRO)/expansion
 EXP_ROUNDS  ?= 0 1 2 3
 EXP_SEEDS   ?= 0 1 2
-EXP_ARGS    ?= expand.questions_per_seed=1 expand.max_frontier=4 llm.max_new_tokens=64 llm.num_threads=2
+# llm.num_threads=1: llama.cpp's threads spin at every barrier, so two of them on two busy cores ran
+# about 50x slower here (no completion in 5 min) than one (26 tokens/s).
+EXP_ARGS    ?= expand.questions_per_seed=1 expand.max_frontier=4 llm.max_new_tokens=64 llm.num_threads=1
 EXP_TOP_K   ?= 200
 EXP_BUDGET  ?= 400
 EXP_LABELS  ?= conf/reproduce/relevance_stem.yaml
