@@ -16,7 +16,8 @@
 # Resumes: a rerun redoes only what is missing. Finished multirun members are skipped by the step
 # itself (same config and inputs: "already complete"); the LLM cache ($(EXP)/_llm_cache) also
 # serves the first rounds of a member from the shorter members of its seed.
-# Measured: 12 members in about 11 min on 2 shared CPU cores (docs in the commit that added this).
+# Measured: the 12 members in 172 s wall (2:51) on 2 CPU cores shared with other work; a rerun
+# after one member was deleted (and expansion/_SUCCESS with it) redid that member only, in 16 s.
 
 DATA        ?= data
 CORPUS      ?= $(DATA)/corpus
@@ -24,8 +25,8 @@ REPRO       ?= $(DATA)/repro
 EXP         := $(REPRO)/expansion
 EXP_ROUNDS  ?= 0 1 2 3
 EXP_SEEDS   ?= 0 1 2
-# llm.num_threads=1: llama.cpp's threads spin at every barrier, so two of them on two busy cores ran
-# about 50x slower here (no completion in 5 min) than one (26 tokens/s).
+# llm.num_threads=1: llama.cpp's threads spin at every barrier; two of them on two cores busy with
+# other work stalled here (no completion in 5 min), where one made 26 tokens/s.
 EXP_ARGS    ?= expand.questions_per_seed=1 expand.max_frontier=4 llm.max_new_tokens=64 llm.num_threads=1
 EXP_TOP_K   ?= 200
 EXP_BUDGET  ?= 400
