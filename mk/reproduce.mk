@@ -1,4 +1,5 @@
-# make reproduce: the four papers' ablations, each a Hydra multirun over the paper's axis x seeds,
+# make reproduce: the four papers' ablations, each a Hydra multirun over the paper's axis x seeds
+# (sweep 1, query expansion, in mk/reproduce_expansion.mk; 2-7 below),
 # aggregated into docs/reproductions.md by cptkit.eval.reproduce (conf/reproduce/claims.yaml holds
 # each claim's words, metric, comparisons and the verdict rule). Included by the Makefile.
 #
@@ -8,7 +9,7 @@
 # where SmolLM2-135M (~80 tokens/s here) would take six minutes. The sweeps read a slice of the
 # demo corpus (REPRO_DOCS records per source), so that a stream builds in ~10 s.
 #   make reproduce                       every sweep, resuming finished members; then the report
-#   make reproduce-replay                one sweep (replay topic_ppl velocitune upsampling synthetic corruption)
+#   make reproduce-replay                one sweep (expansion replay topic_ppl velocitune upsampling synthetic corruption)
 #   make reproduce REPRO_SEEDS=0,1,2,3   more seeds
 # Members are step outputs like any other: a rerun skips the finished ones, redoes the rest.
 REPRO        ?= $(DATA)/repro
@@ -112,5 +113,7 @@ $(R)/corruption: $(REPRO_DEPS) $(REPRO)/qa/_SUCCESS
 	      eval.ppl.max_tokens=256 eval.ppl.max_docs_per_group=16 -q || exit 1; done; done
 	@touch $@
 
-docs/reproductions.md: $(addprefix $(R)/,$(REPRO_SWEEPS)) conf/reproduce/claims.yaml
+include mk/reproduce_expansion.mk
+
+docs/reproductions.md: $(EXP)/_SUCCESS $(addprefix $(R)/,$(REPRO_SWEEPS)) conf/reproduce/claims.yaml
 	$(BIN)/python -m cptkit.eval.reproduce conf/reproduce/claims.yaml --root $(REPRO) --out $@

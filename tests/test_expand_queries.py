@@ -173,6 +173,21 @@ def test_expand_rounds_provenance_and_counts(seeds_file, tmp_path):
     assert res2["llm"]["cache_hits"] == res2["llm"]["requests"] and res2["llm"]["generated"] == 0
 
 
+def test_zero_rounds_are_the_seeds_alone(seeds_file, tmp_path):
+    """expand.rounds=0: the seed records are the queries, unchanged but for provenance; no LLM loads."""
+    out = tmp_path / "q0"
+    res = run(compose_step("expand-queries", [f"io.inputs=[{seeds_file}]", f"io.output={out}", "quiet=true",
+                                              "expand.rounds=0", "llm.model=/nonexistent/model"]))
+    recs = _records(out)
+    assert [(r["id"], r["text"], r["kind"], r["round"], r["parent"]) for r in recs] == \
+        [(s["id"], s["text"], "seed", 0, None) for s in SEEDS]
+    st = json.loads((out / "_expand_stats.json").read_text())
+    assert st["rounds"] == 0 and st["per_round"] == [] and st["generator"] is None and st["llm"] is None
+    assert st["kept"] == {"seed": 3, "question": 0, "answer": 0, "thought": 0} and res["kept"]["seed"] == 3
+    extra = json.loads((out / "_manifest.json").read_text())["extra"]
+    assert extra == {"rounds": 0, "seeds": 3, "questions": 0, "answers": 0, "thoughts": 0}
+
+
 def test_expand_rejects_bad_config_and_input(seeds_file, tmp_path):
     with pytest.raises(CptkitError, match=r"lacks placeholder\(s\) \{keyword\}"):
         run(compose_step("expand-queries", _overrides(seeds_file, tmp_path / "a", None,

@@ -54,6 +54,32 @@ def test_verdict_rule_on_planted_members(tmp_path, values, compare, want):
     assert (tmp_path / "docs" / "repro" / "c.png").stat().st_size > 1000  # the plot, mean ± SE
 
 
+def test_axis_from_another_file_and_report_columns(tmp_path):
+    """The axis and seed may live in a file other than the member's manifest (an upstream step's
+    config recorded by the metric's writer); a metric that no comparison names is a column without a verdict."""
+    for x, recalls in {0: [0.10, 0.11, 0.12], 2: [0.20, 0.22, 0.21]}.items():
+        for s, v in enumerate(recalls):
+            d = tmp_path / "m" / f"r{x}_s{s}"
+            d.mkdir(parents=True)
+            (d / "_manifest.json").write_text(json.dumps({"config": {"retrieve": {"top_k": 5}}}))  # no axis here
+            (d / "_rel.json").write_text(json.dumps({"queries": {"config": {"expand": {"rounds": x}, "seed": s}},
+                                                     "recall": v, "precision": 0.5 - v}))
+            (d / "_SUCCESS").write_text("")
+    c = claim(axis="expand.rounds", seed="seed", metric={"file": "_rel.json", "path": ["recall"], "label": "recall"},
+              config={"file": "_rel.json", "path": ["queries", "config"]},
+              metrics={"precision": {"file": "_rel.json", "path": ["precision"], "label": "precision"}},
+              compare=[{"a": 2, "b": 0, "expect": 1}])
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump([c]))
+    assert report(tmp_path / "claims.yaml", tmp_path / "r.md") == [("c", HOLDS)]
+    text = (tmp_path / "r.md").read_text()
+    assert "| expand.rounds | seeds | recall (mean ± SE) | precision (mean ± SE) |\n|---|---|---|---|" in text
+    assert "| 0 | 3 | 0.1100 ± 0.0058 | 0.3900 ± 0.0058 |" in text and "| 2 | 3 | 0.2100 ± 0.0058 |" in text
+    # without `config` the axis is looked up in the manifest, which lacks it: the error names it
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump([{**c, "config": None}]))
+    with pytest.raises(CptkitError, match=r"no 'expand' for claim c \(axis expand.rounds"):
+        report(tmp_path / "claims.yaml", tmp_path / "r.md")
+
+
 def test_missing_members_name_the_command(tmp_path):
     (tmp_path / "claims.yaml").write_text(yaml.safe_dump([claim(command="cptkit corrupt -m ...")]))
     with pytest.raises(CptkitError, match=r"no sweep member matches .*run `cptkit corrupt -m \.\.\.`"):

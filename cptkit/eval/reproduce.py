@@ -26,9 +26,11 @@ Several metrics: ``metrics: {name: {file, path, label, ...}}`` (``compare`` item
 ``{metric: name, ...}``) and ``frontier: [x_metric, y_metric]`` for a trade-off plot. A metric
 ``file`` ending in ``.jsonl`` is read at its last line whose ``event`` is the metric's ``event``
 (``metrics.jsonl``'s final held-out losses: ``event: eval``); ``reduce: mean | max | min`` reduces
-a mapping at ``path`` over its values (``keys``: only these; ``prefix``: only keys starting so).
+a mapping at ``path`` over its values (``keys``: only these; ``prefix``: only keys starting so);
+``digits``: decimals in the table (default 4).
 An axis or seed key ``input:KEY`` is read from the config of the member's first input (a train
-run's stream: ``input:mix.replay.share``).
+run's stream: ``input:mix.replay.share``); ``config: {file, path}`` reads the member's config from
+another file than ``_manifest.json`` (an upstream step's config that a metric's writer recorded).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class Claim:
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     frontier: list[str] | None = None
     trajectories: dict[str, Any] | None = None  # {file: weights.jsonl, seed: S}: each arm's mixture weights
+    config: dict[str, Any] | None = None  # {file, path}: where axis and seed are read (default: _manifest.json config)
 
     def __post_init__(self) -> None:
         if self.metric is not None:
@@ -172,9 +175,10 @@ def member_point(d: Path, claim: Claim, root: Path | None = None) -> tuple[Any, 
     man_path = d / "_manifest.json"
     if not (d / "_SUCCESS").exists() or not man_path.exists():
         raise CptkitError(f"{d}: not a finished step output (no _SUCCESS/_manifest.json): rerun the sweep")
-    config = json.loads(man_path.read_text())["config"]
+    where = claim.config or {"file": "_manifest.json", "path": ["config"]}
     name = ""
     try:
+        config = dotted(json.loads((d / where["file"]).read_text()), where["path"])
         x, s = member_config(d, claim.axis, config), member_config(d, claim.seed, config)
         values = {}
         for name, spec in claim.metrics.items():
@@ -320,7 +324,8 @@ def section(n: int, claim: Claim, root: Path, figdir: Path, doc_dir: Path) -> tu
         cells = []
         for m in names:
             mean, se = stats_of(points, x, m)
-            cells.append(f"{mean:.4f}" + ("" if se != se else f" ± {se:.4f}"))
+            k = int(claim.metrics[m].get("digits", 4))
+            cells.append(f"{mean:.{k}f}" + ("" if se != se else f" ± {se:.{k}f}"))
         lines.append(f"| {x} | {len(points[x])} | " + " | ".join(cells) + " |")
     lines += ["", "| comparison | expected | difference (mean ± SE) | interval (± 2 SE) | verdict |",
               "|---|---|---|---|---|"]
@@ -362,7 +367,7 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
     claims = load_claims(claims_file)
     root = root or claims_file.parent
     figdir = out.parent / out.stem
-    parts, verdicts = [header] if header else [], []
+    parts, verdicts = [header + "\n"] if header else [], []
     for n, claim in enumerate(claims, 1):
         text, verdict = section(n, claim, root, figdir, out.parent)
         parts.append(text)

@@ -5,7 +5,8 @@ Retrieve-from-CC §3.2, App. E).
 Round r expands the *frontier*: the seeds in round 1, then everything generated and kept in
 round r-1 — questions, answers and chains of thought (§3.2: "the generated data is stored in a
 seed information pool for the next iteration", after both Question Extension and Thought
-Generation; ``expand.next_round_kinds`` narrows it). Each item gets ``questions_per_seed`` new
+Generation; ``expand.next_round_kinds`` narrows it); ``expand.rounds=0`` writes the seeds alone
+as queries, the baseline of expansion (no LLM is loaded). Each item gets ``questions_per_seed`` new
 questions (keyword seeds use cptkit's keyword prompt, everything else App. E's Question Extension
 prompt), each new question gets an answer and a chain of thought (App. E's Thought Generation
 prompt). After every generation stage the outputs are cleaned (incomplete / non-natural-language
@@ -71,7 +72,7 @@ class QueryDedupConfig:
 
 @dataclass
 class ExpandConfig:
-    rounds: int = 2
+    rounds: int = 2  # 0: the seeds alone are the queries (no LLM is loaded)
     questions_per_seed: int = 2  # new questions per frontier item and round (distinct sample seeds)
     thoughts: bool = True  # Thought Generation: answer + chain of thought per new question
     max_frontier: int = 0  # expand at most this many items per round (seeded sample; 0 = all)
@@ -200,10 +201,13 @@ def summary_rows(st: dict[str, Any]) -> dict[str, Any]:
     """Flat rows for the summary table and the manifest's ``extra`` (details: _expand_stats.json)."""
     if not st:
         return {}
-    rows: dict[str, Any] = {"model": st["generator"]["model"], "rounds": st["rounds"]}
+    rows: dict[str, Any] = {"model": st["generator"]["model"]} if st["generator"] else {}
+    rows["rounds"] = st["rounds"]
     rows |= {f"{k}s": v for k, v in st["kept"].items()}
     rows |= {f"dropped {k}": v for k, v in st["dropped"].items()}
     llm = st["llm"]
+    if llm is None:  # rounds=0: no LLM
+        return rows
     rows |= {"llm requests": llm["requests"], "llm cache hits": llm["cache_hits"],
              "llm prompt tokens": llm["prompt_tokens"], "llm completion tokens": llm["completion_tokens"],
              "llm generated tokens": llm["generated_tokens"], "llm tokens/s": llm["tokens_per_s"]}
@@ -220,7 +224,7 @@ def expand(conf: ExpandQueriesJob, job: Job, task: Task) -> tuple[list[Record], 
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise CptkitError(f"{task.inputs[0].name}: seed id {dup!r} appears more than once")
-    gen = load_generator(conf.llm)
+    gen = load_generator(conf.llm) if ex.rounds else None  # rounds=0: the seeds alone are the queries
     pool = QueryPool(ex.dedup)
     dropped: dict[str, int] = {}
     kept = {"seed": 0, "question": 0, "answer": 0, "thought": 0}
@@ -261,11 +265,12 @@ def expand(conf: ExpandQueriesJob, job: Job, task: Task) -> tuple[list[Record], 
         log.info("round %d: %d questions, %d answers, %d thoughts kept; pool %d", rnd, len(new_q), n_ans, n_cot,
                  len(pool.records))
     stats = {"rounds": len(per_round), "per_round": per_round, "kept": kept, "dropped": dict(sorted(dropped.items())),
-             "generator": gen.describe(), "llm": gen.stats.as_dict(),
+             "generator": gen.describe() if gen else None, "llm": gen.stats.as_dict() if gen else None,
              "dedup": {"bands": pool.bands, "rows": pool.rows} if pool.enabled else None,
              "next_round_kinds": [kd for kd in GENERATED_KINDS if kd in next_kinds],
              "prompts": {n: getattr(ex, n).name for n in ("question_prompt", "keyword_prompt", "thought_prompt")}}
-    gen.close()
+    if gen:
+        gen.close()
     return pool.records, stats
 
 

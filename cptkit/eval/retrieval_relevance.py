@@ -1,0 +1,268 @@
+"""Precision and recall of a retrieved set against relevance labels that do not come from the retriever.
+
+``python -m cptkit.eval.retrieval_relevance --retrieved DIR [--retrieved DIR ...] --corpus DIR
+--labels conf/reproduce/relevance_stem.yaml [--budget B]`` writes ``DIR/_relevance.json`` into each
+``cptkit retrieve`` output (atomically; the corpus is read once for all of them).
+
+Labels are rules on where a corpus record was published (``source``, ``meta.package``, its ``url``:
+see conf/reproduce/relevance_stem.yaml), fixed before a sweep is run. For one retrieved set:
+
+- ``precision`` = relevant retrieved / retrieved, ``recall`` = relevant retrieved / relevant in
+  the corpus, with the counts and ``base_rate`` = relevant / all corpus documents (the precision of
+  retrieving at random);
+- a percentile bootstrap 95% interval over the retrieved documents (resampled with replacement,
+  seeded): for precision, and for recall (the corpus total held fixed, so it is precision's
+  interval times retrieved / relevant).
+
+Two views of each retrieve output: ``all``, the union of every query's top-k (``retrieve.top_k``,
+the paper's protocol: more queries retrieve more documents), and with ``--budget B`` ``budget``, a
+fixed number of documents for every member: the first B distinct documents when the hits of
+``_run.tsv`` are taken round-robin by rank (every query's rank-1 hit in query order, then every
+rank-2 hit, ...). A member whose queries find fewer than B documents keeps what it has
+(``filled: false``).
+
+Each file also records the config of the queries it retrieved with (the ``_manifest.json`` of the
+``--queries`` step output named in the retrieve manifest), so a claim of
+:mod:`cptkit.eval.reproduce` can read an axis such as ``expand.rounds`` from it
+(``config: {file: _relevance.json, path: [queries, config]}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import hashlib
+import json
+import math
+import sys
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cptkit.core.errors import CptkitError
+
+RELEVANCE = "_relevance.json"
+RUN_FILE = "_run.tsv"
+
+
+@dataclass(frozen=True)
+class Labels:
+    """Relevance rules: a record is relevant when any rule matches it; a rule matches when every
+    (dotted) field it names matches one of its glob patterns."""
+
+    name: str
+    relevant: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...]
+    description: str = ""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "labels") -> Labels:
+        rules = d.get("relevant") if isinstance(d, dict) else None
+        if not isinstance(rules, list) or not rules:
+            raise CptkitError(f"{where}: needs `relevant:`, a non-empty list of rules ({{field: [glob, ...]}})")
+        out = []
+        for i, rule in enumerate(rules):
+            if not isinstance(rule, dict) or not rule:
+                raise CptkitError(f"{where}: relevant[{i}] must map fields to glob patterns")
+            fields = []
+            for key, pats in rule.items():
+                pats = [pats] if isinstance(pats, str) else pats
+                if not isinstance(pats, list) or not pats or not all(isinstance(p, str) for p in pats):
+                    raise CptkitError(f"{where}: relevant[{i}].{key} must be a glob or a list of globs")
+                fields.append((str(key), tuple(pats)))
+            out.append(tuple(fields))
+        return cls(name=str(d.get("name", "relevant")), relevant=tuple(out), description=str(d.get("description", "")))
+
+    @classmethod
+    def load(cls, path: Path) -> Labels:
+        import yaml
+
+        try:
+            return cls.from_dict(yaml.safe_load(Path(path).read_text(encoding="utf-8")), str(path))
+        except (OSError, yaml.YAMLError) as e:
+            raise CptkitError(f"{path}: {e}") from None
+
+    def __call__(self, rec: dict[str, Any]) -> bool:
+        return any(all(_matches(_field(rec, key), pats) for key, pats in rule) for rule in self.relevant)
+
+
+def _field(rec: dict[str, Any], key: str) -> Any:
+    obj: Any = rec
+    for k in key.split("."):
+        if not isinstance(obj, dict) or k not in obj:
+            return None
+        obj = obj[k]
+    return obj
+
+
+def _matches(value: Any, patterns: Sequence[str]) -> bool:
+    return isinstance(value, str) and any(fnmatch.fnmatchcase(value, p) for p in patterns)
+
+
+def bootstrap_ci_binary(k: int, n: int, level: float = 0.95, resamples: int = 2000,
+                        seed: int = 0) -> tuple[float, float]:
+    """The percentile bootstrap interval of the mean of ``n`` 0/1 values of which ``k`` are 1.
+
+    Resampling ``n`` values with replacement from them draws ``Binomial(n, k/n)`` ones, so this is
+    :func:`cptkit.eval.stats.bootstrap_ci` on ``[1]*k + [0]*(n-k)`` (same percentile rule, a
+    different random stream) in O(resamples) instead of O(resamples · n)."""
+    import numpy as np
+
+    if n <= 0:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    means = np.sort(rng.binomial(n, k / n, size=resamples) / n)
+    lo = means[int(math.floor((1 - level) / 2 * (resamples - 1)))]
+    hi = means[int(math.ceil((1 + level) / 2 * (resamples - 1)))]
+    return float(lo), float(hi)
+
+
+def relevance(flags: Sequence[bool], relevant_in_corpus: int, corpus_docs: int, level: float = 0.95,
+              resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Precision, recall, counts and bootstrap intervals of one retrieved set.
+
+    ``flags``: one per retrieved document, whether it is relevant. ``relevant_in_corpus``: the
+    number of relevant documents in the whole corpus (``corpus_docs`` documents)."""
+    n, k = len(flags), sum(bool(f) for f in flags)
+    if relevant_in_corpus < k:
+        raise CptkitError(f"{k} relevant documents retrieved but only {relevant_in_corpus} in the corpus: "
+                          "the retrieved set is not from this corpus")
+    p_lo, p_hi = bootstrap_ci_binary(k, n, level, resamples, seed)
+    recall = k / relevant_in_corpus if relevant_in_corpus else math.nan
+    scale = n / relevant_in_corpus if relevant_in_corpus else math.nan
+    return {"retrieved": n, "relevant_retrieved": k, "relevant_in_corpus": relevant_in_corpus,
+            "corpus_docs": corpus_docs, "precision": k / n if n else math.nan, "recall": recall,
+            "base_rate": relevant_in_corpus / corpus_docs if corpus_docs else math.nan,
+            "precision_ci": [p_lo, p_hi], "recall_ci": [p_lo * scale, p_hi * scale],
+            "ci": {"method": "percentile bootstrap over the retrieved documents", "level": level,
+                   "resamples": resamples, "seed": seed}}
+
+
+def round_robin(hits: Iterable[tuple[str, str, int]], budget: int) -> list[str]:
+    """The first ``budget`` distinct documents of ``(query_id, doc_id, rank)`` hits taken round-robin
+    by rank: every query's rank-1 hit (queries in order of first appearance), then rank 2, ..."""
+    order: dict[str, int] = {}
+    rows = []
+    for q, d, r in hits:
+        rows.append((int(r), order.setdefault(q, len(order)), d))
+    rows.sort(key=lambda t: (t[0], t[1]))
+    picked: dict[str, None] = {}
+    for _, _, d in rows:
+        if len(picked) >= budget:
+            break
+        picked.setdefault(d, None)
+    return list(picked)
+
+
+def read_run(path: Path) -> list[tuple[str, str, int]]:
+    """``(query_id, doc_id, rank)`` rows of a retrieve ``_run.tsv`` (tsv or trec columns)."""
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) == 4:
+                rows.append((parts[0], parts[1], int(parts[2])))
+                continue
+            parts = line.split()
+            if len(parts) != 6:
+                raise CptkitError(f"{path}: not a retrieve run file (line {line[:80]!r})")
+            rows.append((parts[0], parts[2], int(parts[3])))
+    return rows
+
+
+def corpus_labels(corpus: Sequence[str], labels: Labels) -> tuple[int, int, Counter]:
+    """(documents, relevant documents, relevant per meta.package) of the corpus."""
+    from cptkit.core.shards import iter_records, resolve_inputs
+
+    n, per = 0, Counter()
+    for rec in iter_records(resolve_inputs(list(corpus))):
+        n += 1
+        if labels(rec):
+            per[str(_field(rec, "meta.package") or rec.get("source"))] += 1
+    return n, sum(per.values()), per
+
+
+def _queries_of(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The paths of the retrieve run's ``--queries`` and, when they name one step output, its config."""
+    specs = (manifest.get("config", {}).get("retrieve", {}) or {}).get("queries") or []
+    specs = [specs] if isinstance(specs, str) else [str(s) for s in specs]
+    config = None
+    if len(specs) == 1 and (Path(specs[0]) / "_manifest.json").is_file():
+        config = json.loads((Path(specs[0]) / "_manifest.json").read_text())["config"]
+    return {"paths": [str(Path(s).resolve()) for s in specs], "config": config}
+
+
+def evaluate(retrieved: Path, labels: Labels, corpus_docs: int, relevant_in_corpus: int,
+             budget: int | None = None, seed: int = 0) -> dict[str, Any]:
+    """The content of ``retrieved/_relevance.json`` (reads the retrieve output, writes nothing)."""
+    from cptkit.core.shards import iter_records, resolve_inputs
+
+    man_path = retrieved / "_manifest.json"
+    if not (retrieved / "_SUCCESS").exists() or not man_path.is_file():
+        raise CptkitError(f"{retrieved}: not a finished retrieve output (no _SUCCESS/_manifest.json)")
+    manifest = json.loads(man_path.read_text())
+    if manifest.get("step") != "retrieve":
+        raise CptkitError(f"{retrieved}: the output of `cptkit {manifest.get('step')}`, not of `cptkit retrieve`")
+    flag: dict[str, bool] = {}
+    packages: Counter = Counter()
+    for rec in iter_records(resolve_inputs([str(retrieved)])):
+        flag[str(rec["id"])] = labels(rec)
+        packages[str(_field(rec, "meta.package") or rec.get("source"))] += 1
+    out: dict[str, Any] = {
+        "labels": labels.name,
+        "queries": _queries_of(manifest),
+        "top_k": manifest.get("config", {}).get("retrieve", {}).get("top_k"),
+        "queries_searched": manifest.get("extra", {}).get("queries"),
+        "all": relevance(list(flag.values()), relevant_in_corpus, corpus_docs, seed=seed),
+        "retrieved_by_package": dict(packages.most_common()),
+    }
+    if budget is not None:
+        ids = round_robin(read_run(retrieved / RUN_FILE), budget)
+        missing = [d for d in ids if d not in flag]
+        if missing:
+            raise CptkitError(f"{retrieved}/{RUN_FILE}: document {missing[0]!r} is not among the retrieved records")
+        out["budget"] = {"docs": budget, "filled": len(ids) == budget,
+                         **relevance([flag[d] for d in ids], relevant_in_corpus, corpus_docs, seed=seed)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cptkit.core.shards import atomic_write_json
+
+    p = argparse.ArgumentParser(prog="python -m cptkit.eval.retrieval_relevance", description=__doc__.splitlines()[0])
+    p.add_argument("--retrieved", type=Path, action="append", required=True,
+                   help="a finished `cptkit retrieve` output (repeatable); its _relevance.json is written")
+    p.add_argument("--corpus", action="append", required=True,
+                   help="the corpus retrieved from (file, directory, glob; repeatable): the relevant total")
+    p.add_argument("--labels", type=Path, required=True, help="the relevance rules (YAML)")
+    p.add_argument("--budget", type=int, default=None,
+                   help="also score the first B documents taken round-robin by rank (a fixed budget)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"where to write (one --retrieved only; default: DIR/{RELEVANCE})")
+    a = p.parse_args(argv)
+    try:
+        if a.out and len(a.retrieved) > 1:
+            raise CptkitError("--out takes one --retrieved")
+        if a.budget is not None and a.budget < 1:
+            raise CptkitError(f"--budget {a.budget}: must be >= 1")
+        labels = Labels.load(a.labels)
+        n, rel, per = corpus_labels(a.corpus, labels)
+        digest = hashlib.sha256(a.labels.read_bytes()).hexdigest()[:16]
+        for d in a.retrieved:
+            res = evaluate(d, labels, n, rel, a.budget, a.seed)
+            res["labels"] = {"name": labels.name, "file": str(a.labels), "sha256": digest,
+                             "relevant_by_package": dict(per.most_common())}
+            atomic_write_json(a.out or d / RELEVANCE, res)
+            view = res.get("budget", res["all"])
+            print(f"{d}: precision {view['precision']:.4f} recall {view['recall']:.4f} "
+                  f"({view['relevant_retrieved']}/{view['retrieved']} retrieved, {rel} relevant in the corpus)")
+    except CptkitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
