@@ -84,7 +84,7 @@ $(R)/upsampling: $(REPRO_DEPS)
 	@touch $@
 
 # 2, 3. SynE's synthetic QA: more of SmolLM2's CHAMP-style problems than the demo writes.
-REPRO_SYNTH ?= $(subst num_problems=8,num_problems=40,$(SYNTH_ARGS))
+REPRO_SYNTH ?= $(subst num_problems=8,num_problems=40,$(SYNTH_ARGS)) llm.num_threads=1
 $(REPRO)/qa/_SUCCESS: $(DATA)/champ.jsonl | $(VENV)/.installed
 	$(CPTKIT) synthesize-qa --in $< --out $(@D) $(REPRO_SYNTH) $(LLM) -q
 

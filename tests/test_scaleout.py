@@ -139,3 +139,37 @@ def test_job_array_as_a_hydra_sweep_shares_one_output(qa):
     cptkit("corrupt", "--in", "qa", "--out", str(whole), "-q", "corrupt.ratio=0.4", cwd=qa)
     assert (qa / "arr_sweep" / "_SUCCESS").exists()
     assert shard_bytes(qa / "arr_sweep") == shard_bytes(whole)
+
+
+@pytest.mark.slow
+def test_a_reproduce_sweep_on_slurm_through_aggregate_to_verdict(corpus_dir, corpus_records, tmp_path, cluster):
+    """`make reproduce`'s path with hydra/launcher=submitit_slurm and nothing else changed: a train
+    multirun (axis x 3 seeds) as a SLURM job array, the aggregate over seeds, a verdict; a member equals
+    the same run without SLURM. The planted effect: 8 steps lower the held-out loss more than 1 step."""
+    import yaml
+    from mixdata import TWO_DOMAINS, build_stream, make_tokenizer
+
+    from cptkit.eval.reproduce import report
+    from cptkit.eval.stats import HOLDS
+
+    tok = make_tokenizer(corpus_records, tmp_path / "tok")
+    build_stream(corpus_dir, tok, tmp_path / "stream", [*TWO_DOMAINS, "mix.budget_tokens=20000", "mix.seq_len=64",
+                                                        "mix.eval_docs=4"])
+    toy = ["model.hidden=32", "model.layers=1", "model.heads=2", "train.micro_batch=2", "train.threads=1",
+           "train.lr=3e-3", "train.eval_every=100", "train.eval_docs=4", "-q"]
+    cptkit("train", "--in", "stream", "--out", "runs/st{train.max_steps}_s{seed}", *toy, "-m", "train.max_steps=1,8",
+           "seed=0,1,2", "hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug",
+           "hydra.launcher.timeout_min=10", "hydra.sweep.dir=sweep-slurm", cwd=tmp_path, env=cluster.env)
+    assert len(list((tmp_path / "sweep-slurm" / ".submitit").glob("*"))) >= 1  # it went through SLURM
+    metric = {"file": "metrics.jsonl", "event": "eval", "path": ["eval_loss", "en"], "label": "en loss"}
+    c = {"id": "steps", "title": "more steps", "source": "toy", "quote": "q", "command": "cmd", "members": "runs/*",
+         "axis": "train.max_steps", "seed": "seed", "metric": metric, "compare": [{"a": 8, "b": 1, "expect": -1}]}
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump([c]))
+    assert report(tmp_path / "claims.yaml", tmp_path / "r.md", tmp_path) == [("steps", HOLDS)]
+    assert "| 8 | 3 |" in (tmp_path / "r.md").read_text()
+    cptkit("train", "--in", "stream", "--out", "plain", *toy, "train.max_steps=8", "seed=1", cwd=tmp_path)
+
+    def last_eval(d: Path) -> dict:
+        return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if '"eval"' in x][-1]["eval_loss"]
+
+    assert last_eval(tmp_path / "plain") == last_eval(tmp_path / "runs" / "st8_s1")

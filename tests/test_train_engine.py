@@ -400,3 +400,14 @@ def test_stream_tokenizer_path_is_absolute_and_train_runs_elsewhere(corpus_dir, 
     _edit_meta(s, lambda m: m.update(tokenizer="some/rel/tok"))
     with pytest.raises(CptkitError, match="relative path found neither"):
         Stream(s).tokenizer_spec()
+
+
+def test_gradient_checkpointing_auto_depends_on_size_and_device():
+    """auto: on from 1e8 parameters on a GPU, from 1e9 on CPU (RAM is not the limit there); forced values win."""
+    from cptkit.training.engine import checkpointing_wanted
+
+    small = torch.nn.Linear(1000, 1000)  # 1,001,000 parameters
+    big = torch.nn.Embedding(150_000, 1000)  # 1.5e8: SmolLM2-135M's size class, no memory allocated for grads
+    assert checkpointing_wanted("auto", big, gpu=True) and not checkpointing_wanted("auto", big, gpu=False)
+    assert not checkpointing_wanted("auto", small, gpu=True)
+    assert checkpointing_wanted(True, small, gpu=False) and not checkpointing_wanted("false", big, gpu=True)

@@ -98,7 +98,7 @@ class TrainOptions:
     precision: str = "auto"  # auto (bf16 on GPU or a CPU with native bf16, else fp32) | bf16 | fp32 | fp16 (GPU)
     engine: str = "auto"  # auto (DeepSpeed on GPU / >1 process / ZeRO-3 / a DeepSpeed file; else torch) | deepspeed | torch
     zero_stage: int | None = None  # null: the deepspeed group's stage (deepspeed=zero1|zero2|zero3)
-    gradient_checkpointing: Any = "auto"  # auto (on for models of ≥ 1e8 parameters) | true | false
+    gradient_checkpointing: Any = "auto"  # auto (on from 1e8 parameters on GPU, 1e9 on CPU) | true | false
     kernels: str = "none"  # none | liger (Liger-Kernel's RoPE, RMSNorm, SwiGLU, fused linear cross-entropy; GPU)
     deepspeed_config: str | None = None  # a JSON/YAML DeepSpeed file; its stage/optimizer/scheduler win
     save_every: int = 0  # optimizer steps between checkpoints (0: only at the end)

@@ -291,15 +291,18 @@ def load_user_deepspeed(path: str | None) -> dict[str, Any]:
     return data
 
 
-def checkpointing_wanted(setting: Any, model: torch.nn.Module) -> bool:
-    """``train.gradient_checkpointing``: true/false, or auto = on for models of ≥ 1e8 parameters."""
+def checkpointing_wanted(setting: Any, model: torch.nn.Module, gpu: bool | None = None) -> bool:
+    """``train.gradient_checkpointing``: true/false, or auto = on for models of ≥ 1e8 parameters on a
+    GPU (whose memory is the limit) and of ≥ 1e9 on CPU, where RAM holds the activations of a 135M
+    model many times over and recomputing the forward would cost a third more compute per step."""
     if isinstance(setting, bool):
         return setting
     if str(setting).lower() in ("true", "false"):
         return str(setting).lower() == "true"
     if str(setting) != "auto":
         raise CptkitError(f"train.gradient_checkpointing={setting!r}: use auto, true or false")
-    return sum(p.numel() for p in model.parameters()) >= 100_000_000
+    gpu = on_gpu() if gpu is None else gpu
+    return sum(p.numel() for p in model.parameters()) >= (100_000_000 if gpu else 1_000_000_000)
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:
