@@ -30,15 +30,24 @@ def slurm_env() -> None:
     """Map SLURM's task variables onto torch.distributed's when launched by ``srun``.
 
     SLURM's variables win over an inherited ``RANK``/``WORLD_SIZE`` (a parent process may have
-    exported its own), except under a launcher of its own (``torchrun``, ``deepspeed``).
+    exported its own), except under a launcher of its own (``torchrun``, ``deepspeed``). A job of
+    one task (a sweep's array member) rendezvouses on a free port of its own, like any single
+    process; the tasks of a multi-task job agree on a port derived from the job id, so that jobs
+    sharing a node never collide on one fixed port.
     """
     launcher = "TORCHELASTIC_RUN_ID" in os.environ or "CROSS_RANK" in os.environ
     if "SLURM_PROCID" in os.environ and not launcher:
         os.environ["RANK"] = os.environ["SLURM_PROCID"]
         os.environ["WORLD_SIZE"] = os.environ.get("SLURM_NTASKS", "1")
         os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
-        os.environ.setdefault("MASTER_ADDR", socket.gethostname())
-        os.environ.setdefault("MASTER_PORT", "29500")
+        if os.environ["WORLD_SIZE"] != "1":
+            os.environ.setdefault("MASTER_ADDR", socket.gethostname())
+            os.environ.setdefault("MASTER_PORT", str(slurm_port(os.environ.get("SLURM_JOB_ID", "0"))))
+
+
+def slurm_port(job_id: str) -> int:
+    """The rendezvous port of a multi-task SLURM job: 20000-39999, from its job id."""
+    return 20000 + int(job_id) % 20000 if job_id.isdigit() else 29500
 
 
 def init_distributed(backend: str = "auto") -> tuple[int, int]:
