@@ -112,8 +112,9 @@ def write_run(d: Path, config: dict, evals: list[dict], inputs: list[str] | None
     """A finished train-like member: its config and a metrics.jsonl with step lines and eval events."""
     d.mkdir(parents=True)
     (d / "_manifest.json").write_text(json.dumps({"config": {**config, "io": {"inputs": inputs or []}}}))
-    lines = [{"step": 1, "loss": 9.0}]
-    lines += [{"step": 10 * i, "event": "eval", "eval_loss": e} for i, e in enumerate(evals)]
+    # as train writes it: the evals before a step ride on that step's line, the one after the last is an event
+    lines = [{"step": 10 * i + 1, "loss": 9.0, "eval_loss": e} for i, e in enumerate(evals[:-1])]
+    lines += [{"step": 10 * len(evals), "event": "eval", "eval_loss": evals[-1]}]
     (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     (d / "_SUCCESS").write_text("")
 

@@ -103,17 +103,27 @@ def dotted(obj: Any, path: str | Sequence[str]) -> Any:
     return obj
 
 
+def has(obj: Any, path: str | Sequence[str]) -> bool:
+    try:
+        dotted(obj, path)
+        return True
+    except KeyError:
+        return False
+
+
 def read_metric(d: Path, spec: dict[str, Any], root: Path | None = None) -> float:
     """One metric of one member: a JSON file's value at ``path`` (a ``.jsonl``: its last line whose
     ``event`` is ``spec['event']``), reduced over a mapping's values when ``reduce`` is given."""
     src = d / spec["file"]
     text = src.read_text()
+    first: dict[str, Any] = {}
     if src.suffix == ".jsonl":
-        rows = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
-        rows = [r for r in rows if r.get("event") == spec.get("event")]
+        lines = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+        rows = [r for r in lines if r.get("event") == spec.get("event")]
         if not rows:
             raise KeyError(f"event {spec.get('event')!r} in {spec['file']}")
         obj = rows[-1]
+        first = next((r for r in lines if has(r, spec["path"])), obj)  # train: step 0's eval is on a step line
     else:
         obj = json.loads(text)
     value = dotted(obj, spec["path"])
@@ -123,7 +133,7 @@ def read_metric(d: Path, spec: dict[str, Any], root: Path | None = None) -> floa
     if how in ("velocity_spread", "velocity_max"):  # Velocitune's V per domain, from the first and last eval
         if src.suffix != ".jsonl":
             raise CptkitError(f"reduce: {how} reads the first and last eval of a .jsonl file, not {spec['file']}")
-        return velocity_metric(rows[0], value, spec, how, root or d)
+        return velocity_metric(first, value, spec, how, root or d)
     keys = [k for k in value if k in spec.get("keys", value) and str(k).startswith(spec.get("prefix", ""))]
     if not keys:
         raise KeyError(f"{spec['path']} has no key to reduce (keys {spec.get('keys')}, prefix {spec.get('prefix')!r})")
@@ -137,7 +147,7 @@ def read_metric(d: Path, spec: dict[str, Any], root: Path | None = None) -> floa
 def velocity_metric(first: dict[str, Any], last: Mapping[str, float], spec: dict[str, Any], how: str,
                     root: Path) -> float:
     """The spread (max − min) or the largest of the learning velocities V = (ℓ_t − ℓ_target) /
-    (ℓ_init − ℓ_target) (Velocitune Eq. 2) at the last eval, ℓ_init the first eval's loss and
+    (ℓ_init − ℓ_target) (Velocitune Eq. 2) at the last eval, ℓ_init the first line's (step 0's) loss and
     ℓ_target the proxy's targets (``spec['targets']``, a ``_velocitune_targets.json``; relative: to ``root``)."""
     from cptkit.mixtures.rules import velocities
     from cptkit.mixtures.velocitune import load_targets_file
