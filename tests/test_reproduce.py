@@ -172,3 +172,14 @@ def test_velocity_spread_from_first_and_last_eval_and_a_dirname_axis(tmp_path):
     # even: V = (0.5, 0.5) → spread 0 (+0.0005 jitter·2/2); uneven: V = (0, 1) → spread 1
     assert "| even | 3 | 0.0005 ± 0.0003 |" in out.read_text()
     assert "| uneven | 3 | 0.9995 ± 0.0003 |" in out.read_text()
+
+
+def test_partial_report_names_the_claims_not_run(tmp_path):
+    plant(tmp_path, {0.1: [0.5, 0.52, 0.51], 0.2: [0.61, 0.62, 0.60]})
+    done = claim(compare=[{"a": 0.2, "b": 0.1, "expect": 1}])
+    missing = claim(id="later", members="nothing/*", command="make reproduce-later")
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump([done, missing]))
+    with pytest.raises(CptkitError, match="no sweep member matches"):
+        report(tmp_path / "claims.yaml", tmp_path / "r.md")
+    assert report(tmp_path / "claims.yaml", tmp_path / "r.md", partial=True) == [("c", HOLDS), ("later", "not run yet")]
+    assert "**not run yet:** claim later: no sweep member matches" in (tmp_path / "r.md").read_text()

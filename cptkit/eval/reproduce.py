@@ -370,8 +370,14 @@ def load_claims(path: Path) -> list[Claim]:
         raise CptkitError(f"{path}: {e}") from None
 
 
-def report(claims_file: Path, out: Path, root: Path | None = None, header: str = "") -> list[tuple[str, str]]:
-    """Write the report of every claim to ``out``; returns ``[(claim id, verdict)]``."""
+NOT_RUN = "not run yet"
+
+
+def report(claims_file: Path, out: Path, root: Path | None = None, header: str = "",
+           partial: bool = False) -> list[tuple[str, str]]:
+    """Write the report of every claim to ``out``; returns ``[(claim id, verdict)]``. ``partial``:
+    a claim whose sweep is missing or unfinished is reported as not run (with why and its command)
+    instead of failing the report."""
     from cptkit.core.shards import atomic_write_bytes
 
     claims = load_claims(claims_file)
@@ -379,7 +385,13 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
     figdir = out.parent / out.stem
     parts, verdicts = [header + "\n"] if header else [], []
     for n, claim in enumerate(claims, 1):
-        text, verdict = section(n, claim, root, figdir, out.parent)
+        try:
+            text, verdict = section(n, claim, root, figdir, out.parent)
+        except CptkitError as e:
+            if not partial:
+                raise
+            text, verdict = (f"## {n}. {claim.title}\n\n> {claim.quote}\n> — {claim.source}\n\n"
+                             f"Sweep: `{claim.command}`\n\n**{NOT_RUN}:** {e}\n"), NOT_RUN
         parts.append(text)
         verdicts.append((claim.id, verdict))
     summary = ["| claim | verdict |", "|---|---|", *(f"| {i} | {v} |" for i, v in verdicts)]
@@ -411,10 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", type=Path, default=None, help="where member globs start (default: the YAML's folder)")
     p.add_argument("--header", default=None,
                    help="text above the claims (default: date, machine and the run time of the outputs under --root)")
+    p.add_argument("--partial", action="store_true", help="report a claim whose sweep is unfinished as not run")
     a = p.parse_args(argv)
     root = a.root or a.claims.parent
     try:
-        verdicts = report(a.claims, a.out, root, describe(root) if a.header is None else a.header)
+        verdicts = report(a.claims, a.out, root, describe(root) if a.header is None else a.header, a.partial)
     except CptkitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
