@@ -70,6 +70,7 @@ class Claim:
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     frontier: list[str] | None = None
     trajectories: dict[str, Any] | None = None  # {file: weights.jsonl, seed: S}: each arm's mixture weights
+    axis_label: str = ""  # the axis as tables and plots name it (default: the axis key)
     config: dict[str, Any] | None = None  # {file, path}: where axis and seed are read (default: _manifest.json config)
 
     def __post_init__(self) -> None:
@@ -83,6 +84,10 @@ class Claim:
         for m in self.frontier or []:
             if m not in self.metrics:
                 raise CptkitError(f"claim {self.id}: frontier names metric {m!r}; have {', '.join(self.metrics)}")
+
+    @property
+    def axis_name(self) -> str:
+        return self.axis_label or self.axis.removeprefix("input:")
 
     @property
     def first(self) -> str:
@@ -269,13 +274,13 @@ def plot(points: Points, claim: Claim, out: Path) -> bool:
                 ax.annotate(str(x), (a, b), textcoords="offset points", xytext=(4, 4), fontsize=8)
             ax.set_xlabel(claim.label(mx), fontsize=8)
             ax.set_ylabel(claim.label(my), fontsize=8)
-            ax.set_title(f"frontier over {claim.axis}", fontsize=9)
+            ax.set_title(f"frontier over {claim.axis_name}", fontsize=9)
             continue
         stats = [stats_of(points, x, name) for x in xs]
         ax.errorbar(pos, [m for m, _ in stats], yerr=[0 if se != se else se for _, se in stats], marker="o", capsize=4)
         if pos is not xs:
             ax.set_xticks(pos, [str(x) for x in xs])
-        ax.set_xlabel(claim.axis, fontsize=8)
+        ax.set_xlabel(claim.axis_name, fontsize=8)
         ax.set_ylabel(claim.label(name), fontsize=8)
     fig.suptitle(f"{claim.title} (mean ± SE over seeds)", fontsize=9)
     fig.tight_layout()
@@ -310,7 +315,7 @@ def plot_trajectories(claim: Claim, root: Path, out: Path) -> bool:
         domains = list(rows[-1]["weights"])
         for dom in domains:
             ax.plot([r["step"] for r in rows], [r["weights"].get(dom, 0.0) for r in rows], marker=".", label=dom)
-        ax.set_title(f"{claim.axis}={arm}", fontsize=9)
+        ax.set_title(f"{claim.axis_name}={arm}", fontsize=9)
         ax.set_xlabel("step", fontsize=8)
     axes[0][0].set_ylabel("mixture weight", fontsize=8)
     axes[0][-1].legend(fontsize=7)
@@ -328,7 +333,7 @@ def section(n: int, claim: Claim, root: Path, figdir: Path, doc_dir: Path) -> tu
     names = list(claim.metrics)
     lines = [f"## {n}. {claim.title}", "", f"> {claim.quote}", f"> — {claim.source}", "",
              f"Sweep: `{claim.command}`", "",
-             f"| {claim.axis} | seeds | " + " | ".join(f"{claim.label(m)} (mean ± SE)" for m in names) + " |",
+             f"| {claim.axis_name} | seeds | " + " | ".join(f"{claim.label(m)} (mean ± SE)" for m in names) + " |",
              "|---|---|" + "---|" * len(names)]
     for x in axis_order(points):
         cells = []
@@ -342,7 +347,7 @@ def section(n: int, claim: Claim, root: Path, figdir: Path, doc_dir: Path) -> tu
     effects = []
     for c in claim.compare:
         metric = c.get("metric", claim.first)
-        label = claim.label(metric)
+        label = metric if metric != "metric" else claim.label(metric)  # the short name; the table has the label
         e = compare(points, c["a"], c["b"], int(c["expect"]), metric)
         effects.append(e)
         interval = "–" if e.lo != e.lo else f"[{e.lo:+.4f}, {e.hi:+.4f}]"
