@@ -388,7 +388,7 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
     claims = load_claims(claims_file)
     root = root or claims_file.parent
     figdir = out.parent / out.stem
-    parts, verdicts = [header + "\n"] if header else [], []
+    parts, verdicts = [], []
     for n, claim in enumerate(claims, 1):
         try:
             text, verdict = section(n, claim, root, figdir, out.parent)
@@ -400,7 +400,8 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
         parts.append(text)
         verdicts.append((claim.id, verdict))
     summary = ["| claim | verdict |", "|---|---|", *(f"| {i} | {v} |" for i, v in verdicts)]
-    atomic_write_bytes(out, ("\n".join(summary) + "\n\n" + "\n".join(parts)).encode())
+    top = header.strip() + "\n\n" if header.strip() else ""
+    atomic_write_bytes(out, (top + "\n".join(summary) + "\n\n" + "\n".join(parts)).encode())
     return verdicts
 
 
@@ -429,10 +430,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--header", default=None,
                    help="text above the claims (default: date, machine and the run time of the outputs under --root)")
     p.add_argument("--partial", action="store_true", help="report a claim whose sweep is unfinished as not run")
+    p.add_argument("--preamble", type=Path, default=None, help="markdown placed under the header (the set-up)")
     a = p.parse_args(argv)
     root = a.root or a.claims.parent
+    header = describe(root) if a.header is None else a.header
+    if a.preamble is not None:
+        header = a.preamble.read_text(encoding="utf-8").strip() + "\n\n" + header
     try:
-        verdicts = report(a.claims, a.out, root, describe(root) if a.header is None else a.header, a.partial)
+        verdicts = report(a.claims, a.out, root, header, a.partial)
     except CptkitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
