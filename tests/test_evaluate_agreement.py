@@ -248,12 +248,16 @@ def test_suite_layouts_and_gauntlet_rescaling():
             "mmlu_stem": {"acc": 0.209}, "sat_math": {"acc": 0.188}, "humaneval": {"pass@1": 0.305}, "mbpp": {"pass@1": 0.432}}
     cpt = dict(base) | {"gsm8k": {"exact_match": 0.284}}
     header, rows = suite_table(vt, {"CodeLlama": _res("v", base), "Velocitune": _res("v", cpt)})
-    assert header[1:4] == ["Math\nGSM8K", "Math\nMATH", "Math\nMinerva"] and header[-1] == "Code\nCode Avg."
+    assert header[1:4] == ["Math\nGSM8K", "Math\nMATH", "Math\nMinerva"] and header[12] == "Code\nCode Avg."
+    # Table 2 beside it: CmdGen-NVIDIA and CmdGen-AMD, six columns each, empty for runs without CmdGen
+    assert header[13:] == [f"CmdGen-{b}\n{m}" for b in ("NVIDIA", "AMD")
+                           for m in ("Cmd Sim", "Output Sim", "Approx Acc", "EM", "SR", "Acc")]
+    assert rows[0][13:] == [None] * 12
     # the paper's CodeLlama row: Avg. 21.6 and Code Avg. 36.8 (Velocitune Table 1)
     assert round(rows[0][9], 1) == 21.6 and round(rows[0][12], 2) == 36.85
     assert rows[1][0] == "Velocitune" and rows[2][0].strip().startswith("Δ") and rows[2][1] == pytest.approx(16.0)
     assert "| run | Math / GSM8K |" in to_markdown(header, rows)
-    for name in ("synE", "retrieve_pile"):
+    for name in ("synE", "retrieve_pile", "velocitune"):
         s = yaml.safe_load((ROOT / f"conf/eval/suites/{name}.yaml").read_text())
         cols = [c.get("task") for t in s["tables"] for g in t["groups"] for c in g["columns"] if "task" in c]
         assert set(cols) <= set(s["tasks"]) and all((TASK_DIR / f"{c}.yaml").exists() for c in s["tasks"])

@@ -74,6 +74,7 @@ class ExecResult:
     returncode: int | None
     stderr_tail: str
     network: str  # netns | socket-disabled
+    stdout: str = ""  # the program's stdout, when run_sandboxed was asked to keep it (``stdout_limit``)
 
 
 _GUARD = textwrap.dedent('''
@@ -251,9 +252,14 @@ def _map_ids(proc: subprocess.Popen) -> None:
 
 
 def run_sandboxed(code: str, timeout: float = 10.0, memory_mb: int = 1024, max_file_mb: int = 1,
-                  unshare: str = "unshare") -> ExecResult:
-    """Run ``code`` inside fresh user/net/pid/mount namespaces with a minimal read-only root (see module doc)."""
-    with tempfile.TemporaryDirectory(prefix="cptkit-exec-") as tmp:
+                  unshare: str = "unshare", stdout_limit: int = 0) -> ExecResult:
+    """Run ``code`` inside fresh user/net/pid/mount namespaces with a minimal read-only root (see module doc).
+
+    ``stdout_limit > 0`` keeps the first ``stdout_limit`` bytes of the program's stdout (UTF-8, bad bytes
+    replaced) in ``ExecResult.stdout``: it goes to a file outside the new root, which the sandbox's
+    ``RLIMIT_FSIZE`` bounds like any other file the program writes; otherwise stdout is discarded."""
+    with tempfile.TemporaryDirectory(prefix="cptkit-exec-") as tmp, \
+            open(Path(tmp, "stdout") if stdout_limit > 0 else os.devnull, "w+b") as out:
         work, newroot = Path(tmp, "work"), Path(tmp, "root")
         work.mkdir()
         newroot.mkdir()
@@ -269,7 +275,7 @@ def run_sandboxed(code: str, timeout: float = 10.0, memory_mb: int = 1024, max_f
                str(memory_mb << 20), str(max_file_mb << 20), str(int(timeout) + 1), str(int(drop)), *_binds()]
         proc = subprocess.Popen(cmd, cwd=tmp, env={"PATH": "/usr/bin:/bin"},
                                 stdin=subprocess.PIPE if drop else subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                                stdout=out, stderr=subprocess.PIPE, start_new_session=True)
         if drop:
             _map_ids(proc)
         try:
@@ -277,10 +283,17 @@ def run_sandboxed(code: str, timeout: float = 10.0, memory_mb: int = 1024, max_f
         except subprocess.TimeoutExpired:
             proc.kill()  # --kill-child: PID 1 of the namespace dies, and with it every process in it
             _, err = proc.communicate()
-            return ExecResult("timeout", None, err.decode("utf-8", "replace")[-500:], "netns")
+            return ExecResult("timeout", None, err.decode("utf-8", "replace")[-500:], "netns", _head(out, stdout_limit))
         rc = proc.returncode
         status = "timeout" if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU) else "passed" if rc == 0 else "failed"
-        return ExecResult(status, rc, err.decode("utf-8", "replace")[-500:], "netns")
+        return ExecResult(status, rc, err.decode("utf-8", "replace")[-500:], "netns", _head(out, stdout_limit))
+
+
+def _head(f, limit: int) -> str:
+    if limit <= 0:
+        return ""
+    f.seek(0)
+    return f.read(limit).decode("utf-8", "replace")
 
 
 _SANDBOX_OK: dict[str, str | None] = {}

@@ -211,6 +211,9 @@ def suite_table(suite: dict, runs: dict[str, dict[str, Any]]) -> tuple[list[str]
 
 
 def print_suite(suite: dict, runs: dict[str, dict[str, Any]]) -> None:
-    """The suite's paper layout as a rich table on stderr."""
-    header, rows = suite_table(suite, runs)
-    print_compare(header, rows, title=str(suite.get("title") or suite.get("suite")))
+    """The suite's paper layout as rich tables on stderr, one per table of the suite (side by side
+    they would not fit a terminal)."""
+    title = str(suite.get("title") or suite.get("suite"))
+    for t in suite["tables"]:
+        header, rows = suite_table(suite | {"tables": [t]}, runs)
+        print_compare(header, rows, title=f"{title}: {t['title']}" if len(suite["tables"]) > 1 and t.get("title") else title)

@@ -21,7 +21,13 @@ reader             published layout (path given in ``data_files``)              
 ``arc_jsonl``      ARC-V1-Feb2018 ``*.jsonl`` (question.stem, question.choices)          id question choices{text,label} answerKey
 ``mbpp_jsonl``     ``mbpp.jsonl``; the split is the task_id range of the paper           task_id text code test_list test_setup_code
 ``scieval_json``   SciEval ``scieval-*.json`` list, ``type == multiple-choice`` items    id question choices label(int) category
+``cmdgen``         CmdGen JSONL or JSON list of question/command pairs (field names below) id question command
 =================  ==================================================================  =========================
+
+CmdGen's field names are not stated by Velocitune (App. A labels them "Question" and "Target
+Command"); ``cmdgen`` takes the question from the first of ``CMDGEN_QUESTION`` and the command
+from the first of ``CMDGEN_COMMAND`` present in each item, so ``{"question", "command"}`` (ours),
+App. A's labels and an instruction/output layout all read the same.
 """
 
 from __future__ import annotations
@@ -320,6 +326,32 @@ def scieval_json(path: Path, split: str, opts: dict) -> list[dict]:
     return docs
 
 
+CMDGEN_QUESTION = ("question", "Question", "instruction", "input", "prompt", "query")
+CMDGEN_COMMAND = ("command", "Command", "target_command", "Target Command", "target", "cmd", "output", "answer")
+
+
+def cmdgen(path: Path, split: str, opts: dict) -> list[dict]:
+    """CmdGen question/command pairs: a JSONL file or a JSON list (``{"data": [...]}`` too)."""
+    _need(path, "CmdGen file")
+    with _open_text(path) as fh:
+        try:
+            obj = json.load(fh)
+        except json.JSONDecodeError:  # several objects: JSONL (read_jsonl names a bad line)
+            obj = None
+    whole = isinstance(obj, list) or (isinstance(obj, dict) and any(isinstance(obj.get(k), list)
+                                                                    for k in ("data", "examples")))
+    rows = read_json(path) if whole else read_jsonl(path)
+    docs = []
+    for i, d in enumerate(rows):
+        q = next((d[k] for k in CMDGEN_QUESTION if isinstance(d.get(k), str)), None)
+        c = next((d[k] for k in CMDGEN_COMMAND if isinstance(d.get(k), str)), None)
+        if q is None or c is None:
+            raise BadInput(str(path), i + 1, f"item {i + 1}: expected a question ({' | '.join(CMDGEN_QUESTION)}) "
+                           f"and a command ({' | '.join(CMDGEN_COMMAND)}), got fields {', '.join(d) or 'none'}")
+        docs.append({"id": str(d.get("id", d.get("task_id", i))), "question": q.strip(), "command": c.strip()})
+    return docs
+
+
 def _jsonl(path: Path, split: str, opts: dict) -> list[dict]:
     return read_jsonl(_need(path, "JSONL file"))
 
@@ -332,7 +364,7 @@ READERS: dict[str, Callable[[Path, str, dict], list[dict]]] = {
     "jsonl": _jsonl, "json": _json, "math_tree": math_tree, "mmlu_csv": mmlu_csv, "ceval_csv": ceval_csv,
     "cmmlu_csv": cmmlu_csv, "agieval_jsonl": agieval_jsonl, "bbh_json": bbh_json, "bbh_cot": bbh_cot,
     "mathqa_json": mathqa_json, "asdiv_xml": asdiv_xml, "arc_jsonl": arc_jsonl, "mbpp_jsonl": mbpp_jsonl,
-    "scieval_json": scieval_json,
+    "scieval_json": scieval_json, "cmdgen": cmdgen,
 }
 
 

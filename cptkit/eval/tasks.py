@@ -11,7 +11,8 @@ cptkit additions ``doc_to_gold`` (the reference for generative scoring, default
 ``doc_to_target``), ``answer_extraction`` / ``gold_extraction`` (``last_number`` | ``boxed`` |
 ``regex:<pattern>`` | ``none``), ``doc_to_decontamination_query`` (lm-eval's key: the text
 matched by ``evaluate-contamination``; default question + answer) and ``builder`` (a :mod:`cptkit.eval.build_tasks` builder that
-writes missing local data).
+writes missing local data), ``code_eval`` (run generated programs: pass@k) and ``cmd_eval`` (run
+generated shell commands: CmdGen's six metrics, :mod:`cptkit.eval.cmdgen`).
 
 Few-shot sampling reproduces lm-eval's: one ``random.Random(fewshot_seed)`` per task, drawn
 from in test-document order; ``rnd.sample(pool, n)`` (``n + 1`` minus the document itself when
@@ -42,7 +43,7 @@ KNOWN_KEYS = {
     "num_fewshot", "fewshot_sampler", "doc_to_text", "doc_to_choice", "doc_to_target", "doc_to_gold",
     "target_delimiter", "fewshot_delimiter", "description", "metric_list", "generation_kwargs",
     "answer_extraction", "gold_extraction", "id_field", "doc_to_decontamination_query", "should_decontaminate",
-    "data_format", "format_options", "download", "fewshot_group", "code_eval",
+    "data_format", "format_options", "download", "fewshot_group", "code_eval", "cmd_eval",
 }
 
 
@@ -531,7 +532,12 @@ def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, l
                                       top_p=float(ce.get("top_p", 1.0)), seed=seed + b)
             if on_batch:
                 on_batch(len(reps[b:b + batch_size]) / n_samples)
-        if ce:
+        if task.spec.get("cmd_eval") is not None:
+            from cptkit.eval.cmdgen import aggregate, score_cmdgen
+
+            items = score_cmdgen(task, docs, outs, dict(task.spec.get("cmd_eval") or {}))
+            metrics = aggregate(items)
+        elif ce:
             items = score_code(task, docs, [outs[i * n_samples:(i + 1) * n_samples] for i in range(len(docs))], ce,
                                 allow_unsandboxed=allow_unsandboxed)
             metrics = _mean_metrics(items, [f"pass@{k}" for k in code_ks(ce, n_samples)])
@@ -606,7 +612,12 @@ def split_metrics(items: list[dict], hit_ids: set[str]) -> dict[str, dict[str, f
     out = {}
     for part, sel in (("clean", [it for it in items if it["id"] not in hit_ids]),
                       ("contaminated", [it for it in items if it["id"] in hit_ids])):
-        out[part] = _mean_metrics(sel, names) | {"n": len(sel)}
+        if items and "cmd_sim" in items[0]:  # CmdGen: output_sim and sr over the executable items
+            from cptkit.eval.cmdgen import aggregate
+
+            out[part] = aggregate(sel)
+        else:
+            out[part] = _mean_metrics(sel, names) | {"n": len(sel)}
     return out
 
 

@@ -157,6 +157,11 @@ def run_native_task(model: Any, tok: Any, et: Any, ec: Any, shots_for: dict, res
     metrics["seconds"] = time.time() - ts
     results["tasks"][et.name] = {"metrics": metrics, "version": et.version, "hash": et.hash(),
                                  "file": str(et.path), "output_type": et.output_type, "data": dict(et.sources)}
+    if "n_executable" in metrics:
+        from cptkit.eval.cmdgen import NOTE, THRESHOLD
+
+        thr = (et.spec.get("cmd_eval") or {}).get("threshold", THRESHOLD)
+        results["tasks"][et.name]["note"] = NOTE.format(thr=thr)
     _add_split(results["tasks"][et.name], items, contam, et.name)
     for it in items:
         w.write({"id": f"{et.name}/{it['id']}", "text": it.pop("question"), "task": et.name, **it})
@@ -191,6 +196,11 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
         from cptkit.eval.code_exec import require_sandbox
 
         require_sandbox(ec.code.allow_unsandboxed)  # refuse before loading the model, not after generating
+    for t in etasks:
+        if t.spec.get("cmd_eval") is not None:  # CmdGen: the sandbox (no fallback) and the embedding model
+            from cptkit.eval.cmdgen import preflight
+
+            preflight(dict(t.spec["cmd_eval"] or {}))
     contam = load_contamination(ec.contamination, [t.name for t in etasks] or task_names) if ec.contamination else None
     with Job(ctx, inputs=inputs, tasks=[Task(0, inputs, name="eval")], needs_inputs=False,
              reads=[model_spec]) as job:
@@ -291,7 +301,7 @@ def summary_rows(results: dict) -> dict[str, Any]:
 
 def metric_keys(m: dict) -> list[str]:
     """The score keys of a metrics dict (not stderr, n, num_fewshot, seconds)."""
-    skip = {"n", "num_fewshot", "seconds"}
+    skip = {"n", "n_executable", "num_fewshot", "seconds"}
     return [k for k, v in m.items() if k not in skip and not k.endswith("_stderr") and (v is None or isinstance(v, (int, float)))]
 
 
@@ -321,10 +331,15 @@ def print_results(results: dict) -> None:
         for name, r in results["tasks"].items():
             m = r["metrics"]
             for k in metric_keys(m):
-                row = [name, str(m.get("num_fewshot")), str(m.get("n")), k, fmt(m[k]), fmt(m.get(k + "_stderr"))]
+                n = m.get("n_executable") if k in ("output_sim", "sr") and "n_executable" in m else m.get("n")
+                row = [name, str(m.get("num_fewshot")), str(n), k, fmt(m[k]), fmt(m.get(k + "_stderr"))]
                 if split:
                     sp = r.get("split") or {}
                     row += [f"{fmt(sp[p].get(k))} ({sp[p]['n']})" if p in sp else "–" for p in ("clean", "contaminated")]
                 t.add_row(*row)
         console.print(t)
+        for name, r in results["tasks"].items():
+            if r.get("note"):
+                console.print(f"{name}: n_executable={r['metrics'].get('n_executable')} of n={r['metrics'].get('n')}; "
+                              f"{r['note']}")
     log.debug("results: %s", json.dumps({k: v for k, v in results.items() if k != "config"})[:2000])
