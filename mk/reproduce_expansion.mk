@@ -53,7 +53,7 @@ $(DATA)/index/index.json: | $(EXP_CORPUS_DEP) $(DATA)/seeds.jsonl $(VENV)/.insta
 $(EXP_QUERIES) &: $(DATA)/seeds.jsonl | $(VENV)/.installed
 	$(CPTKIT) expand-queries --in $(DATA)/seeds.jsonl --out '$(EXP)/queries/r{expand.rounds}_s{seed}' -q \
 	    $(EXP_ARGS) 'llm.seed=$${seed}' llm.cache_dir=$(EXP)/_llm_cache hydra.sweep.dir=$(EXP)/_hydra \
-	    -m expand.rounds=$(call exp_csv,$(EXP_ROUNDS)) seed=$(call exp_csv,$(EXP_SEEDS))
+	    -m expand.rounds=$(call exp_csv,$(EXP_ROUNDS)) seed=$(call exp_csv,$(EXP_SEEDS)) $(REPRO_LAUNCHER)
 
 $(EXP)/retrieved/%/_SUCCESS: $(EXP)/queries/%/_SUCCESS $(EXP_CORPUS_DEP) | $(DATA)/index/index.json
 	$(CPTKIT) retrieve --queries $(EXP)/queries/$* --corpus $(CORPUS) --index $(DATA)/index --out $(@D) \
