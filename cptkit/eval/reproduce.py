@@ -310,17 +310,20 @@ def plot_trajectories(claim: Claim, root: Path, out: Path) -> bool:
         arms[member_config(d, claim.axis, config)] = rows
     if not arms:
         return False
-    fig, axes = plt.subplots(1, len(arms), figsize=(4 * len(arms), 3.2), dpi=100, squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(arms), figsize=(4 * len(arms) + 2.5, 3.4), dpi=100, squeeze=False, sharey=True)
+    colors = plt.get_cmap("tab20").colors
     for ax, (arm, rows) in zip(axes[0], sorted(arms.items(), key=lambda kv: str(kv[0])), strict=True):
-        domains = list(rows[-1]["weights"])
-        for dom in domains:
-            ax.plot([r["step"] for r in rows], [r["weights"].get(dom, 0.0) for r in rows], marker=".", label=dom)
+        for k, dom in enumerate(rows[-1]["weights"]):
+            ax.plot([r["step"] for r in rows], [r["weights"].get(dom, 0.0) for r in rows], marker=".", label=dom,
+                    color=colors[k % len(colors)])
         ax.set_title(f"{claim.axis_name}={arm}", fontsize=9)
         ax.set_xlabel("step", fontsize=8)
     axes[0][0].set_ylabel("mixture weight", fontsize=8)
-    axes[0][-1].legend(fontsize=7)
+    handles, labels = axes[0][-1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=7)
+    fig.subplots_adjust(right=0.72)
     fig.suptitle(f"{claim.title}: weights over training (seed {spec.get('seed', 0)})", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.72, 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     plt.close(fig)
