@@ -25,6 +25,9 @@ def test_filters_and_allocation():
     assert allocate(10, {"a": 1, "b": 1, "c": 1}) == {"a": 4, "b": 3, "c": 3}
     assert allocate(100, {"zh": 1, "en": 7, "syn": 2}) == {"zh": 10, "en": 70, "syn": 20}
     assert stage_fractions([{"name": "main"}, {"name": "tail", "fraction": 0.2}]) == pytest.approx([0.8, 0.2])
+    assert stage_fractions([{"name": "main"}, {"name": "tail", "fraction": 0.0}]) == [1.0, 0.0]  # no tail: left out
+    with pytest.raises(CptkitError, match=r"in \[0, 1\]"):
+        stage_fractions([{"name": "main"}, {"name": "tail", "fraction": -0.1}])
     with pytest.raises(CptkitError, match="sum to 1.5"):
         stage_fractions([{"fraction": 0.5}, {"fraction": 1.0}])
 

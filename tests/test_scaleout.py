@@ -70,6 +70,14 @@ def test_sweep_basic_launcher_outputs_never_collide(qa):
     assert json.loads((qa / "cc0.5" / "_manifest.json").read_text())["config"]["io"]["inputs"] == ["c0.5"]
 
 
+def test_a_failing_sweep_member_is_one_line_naming_it(qa):
+    r = cptkit("corrupt", "--in", "qa", "--out", "bad{corrupt.ratio}", "-q", "-m", "corrupt.ratio=0.0,7",
+               cwd=qa, check=False)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and "[HYDRA]" not in ln]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert lines == [lines[0]] and lines[0].startswith("error: corrupt -m member corrupt.ratio=7"), lines
+
+
 @pytest.mark.slow
 def test_sweep_on_slurm_is_a_job_array_with_identical_results(qa, cluster):
     cptkit("corrupt", "--in", "qa", "--out", "s{corrupt.ratio}", "-q", "-m", "corrupt.ratio=0.0,0.5",

@@ -75,13 +75,18 @@ def multirun(step: str, overrides: list[str]) -> None:
         from cptkit.core.config import schema_of
 
         hc = HydraConfig.get()
-        # a plain copy without Hydra's node, typed again as the step's schema (as compose_step returns it)
-        cfg = OmegaConf.merge(OmegaConf.structured(schema_of(step)), OmegaConf.to_container(cfg, resolve=False))
-        cfg = finalize(cfg, step, list(hc.overrides.task))
-        OmegaConf.set_struct(cfg, False)
-        cfg.io.output = member_output(cfg.io.output, member_dirname(list(hc.overrides.task), swept))
-        OmegaConf.set_struct(cfg, True)
-        return execute(step, cfg)
+        try:
+            # a plain copy without Hydra's node, typed again as the step's schema (as compose_step returns it)
+            cfg = OmegaConf.merge(OmegaConf.structured(schema_of(step)), OmegaConf.to_container(cfg, resolve=False))
+            cfg = finalize(cfg, step, list(hc.overrides.task))
+            OmegaConf.set_struct(cfg, False)
+            cfg.io.output = member_output(cfg.io.output, member_dirname(list(hc.overrides.task), swept))
+            OmegaConf.set_struct(cfg, True)
+            return execute(step, cfg)
+        except CptkitError as e:  # one line naming the member, not Hydra's traceback; the sweep stops (exit 2)
+            member = " ".join(ov for ov in hc.overrides.task if ov.split("=", 1)[0].lstrip("+~") in swept)
+            print(f"error: {step} -m member {member}: {redact_text(str(e))}", file=sys.stderr)
+            raise SystemExit(2) from None
 
     argv = sys.argv
     sys.argv = [f"cptkit-{step}", "-m", *overrides]

@@ -77,14 +77,15 @@ def allocate(total: int, weights: dict[str, float]) -> dict[str, int]:
 
 
 def stage_fractions(stages: list[dict]) -> list[float]:
-    """Stage fractions of the budget; at most one stage may omit its fraction (the remainder)."""
+    """Stage fractions of the budget; at most one stage may omit its fraction (the remainder). A
+    fraction of 0 is allowed (the stage is left out: an upsampling tail of 0% is the no-tail baseline)."""
     given = [s.get("fraction") for s in stages]
     open_ = [i for i, f in enumerate(given) if f is None]
     if len(open_) > 1:
         raise CptkitError("mix.stages: at most one stage may leave out its fraction")
     fixed = sum(float(f) for f in given if f is not None)
-    if any(f is not None and not 0 < float(f) <= 1 for f in given):
-        raise CptkitError(f"mix.stages: fractions must be in (0, 1], got {given}")
+    if any(f is not None and not 0 <= float(f) <= 1 for f in given):
+        raise CptkitError(f"mix.stages: fractions must be in [0, 1], got {given}")
     if open_:
         if fixed >= 1:
             raise CptkitError(f"mix.stages: the given fractions sum to {fixed:g}, nothing left for stage "

@@ -78,6 +78,9 @@ def mix_settings(conf: BuildMixJob) -> MixSettings:
     if not stages:
         raise CptkitError("mix.stages is empty: give at least one stage with weights")
     fractions = stage_fractions(stages)
+    if any(f == 0 for f in fractions):  # a stage of no tokens is left out (tail_fraction=0: no tail)
+        stages = [st for st, f in zip(stages, fractions, strict=True) if f > 0]
+        fractions = [f for f in fractions if f > 0]
     router = Router(mix.domains)  # plain dicts: a record is routed without OmegaConf lookups
     names = [s["name"] for s in router.specs]
     for name in mix.curriculum.domains + ([mix.fill] if mix.fill else []) + mix.replay.domains:
