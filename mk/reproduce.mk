@@ -17,6 +17,7 @@
 REPRO        ?= $(DATA)/repro
 REPRO_SEEDS  ?= 0,1,2
 REPRO_LAUNCHER ?=
+REPRO_M       = hydra.sweep.dir=$(REPRO)/_hydra $(REPRO_LAUNCHER)
 REPRO_DOCS   ?= 1000
 REPRO_STEPS  ?= 30
 REPRO_MODEL  ?= model=tiny_llama model.hidden=128 model.layers=2 model.heads=4
@@ -47,21 +48,21 @@ REPRO_DEPS := $(REPRO)/base/_SUCCESS $(REPRO)/corpus/_SUCCESS $(DATA)/labelled/_
 # replayed at each share (sweep 7; the 0.2 streams serve sweeps 5 too), and the domain split by topic (sweep 4).
 $(R)/streams_rp: $(REPRO_DEPS)
 	$(CPTKIT) build-mix $(REPRO_MIXIN) --out '$(REPRO)/streams/rp{mix.replay.share}_s{seed}' mix=repro_cpt -q \
-	    -m mix.replay.share=0.0,0.1,0.2,0.3 seed=$(REPRO_SEEDS) $(REPRO_LAUNCHER)
+	    -m mix.replay.share=0.0,0.1,0.2,0.3 seed=$(REPRO_SEEDS) $(REPRO_M)
 	@mkdir -p $(@D) && touch $@
 
 # 7. Replay share: one train multirun over the seeds per share.
 $(R)/replay: $(R)/streams_rp
 	for r in 0.0 0.1 0.2 0.3; do \
 	  $(CPTKIT) train --in "$(REPRO)/streams/rp$${r}_s{seed}" --out "$(REPRO)/replay/rp$${r}_s{seed}" $(REPRO_TRAIN) \
-	      train.mixture=staged -q -m seed=$(REPRO_SEEDS) $(REPRO_LAUNCHER) || exit 1; done
+	      train.mixture=staged -q -m seed=$(REPRO_SEEDS) $(REPRO_M) || exit 1; done
 	@touch $@
 
 # 4. SynE's topic-PPL controller (within each language, alpha 0.4, 4 rounds) against the static weights.
 $(R)/topic_ppl: $(REPRO_DEPS)
-	$(CPTKIT) build-mix $(REPRO_MIXIN) --out '$(REPRO)/streams/topics_s{seed}' mix=repro_topics -q -m seed=$(REPRO_SEEDS) $(REPRO_LAUNCHER)
+	$(CPTKIT) build-mix $(REPRO_MIXIN) --out '$(REPRO)/streams/topics_s{seed}' mix=repro_topics -q -m seed=$(REPRO_SEEDS) $(REPRO_M)
 	$(CPTKIT) train --in '$(REPRO)/streams/topics_s{seed}' --out '$(REPRO)/topic_ppl/{train.mixture}_s{seed}' \
-	    $(REPRO_TRAIN) train.topic_ppl.round_fraction=0.25 -q -m train.mixture=static,topic_ppl seed=$(REPRO_SEEDS) $(REPRO_LAUNCHER)
+	    $(REPRO_TRAIN) train.topic_ppl.round_fraction=0.25 -q -m train.mixture=static,topic_ppl seed=$(REPRO_SEEDS) $(REPRO_M)
 	@touch $@
 
 # 5. Velocitune against token-share static weights (the paper's baseline) and DBL, with the
@@ -73,17 +74,17 @@ $(R)/velocitune: $(R)/streams_rp
 	    $(REPRO_TRAIN) train.weights=tokens train.eval_every=5 train.velocitune.interval_steps=5 \
 	    train.velocitune.eval_docs=8 train.dbl.interval_steps=5 \
 	    train.velocitune.targets_file=$(REPRO)/velocitune_proxy/_velocitune_targets.json \
-	    train.velocitune.allow_unconverged=true -q -m train.mixture=static,velocitune,dbl seed=$(REPRO_SEEDS) $(REPRO_LAUNCHER)
+	    train.velocitune.allow_unconverged=true -q -m train.mixture=static,velocitune,dbl seed=$(REPRO_SEEDS) $(REPRO_M)
 	@touch $@
 
 # 6. Domain upsampling: the last 0-30% of the budget on Table 4's mix (mix=upsample_tail).
 $(R)/upsampling: $(REPRO_DEPS)
 	$(CPTKIT) build-mix --in $(REPRO)/corpus --out '$(REPRO)/streams/tail{mix.tail_fraction}_s{seed}' tokenizer=smollm2 \
 	    mix=upsample_tail mix.budget_tokens=3.1e4 mix.seq_len=256 mix.eval_docs=16 -q \
-	    -m mix.tail_fraction=0.0,0.05,0.1,0.2,0.3 seed=$(REPRO_SEEDS) $(REPRO_LAUNCHER)
+	    -m mix.tail_fraction=0.0,0.05,0.1,0.2,0.3 seed=$(REPRO_SEEDS) $(REPRO_M)
 	for f in 0.0 0.05 0.1 0.2 0.3; do \
 	  $(CPTKIT) train --in "$(REPRO)/streams/tail$${f}_s{seed}" --out "$(REPRO)/upsampling/tail$${f}_s{seed}" \
-	      $(REPRO_TRAIN) train.mixture=staged -q -m seed=$(REPRO_SEEDS) $(REPRO_LAUNCHER) || exit 1; done
+	      $(REPRO_TRAIN) train.mixture=staged -q -m seed=$(REPRO_SEEDS) $(REPRO_M) || exit 1; done
 	@touch $@
 
 # 2, 3. SynE's synthetic QA: more of SmolLM2's CHAMP-style problems than the demo writes.
@@ -94,22 +95,22 @@ $(REPRO)/qa/_SUCCESS: $(DATA)/champ.jsonl | $(VENV)/.installed
 # 2. Synthetic share 0.1-0.4 (App. G), the rest at ZH:EN = 1:4 (mix=synE_synthetic's weights).
 $(R)/synthetic: $(REPRO_DEPS) $(REPRO)/qa/_SUCCESS
 	$(CPTKIT) build-mix --in $(REPRO)/qa $(REPRO_MIXIN) --out '$(REPRO)/streams/syn{mix.stages.0.weights.synthetic}_s{seed}' \
-	    mix=repro_synthetic -q -m +sweep=synthetic_ratio seed=$(REPRO_SEEDS) $(REPRO_LAUNCHER)
+	    mix=repro_synthetic -q -m +sweep=synthetic_ratio seed=$(REPRO_SEEDS) $(REPRO_M)
 	for w in 0.555556 1.25 2.142857 3.333333; do \
 	  $(CPTKIT) train --in "$(REPRO)/streams/syn$${w}_s{seed}" --out "$(REPRO)/synthetic/syn$${w}_s{seed}" \
-	      $(REPRO_TRAIN) train.mixture=staged -q -m seed=$(REPRO_SEEDS) $(REPRO_LAUNCHER) || exit 1; done
+	      $(REPRO_TRAIN) train.mixture=staged -q -m seed=$(REPRO_SEEDS) $(REPRO_M) || exit 1; done
 	@touch $@
 
 # 3. Corruption 0-0.7 of the synthetic share (0.2), every model scored on the clean held-out QA
 # (the uncorrupted streams' held-out documents: corruption keeps ids, so the same documents).
 REPRO_CORRUPT := 0.0 0.3 0.4 0.5 0.6 0.7
 $(R)/corruption: $(REPRO_DEPS) $(REPRO)/qa/_SUCCESS
-	$(CPTKIT) corrupt --in $(REPRO)/qa --out '$(REPRO)/qa_c{corrupt.ratio}' corrupt.seed=1 -q -m +sweep=corrupt_ratio $(REPRO_LAUNCHER)
+	$(CPTKIT) corrupt --in $(REPRO)/qa --out '$(REPRO)/qa_c{corrupt.ratio}' corrupt.seed=1 -q -m +sweep=corrupt_ratio $(REPRO_M)
 	for c in $(REPRO_CORRUPT); do \
 	  $(CPTKIT) build-mix --in $(REPRO)/qa_c$$c $(REPRO_MIXIN) --out "$(REPRO)/streams/corrupt$${c}_s{seed}" \
-	      mix=repro_synthetic -q -m seed=$(REPRO_SEEDS) $(REPRO_LAUNCHER) || exit 1; \
+	      mix=repro_synthetic -q -m seed=$(REPRO_SEEDS) $(REPRO_M) || exit 1; \
 	  $(CPTKIT) train --in "$(REPRO)/streams/corrupt$${c}_s{seed}" --out "$(REPRO)/corruption_runs/c$${c}_s{seed}" \
-	      $(REPRO_TRAIN) train.mixture=staged train.eval_every=0 -q -m seed=$(REPRO_SEEDS) $(REPRO_LAUNCHER) || exit 1; done
+	      $(REPRO_TRAIN) train.mixture=staged train.eval_every=0 -q -m seed=$(REPRO_SEEDS) $(REPRO_M) || exit 1; done
 	for c in $(REPRO_CORRUPT); do for s in $(subst $(comma), ,$(REPRO_SEEDS)); do \
 	  $(CPTKIT) evaluate --model $(REPRO)/corruption_runs/c$${c}_s$$s/model --in $(REPRO)/streams/corrupt0.0_s$$s/_eval.jsonl.gz \
 	      --out $(REPRO)/corruption/c$${c}_s$$s eval.tasks=[] eval.ppl.group_by=domain eval.ppl.max_length=256 \
