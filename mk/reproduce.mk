@@ -77,10 +77,10 @@ $(R)/velocitune: $(R)/streams_rp
 	    train.velocitune.allow_unconverged=true -q -m train.mixture=static,velocitune,dbl seed=$(REPRO_SEEDS) $(REPRO_M)
 	@touch $@
 
-# 6. Domain upsampling: the last 0-30% of the budget on Table 4's mix (mix=upsample_tail).
+# 6. Domain upsampling: the last 0-30% of the budget on Table 4's mix (mix=repro_upsample: upsample_tail at 31k tokens).
 $(R)/upsampling: $(REPRO_DEPS)
 	$(CPTKIT) build-mix --in $(REPRO)/corpus --out '$(REPRO)/streams/tail{mix.tail_fraction}_s{seed}' tokenizer=smollm2 \
-	    mix=upsample_tail mix.budget_tokens=3.1e4 mix.seq_len=256 mix.eval_docs=16 -q \
+	    mix=repro_upsample -q \
 	    -m mix.tail_fraction=0.0,0.05,0.1,0.2,0.3 seed=$(REPRO_SEEDS) $(REPRO_M)
 	for f in 0.0 0.05 0.1 0.2 0.3; do \
 	  $(CPTKIT) train --in "$(REPRO)/streams/tail$${f}_s{seed}" --out "$(REPRO)/upsampling/tail$${f}_s{seed}" \
