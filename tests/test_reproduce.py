@@ -183,3 +183,11 @@ def test_partial_report_names_the_claims_not_run(tmp_path):
         report(tmp_path / "claims.yaml", tmp_path / "r.md")
     assert report(tmp_path / "claims.yaml", tmp_path / "r.md", partial=True) == [("c", HOLDS), ("later", "not run yet")]
     assert "**not run yet:** claim later: no sweep member matches" in (tmp_path / "r.md").read_text()
+
+
+def test_dotted_indexes_lists():
+    from cptkit.eval.reproduce import dotted
+
+    assert dotted({"mix": {"stages": [{"weights": {"synthetic": 1.25}}]}}, "mix.stages.0.weights.synthetic") == 1.25
+    with pytest.raises(KeyError):
+        dotted({"mix": {"stages": [1]}}, "mix.stages.3")

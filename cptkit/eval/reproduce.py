@@ -99,9 +99,13 @@ class Claim:
 
 
 def dotted(obj: Any, path: str | Sequence[str]) -> Any:
-    """``obj[a][b]...`` for ``"a.b"`` or ``["a", "b"]`` (a key may contain dots when given as a list)."""
+    """``obj[a][b]...`` for ``"a.b"`` or ``["a", "b"]`` (a key may contain dots when given as a list; a
+    number indexes a list)."""
     keys = path.split(".") if isinstance(path, str) else list(path)
     for k in keys:
+        if isinstance(obj, list) and str(k).isdigit() and int(k) < len(obj):  # mix.stages.0.weights
+            obj = obj[int(k)]
+            continue
         if not isinstance(obj, dict) or k not in obj:
             raise KeyError(k)
         obj = obj[k]
