@@ -406,6 +406,10 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
         parts.append(text)
         verdicts.append((claim.id, verdict))
     summary = ["| claim | verdict |", "|---|---|", *(f"| {i} | {v} |" for i, v in verdicts)]
+    missing = [i for i, v in verdicts if v == NOT_RUN]
+    if missing:
+        summary += ["", f"Written with `--partial`: {', '.join(missing)} not run yet (each section below gives "
+                        "its command); `make reproduce` resumes them and rewrites this page."]
     top = header.strip() + "\n\n" if header.strip() else ""
     atomic_write_bytes(out, (top + "\n".join(summary) + "\n\n" + "\n".join(parts)).encode())
     return verdicts
