@@ -230,3 +230,20 @@ def eval_records(stream: Path) -> list[dict]:
     from cptkit.mixtures.stream import Stream
 
     return Stream(stream).eval_records()
+
+
+def test_weights_plot_skips_the_stage_events_of_a_staged_run(tmp_path):
+    """A staged run follows its plan, so its stage events record no weights (null): the plot must not
+    fail on them (it did at the end of every multi-stage staged run, after training)."""
+    import json
+
+    from cptkit.training.outputs import plot_weights
+
+    p = tmp_path / "weights.jsonl"
+    rows = [{"step": 28, "tokens": 28672, "weights": None, "event": "stage", "stage": "tail"},
+            {"step": 30, "tokens": 30720, "event": "end", "weights": {"domain": 0.25, "code": 0.75}}]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert plot_weights(p, tmp_path / "w.png") is None
+    assert (tmp_path / "w.png").stat().st_size > 1000
+    p.write_text(json.dumps(rows[0]) + "\n")
+    assert plot_weights(p, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()

@@ -310,7 +310,8 @@ def plot_trajectories(claim: Claim, root: Path, out: Path) -> bool:
         if member_config(d, claim.seed, config) != spec.get("seed", 0):
             continue
         rows = [json.loads(ln) for ln in (d / spec.get("file", "weights.jsonl")).read_text().splitlines() if ln.strip()]
-        arms[member_config(d, claim.axis, config)] = rows
+        arms[member_config(d, claim.axis, config)] = [r for r in rows if r.get("weights")]  # staged: none
+    arms = {a: rows for a, rows in arms.items() if rows}
     if not arms:
         return False
     fig, axes = plt.subplots(1, len(arms), figsize=(4 * len(arms) + 2.5, 3.4), dpi=100, squeeze=False, sharey=True)

@@ -26,6 +26,7 @@ def plot_weights(path: Path, out: Path) -> str | None:
     except ImportError:
         return "matplotlib is not installed: weights.png skipped (pip install matplotlib)"
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("weights")]  # a staged run follows its plan: its stage events carry none
     if not rows:
         return None
     from cptkit.training.runlog import save_figure
