@@ -120,21 +120,33 @@ def has(obj: Any, path: str | Sequence[str]) -> bool:
         return False
 
 
-def read_metric(d: Path, spec: dict[str, Any], root: Path | None = None) -> float:
+def load(path: Path, files: dict[Path, Any]) -> Any:
+    """``path`` parsed (JSON, or a list of JSON lines), once per ``files`` cache."""
+    from cptkit.training.metrics import read_jsonl
+
+    if path not in files:
+        if not path.exists():
+            raise FileNotFoundError(2, "No such file", str(path))
+        files[path] = read_jsonl(path) if path.suffix == ".jsonl" else json.loads(path.read_text())
+    return files[path]
+
+
+def read_metric(d: Path, spec: dict[str, Any], root: Path | None = None, files: dict[Path, Any] | None = None) -> float:
     """One metric of one member: a JSON file's value at ``path`` (a ``.jsonl``: its last line whose
-    ``event`` is ``spec['event']``), reduced over a mapping's values when ``reduce`` is given."""
+    ``event`` is ``spec['event']``), reduced over a mapping's values when ``reduce`` is given. ``files``
+    caches parsed files, so a member's metrics read each file once."""
+    files = {} if files is None else files
     src = d / spec["file"]
-    text = src.read_text()
     first: dict[str, Any] = {}
     if src.suffix == ".jsonl":
-        lines = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+        lines = load(src, files)
         rows = [r for r in lines if r.get("event") == spec.get("event")]
         if not rows:
             raise KeyError(f"event {spec.get('event')!r} in {spec['file']}")
         obj = rows[-1]
         first = next((r for r in lines if has(r, spec["path"])), obj)  # train: step 0's eval is on a step line
     else:
-        obj = json.loads(text)
+        obj = load(src, files)
     value = dotted(obj, spec["path"])
     how = spec.get("reduce")
     if how is None:
@@ -142,7 +154,8 @@ def read_metric(d: Path, spec: dict[str, Any], root: Path | None = None) -> floa
     if how in ("velocity_spread", "velocity_max"):  # Velocitune's V per domain, from the first and last eval
         if src.suffix != ".jsonl":
             raise CptkitError(f"reduce: {how} reads the first and last eval of a .jsonl file, not {spec['file']}")
-        return velocity_metric(first, value, spec, how, root or d)
+        targets = load((root or d) / spec["targets"], files)["targets"]
+        return velocity_metric(first, value, targets, how)
     keys = [k for k in value if k in spec.get("keys", value) and str(k).startswith(spec.get("prefix", ""))]
     if not keys:
         raise KeyError(f"{spec['path']} has no key to reduce (keys {spec.get('keys')}, prefix {spec.get('prefix')!r})")
@@ -153,16 +166,15 @@ def read_metric(d: Path, spec: dict[str, Any], root: Path | None = None) -> floa
     return reducers[how](vals)
 
 
-def velocity_metric(first: dict[str, Any], last: Mapping[str, float], spec: dict[str, Any], how: str,
-                    root: Path) -> float:
+def velocity_metric(first: dict[str, Any], last: Mapping[str, float], targets: Mapping[str, float], how: str,
+                    path: Sequence[str] = ("eval_loss",)) -> float:
     """The spread (max − min) or the largest of the learning velocities V = (ℓ_t − ℓ_target) /
     (ℓ_init − ℓ_target) (Velocitune Eq. 2) at the last eval, ℓ_init the first line's (step 0's) loss and
-    ℓ_target the proxy's targets (``spec['targets']``, a ``_velocitune_targets.json``; relative: to ``root``)."""
+    ℓ_target the proxy's targets (a ``_velocitune_targets.json``'s ``targets``)."""
     from cptkit.mixtures.rules import velocities
 
-    init = dotted(first, spec["path"])
-    targets = {str(k): float(v) for k, v in json.loads((root / spec["targets"]).read_text())["targets"].items()}
-    v = velocities(init, {d: targets[d] for d in last}, last)
+    init = dotted(first, path)
+    v = velocities(init, {d: float(targets[d]) for d in last}, last)
     return max(v.values()) - min(v.values()) if how == "velocity_spread" else max(v.values())
 
 
@@ -188,19 +200,21 @@ def member_config(d: Path, key: str, config: dict[str, Any]) -> Any:
         raise CptkitError(f"{d}: its input's manifest {man} is missing (for {key})") from None
 
 
-def member_point(d: Path, claim: Claim, root: Path | None = None) -> tuple[Any, Any, dict[str, float]]:
+def member_point(d: Path, claim: Claim, root: Path | None = None,
+                 files: dict[Path, Any] | None = None) -> tuple[Any, Any, dict[str, float]]:
     """``(axis value, seed, {metric: value})`` of one sweep member's output directory."""
     man_path = d / "_manifest.json"
     if not (d / "_SUCCESS").exists() or not man_path.exists():
         raise CptkitError(f"{d}: not a finished step output (no _SUCCESS/_manifest.json): rerun the sweep")
     where = claim.config or {"file": "_manifest.json", "path": ["config"]}
+    files = {} if files is None else files
     name = ""
     try:
-        config = dotted(json.loads((d / where["file"]).read_text()), where["path"])
+        config = dotted(load(d / where["file"], files), where["path"])
         x, s = member_config(d, claim.axis, config), member_config(d, claim.seed, config)
         values = {}
         for name, spec in claim.metrics.items():
-            values[name] = read_metric(d, spec, root)
+            values[name] = read_metric(d, spec, root, files)
         return x, s, values
     except FileNotFoundError as e:
         raise CptkitError(f"{e.filename}: missing (claim {claim.id})") from None
@@ -212,17 +226,22 @@ def member_point(d: Path, claim: Claim, root: Path | None = None) -> tuple[Any, 
 Points = dict[Any, dict[Any, dict[str, float]]]  # {axis value: {seed: {metric: value}}}
 
 
-def collect(claim: Claim, root: Path) -> Points:
-    """``{axis value: {seed: {metric: value}}}`` over every member of the claim's sweep."""
+def collect(claim: Claim, root: Path, members: dict[tuple[Any, Any], Path] | None = None,
+            files: dict[Path, Any] | None = None) -> Points:
+    """``{axis value: {seed: {metric: value}}}`` over every member of the claim's sweep; ``members``
+    (if given) receives each point's directory, ``files`` the parsed files (for the plots)."""
+    files = {} if files is None else files
     dirs = sorted(Path(p) for p in glob.glob(str(root / claim.members)) if Path(p).is_dir())
     if not dirs:
         raise CptkitError(f"claim {claim.id}: no sweep member matches {root / claim.members}: run `{claim.command}`")
     points: Points = {}
     for d in dirs:
-        x, s, v = member_point(d, claim, root)
+        x, s, v = member_point(d, claim, root, files)
         if s in points.setdefault(x, {}):
             raise CptkitError(f"claim {claim.id}: two members with {claim.axis}={x}, {claim.seed}={s} ({d})")
         points[x][s] = v
+        if members is not None:
+            members[(x, s)] = d
     return points
 
 
@@ -293,8 +312,9 @@ def plot(points: Points, claim: Claim, out: Path) -> bool:
     return True
 
 
-def plot_trajectories(claim: Claim, root: Path, out: Path) -> bool:
-    """Each arm's mixture weights over training steps (one seed), from its ``weights.jsonl``."""
+def plot_trajectories(claim: Claim, members: dict[tuple[Any, Any], Path], files: dict[Path, Any], out: Path) -> bool:
+    """Each arm's mixture weights over training steps (one seed), from its ``weights.jsonl`` (``members``:
+    the sweep's directories by (axis value, seed), as :func:`collect` found them)."""
     try:
         import matplotlib
 
@@ -304,14 +324,11 @@ def plot_trajectories(claim: Claim, root: Path, out: Path) -> bool:
         return False
     spec = claim.trajectories or {}
     arms: dict[Any, list[dict[str, Any]]] = {}
-    for p in sorted(glob.glob(str(root / claim.members))):
-        d = Path(p)
-        config = json.loads((d / "_manifest.json").read_text())["config"]
-        if member_config(d, claim.seed, config) != spec.get("seed", 0):
-            continue
-        rows = [json.loads(ln) for ln in (d / spec.get("file", "weights.jsonl")).read_text().splitlines() if ln.strip()]
-        arms[member_config(d, claim.axis, config)] = [r for r in rows if r.get("weights")]  # staged: none
-    arms = {a: rows for a, rows in arms.items() if rows}
+    for (x, seed), d in members.items():
+        if seed == spec.get("seed", 0):
+            rows = [r for r in load(d / spec.get("file", "weights.jsonl"), files) if r.get("weights")]  # staged: none
+            if rows:
+                arms[x] = rows
     if not arms:
         return False
     fig, axes = plt.subplots(1, len(arms), figsize=(4 * len(arms) + 2.5, 3.4), dpi=100, squeeze=False, sharey=True)
@@ -336,7 +353,9 @@ def plot_trajectories(claim: Claim, root: Path, out: Path) -> bool:
 
 def section(n: int, claim: Claim, root: Path, figdir: Path, doc_dir: Path) -> tuple[str, str]:
     """The markdown of one claim and its verdict."""
-    points = collect(claim, root)
+    members: dict[tuple[Any, Any], Path] = {}
+    files: dict[Path, Any] = {}
+    points = collect(claim, root, members, files)
     names = list(claim.metrics)
     lines = [f"## {n}. {claim.title}", "", f"> {claim.quote}", f"> — {claim.source}", "",
              f"Sweep: `{claim.command}`", "",
@@ -366,7 +385,7 @@ def section(n: int, claim: Claim, root: Path, figdir: Path, doc_dir: Path) -> tu
     if plot(points, claim, png):
         lines += ["", f"![{claim.title}]({png.relative_to(doc_dir) if png.is_relative_to(doc_dir) else png})"]
     traj = figdir / f"{claim.id}-weights.png"
-    if claim.trajectories and plot_trajectories(claim, root, traj):
+    if claim.trajectories and plot_trajectories(claim, members, files, traj):
         lines += ["", f"![{claim.title}: mixture weights]"
                       f"({traj.relative_to(doc_dir) if traj.is_relative_to(doc_dir) else traj})"]
     return "\n".join(lines) + "\n", verdict
