@@ -15,7 +15,6 @@ from cptkit.core.errors import CptkitError
 from cptkit.eval.retrieval_relevance import (
     RELEVANCE,
     Labels,
-    bootstrap_ci_binary,
     main,
     relevance,
     round_robin,
@@ -77,14 +76,15 @@ def test_precision_and_recall_by_hand():
         relevance([True] * 5, 4, 10)
 
 
-def test_binary_bootstrap_is_the_percentile_bootstrap_of_the_mean():
-    # 30 of 100 relevant: the interval of stats.bootstrap_ci on the 0/1 values, within resampling noise
-    lo, hi = bootstrap_ci_binary(30, 100, seed=1)
-    ref_lo, ref_hi = bootstrap_ci([1.0] * 30 + [0.0] * 70, seed=1)
-    assert abs(lo - ref_lo) <= 0.02 and abs(hi - ref_hi) <= 0.02
+def test_precision_interval_is_the_percentile_bootstrap_of_the_mean():
+    # 30 of 100 relevant: the interval is stats.bootstrap_ci on the 0/1 values, near the normal one
+    r = relevance([True] * 30 + [False] * 70, 60, 1000, seed=1)
+    lo, hi = r["precision_ci"]
+    assert (lo, hi) == bootstrap_ci([1.0] * 30 + [0.0] * 70, seed=1)
     assert lo < 0.3 < hi and hi - lo == pytest.approx(2 * 1.96 * math.sqrt(0.3 * 0.7 / 100), abs=0.03)
-    assert bootstrap_ci_binary(30, 100, seed=1) == (lo, hi)  # seeded
-    assert bootstrap_ci_binary(0, 50) == (0.0, 0.0) and all(math.isnan(v) for v in bootstrap_ci_binary(0, 0))
+    assert r["recall_ci"] == [lo * 100 / 60, hi * 100 / 60]
+    assert relevance([False] * 50, 5, 100)["precision_ci"] == [0.0, 0.0]
+    assert all(math.isnan(v) for v in relevance([], 5, 100)["precision_ci"])
 
 
 def test_round_robin_budget():

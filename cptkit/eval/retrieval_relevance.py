@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError
+from cptkit.eval.stats import bootstrap_ci
 
 RELEVANCE = "_relevance.json"
 RUN_FILE = "_run.tsv"
@@ -100,24 +101,6 @@ def _matches(value: Any, patterns: Sequence[str]) -> bool:
     return isinstance(value, str) and any(fnmatch.fnmatchcase(value, p) for p in patterns)
 
 
-def bootstrap_ci_binary(k: int, n: int, level: float = 0.95, resamples: int = 2000,
-                        seed: int = 0) -> tuple[float, float]:
-    """The percentile bootstrap interval of the mean of ``n`` 0/1 values of which ``k`` are 1.
-
-    Resampling ``n`` values with replacement from them draws ``Binomial(n, k/n)`` ones, so this is
-    :func:`cptkit.eval.stats.bootstrap_ci` on ``[1]*k + [0]*(n-k)`` (same percentile rule, a
-    different random stream) in O(resamples) instead of O(resamples · n)."""
-    import numpy as np
-
-    if n <= 0:
-        return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    means = np.sort(rng.binomial(n, k / n, size=resamples) / n)
-    lo = means[int(math.floor((1 - level) / 2 * (resamples - 1)))]
-    hi = means[int(math.ceil((1 + level) / 2 * (resamples - 1)))]
-    return float(lo), float(hi)
-
-
 def relevance(flags: Sequence[bool], relevant_in_corpus: int, corpus_docs: int, level: float = 0.95,
               resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
     """Precision, recall, counts and bootstrap intervals of one retrieved set.
@@ -128,7 +111,7 @@ def relevance(flags: Sequence[bool], relevant_in_corpus: int, corpus_docs: int, 
     if relevant_in_corpus < k:
         raise CptkitError(f"{k} relevant documents retrieved but only {relevant_in_corpus} in the corpus: "
                           "the retrieved set is not from this corpus")
-    p_lo, p_hi = bootstrap_ci_binary(k, n, level, resamples, seed)
+    p_lo, p_hi = bootstrap_ci([1.0] * k + [0.0] * (n - k), level, resamples, seed) if n else (math.nan, math.nan)
     recall = k / relevant_in_corpus if relevant_in_corpus else math.nan
     scale = n / relevant_in_corpus if relevant_in_corpus else math.nan
     return {"retrieved": n, "relevant_retrieved": k, "relevant_in_corpus": relevant_in_corpus,

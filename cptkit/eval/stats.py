@@ -10,7 +10,6 @@ for a normal mean); :func:`bootstrap_ci` gives a percentile interval where the n
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,15 +30,22 @@ def mean_se(xs: Sequence[float]) -> tuple[float, float]:
 
 def bootstrap_ci(xs: Sequence[float], level: float = 0.95, resamples: int = 2000,
                  seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``xs`` (deterministic in ``seed``)."""
-    if not xs:
+    """Percentile bootstrap interval of the mean of ``xs`` (deterministic in ``seed``; vectorised, in
+    blocks of resamples so that memory stays near 4 MB whatever ``len(xs)``)."""
+    import numpy as np
+
+    if not len(xs):
         raise ValueError("bootstrap_ci of no values")
-    rng = random.Random(seed)
-    n = len(xs)
-    means = sorted(sum(rng.choice(xs) for _ in range(n)) / n for _ in range(resamples))
+    x = np.asarray(xs, dtype=np.float64)
+    n = len(x)
+    rng = np.random.default_rng(seed)
+    block = max(1, 500_000 // n)
+    means = np.concatenate([x[rng.integers(0, n, size=(min(block, resamples - i), n))].mean(axis=1)
+                            for i in range(0, resamples, block)])
+    means.sort()
     lo = means[int(math.floor((1 - level) / 2 * (resamples - 1)))]
     hi = means[int(math.ceil((1 + level) / 2 * (resamples - 1)))]
-    return lo, hi
+    return float(lo), float(hi)
 
 
 @dataclass(frozen=True)
