@@ -51,11 +51,15 @@ $(R)/streams_rp: $(REPRO_DEPS)
 	    -m mix.replay.share=0.0,0.1,0.2,0.3 seed=$(REPRO_SEEDS) $(REPRO_M)
 	@mkdir -p $(@D) && touch $@
 
+# The members of a sweep whose axis lives in the stream: for each VALUE of $(1), one train multirun
+# over the seeds on streams/$(2)VALUE_sSEED into $(3)VALUE_sSEED ($(4): more train overrides).
+repro_train = for v in $(1); do $(CPTKIT) train --in "$(REPRO)/streams/$(2)$${v}_s{seed}" \
+    --out "$(REPRO)/$(3)$${v}_s{seed}" $(REPRO_TRAIN) train.mixture=staged $(4) -q -m seed=$(REPRO_SEEDS) $(REPRO_M) \
+    || exit 1; done
+
 # 7. Replay share: one train multirun over the seeds per share.
 $(R)/replay: $(R)/streams_rp
-	for r in 0.0 0.1 0.2 0.3; do \
-	  $(CPTKIT) train --in "$(REPRO)/streams/rp$${r}_s{seed}" --out "$(REPRO)/replay/rp$${r}_s{seed}" $(REPRO_TRAIN) \
-	      train.mixture=staged -q -m seed=$(REPRO_SEEDS) $(REPRO_M) || exit 1; done
+	$(call repro_train,0.0 0.1 0.2 0.3,rp,replay/rp)
 	@touch $@
 
 # 4. SynE's topic-PPL controller (within each language, alpha 0.4, 4 rounds) against the static weights.
@@ -82,9 +86,7 @@ $(R)/upsampling: $(REPRO_DEPS)
 	$(CPTKIT) build-mix --in $(REPRO)/corpus --out '$(REPRO)/streams/tail{mix.tail_fraction}_s{seed}' tokenizer=smollm2 \
 	    mix=repro_upsample -q \
 	    -m mix.tail_fraction=0.0,0.05,0.1,0.2,0.3 seed=$(REPRO_SEEDS) $(REPRO_M)
-	for f in 0.0 0.05 0.1 0.2 0.3; do \
-	  $(CPTKIT) train --in "$(REPRO)/streams/tail$${f}_s{seed}" --out "$(REPRO)/upsampling/tail$${f}_s{seed}" \
-	      $(REPRO_TRAIN) train.mixture=staged -q -m seed=$(REPRO_SEEDS) $(REPRO_M) || exit 1; done
+	$(call repro_train,0.0 0.05 0.1 0.2 0.3,tail,upsampling/tail)
 	@touch $@
 
 # 2, 3. SynE's synthetic QA: more of SmolLM2's CHAMP-style problems than the demo writes.
@@ -96,9 +98,7 @@ $(REPRO)/qa/_SUCCESS: $(DATA)/champ.jsonl | $(VENV)/.installed
 $(R)/synthetic: $(REPRO_DEPS) $(REPRO)/qa/_SUCCESS
 	$(CPTKIT) build-mix --in $(REPRO)/qa $(REPRO_MIXIN) --out '$(REPRO)/streams/syn{mix.stages.0.weights.synthetic}_s{seed}' \
 	    mix=repro_synthetic -q -m +sweep=synthetic_ratio seed=$(REPRO_SEEDS) $(REPRO_M)
-	for w in 0.555556 1.25 2.142857 3.333333; do \
-	  $(CPTKIT) train --in "$(REPRO)/streams/syn$${w}_s{seed}" --out "$(REPRO)/synthetic/syn$${w}_s{seed}" \
-	      $(REPRO_TRAIN) train.mixture=staged -q -m seed=$(REPRO_SEEDS) $(REPRO_M) || exit 1; done
+	$(call repro_train,0.555556 1.25 2.142857 3.333333,syn,synthetic/syn)
 	@touch $@
 
 # 3. Corruption 0-0.7 of the synthetic share (0.2), every model scored on the clean held-out QA
@@ -108,9 +108,8 @@ $(R)/corruption: $(REPRO_DEPS) $(REPRO)/qa/_SUCCESS
 	$(CPTKIT) corrupt --in $(REPRO)/qa --out '$(REPRO)/qa_c{corrupt.ratio}' corrupt.seed=1 -q -m +sweep=corrupt_ratio $(REPRO_M)
 	for c in $(REPRO_CORRUPT); do \
 	  $(CPTKIT) build-mix --in $(REPRO)/qa_c$$c $(REPRO_MIXIN) --out "$(REPRO)/streams/corrupt$${c}_s{seed}" \
-	      mix=repro_synthetic -q -m seed=$(REPRO_SEEDS) $(REPRO_M) || exit 1; \
-	  $(CPTKIT) train --in "$(REPRO)/streams/corrupt$${c}_s{seed}" --out "$(REPRO)/corruption_runs/c$${c}_s{seed}" \
-	      $(REPRO_TRAIN) train.mixture=staged train.eval_every=0 -q -m seed=$(REPRO_SEEDS) $(REPRO_M) || exit 1; done
+	      mix=repro_synthetic -q -m seed=$(REPRO_SEEDS) $(REPRO_M) || exit 1; done
+	$(call repro_train,$(REPRO_CORRUPT),corrupt,corruption_runs/c,train.eval_every=0)
 	for c in $(REPRO_CORRUPT); do for s in $(subst $(comma), ,$(REPRO_SEEDS)); do \
 	  $(CPTKIT) evaluate --model $(REPRO)/corruption_runs/c$${c}_s$$s/model --in $(REPRO)/streams/corrupt0.0_s$$s/_eval.jsonl.gz \
 	      --out $(REPRO)/corruption/c$${c}_s$$s eval.tasks=[] eval.ppl.group_by=domain eval.ppl.max_length=256 \
