@@ -187,9 +187,10 @@ $(XP)/eval/%/_SUCCESS: $(XP)/runs/%/_SUCCESS
 
 # the table (mean ± SE over the seeds given) and the forgetting curves of one set of seeds
 comma       := ,
+csv          = $(subst $(eval) ,$(comma),$(strip $(1)))
 xp_evals     = $(foreach s,$(2),$(XP)/eval/$(1)_s$(s))
 xp_report    = $(BIN)/python -m cptkit.training.report $(foreach a,base noreplay replay dynamic,\
-               $(if $(filter replay,$(a)),replay_$(REPLAY),$(a))=$(subst $(eval) ,$(comma),$(strip $(call xp_evals,$(a),$(1))))) \
+               $(if $(filter replay,$(a)),replay_$(REPLAY),$(a))=$(call csv,$(call xp_evals,$(a),$(1)))) \
                --lang zh --out $@ --curves $(basename $@)-curves.png > /dev/null
 xp_deps      = $(foreach a,base $(ARMS),$(addsuffix /_SUCCESS,$(call xp_evals,$(a),$(1))))
 

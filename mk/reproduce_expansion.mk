@@ -31,9 +31,6 @@ EXP_TOP_K   ?= 200
 EXP_BUDGET  ?= 400
 EXP_LABELS  ?= conf/reproduce/relevance_stem.yaml
 
-exp_empty   :=
-exp_csv      = $(subst $(exp_empty) $(exp_empty),$(exp_comma),$(strip $(1)))
-exp_comma   := ,
 EXP_MEMBERS := $(foreach r,$(EXP_ROUNDS),$(foreach s,$(EXP_SEEDS),r$(r)_s$(s)))
 EXP_QUERIES := $(EXP_MEMBERS:%=$(EXP)/queries/%/_SUCCESS)
 EXP_RETRIEVED := $(EXP_MEMBERS:%=$(EXP)/retrieved/%/_SUCCESS)
@@ -53,7 +50,7 @@ $(DATA)/index/index.json: | $(EXP_CORPUS_DEP) $(DATA)/seeds.jsonl $(VENV)/.insta
 $(EXP_QUERIES) &: $(DATA)/seeds.jsonl | $(VENV)/.installed
 	$(CPTKIT) expand-queries --in $(DATA)/seeds.jsonl --out '$(EXP)/queries/r{expand.rounds}_s{seed}' -q \
 	    $(EXP_ARGS) 'llm.seed=$${seed}' llm.cache_dir=$(EXP)/_llm_cache hydra.sweep.dir=$(EXP)/_hydra \
-	    -m expand.rounds=$(call exp_csv,$(EXP_ROUNDS)) seed=$(call exp_csv,$(EXP_SEEDS)) $(REPRO_LAUNCHER)
+	    -m expand.rounds=$(call csv,$(EXP_ROUNDS)) seed=$(call csv,$(EXP_SEEDS)) $(REPRO_LAUNCHER)
 
 $(EXP)/retrieved/%/_SUCCESS: $(EXP)/queries/%/_SUCCESS $(EXP_CORPUS_DEP) | $(DATA)/index/index.json
 	$(CPTKIT) retrieve --queries $(EXP)/queries/$* --corpus $(CORPUS) --index $(DATA)/index --out $(@D) \
