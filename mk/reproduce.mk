@@ -24,10 +24,11 @@ REPRO_MODEL  ?= model=tiny_llama model.hidden=128 model.layers=2 model.heads=4
 REPRO_BASE_ARGS ?= train.micro_batch=4 train.lr=3e-3 train.warmup=0.05 train.threads=2 train.precision=fp32 \
                    train.eval_docs=24 train.eval_every=50 train.decay=0.25 train.min_lr_ratio=0.1
 # Every member: the base continued for REPRO_STEPS steps at a re-warmed LR; held-out losses per
-# domain before step 1 and after the last (metrics.jsonl), on 16 documents per domain.
+# domain before step 1 and after the last (metrics.jsonl), on 16 documents per domain. An interrupted
+# member resumes from its last checkpoint (train.resume=true; a finished one is skipped).
 REPRO_TRAIN  ?= model=hf model.path=$(REPRO)/base/model train.micro_batch=4 train.lr=1e-3 train.warmup=0.1 \
                 train.threads=2 train.precision=fp32 train.max_steps=$(REPRO_STEPS) train.eval_every=$(REPRO_STEPS) \
-                train.eval_docs=16 train.eval_max_tokens=256
+                train.eval_docs=16 train.eval_max_tokens=256 train.resume=true
 REPRO_MIXIN  := --in $(DATA)/labelled --in $(REPRO)/corpus tokenizer=smollm2
 REPRO_SWEEPS := replay topic_ppl velocitune upsampling synthetic corruption
 R            := $(REPRO)/.done
