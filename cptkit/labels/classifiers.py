@@ -491,7 +491,7 @@ class MiniLMClassifier:
             src, num_labels=len(classes), id2label=dict(enumerate(classes)),
             label2id={c: i for i, c in enumerate(classes)})
         y = torch.tensor([classes.index(lab) for lab in labels])
-        opt = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
+        opt = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay, fused=True)
         gen = torch.Generator().manual_seed(seed)
         model.train()
         for _ in range(p.epochs):

@@ -161,10 +161,9 @@ def deepspeed_config(base: dict[str, Any], *, micro_batch: int, grad_accum: int,
         cfg.pop("optimizer", None)
         cfg["zero_allow_untested_optimizer"] = True
     else:
-        # torch's AdamW (fused CUDA kernel on GPU): no JIT build of DeepSpeed's FusedAdam, which needs nvcc
-        params = {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay, "torch_adam": True}
-        if on_gpu():
-            params["fused"] = True
+        # torch's fused AdamW: no JIT build of DeepSpeed's FusedAdam, which needs nvcc
+        params = {"lr": lr, "betas": list(betas), "eps": eps, "weight_decay": weight_decay, "torch_adam": True,
+                  "fused": True}  # one kernel for every tensor, on a GPU and on a CPU
         cfg["optimizer"] = {"type": "AdamW", "params": params}
     if "scheduler" not in user:
         cfg.pop("scheduler", None)  # the LR schedule is cptkit's (train.lr, warmup, decay)
@@ -191,7 +190,7 @@ def use_deepspeed(engine: str, world: int, user_config: bool, zero_stage: int) -
 class TorchEngine:
     """One process, plain PyTorch: the loop a user would write, behind DeepSpeed's engine interface.
 
-    AdamW (``torch.optim``, foreach) or LionW (``train.optimizer``), gradient clipping, gradient accumulation (``backward``
+    AdamW (``torch.optim``, fused) or LionW (``train.optimizer``), gradient clipping, gradient accumulation (``backward``
     scales by 1/accum; ``step`` updates at the boundary), bf16 through ``torch.autocast`` over
     fp32 weights, and checkpoints read with ``weights_only=True`` (:mod:`cptkit.training.checkpoint`).
     """
@@ -201,7 +200,9 @@ class TorchEngine:
                  lr_scheduler: Any = None, optimizer: str = "adamw"):
         from cptkit.training.optim import make_optimizer
 
-        self.module = model
+        device = "cuda" if on_gpu() else "cpu"
+        self.module = model.to(device)  # before the optimizer: fused AdamW takes the parameters where they live
+        self.device = device
         self.optimizer = make_optimizer(optimizer, groups, lr=lr, betas=betas, eps=eps)
         self.lr_scheduler = lr_scheduler(self.optimizer) if callable(lr_scheduler) else None
         self.grad_clip = float(grad_clip)
@@ -209,9 +210,6 @@ class TorchEngine:
         self.accum = int(grad_accum)
         self.micro_steps = 0
         self.global_steps = 0
-        device = "cuda" if on_gpu() else "cpu"
-        self.module.to(device)
-        self.device = device
         self._autocast = precision in ("bf16", "fp16")
         self._dtype = torch.bfloat16 if precision == "bf16" else torch.float16
 

@@ -1,4 +1,4 @@
-"""Optimizers for ``train.optimizer``: AdamW (``torch.optim``) or Lion with decoupled weight decay.
+"""Optimizers for ``train.optimizer``: AdamW (``torch.optim``, fused) or Lion with decoupled weight decay.
 
 Lion (Chen et al., 2023, "Symbolic Discovery of Optimization Algorithms", Alg. 2), the optimizer
 of the domain-upsampling paper (seed 002, Table 1: LionW, lr 1.2e-4, β = (0.9, 0.95), weight
@@ -56,12 +56,18 @@ class LionW(torch.optim.Optimizer):
         return loss
 
 
+def fusable(groups: list[dict[str, Any]]) -> bool:
+    """Whether torch's fused AdamW takes these parameters: floating point, on a CPU or a CUDA device."""
+    params = [p for g in groups for p in g["params"]]
+    return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+
+
 def make_optimizer(name: str, groups: list[dict[str, Any]], *, lr: float, betas: tuple[float, float],
                    eps: float) -> torch.optim.Optimizer:
     """``train.optimizer``: ``adamw`` (torch's, eps used) or ``lion`` (:class:`LionW`, eps unused);
     per-group weight decay comes from ``groups``."""
-    if name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+    if name == "adamw":  # fused: one kernel over every tensor; torch's per-tensor loop is ~5x slower on CPU
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fusable(groups))
     if name == "lion":
         return LionW(groups, lr=lr, betas=betas)
     raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
