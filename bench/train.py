@@ -138,6 +138,20 @@ def plain_worker(args: argparse.Namespace) -> None:
     print(json.dumps({"seconds": times, "cpu_seconds": cpu, "wall": time.perf_counter() - t_start}))
 
 
+def build_stream(src: Path, out: Path, tok_dir: Path, seq: int, budget: int, env: dict[str, str]) -> Path:
+    """A one-domain (``lang:en``) stream of ``seq``-token sequences, packed by ``cptkit build-mix``."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "cptkit.cli", "build-mix", "--in", str(src), "--out", str(out),
+                        f"tokenizer={tok_dir}", "-q", "mix.domains=[{name:en,filter:{lang:en}}]",
+                        "mix.stages=[{name:main,weights:{en:1}}]", "mix.fill=null",
+                        f"mix.budget_tokens={budget}", f"mix.seq_len={seq}", "mix.eval_docs=2"],
+                       env=env, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(r.stderr[-2000:])
+    return out
+
+
 def _median_step(seconds: list[float]) -> float:
     import statistics
 
@@ -165,17 +179,8 @@ def train_vs_plain(args: argparse.Namespace) -> None:
     try:
         tok_dir = work / "tok"
         load_tokenizer("smollm2").save_pretrained(str(tok_dir))
-        streams = {}
-        for seq in sorted({c[5] for c in configs}):
-            out = work / f"stream{seq}"
-            r = subprocess.run([sys.executable, "-m", "cptkit.cli", "build-mix", "--in", str(src), "--out", str(out),
-                                f"tokenizer={tok_dir}", "-q", "mix.domains=[{name:en,filter:{lang:en}}]",
-                                "mix.stages=[{name:main,weights:{en:1}}]", "mix.fill=null",
-                                "mix.budget_tokens=300000", f"mix.seq_len={seq}", "mix.eval_docs=2"],
-                               env=env, capture_output=True, text=True)
-            if r.returncode:
-                raise SystemExit(r.stderr[-2000:])
-            streams[seq] = out
+        streams = {seq: build_stream(src, work / f"stream{seq}", tok_dir, seq, 300_000, env)
+                   for seq in sorted({c[5] for c in configs})}
         for name, hidden, layers, heads, micro, seq, steps, precs in configs:
             for prec in precs:
                 res: dict[str, list] = {"cptkit": [], "plain": []}
@@ -252,32 +257,8 @@ def train_vs_plain(args: argparse.Namespace) -> None:
     print(body)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--overhead", action="store_true", help="the packing + data/mixture overhead section instead")
-    ap.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--stream")
-    ap.add_argument("--tokenizer")
-    ap.add_argument("--heads", type=int, default=2)
-    ap.add_argument("--precision", default="fp32")
-    ap.add_argument("--save")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--tiny-steps", type=int, default=20)
-    ap.add_argument("--demo-steps", type=int, default=8)
-    ap.add_argument("--corpus", default=None)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--interval", type=int, default=10)
-    args = ap.parse_args()
-    if args.plain_worker:
-        return plain_worker(args)
-    if not args.overhead:
-        return train_vs_plain(args)
-
+def overhead(args: argparse.Namespace) -> None:
+    """Packing throughput (build-mix vs datasets) and the data/mixture share of a train step; the train section."""
     from conftest import read_jsonl_dir
     from mixdata import TWO_DOMAINS, make_tokenizer
 
@@ -351,6 +332,35 @@ def main() -> None:
     cmd = "python bench/train.py " + " ".join(sys.argv[1:])
     write_section("train", "train: packing throughput and data/mixture overhead (CPU)", cmd.strip(), body)
     print(body)
+
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--overhead", action="store_true", help="the packing + data/mixture overhead section instead")
+    ap.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--stream")
+    ap.add_argument("--tokenizer")
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--save")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tiny-steps", type=int, default=20)
+    ap.add_argument("--demo-steps", type=int, default=8)
+    ap.add_argument("--corpus", default=None)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--interval", type=int, default=10)
+    args = ap.parse_args()
+    if args.plain_worker:
+        return plain_worker(args)
+    if not args.overhead:
+        return train_vs_plain(args)
+    return overhead(args)
 
 
 if __name__ == "__main__":
