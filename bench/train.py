@@ -2,6 +2,8 @@
 
     python bench/train.py [--repeats 3] [--corpus DIR]              # train vs plain loop (section train_cpu)
     python bench/train.py --overhead [--steps 20] [--hidden 256]    # packing + data/mixture overhead (section train)
+    python bench/train.py --smollm2 [--seq-len 1024] [--micro-batch 1] [--steps 6] [--repeats 3] [--threads 2]
+                                                                    # SmolLM2-135M vs HF Trainer (train_cpu_smollm2)
 
 * **train vs plain loop** (issue 15): the same Llama (random init, SmolLM2's 49,152-token
   vocabulary), the same shapes, threads and precision, trained by ``cptkit train`` (a
@@ -9,6 +11,13 @@
   AdamW, clipping, ``torch.autocast`` for bf16), in interleaved repeats. Reported: median
   seconds per optimizer step after two warm-up steps (cptkit: ``metrics.jsonl``; the loop: its
   own timer around the same work) and the whole process wall time.
+
+* **SmolLM2-135M vs HF Trainer** (``--smollm2``): a CPT step of the real model (fp32, CPU) by
+  ``cptkit train model=hf model.path=smollm2`` and by ``transformers.Trainer`` (``--hf-worker``) on the
+  same weights and the same stream sequences, interleaved; median ms/step, tokens/s, CPU ms/step and
+  CPU utilisation = (6·N + 12·L·d·s) × tokens/s ÷ the fp32 matmul peak measured in the same run.
+  Each cptkit run writes ~2 GB (the model and a checkpoint with Adam moments) under $TMPDIR, removed
+  after the run; point TMPDIR at a roomy disk (or /dev/shm) where /tmp is short.
 
 * Packing: tokenize + order + pack the demo-corpus slice into fixed-length sequences with
   ``cptkit build-mix`` (tokens/s), against the peer baseline in the same run: Hugging Face
@@ -138,6 +147,20 @@ def plain_worker(args: argparse.Namespace) -> None:
     print(json.dumps({"seconds": times, "cpu_seconds": cpu, "wall": time.perf_counter() - t_start}))
 
 
+def build_stream(src: Path, out: Path, tok_dir: Path, seq: int, budget: int, env: dict[str, str]) -> Path:
+    """A one-domain (``lang:en``) stream of ``seq``-token sequences, packed by ``cptkit build-mix``."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "cptkit.cli", "build-mix", "--in", str(src), "--out", str(out),
+                        f"tokenizer={tok_dir}", "-q", "mix.domains=[{name:en,filter:{lang:en}}]",
+                        "mix.stages=[{name:main,weights:{en:1}}]", "mix.fill=null",
+                        f"mix.budget_tokens={budget}", f"mix.seq_len={seq}", "mix.eval_docs=2"],
+                       env=env, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(r.stderr[-2000:])
+    return out
+
+
 def _median_step(seconds: list[float]) -> float:
     import statistics
 
@@ -165,17 +188,8 @@ def train_vs_plain(args: argparse.Namespace) -> None:
     try:
         tok_dir = work / "tok"
         load_tokenizer("smollm2").save_pretrained(str(tok_dir))
-        streams = {}
-        for seq in sorted({c[5] for c in configs}):
-            out = work / f"stream{seq}"
-            r = subprocess.run([sys.executable, "-m", "cptkit.cli", "build-mix", "--in", str(src), "--out", str(out),
-                                f"tokenizer={tok_dir}", "-q", "mix.domains=[{name:en,filter:{lang:en}}]",
-                                "mix.stages=[{name:main,weights:{en:1}}]", "mix.fill=null",
-                                "mix.budget_tokens=300000", f"mix.seq_len={seq}", "mix.eval_docs=2"],
-                               env=env, capture_output=True, text=True)
-            if r.returncode:
-                raise SystemExit(r.stderr[-2000:])
-            streams[seq] = out
+        streams = {seq: build_stream(src, work / f"stream{seq}", tok_dir, seq, 300_000, env)
+                   for seq in sorted({c[5] for c in configs})}
         for name, hidden, layers, heads, micro, seq, steps, precs in configs:
             for prec in precs:
                 res: dict[str, list] = {"cptkit": [], "plain": []}
@@ -252,32 +266,225 @@ def train_vs_plain(args: argparse.Namespace) -> None:
     print(body)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--overhead", action="store_true", help="the packing + data/mixture overhead section instead")
-    ap.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--stream")
-    ap.add_argument("--tokenizer")
-    ap.add_argument("--heads", type=int, default=2)
-    ap.add_argument("--precision", default="fp32")
-    ap.add_argument("--save")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--tiny-steps", type=int, default=20)
-    ap.add_argument("--demo-steps", type=int, default=8)
-    ap.add_argument("--corpus", default=None)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--interval", type=int, default=10)
-    args = ap.parse_args()
-    if args.plain_worker:
-        return plain_worker(args)
-    if not args.overhead:
-        return train_vs_plain(args)
+def hf_worker(args: argparse.Namespace) -> None:
+    """The peer for ``--smollm2``: HF ``Trainer`` on the same weights and stream blocks, fp32 on the CPU; prints
+    one JSON line: each step's wall and CPU seconds (step end to step end), loss and tokens."""
+    import json
 
+    import numpy as np
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from cptkit.models.lm import SMOLLM2
+    from cptkit.models.pretrained import load_pretrained
+
+    t_start = time.perf_counter()
+    torch.set_num_threads(args.threads)
+    meta = json.loads((Path(args.stream) / "_stream.json").read_text())
+    tokens = np.memmap(Path(args.stream) / meta["domains"][0]["file"], dtype=meta["dtype"], mode="r")
+    seq = int(meta["seq_len"])
+    n_blocks = len(tokens) // seq
+    model = load_pretrained(SMOLLM2).train()  # what model.path=smollm2 loads: the GGUF dequantized to fp32
+    model.set_attn_implementation("sdpa")
+    model.config.use_cache = False  # as cptkit's model: no KV cache built in training forwards
+    marks: list[float] = []
+    cpus: list[float] = []
+    losses: list[float] = []
+    toks: list[int] = []
+
+    class Blocks(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return args.steps * args.micro_batch
+
+        def __getitem__(self, i: int) -> dict:
+            k = i % n_blocks  # the stream's k-th sequence, wrapping as cptkit's sampler does
+            ids = torch.from_numpy(np.asarray(tokens[k * seq:(k + 1) * seq], dtype=np.int64))
+            return {"input_ids": ids, "labels": ids.clone()}
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, *a, **kw) -> None:
+            marks.append(time.perf_counter())
+            cpus.append(time.process_time())
+
+        on_step_end = on_train_begin
+
+    class Recording(Trainer):
+        def compute_loss(self, model: torch.nn.Module, inputs: dict, *a: object, **kw: object) -> object:
+            out = super().compute_loss(model, inputs, *a, **kw)
+            losses.append(float((out[0] if isinstance(out, tuple) else out).detach()))
+            toks.append(int(inputs["input_ids"].numel()))
+            return out
+
+    with tempfile.TemporaryDirectory() as tmp:
+        targs = TrainingArguments(
+            output_dir=tmp, per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=1,
+            max_steps=args.steps, learning_rate=1e-4, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95,
+            adam_epsilon=1e-8, max_grad_norm=1.0, lr_scheduler_type="constant_with_warmup",
+            warmup_steps=round(0.05 * args.steps), use_cpu=True, train_sampling_strategy="sequential",
+            dataloader_num_workers=0, save_strategy="no", logging_steps=10**6, report_to=[], disable_tqdm=True)
+        trainer = Recording(model=model, args=targs, train_dataset=Blocks(), callbacks=[Clock()])
+        trainer.train()
+    cfg = model.config
+    print(json.dumps({
+        "seconds": [b - a for a, b in zip(marks, marks[1:], strict=False)],
+        "cpu_seconds": [b - a for a, b in zip(cpus, cpus[1:], strict=False)],
+        "losses": losses, "tokens": toks, "threads": torch.get_num_threads(),
+        "optimizer": f"{getattr(targs.optim, 'value', targs.optim)} (fused={trainer.optimizer.defaults.get('fused')})",
+        "params": sum(p.numel() for p in model.parameters()), "layers": cfg.num_hidden_layers,
+        "hidden": cfg.hidden_size, "wall": time.perf_counter() - t_start}))
+
+
+def cpu_matmul_peak(threads: int, n: int = 2048, reps: int = 5) -> float:
+    """fp32 FLOP/s of an n³ ``torch.mm`` on this CPU with ``threads`` torch threads, best of ``reps``."""
+    import torch
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)  # warm-up
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t)
+    torch.set_num_threads(prev)
+    return 2.0 * n**3 / best
+
+
+def _smollm2_run(who: str, stream: Path, out: Path, args: argparse.Namespace, env: dict[str, str]) -> dict:
+    """One process of one side (``cptkit`` or ``hf``): step and CPU seconds, losses, tokens per step, wall, info."""
+    import json
+    import subprocess
+
+    if who == "cptkit":
+        cmd = [sys.executable, "-m", "cptkit.cli", "train", "--in", str(stream), "--out", str(out), "model=hf",
+               "model.path=smollm2", f"train.micro_batch={args.micro_batch}", f"train.max_steps={args.steps}",
+               f"train.threads={args.threads}", "train.precision=fp32", "train.eval_every=0", "-q"]
+    else:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--hf-worker", "--stream", str(stream),
+               "--micro-batch", str(args.micro_batch), "--steps", str(args.steps), "--threads", str(args.threads)]
+    t = time.perf_counter()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if r.returncode:
+        raise SystemExit(f"{who}: {r.stderr[-3000:]}")
+    if who == "hf":
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        got["info"] = f"{got['optimizer']}, {got['threads']} torch threads"
+    else:
+        recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        recs = [x for x in recs if "seconds" in x]
+        ex = json.loads((out / "_manifest.json").read_text())["extra"]
+        cum = [0] + [x["tokens"] for x in recs]
+        got = {"seconds": [x["seconds"] for x in recs], "cpu_seconds": [x["cpu_seconds"] for x in recs],
+               "losses": [x["loss"] for x in recs], "tokens": [b - a for a, b in zip(cum, cum[1:], strict=False)],
+               "info": f"{ex['engine']} engine, {ex['optimizer']}, {ex['precision']}, "
+                       f"gradient checkpointing {ex['gradient checkpointing']}"}
+        shutil.rmtree(out, ignore_errors=True)  # model + checkpoint with Adam moments: ~2 GB, one run at a time
+    got["wall"] = wall
+    return got
+
+
+def smollm2_vs_hf(args: argparse.Namespace) -> None:
+    """``cptkit train`` and HF ``Trainer`` on SmolLM2-135M, interleaved; writes the train_cpu_smollm2 section."""
+    from cptkit.models.lm import load_tokenizer
+
+    src = Path(args.corpus) if args.corpus else corpus()
+    work = Path(tempfile.mkdtemp(prefix="cptkit-bench-smollm2-"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res: dict[str, list[dict]] = {"cptkit": [], "hf": []}
+    loads: list[float] = [os.getloadavg()[0]]
+    peak = cpu_matmul_peak(args.threads)
+    try:
+        tok_dir = work / "tok"
+        load_tokenizer("smollm2").save_pretrained(str(tok_dir))
+        need = args.steps * args.micro_batch * args.seq_len
+        stream = build_stream(src, work / "stream", tok_dir, args.seq_len, max(300_000, 2 * need), env)
+        for rep in range(args.repeats):
+            for who in ["cptkit", "hf"] if rep % 2 == 0 else ["hf", "cptkit"]:
+                got = _smollm2_run(who, stream, work / f"run-{who}-{rep}", args, env)
+                res[who].append(got)
+                loads.append(os.getloadavg()[0])
+                print(f"rep {rep} {who}: {_median_step(got['seconds']) * 1000:,.0f} ms/step "
+                      f"(steps {', '.join(f'{x:.1f}' for x in got['seconds'])} s), "
+                      f"{_median_step(got['cpu_seconds']) * 1000:,.0f} CPU ms/step, wall {got['wall']:.1f} s, "
+                      f"tokens/step {sorted(set(got['tokens']))}, losses {[round(x, 5) for x in got['losses']]}, "
+                      f"load {loads[-1]:.1f}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    peak = max(peak, cpu_matmul_peak(args.threads))
+    print(f"fp32 matmul peak ({args.threads} threads): {peak / 1e9:,.1f} GFLOP/s", flush=True)
+    body = _smollm2_body(args, res, peak, loads)
+    cmd = "python bench/train.py " + " ".join(sys.argv[1:])
+    write_section("train_cpu_smollm2", "CPT step of SmolLM2-135M on CPU: cptkit train vs HF Trainer", cmd, body)
+    print(body)
+
+
+def _smollm2_body(args: argparse.Namespace, res: dict[str, list[dict]], peak: float, loads: list[float]) -> str:
+    """The section's text: the table (median repeat per side), the same-work check and the columns explained."""
+    sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+    from train_mfu import flops_per_token
+
+    def med(who: str, key: str) -> float:
+        xs = sorted(_median_step(g[key]) if key != "wall" else g[key] for g in res[who])
+        return xs[len(xs) // 2]
+
+    hf0 = res["hf"][0]
+    fpt = flops_per_token(hf0["params"], hf0["layers"], hf0["hidden"], args.seq_len)
+    step_tok = args.micro_batch * args.seq_len
+    step = {w: med(w, "seconds") for w in res}
+    rows = []
+    for who, name in (("cptkit", "cptkit train"), ("hf", "HF Trainer")):
+        tps = step_tok / step[who]
+        rows.append([name, f"{args.micro_batch} × {args.seq_len}", f"{step[who] * 1000:,.0f}", f"{tps:,.1f}",
+                     f"{med(who, 'cpu_seconds') * 1000:,.0f}", f"{fpt * tps / 1e9:,.1f}",
+                     f"{100 * fpt * tps / peak:.1f}%", f"{step['hf'] / step[who]:.2f}",
+                     f"{med('hf', 'cpu_seconds') / med(who, 'cpu_seconds'):.2f}", f"{med(who, 'wall'):.0f}",
+                     res[who][0]["info"]])
+    toks = {w: sorted({t for g in res[w] for t in g["tokens"]}) for w in res}
+    first = {w: [g["losses"][0] for g in res[w]] for w in res}
+    d0 = max(abs(a - b) for a in first["cptkit"] for b in first["hf"])
+    dall = max(abs(a - b) for c in res["cptkit"] for h in res["hf"] for a, b in zip(c["losses"], h["losses"], strict=True))
+    same = toks["cptkit"] == toks["hf"] == [step_tok] and d0 <= 1e-4
+    ratio = step["hf"] / step["cptkit"]
+    return (
+        f"SmolLM2-135M ({hf0['params'] / 1e6:.1f}M parameters: `model.path=smollm2`, the SmolLM2-135M-Instruct "
+        "GGUF dequantized to fp32, loaded by the same function on both sides), continued pre-training on a "
+        f"`cptkit build-mix` stream of {args.seq_len}-token sequences (demo corpus, English, SmolLM2's "
+        f"tokenizer), micro-batch {args.micro_batch}, fp32, {args.threads} torch threads, {args.steps} optimizer "
+        f"steps per process, {args.repeats} interleaved repeat(s) (the median repeat shown). cptkit: `cptkit train "
+        f"model=hf model.path=smollm2 train.precision=fp32 train.eval_every=0`, its other defaults (wsd schedule "
+        f"with 5% warmup, `train.engine=auto`, `train.gradient_checkpointing=auto`: see the *run* column). HF: "
+        "`Trainer` with AdamW (0.9, 0.95, ε 1e-8, weight decay 0.1, none on norms), lr 1e-4 after cptkit's "
+        "warm-up steps (`constant_with_warmup`), clipping 1.0, `use_cpu`, `dataloader_num_workers=0`, "
+        "`save_strategy=\"no\"`, `report_to=[]`, the stream's sequences in order "
+        "(`train_sampling_strategy=\"sequential\"`). The AdamW maths is the same, its implementation is not: "
+        "the Trainer's default `adamw_torch_fused` is torch's fused AdamW kernel; cptkit's torch engine builds "
+        "`torch.optim.AdamW` with torch's defaults, which on CPU is the per-parameter for-loop (torch's "
+        "foreach kernels are for GPUs).\n\n"
+        + table(["trainer", "batch × seq", "ms/step", "tokens/s", "CPU ms/step", "GFLOP/s", "CPU utilisation",
+                 "speed ratio (wall)", "speed ratio (CPU)", "process wall s", "run"], rows)
+        + f"\n\n**Same work**: tokens per step {toks['cptkit']} (cptkit) and {toks['hf']} (HF); first-step loss "
+        f"{first['cptkit'][0]:.6f} (cptkit) and {first['hf'][0]:.6f} (HF), largest difference over the repeats "
+        f"{d0:.1e}, over every step {dall:.1e}: "
+        + ("the two sides train on the same tokens from the same weights. " if same else
+           "**the two sides do not do the same work** (tokens or first loss differ): the ratio is not comparable. ")
+        + f"**Target** (speed ratio ≥ 1.2): {'reached' if ratio >= 1.2 else 'not reached'} ({ratio:.2f}).\n\n"
+        "*ms/step*: median optimizer step after two warm-up steps (cptkit: `metrics.jsonl`, which times data "
+        "draw, forward, backward, clipping, AdamW step and loss sync, not its per-step log lines; HF: a callback "
+        "timing step end to step end, which includes the Trainer's own per-step work). *tokens/s*: micro-batch × "
+        "sequence ÷ ms/step. *CPU ms/step*: process CPU time per step, all threads. *GFLOP/s*: "
+        "(6·N + 12·L·d·s) FLOPs per token (PaLM App. B) × tokens/s. *CPU utilisation*: GFLOP/s ÷ the fp32 "
+        f"matmul peak measured here, {peak / 1e9:,.1f} GFLOP/s (a 2048³ `torch.mm` on {args.threads} threads, "
+        "best of 5, before and after the runs). *speed ratio* = HF ÷ cptkit (wall time, CPU time; above 1: "
+        "cptkit faster). *process wall*: the whole process (imports, dequantizing the GGUF, training; cptkit "
+        "also saves the model and a resumable checkpoint, TensorBoard and plots). Load average during the "
+        f"run: {min(loads):.1f} to {max(loads):.1f} on {os.cpu_count()} cores."
+    )
+
+
+def overhead(args: argparse.Namespace) -> None:
+    """Packing throughput (build-mix vs datasets) and the data/mixture share of a train step; the train section."""
     from conftest import read_jsonl_dir
     from mixdata import TWO_DOMAINS, make_tokenizer
 
@@ -351,6 +558,44 @@ def main() -> None:
     cmd = "python bench/train.py " + " ".join(sys.argv[1:])
     write_section("train", "train: packing throughput and data/mixture overhead (CPU)", cmd.strip(), body)
     print(body)
+
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--overhead", action="store_true", help="the packing + data/mixture overhead section instead")
+    ap.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--stream")
+    ap.add_argument("--tokenizer")
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--save")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tiny-steps", type=int, default=20)
+    ap.add_argument("--demo-steps", type=int, default=8)
+    ap.add_argument("--corpus", default=None)
+    ap.add_argument("--smollm2", action="store_true", help="SmolLM2-135M: cptkit train vs HF Trainer instead")
+    ap.add_argument("--hf-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=None, help="20 (--overhead), 6 (--smollm2)")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=None, help="256 (--overhead), 1024 (--smollm2)")
+    ap.add_argument("--micro-batch", type=int, default=None, help="4 (--overhead), 1 (--smollm2)")
+    ap.add_argument("--interval", type=int, default=10)
+    args = ap.parse_args()
+    for key, overhead, smol in (("steps", 20, 6), ("seq_len", 256, 1024), ("micro_batch", 4, 1)):
+        if getattr(args, key) is None:
+            setattr(args, key, smol if args.smollm2 or args.hf_worker else overhead)
+    if args.plain_worker:
+        return plain_worker(args)
+    if args.hf_worker:
+        return hf_worker(args)
+    if args.smollm2:
+        return smollm2_vs_hf(args)
+    if not args.overhead:
+        return train_vs_plain(args)
+    return overhead(args)
 
 
 if __name__ == "__main__":
