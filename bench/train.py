@@ -458,10 +458,8 @@ def _smollm2_body(args: argparse.Namespace, res: dict[str, list[dict]], peak: fl
         "`Trainer` with AdamW (0.9, 0.95, ε 1e-8, weight decay 0.1, none on norms), lr 1e-4 after cptkit's "
         "warm-up steps (`constant_with_warmup`), clipping 1.0, `use_cpu`, `dataloader_num_workers=0`, "
         "`save_strategy=\"no\"`, `report_to=[]`, the stream's sequences in order "
-        "(`train_sampling_strategy=\"sequential\"`). The AdamW maths is the same, its implementation is not: "
-        "the Trainer's default `adamw_torch_fused` is torch's fused AdamW kernel; cptkit's torch engine builds "
-        "`torch.optim.AdamW` with torch's defaults, which on CPU is the per-parameter for-loop (torch's "
-        "foreach kernels are for GPUs).\n\n"
+        "(`train_sampling_strategy=\"sequential\"`). Both step torch's fused AdamW kernel (the Trainer's default "
+        "`adamw_torch_fused`; cptkit's `train.optimizer=adamw`).\n\n"
         + table(["trainer", "batch × seq", "ms/step", "tokens/s", "CPU ms/step", "GFLOP/s", "CPU utilisation",
                  "speed ratio (wall)", "speed ratio (CPU)", "process wall s", "run"], rows)
         + f"\n\n**Same work**: tokens per step {toks['cptkit']} (cptkit) and {toks['hf']} (HF); first-step loss "
