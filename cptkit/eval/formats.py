@@ -451,7 +451,7 @@ def wsc_xml(path: Path, split: str, opts: dict) -> list[dict]:
         left, pron, right = (clean(s.findtext(f"text/{k}")) for k in ("txt1", "pron", "txt2"))
         options = [clean(a.text) for a in s.findall("answers/answer")]
         correct = (s.findtext("correctAnswer") or "").strip().rstrip(".").strip()
-        if len(options) != 2 or correct not in ("A", "B") or not pron:
+        if len(options) != 2 or not all(options) or correct not in ("A", "B") or not pron:
             raise BadInput(str(path), None, f"schema {i}: expected txt1, pron, txt2, two answers, correctAnswer A|B")
         text, loc = f"{left} {pron} {right}".strip(), len(left) + 1 if left else 0
         docs.append({"id": str(i), "text": text, "pronoun": pron, "pronoun_loc": loc, "options": options,
