@@ -223,25 +223,84 @@ def _res(suite_file: str, scores: dict[str, dict[str, float]]) -> dict:
     return {"suite": {"name": "x", "file": suite_file}, "tasks": {t: {"metrics": m} for t, m in scores.items()}}
 
 
+# Table 8 of the upsampling paper (App. A): the Gauntlet v0.3 benchmarks per category, with the metric cptkit
+# scores each by and its random baseline (MosaicML's eval_gauntlet_v0.3.yaml, the configuration the paper ran)
+GAUNTLET_V03 = {
+    "World Knowledge": [("jeopardy", "acc", 0), ("mmlu", "acc", 0.25), ("bigbench_qa_wikidata", "acc", 0),
+                        ("arc_easy", "acc", 0.25), ("arc_challenge", "acc", 0.25), ("triviaqa_sub", "exact_match", 0)],
+    "Commonsense Reasoning": [("bigbench_strategyqa", "acc", 0.5), ("bigbench_strange_stories", "acc", 0.5),
+                              ("copa", "acc", 0.5), ("piqa", "acc", 0.5), ("siqa", "acc", 0.5),
+                              ("openbookqa", "acc", 0.25), ("commonsense_qa", "acc", 0.25)],
+    "Language Understanding": [("lambada_openai", "acc", 0), ("hellaswag", "acc", 0.25), ("winograd", "acc", 0.5),
+                               ("winogrande", "acc", 0.5)],
+    "Symbolic Problem Solving": [("bigbench_elementary_math_qa", "acc", 0.25), ("bigbench_dyck_languages", "acc", 0),
+                                 ("bigbench_operators", "acc", 0), ("simple_arithmetic_withspaces", "acc", 0),
+                                 ("simple_arithmetic_nospaces", "acc", 0), ("gsm8k", "exact_match", 0),
+                                 ("svamp", "exact_match", 0), ("agieval_lsat_ar", "acc", 0.25)],
+    "Reading Comprehension": [("squad", "acc", 0), ("boolq", "acc", 0.5), ("coqa", "acc", 0),
+                              ("agieval_lsat_rc", "acc", 0.25), ("agieval_lsat_lr", "acc", 0.25),
+                              ("agieval_sat_en", "acc", 0.25)],
+    "Programming": [("humaneval", "pass@1", 0)],
+}
+PAPER_SHOTS = {"jeopardy": 3, "mmlu": 5, "bigbench_qa_wikidata": 3, "arc_easy": 3, "arc_challenge": 3, "triviaqa_sub": 3,
+               "bigbench_strategyqa": 0, "bigbench_strange_stories": 0, "copa": 0, "piqa": 10, "siqa": 3,
+               "openbookqa": 10, "commonsense_qa": 0, "lambada_openai": 0, "hellaswag": 0, "winograd": 3,
+               "winogrande": 5, "bigbench_elementary_math_qa": 1, "bigbench_dyck_languages": 5, "bigbench_operators": 3,
+               "simple_arithmetic_withspaces": 5, "simple_arithmetic_nospaces": 5, "gsm8k": 8, "svamp": 5,
+               "agieval_lsat_ar": 5, "squad": 3, "boolq": 0, "coqa": 0, "agieval_lsat_rc": 5, "agieval_lsat_lr": 5,
+               "agieval_sat_en": 5, "humaneval": 0}
+
+
+def gauntlet_by_hand(tasks: dict[str, dict]) -> dict[str, float]:
+    """Each category: the mean of (score - baseline) / (1 - baseline), in %; Core Average: the mean of the six."""
+    cats = {c: 100 * sum((tasks[t]["metrics"][m] - b) / (1 - b) for t, m, b in bench) / len(bench)
+            for c, bench in GAUNTLET_V03.items()}
+    return cats | {"Core Average": sum(cats.values()) / len(cats)}
+
+
 def test_suite_layouts_and_gauntlet_rescaling():
     import yaml
 
     up = yaml.safe_load((ROOT / "conf/eval/suites/upsampling.yaml").read_text())
+    assert up["tasks"] == PAPER_SHOTS  # every benchmark of Table 8, with the paper's shots
     scores = {"mmlu": {"acc": 0.40}, "gsm8k": {"exact_match": 0.10}, "humaneval": {"pass@1": 0.20},
               "arc_easy": {"acc": 0.70}, "arc_challenge": {"acc": 0.40}, "svamp": {"exact_match": 0.30},
               "agieval_lsat_ar": {"acc": 0.20}, "agieval_lsat_rc": {"acc": 0.40}, "agieval_lsat_lr": {"acc": 0.30},
-              "agieval_sat_en": {"acc": 0.55}}
+              "agieval_sat_en": {"acc": 0.55}, "jeopardy": {"acc": 0.10}, "bigbench_qa_wikidata": {"acc": 0.20},
+              "triviaqa_sub": {"exact_match": 0.30}, "bigbench_strategyqa": {"acc": 0.75},
+              "bigbench_strange_stories": {"acc": 0.50}, "copa": {"acc": 0.80}, "piqa": {"acc": 0.70},
+              "siqa": {"acc": 0.60}, "openbookqa": {"acc": 0.40}, "commonsense_qa": {"acc": 0.36},
+              "lambada_openai": {"acc": 0.30}, "hellaswag": {"acc": 0.55}, "winograd": {"acc": 0.60},
+              "winogrande": {"acc": 0.55}, "bigbench_elementary_math_qa": {"acc": 0.40},
+              "bigbench_dyck_languages": {"acc": 0.10}, "bigbench_operators": {"acc": 0.20},
+              "simple_arithmetic_withspaces": {"acc": 0.50}, "simple_arithmetic_nospaces": {"acc": 0.40},
+              "squad": {"acc": 0.50}, "boolq": {"acc": 0.70}, "coqa": {"acc": 0.20}}
     header, rows = suite_table(up, {"1T": _res("u", scores)})
     assert header == ["benchmark", "1T"]
     got = {r[0]: r[1] for r in rows}
     assert got["MMLU (5-shot)"] == pytest.approx(40.0) and got["HumanEval (pass@1)"] == pytest.approx(20.0)
-    # World Knowledge: mean of (0.40-.25)/.75, (0.70-.25)/.75, (0.40-.25)/.75 = (20 + 60 + 20)/3
-    assert got["Gauntlet v0.3 (subset) / World Knowledge"] == pytest.approx(100 / 3)
-    # Symbolic: (10 + 30 + 0)/3; Reading: ((.4-.2)/.8=25, (.3-.2)/.8=12.5, (.55-.25)/.75=40)/3; Programming 20
-    assert got["Gauntlet v0.3 (subset) / Symbolic Problem Solving"] == pytest.approx(40 / 3)
-    assert got["Gauntlet v0.3 (subset) / Reading Comprehension"] == pytest.approx(77.5 / 3)
-    core = got["Gauntlet v0.3 (subset) / Core Average (4 of 6 categories)"]
-    assert core == pytest.approx((100 / 3 + 40 / 3 + 77.5 / 3 + 20) / 4)
+    g = "Gauntlet v0.3 / "
+    # World Knowledge: jeopardy 10, MMLU (0.40-.25)/.75 = 20, wikidata 20, ARC-e 60, ARC-c 20, TriviaQA 30
+    assert got[g + "World Knowledge"] == pytest.approx(160 / 6)
+    # Commonsense: StrategyQA 50, Strange Stories 0, COPA 60, PIQA 40, SIQA (.6-.5)/.5 = 20, OBQA 20,
+    # CSQA (.36-.25)/.75 = 44/3
+    assert got[g + "Commonsense Reasoning"] == pytest.approx((190 + 44 / 3) / 7)
+    assert got[g + "Language Understanding"] == pytest.approx((30 + 40 + 20 + 10) / 4)
+    # Symbolic: elementary math 20, dyck 10, operators 20, arithmetic 50 and 40, GSM8K 10, SVAMP 30,
+    # LSAT-AR (.2-.25)/.75 = -20/3 (below chance counts below zero)
+    assert got[g + "Symbolic Problem Solving"] == pytest.approx((180 - 20 / 3) / 8)
+    # Reading: SQuAD 50, BoolQ 40, CoQA 20, LSAT-RC (.4-.25)/.75 = 20, LSAT-LR 20/3, SAT-En (.55-.25)/.75 = 40
+    assert got[g + "Reading Comprehension"] == pytest.approx((170 + 20 / 3) / 6)
+    assert got[g + "Programming"] == pytest.approx(20.0)
+    core = (160 / 6 + (190 + 44 / 3) / 7 + 25 + (180 - 20 / 3) / 8 + (170 + 20 / 3) / 6 + 20) / 6
+    assert got[g + "Core Average"] == pytest.approx(core)
+    assert {k: got[g + k] for k in GAUNTLET_V03} | {"Core Average": got[g + "Core Average"]} == pytest.approx(
+        gauntlet_by_hand({t: {"metrics": m} for t, m in scores.items()}))
+    # a benchmark missing: its category and the Core Average are empty, not averaged over what is there
+    _, rows = suite_table(up, {"1T": _res("u", {k: v for k, v in scores.items() if k != "coqa"})})
+    got = {r[0]: r[1] for r in rows}
+    assert got[g + "Reading Comprehension"] is None and got[g + "Core Average"] is None
+    assert got[g + "World Knowledge"] == pytest.approx(160 / 6)
     vt = yaml.safe_load((ROOT / "conf/eval/suites/velocitune.yaml").read_text())
     base = {"gsm8k": {"exact_match": 0.124}, "math": {"exact_match": 0.06}, "minerva_math": {"exact_match": 0.052},
             "mathqa": {"acc": 0.141}, "asdiv": {"exact_match": 0.505}, "svamp": {"exact_match": 0.445},
@@ -286,6 +345,36 @@ def test_suite_run_and_compare_in_the_papers_layout(tiny, tmp_path):
     assert cmp.exit_code == 0, cmp.output
     md = (tmp_path / "t.md").read_text().splitlines()
     assert md[0] == "| run | G / MMLU | G / SciQ | G / Avg. |" and md[4].startswith("|   Δ vs base | +0.00 |")
+
+
+def test_upsampling_suite_runs_on_fixtures_with_six_categories_and_core_average(tiny, tmp_path):
+    """`evaluate eval.suite=upsampling` on every Gauntlet v0.3 benchmark's fixture: the six categories and
+    the Core Average of the printed table are the paper's formula applied to the run's own task scores."""
+    import shutil
+
+    from cptkit.steps.evaluate import load_suite
+
+    model_dir, _, _ = tiny
+    data = tmp_path / "data"
+    shutil.copytree(FIXTURES, data)  # simple_arithmetic is built into it on first use
+    res = CliRunner().invoke(app, ["evaluate", "--model", str(model_dir), "--out", str(tmp_path / "o"),
+                                   f"eval.data_dir={data}", "eval.suite=upsampling", "eval.shots=1",
+                                   "eval.limit=3", "eval.max_gen_toks=4"])
+    assert res.exit_code == 0, res.output
+    r = json.loads((tmp_path / "o" / "_results.json").read_text())
+    assert set(r["tasks"]) == set(PAPER_SHOTS) and r["suite"]["name"] == "upsampling"
+    assert (data / "simple_arithmetic/test.jsonl").exists()
+    assert {r["tasks"][t]["output_type"] for t in ("lambada_openai", "squad", "coqa", "jeopardy")} == {"loglikelihood"}
+    header, rows = suite_table(load_suite("upsampling"), {"this run": r})
+    got = {row[0]: row[1] for row in rows}
+    cats = [k.removeprefix("Gauntlet v0.3 / ") for k in got if k.startswith("Gauntlet v0.3 / ")]
+    assert cats == [*GAUNTLET_V03, "Core Average"]
+    hand = gauntlet_by_hand(r["tasks"])
+    for c in cats:
+        assert got["Gauntlet v0.3 / " + c] == pytest.approx(hand[c]), c
+    assert hand["Core Average"] == pytest.approx(sum(hand[c] for c in GAUNTLET_V03) / 6)
+    for c in cats:  # the printed table
+        assert c in res.output
 
 
 # --- quiet ---------------------------------------------------------------------------------------------------

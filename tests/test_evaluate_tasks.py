@@ -2,12 +2,15 @@
 
 tests/fixtures/eval/ holds a few items per benchmark written in the published layouts (MATH's
 per-problem JSON tree, MMLU/C-Eval/CMMLU CSVs, AGIEval/GSM8K/ARC/MBPP JSONL, HumanEval .jsonl.gz,
-SciQ/SVAMP/MAWPS/MathQA/SciEval JSON lists, ASDiv XML, BIG-Bench-Hard json + cot-prompts).
+SciQ/SVAMP/MAWPS/MathQA/SciEval JSON lists, ASDiv XML, BIG-Bench-Hard json + cot-prompts) and the
+Gauntlet v0.3 benchmarks (PIQA/SIQA jsonl + labels .lst, SuperGLUE COPA/BoolQ, OpenBookQA/CommonsenseQA,
+HellaSwag, WinoGrande, LAMBADA jsonl, BIG-bench task.json, WSCollection.xml, SQuAD/CoQA/TriviaQA/Jeopardy JSON).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import shutil
 
 import pytest
@@ -19,7 +22,7 @@ from cptkit.eval import formats as F
 from cptkit.eval import tasks as T
 from tests._eval_model import FIXTURES, TASK_DIR, make_tiny
 
-ALL_TASKS = sorted(p.stem for p in TASK_DIR.glob("*.yaml") if p.stem not in ("gcide_defs", "champ_math"))
+ALL_TASKS = sorted(p.stem for p in TASK_DIR.glob("*.yaml") if "\nbuilder:" not in p.read_text())  # built, not downloaded
 
 
 @pytest.fixture(autouse=True)
@@ -207,3 +210,172 @@ def test_unreachable_hub_is_the_same_one_line_error_without_retries(tiny, tmp_pa
     assert isinstance(res.exception, CptkitError) and res.exception.exit_code == 2
     msg = str(res.exception)
     assert "unreachable" in msg and "cais/mmlu" in msg and "\n" not in msg and not (tmp_path / "o").exists()
+
+
+# --- Gauntlet v0.3 (upsampling suite): one reader each, gold / target of a known item ---------------------
+def test_jsonl_labels_reads_piqa_and_siqa_answers_from_their_lst_files():
+    pq = task("piqa")
+    docs = T.load_docs(pq, "test")
+    assert [d["label"] for d in docs] == [0, 1]  # valid-labels.lst
+    assert T.doc_to_text(pq, docs[1]) == "Question: To dry wet shoes quickly,\nAnswer:"
+    assert T.doc_to_choice(pq, docs[1])[T.gold_index(pq, docs[1], T.doc_to_choice(pq, docs[1]))] == "stuff them with newspaper."
+    sq = task("siqa")
+    s = T.load_docs(sq, "test")
+    assert [T.gold_index(sq, d, T.doc_to_choice(sq, d)) for d in s] == [1, 0, 2]  # labels 2 1 3 -> index - 1
+    assert T.doc_to_choice(sq, s[2]) == ["to fail", "to sleep", "to do well"]
+
+
+def test_bigbench_json_choices_targets_prefixes_and_subtasks():
+    sq = task("bigbench_strategyqa")
+    d = T.load_docs(sq, "test")
+    assert d[0]["multiple_choice_targets"] == ["Yes", "No"] and T.gold_index(sq, d[0], T.doc_to_choice(sq, d[0])) == 1
+    assert T.doc_to_text(sq, d[0]) == "Q: Could a goldfish read a newspaper?\nA:"  # BIG-bench's default prefixes
+    ss = task("bigbench_strange_stories")
+    st = T.load_docs(ss, "test")
+    assert {x["subtask"] for x in st} == {"boolean"} and len(st) == 3  # the 4-choice subtask left out
+    assert T.doc_to_text(ss, st[2]).endswith("Is Leo being polite?\nAnswer:") and st[2]["label"] == 0
+    wd = task("bigbench_qa_wikidata")
+    w = T.load_docs(wd, "test")
+    assert w[0]["targets"] == ["Oslo", "Oslo, Norway"] and w[1]["targets"] == ["French"]
+    assert T.doc_to_text(wd, w[0]) == "The capital of Norway is" and T.answer_text(wd, w[0]) == "Oslo"
+    op = task("bigbench_operators")
+    ctx = T.contexts(op, T.load_docs(op, "test")[:1], 1, 0)[0]
+    assert ctx.startswith("Given the definition of the op operator, compute the result.\n\nQ: ")  # task_prefix once
+    assert T.answer_text(task("bigbench_dyck_languages"), T.load_docs(task("bigbench_dyck_languages"), "test")[0]) == ") ]"
+    both = F.bigbench_json(FIXTURES / "BIG-bench/bigbench/benchmark_tasks/strange_stories", "test", {})
+    assert [x["subtask"] for x in both] == ["boolean"] * 3 + ["multiple_choice"] and both[3]["label"] == 0
+    with pytest.raises(F.MissingData, match="missing hard"):
+        F.bigbench_json(FIXTURES / "BIG-bench/bigbench/benchmark_tasks/strange_stories", "test", {"subtasks": ["hard"]})
+
+
+def test_wsc_xml_partial_scoring_contexts_and_continuation():
+    wg = task("winograd")
+    docs = T.load_docs(wg, "test")
+    assert [d["label"] for d in docs] == [1, 0, 1, 1]  # "B", " A. ", "B", "B"
+    d = docs[1]
+    assert d["text"] == "The vase would not stand on the narrow shelf because it was too wide."  # whitespace collapsed
+    assert T.doc_to_choice(wg, d) == ["The vase would not stand on the narrow shelf because the vase",
+                                      "The vase would not stand on the narrow shelf because the shelf"]
+    assert T.answer_text(wg, d) == "was too wide." and T.doc_to_text(wg, d).endswith("because the vase")
+    assert docs[3]["partial_options"] == ["Peter's", "Hans's"]  # possessive pronoun "his"
+    assert len(F.wsc_xml(FIXTURES / "winograd/WSCollection.xml", "test", {"first": 2})) == 2
+
+
+def test_squad_coqa_triviaqa_jeopardy_json_targets():
+    sq = task("squad")
+    s = T.load_docs(sq, "test")
+    assert [x["id"] for x in s] == ["dv1", "dv2", "dv3"] and s[1]["answers"]["text"] == ["8", "atomic number 8"]
+    assert s[1]["answers"]["answer_start"] == [61, 47] and T.answer_text(sq, s[2]) == "the Mediterranean Sea"
+    cq = task("coqa")
+    c = T.load_docs(cq, "test")
+    assert [x["id"] for x in c] == ["s1/1", "s1/2", "s1/3", "s2/1", "s2/2"]
+    assert c[1]["answers"] == ["a miller", "Otto"] and c[0]["answers"] == ["grey"]  # "Grey" is a duplicate
+    assert T.doc_to_text(cq, c[2]).endswith("goats, who ate the grass around the mill.\n\nQ: What color was the mill?\n\n"
+                                             "A: grey\n\nQ: Who lived there?\n\nA: a miller\n\nQ: Did he live alone?\n\nA:")
+    assert T.answer_text(cq, c[2]) == "no"
+    tq = task("triviaqa_sub")
+    t = T.load_docs(tq, "test")
+    assert T.gold_texts(tq, t[1]) == ["The Beatles", "Beatles"] and T.answer_text(tq, t[1]) == "The Beatles"
+    assert T.extract(" the Beatles!", "squad") == T.extract("The Beatles", "squad") == "beatles"
+    jp = task("jeopardy")
+    j = T.load_docs(jp, "test")
+    assert T.doc_to_text(jp, j[2]) == 'WORD ORIGINS: From the Latin for "to breathe", it\'s this organ\nAnswer:'  # quotes, tags
+    assert T.answer_text(jp, j[2]) == "the lung"
+    whole = F.read("json", FIXTURES / "jeopardy/JEOPARDY_QUESTIONS1.json", "test")
+    some = F.read("json", FIXTURES / "jeopardy/JEOPARDY_QUESTIONS1.json", "test", {"sample": 2, "sample_seed": 3})
+    assert some == [whole[i] for i in sorted(random.Random(3).sample(range(4), 2))]  # a seeded subset, file order
+
+
+def test_superglue_hellaswag_winogrande_lambada_obqa_csqa_prompts():
+    cp = task("copa")
+    c = T.load_docs(cp, "test")[1]
+    assert T.doc_to_text(cp, c) == "The child dropped her ice cream therefore"
+    assert T.doc_to_choice(cp, c) == ["she laughed at a joke.", "she started to cry."] and T.gold_index(cp, c, T.doc_to_choice(cp, c)) == 1
+    bq = task("boolq")
+    b = T.load_docs(bq, "test")
+    assert [T.gold_index(bq, x, ["no", "yes"]) for x in b] == [1, 0]  # JSON true / false
+    hs = task("hellaswag")
+    h = T.load_docs(hs, "test")[2]  # lm-eval's preprocess: " [title]" -> ". ", [..] dropped, double spaces collapsed
+    assert T.doc_to_text(hs, h) == "Home and Garden: How to water a plant. Fill a can."
+    assert T.doc_to_choice(hs, h)[0] == " Pour the water. slowly onto the soil." and T.gold_index(hs, h, T.doc_to_choice(hs, h)) == 0
+    wg = task("winogrande")
+    w = T.load_docs(wg, "test")
+    assert [T.gold_index(wg, x, T.doc_to_choice(wg, x)) for x in w] == [0, 1]
+    assert T.doc_to_choice(wg, w[1]) == ["Emma always beat Lucy at chess, so Emma", "Emma always beat Lucy at chess, so Lucy"]
+    assert T.answer_text(wg, w[1]) == "practised more every evening."
+    shot = T.contexts(wg, w[:1], 1, 0)[0]  # a shot shows the correct option, then the rest of its sentence
+    assert shot.split("\n\n")[0] in ("Mark lent his ladder to Tom because Tom needed to clean the gutters.",
+                                      "The book would not fit on the shelf because the book was too tall.")
+    lb = task("lambada_openai")
+    lam = T.load_docs(lb, "test")[1]
+    assert T.doc_to_text(lb, lam).endswith("by noon the tired dog") and T.answer_text(lb, lam) == "slept"
+    ob = task("openbookqa")
+    o = T.load_docs(ob, "test")[0]
+    assert T.doc_to_text(ob, o) == "Which of these conducts heat best?" and T.gold_index(ob, o, T.doc_to_choice(ob, o)) == 1
+    cs = task("commonsense_qa")
+    q = T.load_docs(cs, "test")[0]
+    assert T.gold_index(cs, q, T.doc_to_choice(cs, q)) == 2 and T.doc_to_text(cs, q).endswith("E. library\nAnswer:")
+    ar = task("arc_challenge")
+    assert [T.gold_index(ar, x, T.doc_to_choice(ar, x)) for x in T.load_docs(ar, "test")] == [1, 2]
+
+
+def test_simple_arithmetic_is_built_from_a_seed_and_answered_with_precedence(tmp_path):
+    from cptkit.eval.build_tasks import arithmetic_value, build
+
+    build("simple_arithmetic", tmp_path / "a")
+    build("simple_arithmetic", tmp_path / "b")
+    a = (tmp_path / "a/simple_arithmetic/test.jsonl").read_bytes()
+    assert a == (tmp_path / "b/simple_arithmetic/test.jsonl").read_bytes()  # deterministic
+    rows = [json.loads(x) for x in a.decode().splitlines()]
+    assert len(rows) == 1000 and {len(r["tokens"]) for r in rows} == {3, 5, 7}  # 1-3 operations
+    assert all(len(t) <= 3 for r in rows for t in r["tokens"][::2])  # numbers of up to 3 digits
+    assert arithmetic_value(["2", "+", "3", "*", "4", "-", "5"]) == 9 and arithmetic_value(["7", "-", "2", "-", "1"]) == 4
+    assert all(str(arithmetic_value(r["tokens"])) == r["answer"] for r in rows)
+    ws, ns = task("simple_arithmetic_withspaces", tmp_path / "a"), task("simple_arithmetic_nospaces", tmp_path / "a")
+    d = T.load_docs(ws, "test")[1]  # built on first use when missing: here already built
+    assert T.doc_to_text(ws, d) == " ".join(d["tokens"]) + " =" and T.doc_to_text(ns, d) == "".join(d["tokens"]) + "="
+    assert T.contexts(ns, [d], 1, 0)[0].split("\n\n")[0].count("=") == 1  # the shot: "a+b=c", no space
+
+
+def test_missing_gauntlet_file_is_one_line_naming_the_download(tmp_path):
+    (tmp_path / "piqa").mkdir()
+    shutil.copy(FIXTURES / "piqa/valid.jsonl", tmp_path / "piqa/valid.jsonl")  # the labels file is missing
+    with pytest.raises(CptkitError) as e:
+        T.load_docs(task("piqa", tmp_path), "test")
+    msg = str(e.value)
+    assert "\n" not in msg and "valid-labels.lst not found" in msg and "https://yonatanbisk.com/piqa/data/" in msg
+    with pytest.raises(CptkitError) as e:
+        T.load_docs(task("bigbench_dyck_languages", tmp_path), "test")
+    msg = str(e.value)
+    assert "\n" not in msg and "git clone https://github.com/google/BIG-bench" in msg and str(tmp_path) in msg
+    (tmp_path / "piqa/valid-labels.lst").write_text("0\n")  # one label for two items
+    with pytest.raises(BadInput, match=r"valid-labels.lst: expected one integer label per item"):
+        T.load_docs(task("piqa", tmp_path), "test")
+
+
+def test_loglikelihood_and_partial_scoring_requests(monkeypatch):
+    """What is sent to the model: loglikelihood continuations, Winogrande's per-choice contexts."""
+    from cptkit.models import lm
+
+    sent: list[list[tuple[str, str]]] = []
+
+    def fake_ll(model, tok, reqs, batch_size=8, max_length=None):
+        sent.append(list(reqs))
+        return [(-float(len(c)), c.strip() in ("door", "was chosen for the school team.")) for _, c in reqs]
+
+    monkeypatch.setattr(lm, "loglikelihood", fake_ll)
+    m, items = T.run_task(None, None, task("lambada_openai"), num_fewshot=0)
+    assert sent[0][0] == ("She handed him the key and said the door was stuck, so he would have to push hard on the",
+                          " door") and m["acc"] == 0.5 and items[0]["acc"] == 1.0 and "acc_norm" not in m
+    m, items = T.run_task(None, None, task("winogrande"), num_fewshot=0)
+    assert sent[1][:2] == [("Emma always beat Lucy at chess, so Emma", " was chosen for the school team."),
+                           ("Emma always beat Lucy at chess, so Lucy", " was chosen for the school team.")]
+    assert [it["gold"] for it in items] == [0, 1] and m["n"] == 2
+
+
+def test_generative_targets_as_a_list_match_any(monkeypatch):
+    from cptkit.models import lm
+
+    monkeypatch.setattr(lm, "generate_until", lambda model, tok, ctxs, **kw: [" city of light", " the beatles", " eight"][:len(ctxs)])
+    m, items = T.run_task(None, None, task("triviaqa_sub"), num_fewshot=0)
+    assert [it["exact_match"] for it in items] == [1.0, 1.0, 1.0] and items[1]["gold"] == ["beatles", "beatles"]

@@ -8,7 +8,7 @@ where one exists, so one prompt template serves both the local files and ``hub``
 reader             published layout (path given in ``data_files``)                      fields yielded
 =================  ==================================================================  =========================
 ``jsonl``          one JSON object a line (``.jsonl``/``.jsonl.gz``)                     as in the file
-``json``           a JSON list (SciQ, SVAMP, MAWPS) or ``{"examples"|"data": [...]}``  as in the file
+``json``           a JSON list (SciQ, SVAMP, MAWPS, Jeopardy) or ``{"examples"|"data": [...]}`` as in the file
 ``math_tree``      MATH tarball: ``MATH/<split>/<subject>/<n>.json``, seven subjects    problem level type solution subject id
 ``mmlu_csv``       Hendrycks tarball: ``data/<split>/<subject>_<split>.csv``, no header  question subject choices answer(int)
 ``ceval_csv``      C-Eval zip: ``<split>/<subject>_<split>.csv`` (header id,question,A-D) id question A B C D answer explanation subject
@@ -18,11 +18,26 @@ reader             published layout (path given in ``data_files``)              
 ``bbh_cot``        BIG-Bench-Hard ``cot-prompts/<task>.txt`` (the 3 CoT exemplars)       input target subtask description
 ``mathqa_json``    MathQA ``<split>.json`` list (Problem Rationale options correct)      Problem Rationale choices label(int)
 ``asdiv_xml``      ASDiv ``ASDiv.xml`` (``<Problem><Body><Question><Answer>``)           id body question answer formula
-``arc_jsonl``      ARC-V1-Feb2018 ``*.jsonl`` (question.stem, question.choices)          id question choices{text,label} answerKey
+``arc_jsonl``      ARC-V1-Feb2018 ``*.jsonl`` (question.stem, question.choices); the same  id question choices{text,label} answerKey
+                   layout: OpenBookQA ``Data/Main/*.jsonl``, CommonsenseQA ``*_rand_split.jsonl``
+``jsonl_labels``   ``<name>.jsonl`` + ``<name>-labels.lst`` (PIQA, SIQA)                   as in the file, label(int)
+``bigbench_json``  BIG-bench ``benchmark_tasks/<task>/`` task.json (+ ``<subtask>/task.json``) input targets multiple_choice_targets
+                                                                                        multiple_choice_scores label(int|None)
+                                                                                        task_prefix input_prefix output_prefix subtask id
+``wsc_xml``        Winograd ``WSCollection.xml`` (``<schema>``: txt1 pron txt2, answers)  text pronoun pronoun_loc options label(int)
+                                                                                        partial_options source id
+``squad_json``     SQuAD v1.1 ``{train,dev}-v1.1.json`` (data/paragraphs/qas)          id title context question answers{text,answer_start}
+``coqa_json``      CoQA ``coqa-{train,dev}-v1.0.json``, one item per question turn      id story history[{question,answer}] question answer
+                                                                                        answers turn_id source
+``triviaqa_json``  TriviaQA ``qa/<source>-<split>.json`` (``{"Data": [...]}``)           question_id question answer{value,aliases,
+                                                                                        normalized_value,normalized_aliases}
 ``mbpp_jsonl``     ``mbpp.jsonl``; the split is the task_id range of the paper           task_id text code test_list test_setup_code
 ``scieval_json``   SciEval ``scieval-*.json`` list, ``type == multiple-choice`` items    id question choices label(int) category
 ``cmdgen``         CmdGen JSONL or JSON list of question/command pairs (field names below) id question command
 =================  ==================================================================  =========================
+
+``format_options.sample: N`` (any reader) keeps a fixed random subset of N items in file order
+(``sample_seed``, default 1234): the Gauntlet's subsampled TriviaQA and Jeopardy.
 
 CmdGen's field names are not stated by Velocitune (App. A labels them "Question" and "Target
 Command"); ``cmdgen`` takes the question from the first of ``CMDGEN_QUESTION`` and the command
@@ -35,6 +50,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import random
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -74,13 +90,18 @@ def read_jsonl(path: Path) -> list[dict]:
     return docs
 
 
-def read_json(path: Path) -> list[dict]:
-    """A JSON list of objects, ``{"examples"|"data": [...]}``, or ``{id: object}``."""
+def load_json(path: Path) -> Any:
+    """The JSON value in ``path`` (``.gz`` too); malformed JSON is a ``BadInput`` naming the line."""
     with _open_text(path) as fh:
         try:
-            obj = json.load(fh)
+            return json.load(fh)
         except json.JSONDecodeError as e:
             raise BadInput(str(path), e.lineno, f"malformed JSON: {e.msg}") from None
+
+
+def read_json(path: Path) -> list[dict]:
+    """A JSON list of objects, ``{"examples"|"data": [...]}``, or ``{id: object}``."""
+    obj = load_json(path)
     if isinstance(obj, dict):
         for k in ("examples", "data"):
             if isinstance(obj.get(k), list):
@@ -352,6 +373,158 @@ def cmdgen(path: Path, split: str, opts: dict) -> list[dict]:
     return docs
 
 
+def jsonl_labels(path: Path, split: str, opts: dict) -> list[dict]:
+    """PIQA / SIQA: ``<name>.jsonl`` and its answers, one a line, in ``<name>-labels.lst`` (``label``, an int)."""
+    docs = read_jsonl(_need(path, "JSONL file"))
+    lst = path.with_name(opts.get("labels") or path.name.removesuffix(".jsonl") + "-labels.lst")
+    labels = [x.strip() for x in _need(lst, "labels file").read_text(encoding="utf-8").splitlines() if x.strip()]
+    if len(labels) != len(docs) or not all(x.lstrip("-").isdigit() for x in labels):
+        raise BadInput(str(lst), None, f"expected one integer label per item of {path.name} ({len(docs)}), "
+                       f"got {len(labels)} lines")
+    return [d | {"label": int(x)} for d, x in zip(docs, labels, strict=True)]
+
+
+def _bigbench_example(ex: dict, task: dict, sub: str, i: int, f: Path) -> dict:
+    scores = ex.get("target_scores") or {}
+    target = ex.get("target", [])
+    if not isinstance(ex.get("input"), str) or not (scores or target):
+        raise BadInput(str(f), None, f"example {i}: expected input and target or target_scores")
+    mct, mcs = list(scores), list(scores.values())
+    targets = [target] if isinstance(target, str) else [str(t) for t in target]
+    return {"input": ex["input"], "targets": targets or [k for k in mct if scores[k] == max(mcs)],
+            "multiple_choice_targets": mct, "multiple_choice_scores": mcs,
+            "label": mcs.index(max(mcs)) if mcs else None, "task_prefix": task.get("task_prefix", ""),
+            "input_prefix": task.get("example_input_prefix", "\nQ: "),
+            "output_prefix": task.get("example_output_prefix", "\nA: "), "subtask": sub, "id": f"{sub}/{i}"}
+
+
+def bigbench_json(path: Path, split: str, opts: dict) -> list[dict]:
+    """A BIG-bench JSON task folder: the examples of its ``task.json`` and of its subtasks' ``<sub>/task.json``.
+
+    ``target_scores`` gives the choices (``label``: the first best); ``target`` (one or a list) the
+    generative targets. The prefixes are the task's own or BIG-bench's defaults (``"\\nQ: "``, ``"\\nA: "``).
+    ``format_options.subtasks`` narrows to some subtasks (a task without subtasks is its own, by folder name).
+    """
+    _need(path, "BIG-bench task folder")
+    tasks = {}
+    for f in [path / "task.json", *sorted(path.glob("*/task.json"))]:
+        if f.is_file():
+            (t,) = read_json_one(f)
+            if isinstance(t.get("examples"), list):
+                tasks[f.parent.name] = (t, f)
+    docs = []
+    for sub in _names(opts, "subtasks", list(tasks), path):
+        t, f = tasks[sub]
+        docs += [_bigbench_example(ex, t, sub, i, f) for i, ex in enumerate(t["examples"])]
+    return docs
+
+
+_UPPER_DETERMINERS = ("A", "An", "The", "She", "He", "It", "They", "My", "His", "Her", "Their")
+
+
+def _wsc_partial(text: str, pronoun: str, loc: int, option: str) -> str:
+    """lm-eval's ``wsc273`` option normalisation for substituting the pronoun (possessive 's, lower case mid-sentence)."""
+    if pronoun.lower() in ("my", "his", "her", "our", "their"):
+        option += "'s"
+    first = option.split()[0]
+    if text[loc - 2] != "." and first in _UPPER_DETERMINERS:
+        return option.replace(first, first.lower())
+    return option
+
+
+def wsc_xml(path: Path, split: str, opts: dict) -> list[dict]:
+    """Winograd Schema Challenge ``WSCollection.xml`` in the hub's ``winograd_wsc`` layout.
+
+    ``format_options.first: 273`` keeps the first 273 schemas (WSC273).
+    """
+    import xml.etree.ElementTree as ET
+
+    def clean(x: str | None) -> str:
+        return " ".join((x or "").split())
+
+    try:
+        root = ET.parse(_need(path, "WSC XML")).getroot()
+    except ET.ParseError as e:
+        raise BadInput(str(path), e.position[0], f"malformed XML: {e}") from None
+    docs = []
+    for i, s in enumerate(root.findall("schema")[: opts.get("first")]):
+        left, pron, right = (clean(s.findtext(f"text/{k}")) for k in ("txt1", "pron", "txt2"))
+        options = [clean(a.text) for a in s.findall("answers/answer")]
+        correct = (s.findtext("correctAnswer") or "").strip().rstrip(".").strip()
+        if len(options) != 2 or not all(options) or correct not in ("A", "B") or not pron:
+            raise BadInput(str(path), None, f"schema {i}: expected txt1, pron, txt2, two answers, correctAnswer A|B")
+        text, loc = f"{left} {pron} {right}".strip(), len(left) + 1 if left else 0
+        docs.append({"id": str(i), "text": text, "pronoun": pron, "pronoun_loc": loc, "options": options,
+                     "label": "AB".index(correct), "source": clean(s.findtext("source")),
+                     "partial_options": [_wsc_partial(text, pron, loc, o) for o in options]})
+    return docs
+
+
+def squad_json(path: Path, split: str, opts: dict) -> list[dict]:
+    """SQuAD v1.1 ``<split>-v1.1.json`` (articles → paragraphs → qas), one item per question (hub layout)."""
+    docs = []
+    for art in read_json(_need(path, "SQuAD file")):
+        for para in art.get("paragraphs") or []:
+            for qa in para.get("qas") or []:
+                ans = qa.get("answers") or []
+                if not ans:
+                    raise BadInput(str(path), None, f"question {qa.get('id')}: no answers (SQuAD v1.1 expected)")
+                docs.append({"id": qa["id"], "title": art.get("title", ""), "context": para["context"],
+                             "question": qa["question"], "answers": {"text": [a["text"] for a in ans],
+                                                                     "answer_start": [a["answer_start"] for a in ans]}})
+    return docs
+
+
+def coqa_json(path: Path, split: str, opts: dict) -> list[dict]:
+    """CoQA ``coqa-<split>-v1.0.json``: one item per question turn, with the story and the turns before it.
+
+    ``answers``: the turn's answer and the other annotators' (``additional_answers``), case-insensitively
+    unique, as lm-eval's ``coqa``.
+    """
+    docs = []
+    for st in read_json(_need(path, "CoQA file")):
+        qs, ans, extra = st.get("questions") or [], st.get("answers") or [], st.get("additional_answers") or {}
+        if len(qs) != len(ans):
+            raise BadInput(str(path), None, f"story {st.get('id')}: {len(qs)} questions, {len(ans)} answers")
+        for i, (q, a) in enumerate(zip(qs, ans, strict=True)):
+            answers = [a["input_text"]]
+            for alt in extra.values():
+                x = alt[i]["input_text"] if i < len(alt) else None
+                if x is not None and x.lower() not in map(str.lower, answers):
+                    answers.append(x)
+            docs.append({"id": f"{st['id']}/{q['turn_id']}", "story": st["story"], "question": q["input_text"],
+                         "history": [{"question": x["input_text"], "answer": y["input_text"]}
+                                     for x, y in zip(qs[:i], ans[:i], strict=True)],
+                         "answer": a["input_text"], "answers": answers, "turn_id": q["turn_id"],
+                         "source": st.get("source", "")})
+    return docs
+
+
+def triviaqa_json(path: Path, split: str, opts: dict) -> list[dict]:
+    """TriviaQA ``qa/<source>-<split>.json`` (``{"Data": [{Question, QuestionId, Answer}]}``) in the hub layout."""
+    obj = load_json(_need(path, "TriviaQA file"))
+    rows = obj.get("Data") if isinstance(obj, dict) else None
+    if not isinstance(rows, list):
+        raise BadInput(str(path), None, 'expected {"Data": [...]} (a TriviaQA qa/*.json file)')
+    docs = []
+    for d in rows:
+        a = d.get("Answer") or {}
+        if "Question" not in d or "Value" not in a:
+            raise BadInput(str(path), None, f"question {d.get('QuestionId')}: expected Question and Answer.Value")
+        docs.append({"question_id": d.get("QuestionId", str(len(docs))), "question": d["Question"],
+                     "answer": {"value": a["Value"], "aliases": a.get("Aliases") or [a["Value"]],
+                                "normalized_value": a.get("NormalizedValue", ""),
+                                "normalized_aliases": a.get("NormalizedAliases") or []}})
+    return docs
+
+
+def subsample(docs: list[dict], n: int, seed: int = 1234) -> list[dict]:
+    """A fixed random subset of ``n`` documents, in their file order (all when there are not more)."""
+    if n >= len(docs):
+        return docs
+    return [docs[i] for i in sorted(random.Random(seed).sample(range(len(docs)), n))]
+
+
 def _jsonl(path: Path, split: str, opts: dict) -> list[dict]:
     return read_jsonl(_need(path, "JSONL file"))
 
@@ -364,12 +537,16 @@ READERS: dict[str, Callable[[Path, str, dict], list[dict]]] = {
     "jsonl": _jsonl, "json": _json, "math_tree": math_tree, "mmlu_csv": mmlu_csv, "ceval_csv": ceval_csv,
     "cmmlu_csv": cmmlu_csv, "agieval_jsonl": agieval_jsonl, "bbh_json": bbh_json, "bbh_cot": bbh_cot,
     "mathqa_json": mathqa_json, "asdiv_xml": asdiv_xml, "arc_jsonl": arc_jsonl, "mbpp_jsonl": mbpp_jsonl,
-    "scieval_json": scieval_json, "cmdgen": cmdgen,
+    "scieval_json": scieval_json, "cmdgen": cmdgen, "jsonl_labels": jsonl_labels, "bigbench_json": bigbench_json,
+    "wsc_xml": wsc_xml, "squad_json": squad_json, "coqa_json": coqa_json, "triviaqa_json": triviaqa_json,
 }
 
 
 def read(fmt: str, path: Path, split: str, opts: dict[str, Any] | None = None) -> list[dict]:
-    """Read one split with the reader ``fmt``."""
+    """Read one split with the reader ``fmt`` (``sample``/``sample_seed`` options: :func:`subsample`)."""
     if fmt not in READERS:
         raise CptkitError(f"data_format {fmt!r}: use one of {', '.join(READERS)}")
-    return READERS[fmt](path, split, dict(opts or {}))
+    opts = dict(opts or {})
+    n, seed = opts.pop("sample", None), int(opts.pop("sample_seed", 1234))
+    docs = READERS[fmt](path, split, opts)
+    return subsample(docs, int(n), seed) if n else docs

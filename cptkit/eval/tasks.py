@@ -2,17 +2,24 @@
 
 A task file ``conf/eval/tasks/<name>.yaml`` uses a subset of lm-eval's task keys, with the same
 meaning (see docs/evaluate.md): ``task``, ``version``, ``output_type`` (``multiple_choice`` |
-``generate_until``), ``data_files`` (split -> local file; ``{data_dir}`` is filled in), ``hub``
-(``{path, name}``, used when no local file exists), ``test_split``, ``fewshot_split``,
+``generate_until`` | ``loglikelihood``), ``data_files`` (split -> local file; ``{data_dir}`` is
+filled in), ``hub`` (``{path, name}``, used when no local file exists), ``test_split``, ``fewshot_split``,
 ``num_fewshot``, ``fewshot_sampler`` (``default`` | ``first_n``), ``doc_to_text``,
 ``doc_to_choice``, ``doc_to_target``, ``target_delimiter``, ``fewshot_delimiter``,
-``description``, ``metric_list``, ``generation_kwargs`` (``until``, ``max_gen_toks``); and the
-cptkit additions ``doc_to_gold`` (the reference for generative scoring, default
+``description``, ``metric_list``, ``generation_kwargs`` (``until``, ``max_gen_toks``),
+``multiple_inputs`` (lm-eval's partial scoring, Winograd/Winogrande: ``doc_to_choice`` gives one
+context per choice, ``doc_to_target`` the continuation they share, ``doc_to_text`` the gold
+index); and the cptkit additions ``doc_to_gold`` (the reference for generative scoring, default
 ``doc_to_target``), ``answer_extraction`` / ``gold_extraction`` (``last_number`` | ``boxed`` |
-``regex:<pattern>`` | ``none``), ``doc_to_decontamination_query`` (lm-eval's key: the text
+``minerva`` | ``squad`` | ``regex:<pattern>`` | ``none``), ``doc_to_decontamination_query`` (lm-eval's key: the text
 matched by ``evaluate-contamination``; default question + answer) and ``builder`` (a :mod:`cptkit.eval.build_tasks` builder that
 writes missing local data), ``code_eval`` (run generated programs: pass@k) and ``cmd_eval`` (run
 generated shell commands: CmdGen's six metrics, :mod:`cptkit.eval.cmdgen`).
+
+``loglikelihood`` scores ``acc``: whether ``target_delimiter + doc_to_target`` is the model's
+greedy continuation of the context (lm-eval's ``lambada_openai`` acc; the Gauntlet's
+"language modeling" accuracy). A ``doc_to_target`` that renders a list literal is a list of
+targets (lm-eval): shots show the first, ``generate_until`` matches any.
 
 Few-shot sampling reproduces lm-eval's: one ``random.Random(fewshot_seed)`` per task, drawn
 from in test-document order; ``rnd.sample(pool, n)`` (``n + 1`` minus the document itself when
@@ -26,6 +33,7 @@ import functools
 import hashlib
 import random
 import re
+import string
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -38,12 +46,13 @@ from cptkit.eval import formats as F
 
 MC = "multiple_choice"
 GEN = "generate_until"
+LL = "loglikelihood"
 KNOWN_KEYS = {
     "task", "version", "about", "output_type", "data_files", "hub", "builder", "test_split", "fewshot_split",
     "num_fewshot", "fewshot_sampler", "doc_to_text", "doc_to_choice", "doc_to_target", "doc_to_gold",
     "target_delimiter", "fewshot_delimiter", "description", "metric_list", "generation_kwargs",
     "answer_extraction", "gold_extraction", "id_field", "doc_to_decontamination_query", "should_decontaminate",
-    "data_format", "format_options", "download", "fewshot_group", "code_eval", "cmd_eval",
+    "data_format", "format_options", "download", "fewshot_group", "code_eval", "cmd_eval", "multiple_inputs",
 }
 
 
@@ -118,8 +127,8 @@ def load_task(name: str, task_dir: str | Path, data_dir: str | Path) -> EvalTask
     for key in ("output_type", "doc_to_text", "doc_to_target", "test_split"):
         if key not in spec:
             raise BadInput(str(path), None, f"missing key {key!r}")
-    if spec["output_type"] not in (MC, GEN):
-        raise BadInput(str(path), None, f"output_type {spec['output_type']!r}: use {MC} or {GEN}")
+    if spec["output_type"] not in (MC, GEN, LL):
+        raise BadInput(str(path), None, f"output_type {spec['output_type']!r}: use {MC}, {GEN} or {LL}")
     if spec["output_type"] == MC and "doc_to_choice" not in spec:
         raise BadInput(str(path), None, "a multiple_choice task needs doc_to_choice")
     spec.setdefault("task", path.stem)
@@ -267,6 +276,10 @@ def render(template: Any, doc: dict) -> Any:
 
 
 def doc_to_text(task: EvalTask, doc: dict) -> str:
+    """The question; with ``multiple_inputs`` the gold choice's context (what a shot shows)."""
+    if task.spec.get("multiple_inputs"):
+        choices = doc_to_choice(task, doc)
+        return choices[gold_index(task, doc, choices)]
     return str(render(task.spec["doc_to_text"], doc))
 
 
@@ -280,20 +293,33 @@ def doc_to_choice(task: EvalTask, doc: dict) -> list[str]:
     return [str(c) for c in v]
 
 
-def doc_to_target(task: EvalTask, doc: dict) -> Any:
-    v = render(task.spec["doc_to_target"], doc)
-    if isinstance(v, str) and task.output_type == MC:
-        s = v.strip()
-        if s.isdigit():
-            return int(s)
-        if s.startswith("["):
+def _list_literal(v: Any) -> Any:
+    """lm-eval's reading of a rendered target: text ``[...]`` that parses as a Python literal is that value."""
+    s = v.strip() if isinstance(v, str) else ""
+    if len(s) >= 2 and s[0] == "[" and s[-1] == "]":
+        try:
             return ast.literal_eval(s)
+        except (SyntaxError, ValueError):
+            pass
     return v
 
 
+def doc_to_target(task: EvalTask, doc: dict) -> Any:
+    """The target: an index (multiple choice), a text, or a list of texts (a rendered list literal, as lm-eval)."""
+    v = render(task.spec["doc_to_target"], doc)
+    if isinstance(v, str) and task.output_type == MC and v.strip().isdigit() and not task.spec.get("multiple_inputs"):
+        return int(v.strip())
+    return _list_literal(v)
+
+
 def gold_index(task: EvalTask, doc: dict, choices: list[str]) -> int:
-    """The index of the correct choice (target is an index or the choice text)."""
-    t = doc_to_target(task, doc)
+    """The index of the correct choice (target is an index or the choice text; with ``multiple_inputs``
+    ``doc_to_text`` is the index)."""
+    if task.spec.get("multiple_inputs"):
+        t = render(task.spec["doc_to_text"], doc)
+        t = int(t) if isinstance(t, str) and t.strip().isdigit() else t
+    else:
+        t = doc_to_target(task, doc)
     if isinstance(t, bool) or not isinstance(t, (int, str)):
         raise CptkitError(f"eval task {task.name}: target {t!r} is neither an index nor a choice")
     if isinstance(t, int):
@@ -307,6 +333,8 @@ def gold_index(task: EvalTask, doc: dict, choices: list[str]) -> int:
 
 def answer_text(task: EvalTask, doc: dict) -> str:
     """The answer as shown after a few-shot example."""
+    if task.spec.get("multiple_inputs"):
+        return str(render(task.spec["doc_to_target"], doc))
     t = doc_to_target(task, doc)
     if task.output_type == MC and isinstance(t, int):
         return doc_to_choice(task, doc)[t]
@@ -345,9 +373,9 @@ def build_context(task: EvalTask, doc: dict, shots: list[dict]) -> str:
     tdel = task.get("target_delimiter", " ")
     fdel = task.get("fewshot_delimiter", "\n\n")
     parts = []
-    desc = task.spec.get("description")
-    if desc:
-        parts.append(str(render(desc, doc)) + fdel)
+    desc = str(render(task.spec["description"], doc)) if task.spec.get("description") else ""
+    if desc:  # lm-eval: an empty rendered description adds nothing
+        parts.append(desc + fdel)
     for s in shots:
         s = {**s, "is_fewshot": True, "few_shot": "1"}
         a = answer_text(task, s)
@@ -447,14 +475,23 @@ def normalize_math(s: str) -> str:
     return s
 
 
+def normalize_squad(s: str) -> str:
+    """SQuAD's official answer normalisation (also TriviaQA's): lower case, no punctuation, no articles."""
+    s = "".join(ch for ch in s.lower() if ch not in string.punctuation)
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", s).split())
+
+
 def extract(text: str, method: str | None) -> str | None:
-    """Answer extraction: ``last_number`` | ``boxed`` | ``minerva`` | ``regex:<pattern>`` (group 1) | ``none``.
+    """Answer extraction: ``last_number`` | ``boxed`` | ``minerva`` | ``squad`` | ``regex:<pattern>`` (group 1) | ``none``.
 
     ``minerva``: the ``Final Answer: The final answer is X. I hope it is correct.`` line of the
-    Minerva prompt (Lewkowycz et al. 2022), normalised like ``boxed``.
+    Minerva prompt (Lewkowycz et al. 2022), normalised like ``boxed``. ``squad``: the text
+    normalised by :func:`normalize_squad`.
     """
     if not method or method == "none":
         return text.strip()
+    if method == "squad":
+        return normalize_squad(text)
     if method == "last_number":
         return last_number(text)
     if method == "boxed":
@@ -469,7 +506,7 @@ def extract(text: str, method: str | None) -> str | None:
             return None
         last = m[-1]
         return (last[0] if isinstance(last, tuple) else last).strip()
-    raise CptkitError(f"answer extraction {method!r}: use last_number, boxed, minerva, regex:<pattern> or none")
+    raise CptkitError(f"answer extraction {method!r}: use last_number, boxed, minerva, squad, regex:<pattern> or none")
 
 
 def answers_match(pred: str | None, gold: str | None) -> bool:
@@ -489,7 +526,8 @@ def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, l
              seed: int = 1234, batch_size: int = 8, max_gen_toks: int | None = None,
              max_length: int | None = None, on_batch=None,
              allow_unsandboxed: bool = False) -> tuple[dict[str, Any], list[dict]]:
-    """Score ``task``: ``(metrics, per-item records)``. Metrics: acc/acc_norm or exact_match, with stderr."""
+    """Score ``task``: ``(metrics, per-item records)``. Metrics: acc/acc_norm, acc (loglikelihood) or
+    exact_match, with stderr."""
     from cptkit.models import lm
 
     shots = int(task.get("num_fewshot", 0)) if num_fewshot is None else int(num_fewshot)
@@ -497,26 +535,44 @@ def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, l
     docs = test[:limit] if limit else test
     ctxs = contexts(task, docs, shots, seed)
     items: list[dict] = []
+    tdel = task.get("target_delimiter", " ")
+
+    def score(reqs: list[tuple[str, str]]) -> list[tuple[float, bool]]:
+        out: list[tuple[float, bool]] = []
+        for b in range(0, len(reqs), batch_size * 8):
+            out += lm.loglikelihood(model, tokenizer, reqs[b:b + batch_size * 8], batch_size=batch_size,
+                                    max_length=max_length)
+            if on_batch:
+                on_batch(len(reqs[b:b + batch_size * 8]))
+        return out
+
     if task.output_type == MC:
         reqs, spans = [], []
         for d, c in zip(docs, ctxs, strict=True):
             choices = doc_to_choice(task, d)
-            tdel = task.get("target_delimiter", " ")
-            spans.append((len(reqs), choices, gold_index(task, d, choices)))
-            reqs += [(c, tdel + ch) for ch in choices]
-        lls: list[tuple[float, bool]] = []
-        for b in range(0, len(reqs), batch_size * 8):
-            lls += lm.loglikelihood(model, tokenizer, reqs[b:b + batch_size * 8], batch_size=batch_size,
-                                    max_length=max_length)
-            if on_batch:
-                on_batch(len(reqs[b:b + batch_size * 8]))
-        for i, (d, (start, choices, gold)) in enumerate(zip(docs, spans, strict=True)):
-            ll = [x for x, _ in lls[start:start + len(choices)]]
-            pred, pred_norm = mc_predictions(ll, choices)
+            gold = gold_index(task, d, choices)
+            if task.spec.get("multiple_inputs"):  # the shots (c ends with the gold choice), then each choice
+                cont = tdel + answer_text(task, d)
+                shots_ctx = c[:len(c) - len(choices[gold])]
+                pairs, lens = [(shots_ctx + ch, cont) for ch in choices], [cont] * len(choices)
+            else:
+                pairs, lens = [(c, tdel + ch) for ch in choices], choices
+            spans.append((len(reqs), lens, gold))
+            reqs += pairs
+        lls = score(reqs)
+        for i, (d, (start, lens, gold)) in enumerate(zip(docs, spans, strict=True)):
+            ll = [x for x, _ in lls[start:start + len(lens)]]
+            pred, pred_norm = mc_predictions(ll, lens)
             items.append({"doc": i, "id": item_id(task, d, i), "gold": gold,
                           "pred": pred, "pred_norm": pred_norm, "acc": float(pred == gold),
                           "acc_norm": float(pred_norm == gold), "lls": ll})
         metrics = _mean_metrics(items, ["acc", "acc_norm"])
+    elif task.output_type == LL:
+        targets = [tdel + answer_text(task, d) for d in docs]
+        for i, (d, t, (ll, greedy)) in enumerate(zip(docs, targets, score(list(zip(ctxs, targets, strict=True))),
+                                                     strict=True)):
+            items.append({"doc": i, "id": item_id(task, d, i), "gold": t, "ll": ll, "acc": float(greedy)})
+        metrics = _mean_metrics(items, ["acc"])
     else:
         gk = dict(task.get("generation_kwargs", {}))
         until = list(gk.get("until", [task.get("fewshot_delimiter", "\n\n")]))
@@ -542,17 +598,23 @@ def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, l
                                 allow_unsandboxed=allow_unsandboxed)
             metrics = _mean_metrics(items, [f"pass@{k}" for k in code_ks(ce, n_samples)])
         else:
-            gold_t = task.spec.get("doc_to_gold", task.spec["doc_to_target"])
             for i, (d, out) in enumerate(zip(docs, outs, strict=True)):
-                gold = extract(str(render(gold_t, d)), task.spec.get("gold_extraction"))
+                golds = [extract(g, task.spec.get("gold_extraction")) for g in gold_texts(task, d)]
                 pred = extract(out, task.spec.get("answer_extraction"))
-                items.append({"doc": i, "id": item_id(task, d, i), "gold": gold,
-                              "pred": pred, "output": out, "exact_match": float(answers_match(pred, gold))})
+                items.append({"doc": i, "id": item_id(task, d, i), "gold": golds[0] if len(golds) == 1 else golds,
+                              "pred": pred, "output": out,
+                              "exact_match": float(any(answers_match(pred, g) for g in golds))})
             metrics = _mean_metrics(items, ["exact_match"])
     metrics |= {"n": len(items), "num_fewshot": shots}
     for it, d in zip(items, docs, strict=True):
         it["question"] = doc_to_text(task, d)
     return metrics, items
+
+
+def gold_texts(task: EvalTask, doc: dict) -> list[str]:
+    """The references of a generative item (``doc_to_gold``, default ``doc_to_target``): one, or a list (any matches)."""
+    v = _list_literal(render(task.spec.get("doc_to_gold", task.spec["doc_to_target"]), doc))
+    return [str(x) for x in v] if isinstance(v, (list, tuple)) and v else [str(v)]
 
 
 def item_id(task: EvalTask, doc: dict, i: int) -> str:
