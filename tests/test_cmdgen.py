@@ -143,6 +143,12 @@ def test_missing_data_is_one_line_naming_what_and_where(tmp_path):
         assert "\n" not in msg and what in msg and str(tmp_path / "cmdgen" / name[7:] / "test.jsonl") in msg, msg
 
 
+def _score(t: T.EvalTask, docs: list[dict], outs: list[str]) -> list[dict]:
+    """score_cmdgen on a task's documents, as evaluate calls it (target commands and ids from the task)."""
+    golds = [str(T.render(t.spec["doc_to_target"], d)).strip() for d in docs]
+    return C.score_cmdgen(golds, [T.item_id(t, d, i) for i, d in enumerate(docs)], outs, dict(t.spec["cmd_eval"]))
+
+
 @sandboxed
 def test_score_cmdgen_on_the_fixture_with_written_answers():
     """The task API on the fixture with hand-written generations (fenced, prompted, chatty)."""
@@ -150,7 +156,7 @@ def test_score_cmdgen_on_the_fixture_with_written_answers():
     docs = T.load_docs(t, "test")
     outs = [" echo hello", " ```bash\n$ seq 1 5\n```", " seq 10 | wc -l\nThis counts the lines.",
             " printf 'a,b'", " date +%Y", " nvidia-smi --list-gpus"]
-    items = C.score_cmdgen(t, docs, outs, dict(t.spec["cmd_eval"]))
+    items = _score(t, docs, outs)
     assert [it["pred"] for it in items] == ["echo hello", "seq 1 5", "seq 10 | wc -l", "printf 'a,b'", "date +%Y",
                                             "nvidia-smi --list-gpus"]
     assert [it["em"] for it in items] == [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
@@ -218,7 +224,7 @@ def test_generated_commands_cannot_reach_the_network_or_the_host(tmp_path):
     # through the task: a model output that writes outside its directory
     t = T.load_task("cmdgen_amd", TASK_DIR, DATA)
     docs = T.load_docs(t, "test")
-    items = C.score_cmdgen(t, docs[:1], [f" echo GPU > {marker}"], dict(t.spec["cmd_eval"]))
+    items = _score(t, docs[:1], [f" echo GPU > {marker}"])
     assert items[0]["gen_status"] == "failed" and not marker.exists() and items[0]["sr"] == 0.0
 
 

@@ -105,13 +105,13 @@ class CmdResult:
 
 def run_command(command: str, timeout: float = 10.0, memory_mb: int = 1024, max_file_mb: int = 1) -> CmdResult:
     """Run one shell command in a fresh OS sandbox (never outside it); its merged output, stripped."""
-    from cptkit.eval.code_exec import _unshare, run_sandboxed
+    from cptkit.eval.code_exec import run_sandboxed, unshare_binary
 
     if not command.strip():
         return CmdResult("empty", None, "")
     limit = max_file_mb << 20
     r = run_sandboxed(_WRAPPER.format(cmd=command, timeout=float(timeout), limit=limit), timeout=float(timeout) + 5,
-                      memory_mb=memory_mb, max_file_mb=max_file_mb, unshare=_unshare() or "unshare", stdout_limit=limit)
+                      memory_mb=memory_mb, max_file_mb=max_file_mb, unshare=unshare_binary() or "unshare", stdout_limit=limit)
     if r.status == "timeout" or (r.returncode == 124 and "cmdgen: command timed out" in r.stderr_tail):
         status = "timeout"
     else:
@@ -172,37 +172,34 @@ def score_item(pred: str, gold: str, gen: CmdResult, target: CmdResult, cmd_sim:
 
 def aggregate(items: list[dict]) -> dict[str, Any]:
     """Means with stderr: output_sim and sr over the executable items, the others over all; n, n_executable."""
-    from cptkit.eval.tasks import _mean_metrics
+    from cptkit.eval.stats import mean_metrics
 
     ex = [it for it in items if it["executable"]]
     out: dict[str, Any] = {}
     for m in METRICS:
-        out |= _mean_metrics(ex if m in EXECUTABLE_ONLY else items, [m])
+        out |= mean_metrics(ex if m in EXECUTABLE_ONLY else items, [m])
     return out | {"n": len(items), "n_executable": len(ex)}
 
 
-def score_cmdgen(task: Any, docs: list[dict], outputs: list[str], ce: dict[str, Any]) -> list[dict]:
-    """Extract, run (target and generated, each in the sandbox) and score every item."""
-    from cptkit.eval import tasks as T
-
+def score_cmdgen(golds: list[str], ids: list[str], outputs: list[str], ce: dict[str, Any]) -> list[dict]:
+    """Extract, run (target and generated, each in the sandbox) and score every item: ``golds`` are the
+    target commands, ``ids`` the items' ids, ``outputs`` the model's generations, ``ce`` the task's cmd_eval."""
     preflight(ce)
     thr = float(ce.get("threshold", THRESHOLD))
     kw = {"timeout": float(ce.get("timeout", 10)), "memory_mb": int(ce.get("memory_mb", 1024)),
           "max_file_mb": int(ce.get("max_file_mb", 1))}
-    gold_t = task.spec.get("doc_to_gold", task.spec["doc_to_target"])
-    golds = [str(T.render(gold_t, d)).strip() for d in docs]
     preds = [extract_command(o) for o in outputs]
     with ThreadPoolExecutor(max_workers=int(ce.get("workers", 2))) as ex:
         runs = list(ex.map(lambda c: run_command(c, **kw), golds + preds))
-    targets, gens = runs[:len(docs)], runs[len(docs):]
+    targets, gens = runs[:len(golds)], runs[len(golds):]
     enc = encoder(ce.get("embed_model"))
     cmd_sims = similarities(enc, preds, golds)
     live = [i for i, t in enumerate(targets) if t.status == "ok"]
     out_sims = dict(zip(live, similarities(enc, [gens[i].output for i in live], [targets[i].output for i in live]),
                         strict=True))
     items = []
-    for i, d in enumerate(docs):
-        it = {"doc": i, "id": T.item_id(task, d, i), "gold": golds[i], "pred": preds[i], "output": outputs[i],
+    for i, item in enumerate(ids):
+        it = {"doc": i, "id": item, "gold": golds[i], "pred": preds[i], "output": outputs[i],
               "target_status": targets[i].status, "target_rc": targets[i].returncode,
               "target_output": targets[i].output[:RECORD_CHARS], "gen_status": gens[i].status,
               "gen_rc": gens[i].returncode, "gen_output": gens[i].output[:RECORD_CHARS]}

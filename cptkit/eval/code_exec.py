@@ -212,7 +212,7 @@ _INIT = textwrap.dedent("""
 """)
 
 
-def _unshare() -> str | None:
+def unshare_binary() -> str | None:
     """The ``unshare`` binary: ``$CPTKIT_UNSHARE`` if set (a path), else the one on ``PATH``."""
     exe = os.environ.get("CPTKIT_UNSHARE") or shutil.which("unshare")
     return exe if exe and os.access(exe, os.X_OK) else None
@@ -302,7 +302,7 @@ _SANDBOX_OK: dict[str, str | None] = {}
 def sandbox_problem() -> str | None:
     """Why the OS sandbox cannot run here (``None``: it can). Probed once per ``unshare`` binary by
     running a real program through it."""
-    exe = _unshare()
+    exe = unshare_binary()
     if exe is None:
         return f"no executable unshare ({os.environ.get('CPTKIT_UNSHARE') or 'not on PATH'})"
     if exe not in _SANDBOX_OK:
@@ -330,7 +330,7 @@ def run_program(code: str, timeout: float = 10.0, memory_mb: int = 1024, max_fil
                 allow_unsandboxed: bool = False) -> ExecResult:
     """Run ``code`` in the OS sandbox; ``passed`` when it exits 0 within ``timeout`` seconds."""
     if require_sandbox(allow_unsandboxed):
-        return run_sandboxed(code, timeout, memory_mb, max_file_mb, unshare=_unshare() or "unshare")
+        return run_sandboxed(code, timeout, memory_mb, max_file_mb, unshare=unshare_binary() or "unshare")
     return run_guarded(code, timeout, memory_mb, max_file_mb)
 
 

@@ -43,6 +43,7 @@ import yaml
 
 from cptkit.core.errors import BadInput, CptkitError
 from cptkit.eval import formats as F
+from cptkit.eval.stats import mean_metrics
 
 MC = "multiple_choice"
 GEN = "generate_until"
@@ -547,32 +548,14 @@ def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, l
         return out
 
     if task.output_type == MC:
-        reqs, spans = [], []
-        for d, c in zip(docs, ctxs, strict=True):
-            choices = doc_to_choice(task, d)
-            gold = gold_index(task, d, choices)
-            if task.spec.get("multiple_inputs"):  # the shots (c ends with the gold choice), then each choice
-                cont = tdel + answer_text(task, d)
-                shots_ctx = c[:len(c) - len(choices[gold])]
-                pairs, lens = [(shots_ctx + ch, cont) for ch in choices], [cont] * len(choices)
-            else:
-                pairs, lens = [(c, tdel + ch) for ch in choices], choices
-            spans.append((len(reqs), lens, gold))
-            reqs += pairs
-        lls = score(reqs)
-        for i, (d, (start, lens, gold)) in enumerate(zip(docs, spans, strict=True)):
-            ll = [x for x, _ in lls[start:start + len(lens)]]
-            pred, pred_norm = mc_predictions(ll, lens)
-            items.append({"doc": i, "id": item_id(task, d, i), "gold": gold,
-                          "pred": pred, "pred_norm": pred_norm, "acc": float(pred == gold),
-                          "acc_norm": float(pred_norm == gold), "lls": ll})
-        metrics = _mean_metrics(items, ["acc", "acc_norm"])
+        items = _score_choices(task, docs, ctxs, score)
+        metrics = mean_metrics(items, ["acc", "acc_norm"])
     elif task.output_type == LL:
         targets = [tdel + answer_text(task, d) for d in docs]
         for i, (d, t, (ll, greedy)) in enumerate(zip(docs, targets, score(list(zip(ctxs, targets, strict=True))),
                                                      strict=True)):
             items.append({"doc": i, "id": item_id(task, d, i), "gold": t, "ll": ll, "acc": float(greedy)})
-        metrics = _mean_metrics(items, ["acc"])
+        metrics = mean_metrics(items, ["acc"])
     else:
         gk = dict(task.get("generation_kwargs", {}))
         until = list(gk.get("until", [task.get("fewshot_delimiter", "\n\n")]))
@@ -588,27 +571,63 @@ def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, l
                                       top_p=float(ce.get("top_p", 1.0)), seed=seed + b)
             if on_batch:
                 on_batch(len(reps[b:b + batch_size]) / n_samples)
-        if task.spec.get("cmd_eval") is not None:
-            from cptkit.eval.cmdgen import aggregate, score_cmdgen
-
-            items = score_cmdgen(task, docs, outs, dict(task.spec.get("cmd_eval") or {}))
-            metrics = aggregate(items)
-        elif ce:
-            items = score_code(task, docs, [outs[i * n_samples:(i + 1) * n_samples] for i in range(len(docs))], ce,
-                                allow_unsandboxed=allow_unsandboxed)
-            metrics = _mean_metrics(items, [f"pass@{k}" for k in code_ks(ce, n_samples)])
-        else:
-            for i, (d, out) in enumerate(zip(docs, outs, strict=True)):
-                golds = [extract(g, task.spec.get("gold_extraction")) for g in gold_texts(task, d)]
-                pred = extract(out, task.spec.get("answer_extraction"))
-                items.append({"doc": i, "id": item_id(task, d, i), "gold": golds[0] if len(golds) == 1 else golds,
-                              "pred": pred, "output": out,
-                              "exact_match": float(any(answers_match(pred, g) for g in golds))})
-            metrics = _mean_metrics(items, ["exact_match"])
+        items, metrics = _score_generations(task, docs, outs, n_samples, allow_unsandboxed)
     metrics |= {"n": len(items), "num_fewshot": shots}
     for it, d in zip(items, docs, strict=True):
         it["question"] = doc_to_text(task, d)
     return metrics, items
+
+
+def _score_choices(task: EvalTask, docs: list[dict], ctxs: list[str], score: Any) -> list[dict]:
+    """Multiple choice: one log-likelihood request per choice (``multiple_inputs``: one context per choice and
+    the shared continuation, lm-eval's partial scoring); acc and acc_norm per item."""
+    tdel = task.get("target_delimiter", " ")
+    reqs, spans = [], []
+    for d, c in zip(docs, ctxs, strict=True):
+        choices = doc_to_choice(task, d)
+        gold = gold_index(task, d, choices)
+        if task.spec.get("multiple_inputs"):  # the shots (c ends with the gold choice), then each choice
+            cont = tdel + answer_text(task, d)
+            shots_ctx = c[:len(c) - len(choices[gold])]
+            pairs, lens = [(shots_ctx + ch, cont) for ch in choices], [cont] * len(choices)
+        else:
+            pairs, lens = [(c, tdel + ch) for ch in choices], choices
+        spans.append((len(reqs), lens, gold))
+        reqs += pairs
+    lls = score(reqs)
+    items = []
+    for i, (d, (start, lens, gold)) in enumerate(zip(docs, spans, strict=True)):
+        ll = [x for x, _ in lls[start:start + len(lens)]]
+        pred, pred_norm = mc_predictions(ll, lens)
+        items.append({"doc": i, "id": item_id(task, d, i), "gold": gold, "pred": pred, "pred_norm": pred_norm,
+                      "acc": float(pred == gold), "acc_norm": float(pred_norm == gold), "lls": ll})
+    return items
+
+
+def _score_generations(task: EvalTask, docs: list[dict], outs: list[str], n_samples: int,
+                       allow_unsandboxed: bool) -> tuple[list[dict], dict[str, Any]]:
+    """Generative items: shell commands run and compared (``cmd_eval``), programs run (``code_eval``: pass@k),
+    or the extracted answer matched against the references (exact_match)."""
+    ce = dict(task.spec.get("code_eval") or {})
+    if task.spec.get("cmd_eval") is not None:
+        from cptkit.eval.cmdgen import aggregate, score_cmdgen
+
+        gold_t = task.spec.get("doc_to_gold", task.spec["doc_to_target"])
+        golds = [str(render(gold_t, d)).strip() for d in docs]
+        items = score_cmdgen(golds, [item_id(task, d, i) for i, d in enumerate(docs)], outs,
+                             dict(task.spec.get("cmd_eval") or {}))
+        return items, aggregate(items)
+    if ce:
+        items = score_code(task, docs, [outs[i * n_samples:(i + 1) * n_samples] for i in range(len(docs))], ce,
+                           allow_unsandboxed=allow_unsandboxed)
+        return items, mean_metrics(items, [f"pass@{k}" for k in code_ks(ce, n_samples)])
+    items = []
+    for i, (d, out) in enumerate(zip(docs, outs, strict=True)):
+        golds = [extract(g, task.spec.get("gold_extraction")) for g in gold_texts(task, d)]
+        pred = extract(out, task.spec.get("answer_extraction"))
+        items.append({"doc": i, "id": item_id(task, d, i), "gold": golds[0] if len(golds) == 1 else golds,
+                      "pred": pred, "output": out, "exact_match": float(any(answers_match(pred, g) for g in golds))})
+    return items, mean_metrics(items, ["exact_match"])
 
 
 def gold_texts(task: EvalTask, doc: dict) -> list[str]:
@@ -679,20 +698,5 @@ def split_metrics(items: list[dict], hit_ids: set[str]) -> dict[str, dict[str, f
 
             out[part] = aggregate(sel)
         else:
-            out[part] = _mean_metrics(sel, names) | {"n": len(sel)}
-    return out
-
-
-def _mean_metrics(items: list[dict], names: list[str]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    n = len(items)
-    for m in names:
-        if not n:
-            out[m], out[f"{m}_stderr"] = None, None
-            continue
-        xs = [it[m] for it in items]
-        mean = sum(xs) / n if n else float("nan")
-        var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else 0.0
-        out[m] = mean
-        out[f"{m}_stderr"] = (var / n) ** 0.5 if n else float("nan")
+            out[part] = mean_metrics(sel, names) | {"n": len(sel)}
     return out
