@@ -237,8 +237,10 @@ clean-demo:
 	rm -rf $(DATA)
 
 # --- benchmarks (each rewrites its section of docs/benchmarks.md) ----------------------------
-BENCHES := dedup dedup_scale retrieve generate classify train evaluate peak_rss
+BENCHES := dedup dedup_scale retrieve generate classify train train_smollm2 evaluate peak_rss
 bench: install $(addprefix bench-,$(BENCHES))
+bench-train_smollm2: install  # SmolLM2-135M's CPT step vs HF Trainer (~15 min; TMPDIR needs ~2 GB)
+	nice $(BIN)/python bench/train.py --smollm2
 bench-%: install
 	nice $(BIN)/python bench/$*.py
 include mk/reproduce.mk
