@@ -20,15 +20,12 @@ def mean_metrics(items: list[dict], names: list[str]) -> dict[str, float | None]
     """Per metric name: the mean over ``items`` and its standard error (``NAME_stderr``; 0 for one item,
     None for none): the task scores of :mod:`cptkit.eval.tasks`, lm-eval's ``mean`` and ``stderr``."""
     out: dict[str, float | None] = {}
-    n = len(items)
     for m in names:
-        if not n:
+        if not items:
             out[m], out[f"{m}_stderr"] = None, None
             continue
-        xs = [it[m] for it in items]
-        mean = sum(xs) / n
-        var = sum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else 0.0
-        out[m], out[f"{m}_stderr"] = mean, (var / n) ** 0.5
+        mean, se = mean_se([it[m] for it in items])
+        out[m], out[f"{m}_stderr"] = mean, 0.0 if len(items) == 1 else se
     return out
 
 

@@ -571,7 +571,7 @@ def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, l
                                       top_p=float(ce.get("top_p", 1.0)), seed=seed + b)
             if on_batch:
                 on_batch(len(reps[b:b + batch_size]) / n_samples)
-        items, metrics = _score_generations(task, docs, outs, n_samples, allow_unsandboxed)
+        items, metrics = _score_generations(task, docs, outs, ce, n_samples, allow_unsandboxed)
     metrics |= {"n": len(items), "num_fewshot": shots}
     for it, d in zip(items, docs, strict=True):
         it["question"] = doc_to_text(task, d)
@@ -604,15 +604,14 @@ def _score_choices(task: EvalTask, docs: list[dict], ctxs: list[str], score: Any
     return items
 
 
-def _score_generations(task: EvalTask, docs: list[dict], outs: list[str], n_samples: int,
+def _score_generations(task: EvalTask, docs: list[dict], outs: list[str], ce: dict[str, Any], n_samples: int,
                        allow_unsandboxed: bool) -> tuple[list[dict], dict[str, Any]]:
     """Generative items: shell commands run and compared (``cmd_eval``), programs run (``code_eval``: pass@k),
     or the extracted answer matched against the references (exact_match)."""
-    ce = dict(task.spec.get("code_eval") or {})
     if task.spec.get("cmd_eval") is not None:
         from cptkit.eval.cmdgen import aggregate, score_cmdgen
 
-        gold_t = task.spec.get("doc_to_gold", task.spec["doc_to_target"])
+        gold_t = task.spec.get("doc_to_gold", task.spec["doc_to_target"])  # raw: `[ "$x" ]` is a command, no list
         golds = [str(render(gold_t, d)).strip() for d in docs]
         items = score_cmdgen(golds, [item_id(task, d, i) for i, d in enumerate(docs)], outs,
                              dict(task.spec.get("cmd_eval") or {}))
