@@ -161,6 +161,13 @@ def build_stream(src: Path, out: Path, tok_dir: Path, seq: int, budget: int, env
     return out
 
 
+def step_records(out: Path) -> list[dict]:
+    """A cptkit train run's per-step records (metrics.jsonl lines that time a step)."""
+    from cptkit.training.metrics import read_jsonl
+
+    return [x for x in read_jsonl(out / "metrics.jsonl") if "seconds" in x]
+
+
 def _median_step(seconds: list[float]) -> float:
     import statistics
 
@@ -215,8 +222,7 @@ def train_vs_plain(args: argparse.Namespace) -> None:
                         if r.returncode:
                             raise SystemExit(f"{who}: {r.stderr[-3000:]}")
                         if who == "cptkit":
-                            recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-                            recs = [x for x in recs if "seconds" in x]
+                            recs = step_records(out)
                             secs, cpus = [x["seconds"] for x in recs], [x["cpu_seconds"] for x in recs]
                             engine = json.loads((out / "_manifest.json").read_text())["extra"]["engine"]
                         else:
@@ -372,8 +378,7 @@ def _smollm2_run(who: str, stream: Path, out: Path, args: argparse.Namespace, en
         got = json.loads(r.stdout.strip().splitlines()[-1])
         got["info"] = f"{got['optimizer']}, {got['threads']} torch threads"
     else:
-        recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-        recs = [x for x in recs if "seconds" in x]
+        recs = step_records(out)
         ex = json.loads((out / "_manifest.json").read_text())["extra"]
         cum = [0] + [x["tokens"] for x in recs]
         got = {"seconds": [x["seconds"] for x in recs], "cpu_seconds": [x["cpu_seconds"] for x in recs],
