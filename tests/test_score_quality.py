@@ -120,6 +120,55 @@ def test_score_fields_then_threshold(data, quality_model, tmp_path):
     assert manifest["extra"]["dropped (quality < 0.8)"] == len(out) - len(kept)
 
 
+def test_keep_threshold_by_hand():
+    s = np.array([0.9, 0.1, 0.5, 0.7, 0.3])
+    assert score_quality.keep_threshold(s, 0.4) == 0.7  # ceil(0.4·5)=2 kept: 0.9, 0.7
+    assert score_quality.keep_threshold(s, 0.5) == 0.5  # ceil(2.5)=3: 0.9, 0.7, 0.5
+    assert score_quality.keep_threshold(s, 1.0) == 0.1
+    assert score_quality.keep_threshold(s, 0.01) == 0.9  # at least one record
+    assert score_quality.keep_threshold(np.array([0.2, 0.8, 0.8, 0.8]), 0.25) == 0.8  # ties all pass
+    with pytest.raises(CptkitError, match="no records"):
+        score_quality.keep_threshold(np.array([]), 0.5)
+
+
+def test_keep_fraction_calibrates_the_threshold(data, quality_model, tmp_path):
+    """keep_fraction=0.3 keeps 30% of the calibration sample, whatever the shard split, and a
+    changed input that moves the threshold is refused instead of leaving stale shards."""
+    recs = ([json.loads(x) for x in data["hq"].read_text().splitlines()][::5]
+            + [json.loads(x) for x in data["lq"].read_text().splitlines()][::5])
+    write_jsonl(tmp_path / "one" / "all.jsonl", recs)
+    write_jsonl(tmp_path / "two" / "a.jsonl", recs[1::2])
+    write_jsonl(tmp_path / "two" / "b.jsonl", recs[::2])
+    args = [f"quality.model={quality_model}", "quality.keep_fraction=0.3", "-q"]
+    kept = {}
+    for name in ("one", "two"):
+        r = runner.invoke(app, ["score-quality", "--in", str(tmp_path / name), "--out", str(tmp_path / f"k_{name}"), *args])
+        assert r.exit_code == 0, r.output
+        kept[name] = sorted(x["id"] for x in read_out(tmp_path / f"k_{name}"))
+    assert kept["one"] == kept["two"]  # one sample of all inputs, not one per shard
+    scores = np.round(load_classifier(quality_model).predict_proba([r["text"] for r in recs])[:, 0], 6)
+    t = score_quality.keep_threshold(scores, 0.3)  # every record is in the sample (n < calibration_docs)
+    assert kept["one"] == sorted(r["id"] for r, v in zip(recs, scores, strict=True) if v >= t)
+    assert len(kept["one"]) == pytest.approx(0.3 * len(recs), abs=3)
+    manifest = json.loads((tmp_path / "k_one" / "_manifest.json").read_text())
+    assert manifest["config"]["quality"]["min_score"] == t and "keeps 30%" in manifest["extra"]["quality threshold"]
+    # a smaller seeded sample: deterministic, and the threshold is the sample's
+    small = [f"quality.model={quality_model}", "quality.keep_fraction=0.3", "calibration_docs=20", "-q"]
+    for out in ("s1", "s2"):
+        assert runner.invoke(app, ["score-quality", "--in", str(tmp_path / "one"), "--out", str(tmp_path / out), *small]).exit_code == 0
+    assert read_out(tmp_path / "s1") == read_out(tmp_path / "s2")
+    # changed input, same --out: the threshold moves, so the run is refused (not silently stale)
+    write_jsonl(tmp_path / "two" / "b.jsonl", recs[::2][: len(recs) // 8])
+    r = runner.invoke(app, ["score-quality", "--in", str(tmp_path / "two"), "--out", str(tmp_path / "k_two"), *args])
+    assert r.exit_code != 0 and "io.overwrite=true" in str(r.exception)
+    bad = [f"quality.model={quality_model}", "quality.keep_fraction=0.3", "quality.min_score=0.5"]
+    with pytest.raises(CptkitError, match="not both"):
+        score_quality.run(compose_step("score-quality", [f"io.inputs=[{tmp_path / 'one'}]", f"io.output={tmp_path / 'z'}", *bad]))
+    with pytest.raises(CptkitError, match=r"keep_fraction=1.5: must be in"):
+        score_quality.run(compose_step("score-quality", [f"io.inputs=[{tmp_path / 'one'}]", f"io.output={tmp_path / 'z'}",
+                                                         f"quality.model={quality_model}", "quality.keep_fraction=1.5"]))
+
+
 def test_edu_score_three_classes(data, tmp_path):
     recs = ([{**r, "edu": 2} for r in python_docs(240)] + [{**r, "edu": 1} for r in dictionary(240)]
             + [{**r, "edu": 0} for r in fortunes_en(240)])
