@@ -156,3 +156,31 @@ def test_smollm2_continued_learns_the_text_still_generates_and_exports(corpus_di
     back = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=gguf.name, dtype=torch.float32)
     with torch.no_grad():
         assert abs(back(ids, labels=ids).loss.item() - after) < 0.01  # f16: the trained model, not the start
+
+
+def test_gguf_cache_loads_bit_identical_and_follows_the_file(trained, tmp_path, monkeypatch):
+    """A GGUF loaded through cptkit is converted once into $CPTKIT_CACHE/gguf: the cached folder gives
+    the same tokens and bit-identical weights as dequantizing in place, and a changed file gets a new entry."""
+    from cptkit.models import gguf_cache
+
+    stream, run = trained
+    q = tmp_path / "m.gguf"
+    assert cli("export-gguf", "--model", str(run / "model"), "--out", str(q), "export.dtype=q8_0", "-q").returncode == 0
+    monkeypatch.setenv("CPTKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CPTKIT_GGUF_CACHE", "0")
+    direct, dtok = lm.load_causal_lm(str(q)), lm.load_tokenizer(str(q))
+    assert not (tmp_path / "cache" / "gguf").exists()
+    monkeypatch.setenv("CPTKIT_GGUF_CACHE", "1")
+    cached, ctok = lm.load_causal_lm(str(q)), lm.load_tokenizer(str(q))
+    [entry] = (tmp_path / "cache" / "gguf").iterdir()
+    assert (entry / gguf_cache.DONE).exists() and lm.resolve_loadable(str(q)) == (str(entry), None)
+    assert getattr(cached, "hf_quantizer", None) is None  # an ordinary model: save_pretrained works
+    a, b = direct.state_dict(), cached.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    text = eval_records(stream)[0]["text"]
+    assert ctok.encode(text) == dtok.encode(text) and ctok.pad_token_id == dtok.pad_token_id
+    f16 = tmp_path / "f16.gguf"
+    assert cli("export-gguf", "--model", str(run / "model"), "--out", str(f16), "export.dtype=f16", "-q").returncode == 0
+    f16.replace(q)  # the same path, other weights: a new cache entry, never the stale one
+    assert lm.resolve_loadable(str(q))[0] != str(entry)
+    assert len(list((tmp_path / "cache" / "gguf").iterdir())) == 2

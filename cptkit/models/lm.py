@@ -35,11 +35,14 @@ import torch
 import torch.nn.functional as F
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.progress import log
 from cptkit.text.encode import encode_long
 
 __all__ = [
     "SMOLLM2",
     "resolve_spec",
+    "resolve_loadable",
+    "spec_file",
     "load_tokenizer",
     "load_causal_lm",
     "train_bpe_tokenizer",
@@ -81,11 +84,39 @@ def resolve_spec(spec: str) -> tuple[str, str | None]:
     return str(p), None
 
 
+def spec_file(spec: str | None) -> str | None:
+    """The path a model spec reads, for keying the outputs it makes: ``smollm2`` is the shipped GGUF
+    file (a name, not a path, would key nothing); any other spec is its own path."""
+    if spec is None or str(spec) != SMOLLM2:
+        return spec
+    try:
+        d, gguf = resolve_spec(SMOLLM2)
+    except CptkitError:
+        return spec  # not installed: loading it fails with its own message
+    return str(Path(d) / str(gguf))
+
+
+def resolve_loadable(spec: str) -> tuple[str, str | None]:
+    """:func:`resolve_spec`, with a GGUF file replaced by its converted HF folder
+    (:mod:`cptkit.models.gguf_cache`) when the cache is on and writable."""
+    d, gguf = resolve_spec(spec)
+    if gguf is None:
+        return d, None
+    from cptkit.models import gguf_cache
+
+    if gguf_cache.enabled():
+        try:
+            return gguf_cache.converted(d, gguf), None
+        except OSError as e:
+            log.warning("model %s: GGUF cache unavailable (%s): dequantizing in place", spec, e)
+    return d, gguf
+
+
 def load_tokenizer(spec: str):
     """A tokenizer for a model spec (directory, ``.gguf`` file or ``smollm2``); pad = EOS if unset."""
     from transformers import AutoTokenizer
 
-    d, gguf = resolve_spec(spec)
+    d, gguf = resolve_loadable(spec)
     kw = {"gguf_file": gguf} if gguf else {}
     try:
         tok = AutoTokenizer.from_pretrained(d, **kw)
@@ -115,7 +146,7 @@ def load_causal_lm(spec: str, dtype: Any = "float32", device: str = "cpu"):
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    d, gguf = resolve_spec(spec)
+    d, gguf = resolve_loadable(spec)
     kw: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
     try:
         model = AutoModelForCausalLM.from_pretrained(d, dtype=_dtype(dtype), **kw)

@@ -110,6 +110,8 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
         from cptkit.models.lm import load_causal_lm, load_tokenizer
 
         scorer = (load_causal_lm(s.cur.model), load_tokenizer(s.cur.model))
+    from cptkit.models.lm import spec_file
+
     task = Task(0, inputs, name="mix")
     if s.unique:
         # mix.unique_ids: a repeated id is expected (a retrieved page and its corpus copy) and the
@@ -117,7 +119,7 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
         ctx = ctx.recording("io.unique_ids", False)
     streamed: dict[str, Any] = {}  # the stream's manifest entry, once written (Hooks.manifest_extra)
     hooks = Hooks(manifest_extra=lambda: {"stream": streamed} if streamed else {})
-    with Job(ctx, tasks=[task], needs_inputs=False, hooks=hooks, reads=[conf.tokenizer, s.cur.model]) as job:
+    with Job(ctx, tasks=[task], needs_inputs=False, hooks=hooks, reads=[spec_file(conf.tokenizer), spec_file(s.cur.model)]) as job:
         if not job.pending():
             return job.finish()
         t0 = time.time()

@@ -202,8 +202,10 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
 
             preflight(dict(t.spec["cmd_eval"] or {}))
     contam = load_contamination(ec.contamination, [t.name for t in etasks] or task_names) if ec.contamination else None
+    from cptkit.models.lm import spec_file
+
     with Job(ctx, inputs=inputs, tasks=[Task(0, inputs, name="eval")], needs_inputs=False,
-             reads=[model_spec]) as job:
+             reads=[spec_file(model_spec)]) as job:
         results: dict[str, Any] = {}
         rows: dict[str, Any] = {}
         for task in job.pending():

@@ -65,7 +65,9 @@ def run(conf: TrainJob, ctx: Run) -> dict:
     ckdir = out / "checkpoints"
     job, extend = None, False
     if rank == 0:  # one process owns the output: its manifest, _SUCCESS and the run's identity
-        reads = [conf.io.inputs[0], conf.model.path, conf.tokenizer or stream.tokenizer_spec(),
+        from cptkit.models.lm import spec_file
+
+        reads = [conf.io.inputs[0], spec_file(conf.model.path), spec_file(conf.tokenizer or stream.tokenizer_spec()),
                  tcfg.velocitune.targets_file]  # the stream, the model, the tokenizer: they key the run
         job = Job(ctx, tasks=[Task(0, [], name="train")], needs_inputs=False, reads=reads)
         job.hash = run_identity(job.config)

@@ -1,0 +1,67 @@
+"""A GGUF checkpoint converted once, then loaded as an ordinary Hugging Face folder.
+
+transformers parses and dequantizes a GGUF file on every ``from_pretrained(gguf_file=...)``, the
+tokenizer and the config each parsing it again: for SmolLM2-135M that is ~35 s per process on
+two cores, paid by every ``train``, ``evaluate`` and ``build-mix`` that names ``smollm2``. The first
+load writes the result (fp32 safetensors of the dequantized weights, the config without its
+quantizer, the tokenizer, the generation config) to
+``$CPTKIT_CACHE/gguf/<stem>-<key>`` (default ``~/.cache/cptkit``), ``<key>`` hashing the GGUF's
+sha256 with the transformers version that converted it; later loads read that folder in about a
+second. The weights are the dequantized values themselves, so a model loads bit-identical either
+way. ``CPTKIT_GGUF_CACHE=0`` turns the cache off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from cptkit.core.fingerprint import cache as hash_cache
+from cptkit.core.fingerprint import cache_path
+
+DONE = ".cptkit-converted"  # written last: a folder without it is an interrupted conversion
+
+
+def enabled() -> bool:
+    return os.environ.get("CPTKIT_GGUF_CACHE", "1") != "0"
+
+
+def cache_dir(gguf_path: Path) -> Path:
+    """Where the conversion of ``gguf_path`` lives: keyed by its content and the converter."""
+    import transformers
+
+    cache = hash_cache()
+    sha = cache.file_sha256(gguf_path.resolve())
+    cache.save()
+    key = hashlib.sha256(f"{sha}\0transformers {transformers.__version__}".encode()).hexdigest()[:16]
+    return cache_path().parent / "gguf" / f"{gguf_path.stem}-{key}"
+
+
+def converted(directory: str, gguf: str) -> str:
+    """The HF folder holding ``directory/gguf`` dequantized, converting it on first use."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cptkit.models.pretrained import plain_model
+
+    dest = cache_dir(Path(directory) / gguf)
+    if (dest / DONE).exists():
+        return str(dest)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf)
+    import torch
+
+    model = plain_model(AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf, dtype=torch.float32))
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    tokenizer.save_pretrained(str(tmp))
+    (tmp / DONE).write_text(f"{Path(directory) / gguf}\n")
+    try:
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, dest)
+    except OSError:  # another process finished the same conversion first: use its folder
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (dest / DONE).exists():
+            raise
+    return str(dest)
