@@ -186,3 +186,31 @@ def test_split_by_values_that_sanitise_alike_stay_apart(corpus_records, tok, tmp
                 for tid in t(r["text"], add_special_tokens=False)["input_ids"] + [t.eos_token_id]]
         got = np.fromfile(tmp_path / "out" / d["file"], dtype=res["stream"]["dtype"]).tolist()
         assert d["docs"] == 30 and got == want
+
+
+def test_sample_per_domain_by_hand():
+    from cptkit.mixtures.stream import sample_per_domain
+    from cptkit.text.hashing import fast_seeded_hash
+
+    recs = [("a" if i % 3 else "b", {"id": f"r{i}", "text": "x"}) for i in range(30)]
+    got = list(sample_per_domain(recs, 4, seed=7))
+    for dom in ("a", "b"):
+        ids = [r["id"] for r in (rec for _, rec in recs) if (("a" if int(r["id"][1:]) % 3 else "b") == dom)]
+        want = set(sorted(ids, key=lambda x: fast_seeded_hash(7, x))[:4])
+        assert {r["id"] for d, r in got if d == dom} == want
+    positions = [int(r["id"][1:]) for _, r in got]
+    assert positions == sorted(positions)  # reading order kept
+    assert list(sample_per_domain(recs, 100, seed=7)) == recs  # a cap above the size keeps everything
+
+
+def test_max_docs_samples_each_domain_and_keeps_the_held_out_set(corpus_dir, corpus_records, tok, tmp_path):
+    ov = ["mix=demo", "mix.budget_tokens=20000", "mix.seq_len=128", "mix.eval_docs=4", "seed=3"]
+    full = build_stream(corpus_dir, tok, tmp_path / "full", ov)["stream"]
+    capped = build_stream(corpus_dir, tok, tmp_path / "cap", [*ov, "mix.max_docs=10"])["stream"]
+    sizes = {d["name"]: d["docs"] + d["eval_docs"] for d in full["domains"]}
+    for d in capped["domains"]:
+        assert d["docs"] + d["eval_docs"] == min(10, sizes[d["name"]])
+    evals = [gzip.open(tmp_path / s / "_eval.jsonl.gz", "rt").read() for s in ("full", "cap")]
+    assert evals[0] == evals[1]  # the held-out documents are the same with the cap
+    with pytest.raises(CptkitError, match="max_docs=3: must exceed eval_docs=4"):
+        build_stream(corpus_dir, tok, tmp_path / "bad", [*ov, "mix.max_docs=3"])

@@ -340,6 +340,7 @@ class MixConfig:
     fill: str | None = None  # domain (or parent) that absorbs capped demand
     empty_domains: str = "error"  # a weighted domain without documents: error | drop (from its stages)
     eval_docs: int = 8  # held-out documents per domain for per-domain eval losses
+    max_docs: int = 0  # per leaf domain: only the max_docs docs with the smallest seeded id hash (0: all)
     tail_fraction: float = 0.1  # last share of the budget for an upsampling tail (recipes use it)
     unique_ids: bool = False  # a record id seen before (earlier --in first) is skipped and counted
     replay: ReplayConfig = field(default_factory=ReplayConfig)
@@ -349,6 +350,9 @@ class MixConfig:
 
     def __post_init__(self) -> None:
         check(self.seq_len >= 2, "seq_len", self.seq_len, "must be ≥ 2")
+        check(self.max_docs >= 0, "max_docs", self.max_docs, "must be ≥ 0 (0: every document)")
+        check(self.max_docs == 0 or self.max_docs > self.eval_docs, "max_docs", self.max_docs,
+              f"must exceed eval_docs={self.eval_docs}, or leave no training documents")
         check(math.isfinite(self.budget_tokens), "budget_tokens", f"{self.budget_tokens:g}",
               "must be a finite number of tokens")
         check(self.budget_tokens >= self.seq_len, "budget_tokens", f"{self.budget_tokens:g}",

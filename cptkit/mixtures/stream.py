@@ -21,6 +21,7 @@ import heapq
 import json
 import math
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -172,11 +173,47 @@ class RouteStats:
     repeated: int = 0
 
 
+def sample_per_domain(routed: Iterable[tuple[str, Record]], k: int, seed: int) -> Iterator[tuple[str, Record]]:
+    """The ``k`` records of each domain with the smallest seeded id hash, in their reading order.
+
+    The hash is the one that picks the held-out documents (the ``eval_docs`` smallest), so a
+    domain's held-out set is the same with or without the cap."""
+    heaps: dict[str, list[tuple[int, int, Record]]] = {}
+    for n, (name, rec) in enumerate(routed):
+        heap = heaps.setdefault(name, [])
+        item = (-fast_seeded_hash(seed, str(rec["id"])), -n, rec)  # max-heap on (hash, position)
+        if len(heap) < k:
+            heapq.heappush(heap, item)
+        elif item[:2] > heap[0][:2]:
+            heapq.heapreplace(heap, item)
+    kept = sorted((-neg_n, name, rec) for name, heap in heaps.items() for _, neg_n, rec in heap)
+    for _, name, rec in kept:
+        yield name, rec
+
+
 def route_and_tokenize(records: Any, s: MixSettings, files: DomainFiles) -> RouteStats:
     """Route every record to its leaf domain (skipping repeated ids with ``mix.unique_ids``) and
-    tokenize in batches of ``build_mix.batch_docs``."""
+    tokenize in batches of ``build_mix.batch_docs``; with ``mix.max_docs`` only each domain's
+    sample (:func:`sample_per_domain`) is tokenized."""
     st = RouteStats()
+    routed = _route(records, s, st)
+    if s.mix.max_docs > 0:
+        routed = sample_per_domain(routed, s.mix.max_docs, s.seed)
     batch: list[tuple[str, Record]] = []
+    for name, rec in routed:
+        batch.append((name, rec))
+        if len(batch) >= s.batch_docs:
+            files.add(batch)
+            batch = []
+    files.add(batch)
+    files.close()
+    if not files.leaves:
+        raise CptkitError(f"build-mix: none of the {st.records_in} records matched a domain filter")
+    return st
+
+
+def _route(records: Any, s: MixSettings, st: RouteStats) -> Iterator[tuple[str, Record]]:
+    """``(leaf, record)`` for every record that matches a domain, counting into ``st``."""
     seen_ids: set[str] = set()
     for rec in records:
         st.records_in += 1
@@ -190,15 +227,7 @@ def route_and_tokenize(records: Any, s: MixSettings, files: DomainFiles) -> Rout
         if name is None:
             st.unmatched += 1
             continue
-        batch.append((name, rec))
-        if len(batch) >= s.batch_docs:
-            files.add(batch)
-            batch = []
-    files.add(batch)
-    files.close()
-    if not files.leaves:
-        raise CptkitError(f"build-mix: none of the {st.records_in} records matched a domain filter")
-    return st
+        yield name, rec
 
 
 def write_domains(files: DomainFiles, s: MixSettings, tok_dir: Path) -> list[dict]:
