@@ -108,3 +108,30 @@ def test_label_topics_train_and_label_with_embed(senses, tmp_path):
     out = read_out(tmp_path / "out")
     assert len(out) == len(probe) and all(r["topic"] in info["labels"] for r in out)
     assert all(1 / 11 <= r["topic_score"] <= 1.0 for r in out)
+
+
+def test_ensemble_averages_its_members_and_round_trips(senses, tmp_path):
+    """train.backend=ensemble: each member trained on the same split; the probabilities are their mean,
+    and the saved folder loads back to the same numbers."""
+    write_jsonl(tmp_path / "labels" / "a.jsonl", senses)
+    model = tmp_path / "models"
+    r = runner.invoke(app, ["label-topics-train", "--in", str(tmp_path / "labels"), "--out", str(model), "-q",
+                            "train.backend=ensemble", "train.ensemble_members=[fasttext,embed]", "train.tune.mode=off",
+                            "topics.languages=[en]", "train.embed.c=[10]"])
+    assert r.exit_code == 0, r.output
+    info = json.loads((model / "en" / CLASSIFIER_JSON).read_text())
+    assert info["backend"] == "ensemble" and info["members"] == ["fasttext", "embed"]
+    assert info["metrics"]["macro_f1"] > info["metrics"]["majority_macro_f1"] + 0.2
+    manifest = json.loads((model / "_manifest.json").read_text())
+    assert manifest["extra"]["en ensemble"] == "fasttext + embed, probabilities averaged"
+    assert manifest["extra"]["en [embed] embedding head"].startswith("C 10")
+    clf = load_classifier(model / "en")
+    ft, emb = (load_classifier(model / "en" / "members" / d) for d in ("0-fasttext", "1-embed"))
+    probe = [r["text"] for r in gcide_topics(2, offset=15)]
+    p = clf.predict_proba(probe)
+    assert p.shape == (len(probe), 11) and np.allclose(p.sum(axis=1), 1.0)
+    assert np.allclose(p, (ft.predict_proba(probe) + emb.predict_proba(probe)) / 2, rtol=0, atol=1e-12)
+    assert ft.labels == emb.labels == clf.labels == info["labels"]
+    with pytest.raises(Exception, match="not a backend"):
+        train_classifier([r["id"] for r in senses], [r["text"] for r in senses], [r["topic"] for r in senses],
+                         TrainParams(backend="ensemble", ensemble_members=["fasttext", "bogus"], heldout=0.2), 0)

@@ -1,10 +1,11 @@
-"""Text classifiers behind one interface: fastText (default), a MiniLM/BERT fine-tune, and frozen
-MiniLM sentence embeddings (with word n-gram TF-IDF) under a multinomial logistic regression.
+"""Text classifiers behind one interface: fastText (default), a MiniLM/BERT fine-tune, frozen
+MiniLM sentence embeddings (with word n-gram TF-IDF) under a multinomial logistic regression, and
+an ensemble of any of them (their class probabilities averaged).
 
 Used by ``score-quality`` (quality and educational value) and ``label-topics``. A trained
 classifier is a directory holding ``classifier.json`` (backend, labels, metrics, parameters)
 and the backend's weights (``model.bin`` for fastText, ``hf/`` for transformers, ``embed.npz`` and
-``vocab.json`` for the embedding head).
+``vocab.json`` for the embedding head, ``members/<i>-<backend>/`` classifier folders for an ensemble).
 
 * :func:`train_classifier` splits the examples into train/held-out by a hash of
   ``(seed, id)``, trains, and returns the classifier with held-out metrics.
@@ -30,7 +31,7 @@ from cptkit.text.tokenize import word_tokenizer
 
 CLASSIFIER_JSON = "classifier.json"
 METRICS_JSON = "metrics.json"  # held-out metrics, per-class F1, majority baseline and the tuning trials
-BACKENDS = ("fasttext", "minilm", "embed")
+BACKENDS = ("fasttext", "minilm", "embed", "ensemble")
 
 # The line tokenizers (cptkit.text.tokenize presets): CJK ideographs become one token each
 # (fastText splits on whitespace only). Version 1: models trained before tokenizer 2.
@@ -119,7 +120,7 @@ class EmbedParams:
 class TrainParams:
     """How a classifier is trained (shared by score-quality-train and label-topics-train)."""
 
-    backend: str = "fasttext"  # fasttext | minilm | embed
+    backend: str = "fasttext"  # fasttext | minilm | embed | ensemble (of ensemble_members)
     heldout: float = 0.2  # share of examples (by hash of seed and id) kept out for metrics
     max_per_class: int = 0  # cap examples per class (0: no cap), smallest hash first
     max_chars: int = 4000  # characters of a document the classifier sees
@@ -128,6 +129,7 @@ class TrainParams:
     fasttext: FastTextParams = field(default_factory=FastTextParams)
     minilm: MiniLMParams = field(default_factory=MiniLMParams)
     embed: EmbedParams = field(default_factory=EmbedParams)
+    ensemble_members: list[str] = field(default_factory=lambda: ["embed", "minilm"])  # probabilities averaged
 
 
 # --- text and splits ------------------------------------------------------------------------
@@ -689,6 +691,45 @@ class TrainResult:
     counts: dict[str, int]
 
 
+def _train_backend(backend: str, texts: list[str], labels: list[str], ids: list[str], classes: list[str],
+                   safe: dict[str, str], params: TrainParams, seed: int, progress: Any) -> Any:
+    """One backend trained on the training split (every backend sees the same examples)."""
+    if backend == "fasttext":
+        clf: Any = FastTextClassifier.train(texts, [safe[lab] for lab in labels], [safe[c] for c in classes],
+                                            params.fasttext, seed, params.max_chars, params.tune, ids)
+        clf.labels = classes
+    elif backend == "embed":
+        clf = EmbedClassifier.train(texts, labels, classes, params.embed, seed, params.max_chars,
+                                    params.tune.validation, ids, progress)
+    elif backend == "minilm":
+        clf = MiniLMClassifier.train(texts, labels, classes, params.minilm, seed, params.max_chars, progress)
+    else:
+        raise CptkitError(f"train.ensemble_members: {backend!r} is not a backend (fasttext, minilm, embed)")
+    clf.info.update({"labels": classes, "label_tokens": [safe[c] for c in classes]})
+    return clf
+
+
+class EnsembleClassifier:
+    """Several backends trained on the same examples; a document's class probabilities are their mean."""
+
+    def __init__(self, members: list[Any], labels: list[str], info: dict[str, Any]):
+        if not members:
+            raise CptkitError("train.ensemble_members is empty: name at least one backend")
+        self.members, self.labels, self.info = members, labels, info
+
+    def predict_proba(self, texts: list[str]) -> np.ndarray:
+        return np.mean([m.predict_proba(texts) for m in self.members], axis=0)
+
+    def save(self, directory: Path) -> None:
+        from cptkit.core.shards import atomic_write_json
+
+        for i, m in enumerate(self.members):
+            d = directory / "members" / f"{i}-{m.info['backend']}"
+            d.mkdir(parents=True, exist_ok=True)
+            m.save(d)
+            atomic_write_json(d / CLASSIFIER_JSON, m.info)
+
+
 def train_classifier(ids: list[str], texts: list[str], labels: list[str], params: TrainParams,
                      seed: int, progress: Any = None) -> TrainResult:
     """Train on the non-held-out examples and measure on the held-out ones.
@@ -715,16 +756,14 @@ def train_classifier(ids: list[str], texts: list[str], labels: list[str], params
         tr = sorted(i for lst in by.values() for i in lst[:params.max_per_class])
     tr_texts, tr_labels = [texts[i] for i in tr], [labels[i] for i in tr]
     safe = {c: re.sub(r"\s+", "_", c) for c in classes}
-    if params.backend == "fasttext":
-        clf = FastTextClassifier.train(tr_texts, [safe[lab] for lab in tr_labels], [safe[c] for c in classes],
-                                       params.fasttext, seed, params.max_chars, params.tune, [ids[i] for i in tr])
-        clf.labels = classes
-    elif params.backend == "embed":
-        clf = EmbedClassifier.train(tr_texts, tr_labels, classes, params.embed, seed, params.max_chars,
-                                    params.tune.validation, [ids[i] for i in tr], progress)
+    tr_ids = [ids[i] for i in tr]
+    if params.backend == "ensemble":
+        members = [_train_backend(b, tr_texts, tr_labels, tr_ids, classes, safe, params, seed, progress)
+                   for b in params.ensemble_members]
+        clf: Any = EnsembleClassifier(members, classes, {"backend": "ensemble",
+                                                         "members": [m.info["backend"] for m in members]})
     else:
-        clf = MiniLMClassifier.train(tr_texts, tr_labels, classes, params.minilm, seed, params.max_chars,
-                                     progress)
+        clf = _train_backend(params.backend, tr_texts, tr_labels, tr_ids, classes, safe, params, seed, progress)
     metrics: dict[str, Any] = {}
     if te:
         probs = clf.predict_proba([texts[i] for i in te])
@@ -778,6 +817,10 @@ def load_classifier(directory: str | Path) -> Classifier:
         hf = directory / "hf"
         model = AutoModelForSequenceClassification.from_pretrained(str(hf)).eval()
         return MiniLMClassifier(model, AutoTokenizer.from_pretrained(str(hf)), labels, info)
+    if info["backend"] == "ensemble":
+        members = [load_classifier(d) for d in sorted((directory / "members").iterdir(),
+                                                      key=lambda d: int(d.name.split("-", 1)[0]))]
+        return EnsembleClassifier(members, labels, info)
     if info["backend"] == "embed":
         arrays = np.load(directory / "embed.npz")
         terms = json.loads((directory / "vocab.json").read_text())

@@ -12,8 +12,8 @@ from cptkit.labels.classifiers import TrainParams, confusion_text, no_better_tha
 
 def params_of(train: TrainParams, cls: type = TrainParams) -> TrainParams:
     """The TrainParams part of a step's typed ``train`` config (a TrainParams subclass), as its own copy."""
-    keep = {k: copy.deepcopy(getattr(train, k)) for k in ("backend", "heldout", "max_per_class", "max_chars", "min_f1", "tune",
-                                         "fasttext", "minilm", "embed")}
+    keep = {k: copy.deepcopy(getattr(train, k)) for k in ("backend", "heldout", "max_per_class", "max_chars", "min_f1",
+                                                          "tune", "fasttext", "minilm", "embed", "ensemble_members")}
     return cls(**keep)
 
 
@@ -51,7 +51,13 @@ def report(metrics: dict, title: str, quiet: bool) -> dict:
 
 
 def tuning_rows(clf, title: str) -> dict:
-    """The chosen fastText (or embedding-head) settings and how many candidates were tried, for the summary."""
+    """The chosen fastText (or embedding-head) settings and how many candidates were tried, for the summary
+    (an ensemble's, member by member)."""
+    if clf.info.get("backend") == "ensemble":
+        rows = {f"{title} ensemble": " + ".join(clf.info["members"]) + ", probabilities averaged"}
+        for m in clf.members:
+            rows |= tuning_rows(m, f"{title} [{m.info['backend']}]")
+        return rows
     ft, em, tun = clf.info.get("fasttext"), clf.info.get("embed"), clf.info.get("tuning")
     if ft:
         chosen = f"epoch {ft['epoch']}, lr {ft['lr']:g}, wordNgrams {ft['word_ngrams']}, minn/maxn {ft['minn']}/{ft['maxn']}"
