@@ -5,7 +5,7 @@ Input: records with ``topic`` (a label of the language's taxonomy, e.g. from
 ``label-topics-annotate``) and ``lang`` (detected when missing). Output: ``<out>/<lang>/`` per
 language with at least two topics, each a classifier directory (fastText by default,
 ``train.backend=minilm`` for the BERT option, ``train.backend=embed`` for frozen MiniLM
-embeddings under a logistic-regression head) with held-out accuracy, macro-F1 and the
+embeddings under a logistic-regression head, ``train.backend=ensemble`` for their average) with held-out accuracy, macro-F1 and the
 confusion table (printed, in ``classifier.json`` and in the manifest).
 """
 
