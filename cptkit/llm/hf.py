@@ -127,16 +127,20 @@ class TransformersGenerator(Generator):
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             path, gguf = resolve_model(str(cfg.model), getattr(cfg, "gguf_file", None))
+            self.model_id = f"{Path(path).name}/{gguf}" if gguf else str(cfg.model)
+            log.info("loading %s%s", path, f" ({gguf})" if gguf else "")
+            if gguf:
+                from cptkit.models.lm import resolve_loadable
+
+                path, gguf = resolve_loadable(str(Path(path) / gguf))  # dequantized once (models.gguf_cache)
             kw: dict[str, Any] = {"trust_remote_code": bool(cfg.trust_remote_code)}
             if gguf:
                 kw["gguf_file"] = gguf
-            log.info("loading %s%s", path, f" ({gguf})" if gguf else "")
             try:
                 tokenizer = AutoTokenizer.from_pretrained(path, **kw)
                 model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(str(cfg.dtype), self.device), **kw)
             except (OSError, ValueError) as e:
                 raise CptkitError(f"llm.model={cfg.model}: cannot load ({str(e).splitlines()[0]})") from None
-            self.model_id = f"{Path(path).name}/{gguf}" if gguf else str(cfg.model)
         self.model = model.to(self.device).eval()
         self.tok = tokenizer
         self.tok.padding_side = "left"
