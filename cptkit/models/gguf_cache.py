@@ -13,15 +13,45 @@ way. ``CPTKIT_GGUF_CACHE=0`` turns the cache off.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import shutil
 from pathlib import Path
 
+import torch
+
+from cptkit.core.errors import CptkitError
 from cptkit.core.fingerprint import cache as hash_cache
 from cptkit.core.fingerprint import cache_path
 
 DONE = ".cptkit-converted"  # written last: a folder without it is an interrupted conversion
+
+
+def plain_model(model):
+    """The same model without its quantizer: same class, same config (less quantization), same weights."""
+    if getattr(model, "hf_quantizer", None) is None and not getattr(model.config, "quantization_config", None):
+        return model
+    cfg = copy.deepcopy(model.config)
+    if hasattr(cfg, "quantization_config"):
+        delattr(cfg, "quantization_config")
+    state = {k: v.detach().to(torch.float32) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    with torch.device("meta"):
+        plain = type(model)(cfg)
+    missing, unexpected = plain.load_state_dict(state, strict=False, assign=True)
+    if getattr(cfg, "tie_word_embeddings", False):
+        plain.tie_weights()
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise CptkitError(f"cannot rebuild {type(model).__name__} from its dequantized weights: "
+                          f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    for name, buf in plain.named_buffers():  # non-persistent buffers (rotary inv_freq) are not in state_dict
+        if buf.device.type == "meta":
+            src = dict(model.named_buffers())[name]
+            parent = plain.get_submodule(name.rsplit(".", 1)[0]) if "." in name else plain
+            parent.register_buffer(name.rsplit(".", 1)[-1], src.detach().clone(), persistent=False)
+    plain.generation_config = copy.deepcopy(model.generation_config)
+    return plain.eval()
 
 
 def enabled() -> bool:
@@ -43,16 +73,12 @@ def converted(directory: str, gguf: str) -> str:
     """The HF folder holding ``directory/gguf`` dequantized, converting it on first use."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cptkit.models.pretrained import plain_model
-
     dest = cache_dir(Path(directory) / gguf)
     if (dest / DONE).exists():
         return str(dest)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf)
-    import torch
-
     model = plain_model(AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf, dtype=torch.float32))
     model.save_pretrained(str(tmp), safe_serialization=True)
     tokenizer.save_pretrained(str(tmp))
