@@ -146,7 +146,8 @@ def test_keep_fraction_calibrates_the_threshold(data, quality_model, tmp_path):
         assert r.exit_code == 0, r.output
         kept[name] = sorted(x["id"] for x in read_out(tmp_path / f"k_{name}"))
     assert kept["one"] == kept["two"]  # one sample of all inputs, not one per shard
-    scores = np.round(load_classifier(quality_model).predict_proba([r["text"] for r in recs])[:, 0], 6)
+    clf = load_classifier(quality_model)
+    scores = np.round(clf.predict_proba([r["text"] for r in recs])[:, clf.labels.index("hq")], 6)
     t = score_quality.keep_threshold(scores, 0.3)  # every record is in the sample (n < calibration_docs)
     assert kept["one"] == sorted(r["id"] for r, v in zip(recs, scores, strict=True) if v >= t)
     assert len(kept["one"]) == pytest.approx(0.3 * len(recs), abs=3)

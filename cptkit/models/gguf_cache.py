@@ -23,7 +23,7 @@ import torch
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.fingerprint import cache as hash_cache
-from cptkit.core.fingerprint import cache_path
+from cptkit.core.fingerprint import cache_path, content_hash
 
 DONE = ".cptkit-converted"  # written last: a folder without it is an interrupted conversion
 
@@ -62,9 +62,8 @@ def cache_dir(gguf_path: Path) -> Path:
     """Where the conversion of ``gguf_path`` lives: keyed by its content and the converter."""
     import transformers
 
-    cache = hash_cache()
-    sha = cache.file_sha256(gguf_path.resolve())
-    cache.save()
+    sha, _ = content_hash(gguf_path) or ("", 0)
+    hash_cache().save()
     key = hashlib.sha256(f"{sha}\0transformers {transformers.__version__}".encode()).hexdigest()[:16]
     return cache_path().parent / "gguf" / f"{gguf_path.stem}-{key}"
 
