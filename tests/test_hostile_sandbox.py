@@ -117,8 +117,9 @@ def test_setsid_child_dies_at_timeout(tmp_path):
             f"        os.execv('/bin/sleep', ['{tag}', '60'])\n"
             "    os._exit(0)\n"
             "time.sleep(60)\n")
+    t0 = time.monotonic()
     r = run(code, timeout=2)
-    assert r.status == "timeout"
+    assert r.status == "timeout" and time.monotonic() - t0 < 30  # not when the sleeps end (60 s)
 
     def alive() -> list[str]:
         out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
@@ -127,6 +128,14 @@ def test_setsid_child_dies_at_timeout(tmp_path):
     while alive() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive()
+
+
+def test_timeout_returns_while_the_program_sleeps():
+    # The launcher's change of uid cleared --kill-child's parent-death signal: killing unshare left the
+    # sleeping program alive and the host waiting for it (a program sleeping forever hung the evaluation).
+    t0 = time.monotonic()
+    r = run("import time\ntime.sleep(600)\n", timeout=2)
+    assert r.status == "timeout" and time.monotonic() - t0 < 30
 
 
 def test_orphan_cannot_leave_a_marker_after_timeout(outside):

@@ -14,8 +14,10 @@ program starts, a tiny launcher (``_INIT``) inside the namespaces:
   per user namespace), ``RLIMIT_NOFILE`` 64, ``RLIMIT_CORE`` 0, ``RLIMIT_CPU`` (timeout + 1 s);
 * has no network: the new network namespace has only a loopback that is down.
 
-At the timeout the ``unshare`` process is killed; ``--kill-child`` then kills PID 1 of the PID
-namespace, and the kernel kills every process left in it (forked, ``setsid`` or not).
+At the timeout PID 1 of the PID namespace is killed (and ``unshare``, whose ``--kill-child`` is the
+second line of defence: the launcher re-arms the parent-death signal its uid change cleared); the
+kernel then kills every process left in the namespace (forked, ``setsid`` or not), so the call
+returns at the timeout whatever the program does.
 
 If the namespaces are not available (probed once by running a real program through the sandbox;
 ``CPTKIT_UNSHARE`` names the ``unshare`` binary, default the one on ``PATH``), ``run_program``
@@ -203,6 +205,7 @@ _INIT = textwrap.dedent("""
         os.setgroups([])
         os.setgid(1000)
         os.setuid(1000)
+    libc.prctl(1, 9)  # PR_SET_PDEATHSIG SIGKILL again: a change of credentials cleared --kill-child's
     fd = os.open("/dev/null", os.O_RDONLY)
     os.dup2(fd, 0)
     os.close(fd)
@@ -281,12 +284,28 @@ def run_sandboxed(code: str, timeout: float = 10.0, memory_mb: int = 1024, max_f
         try:
             _, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()  # --kill-child: PID 1 of the namespace dies, and with it every process in it
+            _kill_namespace(proc)
             _, err = proc.communicate()
             return ExecResult("timeout", None, err.decode("utf-8", "replace")[-500:], "netns", _head(out, stdout_limit))
         rc = proc.returncode
         status = "timeout" if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU) else "passed" if rc == 0 else "failed"
         return ExecResult(status, rc, err.decode("utf-8", "replace")[-500:], "netns", _head(out, stdout_limit))
+
+
+def _kill_namespace(proc: subprocess.Popen) -> None:
+    """Kill the sandbox at its timeout: PID 1 of its PID namespace (``unshare``'s child; the kernel then
+    kills every process left in the namespace), then ``unshare``. Killing ``unshare`` alone relies on
+    the parent-death signal, which the launcher re-arms after dropping its uid; this does not race it."""
+    try:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    except OSError:
+        children = []
+    for c in children:
+        try:
+            os.kill(int(c), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.kill()
 
 
 def _head(f, limit: int) -> str:
