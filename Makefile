@@ -75,11 +75,13 @@ TOP_K       ?= 200
 POSITIVES   ?= '$(CORPUS)/part-0000[01]-*'
 NEGATIVES   ?= '$(CORPUS)/part-00002-*'
 TOPIC_SAMPLE ?= 400
+# One LLM thread: the demo runs this step beside another one (DEMO_JOBS=2), and llama.cpp's threads
+# spin-wait, so two of them on a shared core run many times slower than one (docs/cpt.md).
 # Synthetic domain: SmolLM2-135M writes short new problems from CHAMP seed problems (code/ICL mode,
 # Llama-3-SynE §4.2.2) and their solutions: a task it can do, unlike 250-350-word scientific QA.
 SYNTH_ARGS  ?= synth.mode=code synth.code.num_problems=8 synth.code.demos=2 synth.code.discipline=mathematics \
                synth.code.min_problem_words=8 synth.code.min_solution_words=15 synth.code.max_solution_words=200 \
-               synth.trim_truncated=true llm.max_new_tokens=128
+               synth.trim_truncated=true llm.max_new_tokens=128 llm.num_threads=1
 # Your own corpus needs no marker; the demo corpus is built by its own target.
 CORPUS_DEP  := $(if $(filter $(DATA)/corpus,$(CORPUS)),$(CORPUS)/_SUCCESS,$(wildcard $(CORPUS)/_SUCCESS))
 
