@@ -247,3 +247,28 @@ def test_weights_plot_skips_the_stage_events_of_a_staged_run(tmp_path):
     assert (tmp_path / "w.png").stat().st_size > 1000
     p.write_text(json.dumps(rows[0]) + "\n")
     assert plot_weights(p, tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+
+
+def test_arms_from_one_model_share_the_untrained_models_eval(stream, tmp_path, monkeypatch):
+    """Every arm starting from the same saved model on the same held-out records computes the same
+    step-0 losses: the first computes them, the others read them (a tampered entry shows the read);
+    another eval setting, or the cache turned off, computes again."""
+    monkeypatch.setenv("CPTKIT_CACHE", str(tmp_path / "cache"))
+    train(stream, tmp_path / "base", "train.mixture=static", "train.max_steps=2")
+    hf = ["model=hf", f"model.path={tmp_path / 'base' / 'model'}", "train.max_steps=2", "train.eval_every=2"]
+    train(stream, tmp_path / "a", *hf, "train.mixture=static")
+    [entry] = (tmp_path / "cache" / "init_eval").glob("*.json")
+    first = metrics(tmp_path / "a")[0]["eval_loss"]
+    saved = json.loads(entry.read_text())
+    assert {d: v["loss"] for d, v in saved.items()} == first and set(first) == {"en", "zh"}
+    entry.write_text(json.dumps({d: {**v, "loss": v["loss"] + 1.0} for d, v in saved.items()}))
+    # a dynamic arm (its controller's own eval at step 0) reads the entry too
+    train(stream, tmp_path / "b", *hf, "train.mixture=dbl", "train.dbl.interval_steps=1",
+          "train.velocitune.targets={en:4.0,zh:4.0}")
+    assert metrics(tmp_path / "b")[0]["eval_loss"] == pytest.approx({d: v + 1.0 for d, v in first.items()}, abs=1e-12)
+    train(stream, tmp_path / "c", *hf, "train.mixture=static", "train.eval_max_tokens=32")  # another setting
+    assert len(list((tmp_path / "cache" / "init_eval").glob("*.json"))) == 2
+    assert metrics(tmp_path / "c")[0]["eval_loss"] != pytest.approx(first)
+    monkeypatch.setenv("CPTKIT_INIT_EVAL_CACHE", "0")
+    train(stream, tmp_path / "d", *hf, "train.mixture=static")
+    assert metrics(tmp_path / "d")[0]["eval_loss"] == first  # computed again: the true numbers

@@ -207,18 +207,22 @@ class DBL(Controller):
 
 
 def domain_eval(model, tokenizer, records: list[dict], max_docs: int, max_tokens: int,
-                seq_len: int) -> tuple[dict[str, float], dict[str, float]]:
+                seq_len: int, cache: Any = None) -> tuple[dict[str, float], dict[str, float]]:
     """Per-domain token-weighted eval loss on the first ``max_docs`` held-out docs per domain (0: all),
-    and its standard error over those docs (logged next to the loss; the rules use the loss only)."""
+    and its standard error over those docs (logged next to the loss; the rules use the loss only).
+    ``cache``: an :class:`~cptkit.training.evaluation.InitEvalCache` (the untrained model only)."""
     from cptkit.models.lm import group_losses
 
-    was_training = model.training
-    model.eval()
-    try:
-        res = group_losses(model, tokenizer, records, group_by="domain", max_docs_per_group=int(max_docs) or None,
-                           max_length=seq_len, max_tokens=int(max_tokens))
-    finally:
-        model.train(was_training)
+    def compute() -> dict[str, dict[str, float]]:
+        was_training = model.training
+        model.eval()
+        try:
+            return group_losses(model, tokenizer, records, group_by="domain", max_docs_per_group=int(max_docs) or None,
+                                max_length=seq_len, max_tokens=int(max_tokens))
+        finally:
+            model.train(was_training)
+
+    res = cache.group_losses(compute, int(max_docs) or None) if cache is not None else compute()
     return ({d: float(v["loss"]) for d, v in res.items()},
             {d: (None if math.isnan(v["se"]) else float(v["se"])) for d, v in res.items()})
 

@@ -105,7 +105,7 @@ class TrainOptions:
     keep_last: int = 2
     resume: bool = False
     save_initial: bool = False  # also save the model before training as OUT/model_init (HF format)
-    eval_docs: int = 8  # held-out docs per domain used for eval losses
+    eval_docs: int = 8  # held-out docs per domain used for eval losses (0: all)
     eval_max_tokens: int = 256
     eval_every: int = 0  # per-domain eval losses every N steps, before step 1 and after the last (0: off)
     eval_tasks: list[str] = field(default_factory=list)  # few-shot tasks (conf/eval/tasks) at every eval point

@@ -34,16 +34,22 @@ def load_eval_tasks(names: list[str], task_dir: str | None = None, data_dir: str
     return out
 
 
-def evaluate_point(model, tokenizer, records: list[dict], tcfg: Any, seq_len: int, tasks: list) -> dict[str, Any]:
-    """``{"eval_loss": {domain: loss}, "eval_tasks": {task: score}}`` of the model now (eval mode, no grad)."""
+def evaluate_point(model, tokenizer, records: list[dict], tcfg: Any, seq_len: int, tasks: list,
+                   cache: Any = None) -> dict[str, Any]:
+    """``{"eval_loss": {domain: loss}, "eval_tasks": {task: score}}`` of the model now (eval mode, no grad;
+    ``cache``: an :class:`~cptkit.training.evaluation.InitEvalCache`, for the untrained model only)."""
     from cptkit.eval import tasks as T
     from cptkit.models.lm import group_losses
 
     was_training = model.training
     model.eval()
     try:
-        res = group_losses(model, tokenizer, records, group_by="domain", max_docs_per_group=int(tcfg.eval_docs),
-                           max_length=seq_len, max_tokens=int(tcfg.eval_max_tokens))
+        def compute() -> dict[str, dict[str, float]]:
+            return group_losses(model, tokenizer, records, group_by="domain",
+                                max_docs_per_group=int(tcfg.eval_docs) or None,  # 0: all, as domain_eval
+                                max_length=seq_len, max_tokens=int(tcfg.eval_max_tokens))
+
+        res = cache.group_losses(compute, int(tcfg.eval_docs) or None) if cache is not None else compute()
         out: dict[str, Any] = {"eval_loss": {d: float(v["loss"]) for d, v in res.items()}}
         if tasks:
             scores = {}
