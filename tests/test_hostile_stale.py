@@ -252,3 +252,24 @@ def test_directory_digest_covers_names_and_bytes_not_run_records(tmp_path):
     (d / "a.bin").rename(d / "c.bin")  # same bytes, another name: another model
     assert content_hash(d)[0] != expect
     assert content_hash(tmp_path / "missing") is None
+
+
+def test_a_writer_killed_mid_write_leaves_no_temporary_file_for_good(hash_cache, tmp_path):
+    """A process killed while saving the digest cache left ``.hashes.json.<pid>.tmp`` behind for good;
+    the next save deletes the files of dead processes and keeps those of live ones."""
+    import subprocess
+
+    from cptkit.core.fingerprint import HashCache
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    hash_cache.parent.mkdir(parents=True)
+    stale, live = (hash_cache.with_name(f".hashes.json.{p}.tmp") for p in (dead, os.getppid()))
+    for t in (stale, live):
+        t.write_text("{")
+    f = tmp_path / "data.txt"
+    f.write_text("x")
+    c = HashCache(hash_cache)
+    c.file_sha256(f)
+    c.save()
+    assert not stale.exists() and live.exists() and str(f) in json.loads(hash_cache.read_text())

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,8 +74,10 @@ def test_readme_examples_run_as_written(tmp_path: Path, corpus_dir: Path, smollm
     shutil.copytree(corpus_dir, data / "corpus")
     make = ["make", "-j2", "-C", str(REPO), "-o", ".venv/.installed", f"BIN={BIN}", f"DATA={data}",
             *(f"{k}={v}" for k, v in TOY_MAKE.items()), "pipeline"]
+    t0 = time.monotonic()
     r = subprocess.run(make, capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    print(f"make pipeline (toy sizes): {time.monotonic() - t0:.1f} s")
     assert (data / "xp" / "demo.md").read_text().startswith("| model |")
 
     commands = readme_commands()
@@ -84,6 +87,7 @@ def test_readme_examples_run_as_written(tmp_path: Path, corpus_dir: Path, smollm
     for c in commands:
         c.extra = toy_overrides(c)
     results = run_commands(commands, root, cptkit=[str(BIN / "cptkit")], timeout=900)
+    print(table(results))  # each command's seconds (pytest -s shows them)
     failed = [r for r in results if not ok(r)]
     assert not failed, table(results) + "".join(f"\n$ {r.command.text}\n{r.stderr[-1500:]}" for r in failed)
     # every command that names an output finished it

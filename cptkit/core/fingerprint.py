@@ -70,11 +70,23 @@ class HashCache:
         merged = {k: v for k, v in merged.items() if os.path.exists(k)}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            remove_dead_tmps(self.path)
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(merged, sort_keys=True))
             os.replace(tmp, self.path)
             self.entries, self.dirty = merged, False
         except OSError:
+            pass
+
+
+def remove_dead_tmps(path: Path) -> None:
+    """Delete ``.NAME.<pid>.tmp`` files next to ``path`` whose process is gone (killed mid-write)."""
+    for t in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            os.kill(int(t.name.rsplit(".", 2)[-2]), 0)
+        except ProcessLookupError:
+            t.unlink(missing_ok=True)
+        except (ValueError, OSError):  # not a pid, or another user's live process
             pass
 
 

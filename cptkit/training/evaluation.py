@@ -53,6 +53,8 @@ class InitEvalCache:
     def group_losses(self, compute: Any, max_docs: int | None) -> dict[str, dict[str, float]]:
         """``compute()`` (:func:`cptkit.models.lm.group_losses` of the untrained model on
         ``max_docs`` per domain), or its saved result."""
+        from cptkit.core.fingerprint import remove_dead_tmps
+
         if self.dir is None:
             return compute()
         f = self.dir / f"{self.key}-{max_docs or 0}.json"
@@ -65,7 +67,8 @@ class InitEvalCache:
         res = compute()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            tmp = f.with_suffix(f".{os.getpid()}.tmp")
+            remove_dead_tmps(f)
+            tmp = f.with_name(f".{f.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(res))
             os.replace(tmp, f)
         except OSError as e:
