@@ -110,7 +110,9 @@ $(DATA)/models/quality/_SUCCESS: $(CORPUS_DEP)
 	$(CPTKIT) score-quality-train --positives $(POSITIVES) --negatives $(NEGATIVES) --out $(@D) $(QUALITY_ARGS)
 	@$(BIN)/python -m cptkit.steps.score_quality_train $(@D)
 
-$(DATA)/scored/_SUCCESS: $(DATA)/deduped/_SUCCESS $(DATA)/models/quality/_SUCCESS
+# (the classifier first: with -j2, Make starts prerequisites left to right, and the classifier ->
+# annotate -> topic classifier chain is the demo's longest)
+$(DATA)/scored/_SUCCESS: $(DATA)/models/quality/_SUCCESS $(DATA)/deduped/_SUCCESS
 	$(CPTKIT) score-quality --in $(DATA)/deduped --out $(@D) quality.model=$(DATA)/models/quality
 
 $(DATA)/topic_labels/_SUCCESS: $(DATA)/scored/_SUCCESS
@@ -231,10 +233,16 @@ pipeline: $(XP)/demo.md $(DATA)/qa_c30/_SUCCESS
 # The data steps run DEMO_JOBS at a time (mostly one-threaded: the synthetic-QA chain and the quality
 # classifier overlap with retrieval and labelling); the CPT part after them one at a time, as each
 # of its steps already uses both cores.
+# base-model converts a GGUF base model (the shipped SmolLM2) once, beside the data steps, instead of
+# in the first CPT step that loads it.
 DEMO_JOBS   ?= 2
 demo:
-	@$(MAKE) --no-print-directory -j$(DEMO_JOBS) $(DATA)/labelled/_SUCCESS $(DATA)/qa_c30/_SUCCESS
+	@$(MAKE) --no-print-directory -j$(DEMO_JOBS) $(DATA)/labelled/_SUCCESS $(DATA)/qa_c30/_SUCCESS base-model
 	@$(MAKE) --no-print-directory pipeline
+
+.PHONY: base-model
+base-model: | $(VENV)/.installed  # a GGUF is dequantized once into $$CPTKIT_CACHE/gguf (cptkit/models/gguf_cache.py)
+	@$(BIN)/python -m cptkit.models.gguf_cache $(BASE_MODEL) > /dev/null
 
 .SECONDARY:  # keep every intermediate _SUCCESS: finished members are never redone nor deleted
 .PHONY: cpt-experiment
