@@ -526,6 +526,12 @@ class Job:
             if self._bar is not None:
                 self.progress.update(self._bar, advance=max(inp.size - seen, 0))
 
+    def detach_progress(self) -> None:
+        """In a forked worker process: report nothing to the progress display (the parent draws
+        it; its refresh thread and lock did not survive the fork)."""
+        self._bar = None
+        self.progress = make_progress(quiet=True)
+
     def add_bar(self, description: str, total: int | None) -> Callable[[int], None]:
         """A progress bar for a phase that is not record reading; returns ``advance(n)``."""
         bar = self.progress.add_task(description, total=total)

@@ -24,14 +24,18 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing as mp
+import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
 from cptkit.core.config import IOConfig, JobConfig, check
 from cptkit.core.errors import BadInput, CptkitError
-from cptkit.core.job import STATE_DIR, Job, Task
+from cptkit.core.job import STATE_DIR, Job, Task, TaskResult
 from cptkit.core.progress import log
 from cptkit.core.records import dumps
 from cptkit.core.run import Run
@@ -69,6 +73,7 @@ class DedupConfig:
     redis_namespace: str | None = None  # key prefix; null: cptkit:dedup:<hash of config, output, inputs>
     redis_batch: int = 4096  # bucket entries per pipelined Redis script call
     cleanup: bool = True  # mapreduce/redis: drop the bucket files / Redis keys once the output is complete
+    workers: int = 1  # processes for the per-shard phases (signatures, verification re-read, writing); 0: one per CPU
 
     def __post_init__(self) -> None:
         check_config(self)
@@ -110,6 +115,7 @@ def check_config(d: DedupConfig) -> None:
           "needs dedup.cluster=mapreduce or redis (memory has map and final)")
     check(1 <= d.partitions <= 9999, "partitions", d.partitions, "must be in [1, 9999]")
     check(d.redis_batch >= 1, "redis_batch", d.redis_batch, "must be >= 1")
+    check(d.workers >= 0, "workers", d.workers, "must be >= 0 (0: one per CPU)")
 
 
 def describe(d: DedupConfig, bands: int, rows: int) -> dict:
@@ -137,6 +143,56 @@ def _npy_bytes(arr: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, arr, allow_pickle=False)
     return buf.getvalue()
+
+
+# -- per-shard work in forked processes (dedup.workers) -----------------------------------------
+_WORK: tuple[Callable, list[Task]] | None = None  # what a forked worker runs; set before the fork
+
+
+def _n_workers(workers: int, tasks: int) -> int:
+    """Processes for ``tasks`` tasks with ``dedup.workers=workers`` (0: one per CPU)."""
+    return max(1, min(workers or os.cpu_count() or 1, tasks))
+
+
+class _Failed:
+    """A worker's cptkit error, as a value (``BadInput`` itself does not unpickle)."""
+
+    def __init__(self, e: CptkitError):
+        self.args = (e.path, e.line, e.reason) if isinstance(e, BadInput) else (str(e),)
+
+    def error(self) -> CptkitError:
+        return BadInput(*self.args) if len(self.args) == 3 else CptkitError(*self.args)
+
+
+def _forked(k: int) -> tuple[int, object]:
+    """In a worker: run task ``k``."""
+    fn, tasks = _WORK  # type: ignore[misc]
+    try:
+        return k, fn(tasks[k])
+    except CptkitError as e:
+        return k, _Failed(e)
+
+
+def in_workers(workers: int, tasks: list[Task], fn: Callable[[Task], object],
+               init: Callable[[], None] | None = None) -> Iterator[tuple[Task, object]]:
+    """``(task, fn(task))`` for every task: in this process, in order, with one worker; else in up to
+    ``workers`` forked processes (0: one per CPU), in completion order, each running ``init()`` first.
+    ``fn`` sees this process's state as of the fork and returns a picklable value."""
+    global _WORK
+    n = _n_workers(workers, len(tasks))
+    if n <= 1:
+        for task in tasks:
+            yield task, fn(task)
+        return
+    _WORK = (fn, tasks)
+    try:
+        with mp.get_context("fork").Pool(n, initializer=init) as pool:
+            for k, out in pool.imap_unordered(_forked, range(len(tasks))):
+                if isinstance(out, _Failed):
+                    raise out.error()
+                yield tasks[k], out
+    finally:
+        _WORK = None
 
 
 class _Store:
@@ -203,54 +259,65 @@ def _wanted_texts(task: Task, rows: set[int], max_chars: int = 0):
             fh.close()
 
 
+def _signature_task(job: Job, store: _Store, sh: mh.Shingler, d: DedupConfig, skip: bool, task: Task) -> None:
+    """Phase 1 for one shard: its signatures, exact hashes and ids into ``store``."""
+    batch = d.batch_docs
+    sigs, exact, ids, texts = [], [], [], []
+    for _, rec in _texts(job, task, skip):
+        ids.append(rec["id"])
+        texts.append(rec["text"])
+        exact.append(mh.exact_hash(rec["text"]))
+        if len(texts) >= batch:
+            sigs.append(sh.signatures(texts))
+            texts = []
+    if texts:
+        sigs.append(sh.signatures(texts))
+    sig = np.concatenate(sigs) if sigs else np.empty((0, sh.num_perm), dtype=np.uint32)
+    store.put(task, sig, np.array(exact, dtype=np.uint64).reshape(-1, 2), ids)
+
+
 def phase_signatures(job: Job, store: _Store, sh: mh.Shingler, d: DedupConfig, skip: bool) -> None:
     """Phase 1: signatures and exact hashes of this slice's shards that have none yet."""
     todo = [t for t in job.mine() if not store.has(t)]
     if not todo:
         return
     advance = job.add_bar("signatures", sum(f.size for t in todo for f in t.inputs) or None)
-    batch = d.batch_docs
-    for task in todo:
-        sigs, exact, ids, texts = [], [], [], []
-        for _, rec in _texts(job, task, skip):
-            ids.append(rec["id"])
-            texts.append(rec["text"])
-            exact.append(mh.exact_hash(rec["text"]))
-            if len(texts) >= batch:
-                sigs.append(sh.signatures(texts))
-                texts = []
-        if texts:
-            sigs.append(sh.signatures(texts))
-        sig = np.concatenate(sigs) if sigs else np.empty((0, sh.num_perm), dtype=np.uint32)
-        store.put(task, sig, np.array(exact, dtype=np.uint64).reshape(-1, 2), ids)
+    workers = 1 if store.dir is None else d.workers  # (to stdout the signatures stay in this process)
+    if _n_workers(workers, len(todo)) > 1:
+        sh.signatures(["warm"])  # load the compiled kernels once, before the fork
+    for task, _ in in_workers(workers, todo, lambda t: _signature_task(job, store, sh, d, skip, t)):
         advance(sum(f.size for f in task.inputs))
 
 
 def _shingle_sets(job: Job, sh: mh.Shingler, offsets: np.ndarray, docs: np.ndarray,
-                  skip: bool) -> dict[int, np.ndarray]:
+                  skip: bool, workers: int = 1) -> dict[int, np.ndarray]:
     """Phase 2 helper: re-read the candidate documents ``docs`` (global indices) and shingle them."""
     io_cfg = job.ctx.io
     skip = skip or io_cfg.oversize == "skip"  # rows are counted over valid records only
-    want = set(docs.tolist()) if skip else set()
+    cut = io_cfg.max_record_chars if io_cfg.oversize == "truncate" else 0
     owner = np.searchsorted(offsets, docs, side="right") - 1
-    sets: dict[int, np.ndarray] = {}
-    advance = job.add_bar("verify: re-read candidates", len(docs))
-    for t in np.unique(owner).tolist():
-        base = int(offsets[t])
+
+    def shard_sets(task: Task) -> tuple[list[int], list[np.ndarray]]:
+        base = int(offsets[task.index])
+        mine = docs[owner == task.index].tolist()
         idx, texts = [], []
         if skip:
-            for row, rec in _texts(job, job.tasks[t], skip):
+            want = set(mine)
+            for row, rec in _texts(job, task, skip):
                 if base + row in want:
                     idx.append(base + row)
                     texts.append(rec["text"])
         else:
-            rows = {g - base for g in docs[owner == t].tolist()}
-            cut = io_cfg.max_record_chars if io_cfg.oversize == "truncate" else 0
-            for row, text in _wanted_texts(job.tasks[t], rows, cut):
+            for row, text in _wanted_texts(task, {g - base for g in mine}, cut):
                 idx.append(base + row)
                 texts.append(text)
-        for i, s in zip(idx, sh.shingle_sets(texts), strict=True):
-            sets[i] = s
+        return idx, sh.shingle_sets(texts)
+
+    sets: dict[int, np.ndarray] = {}
+    advance = job.add_bar("verify: re-read candidates", len(docs))
+    tasks = [job.tasks[t] for t in np.unique(owner).tolist()]
+    for _, (idx, shard) in in_workers(workers, tasks, shard_sets):  # type: ignore[misc]
+        sets.update(zip(idx, shard, strict=True))
         advance(len(idx))
     return sets
 
@@ -300,7 +367,7 @@ def cluster_candidates(job: Job, sh: mh.Shingler, d: DedupConfig, skip: bool, of
     docs = np.unique(pairs)
     sets: dict[int, np.ndarray] = {}
     if d.verify == "exact" and len(pairs):
-        sets = _shingle_sets(job, sh, offsets, docs, skip)
+        sets = _shingle_sets(job, sh, offsets, docs, skip, d.workers)
 
         def sim_of(p: np.ndarray) -> np.ndarray:
             return np.array([mh.jaccard_sorted(sets[i], sets[j]) for i, j in p.tolist()], dtype=np.float64)
@@ -408,10 +475,32 @@ def write_removed(job: Job, store: _Store, res: dict) -> None:
     atomic_write_bytes(job.out / "_removed.jsonl", "".join(lines).encode("utf-8"))
 
 
+def _write_task(job: Job, res: dict, task: Task) -> dict:
+    """Phase 3 for one shard: its kept records; what :meth:`Job.complete` records of it."""
+    t0 = time.time()
+    if not job.stdout:  # temporary shards of a killed run (the writer only clears finished ones)
+        for stale in job.out.glob(f".part-{task.name}-*.tmp-*"):
+            stale.unlink()
+    root = res["root"]
+    base = int(res["offsets"][task.index])
+    removed = 0
+    with job.writer(task) as w:
+        for row, rec in enumerate(job.read(task)):
+            if root[base + row] == base + row:
+                w.write(rec)
+            else:
+                removed += 1
+    r = job.results[task.name]
+    return {"records_in": r.records_in, "bad": r.bad, "records": w.records, "files": list(w.files),
+            "removed": removed, "seconds": round(time.time() - t0, 3)}
+
+
 def _recorded(ctx: Run, d: DedupConfig) -> Run:
-    """What the Job records: every phase of one run shares its hash (``dedup.phase`` is reset),
-    and a password in ``dedup.redis_url`` is masked."""
-    return ctx.recording("dedup.phase", "all").recording("dedup.redis_url", scale.mask_url(d.redis_url))
+    """What the Job records: every phase of one run shares its hash (``dedup.phase`` is reset), so
+    does every ``dedup.workers`` (the output is the same), and a password in ``dedup.redis_url`` is
+    masked."""
+    return (ctx.recording("dedup.phase", "all").recording("dedup.workers", 1)
+            .recording("dedup.redis_url", scale.mask_url(d.redis_url)))
 
 
 def _not_ready(job: Job, phase: str, what: str, missing: list, next_phase: str, extra: dict) -> dict:
@@ -473,21 +562,14 @@ def run(conf: DedupJob, ctx: Run) -> dict:
             def compute() -> dict:
                 return phase_cluster_scaled(job, store, sh, d, skip, backend)
         res = _load_or_cluster(job, store, conf.io, compute)
-        root = res["root"]
-        for task in job.pending():
-            t0 = time.time()
-            if not job.stdout:  # temporary shards of a killed run (the writer only clears finished ones)
-                for stale in job.out.glob(f".part-{task.name}-*.tmp-*"):
-                    stale.unlink()
-            base = int(res["offsets"][task.index])
-            removed = 0
-            with job.writer(task) as w:
-                for row, rec in enumerate(job.read(task)):
-                    if root[base + row] == base + row:
-                        w.write(rec)
-                    else:
-                        removed += 1
-            job.complete(task, w, removed=removed, seconds=round(time.time() - t0, 3))
+        pending = job.pending()
+        workers = 1 if job.stdout else d.workers
+        for task, out in in_workers(workers, pending, lambda t: _write_task(job, res, t),
+                                        init=job.detach_progress):
+            r = job.results.setdefault(task.name, TaskResult())
+            r.records_in, r.bad = out["records_in"], out["bad"]
+            job.complete(task, SimpleNamespace(records=out["records"], files=out["files"]),
+                         removed=out["removed"], seconds=out["seconds"])
         if job.stdout:
             log.info("--out -: the list of removed ids (_removed.jsonl) is not written")
         elif all(job.is_done(t) for t in job.tasks):
