@@ -526,6 +526,11 @@ class Job:
             if self._bar is not None:
                 self.progress.update(self._bar, advance=max(inp.size - seen, 0))
 
+    def advance_read(self, task: Task) -> None:
+        """Advance the step's progress bar over a task's inputs, read without :meth:`read`."""
+        if self._bar is not None:
+            self.progress.update(self._bar, advance=sum(f.size for f in task.inputs))
+
     def detach_progress(self) -> None:
         """In a forked worker process: report nothing to the progress display (the parent draws
         it; its refresh thread and lock did not survive the fork)."""

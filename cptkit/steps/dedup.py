@@ -29,6 +29,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -230,6 +231,70 @@ class _Store:
             return self.mem[task.name][2]
         return json.loads((self.dir / f"ids-{task.name}.json").read_text(encoding="utf-8"))
 
+    # The task's valid records as the writer serialises them (records.dumps), one per line, zstd
+    # level 1: phase 3 copies the kept lines instead of decompressing and parsing the input again.
+    def lines_path(self, task: Task) -> Path:
+        return self.dir / f"lines-{task.name}.jsonl.zst"  # type: ignore[operator]
+
+    def lines_writer(self, task: Task) -> _LinesWriter | None:
+        return None if self.dir is None else _LinesWriter(self.lines_path(task))
+
+    def lines(self, task: Task) -> tuple[Path, int] | None:
+        """(the lines file, records the task's inputs had skipped as bad), or None: read the inputs."""
+        if self.dir is None:
+            return None
+        meta = self.dir / f"lines-{task.name}.json"
+        if not meta.exists() or not self.lines_path(task).exists():
+            return None
+        return self.lines_path(task), int(json.loads(meta.read_text())["bad"])
+
+    def drop_lines(self, task: Task) -> None:
+        if self.dir is not None:
+            self.lines_path(task).unlink(missing_ok=True)
+            (self.dir / f"lines-{task.name}.json").unlink(missing_ok=True)
+
+
+class _LinesWriter:
+    """Streams serialised records into ``lines-TTTTT.jsonl.zst`` (temporary name until ``close``)."""
+
+    def __init__(self, path: Path):
+        import zstandard
+
+        self.path, self.tmp = path, path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.raw = open(self.tmp, "wb")  # noqa: SIM115
+        self.z = zstandard.ZstdCompressor(level=1).stream_writer(self.raw, closefd=False)
+        self.buf: list[str] = []
+
+    def add(self, line: str) -> None:
+        self.buf.append(line)
+        if len(self.buf) >= 4096:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buf:
+            self.z.write(("\n".join(self.buf) + "\n").encode("utf-8"))
+            self.buf = []
+
+    def close(self, bad: int) -> None:
+        self.flush()
+        self.z.close()
+        self.raw.close()
+        os.replace(self.tmp, self.path)
+        atomic_write_bytes(self.path.with_name(self.path.name.replace(".jsonl.zst", ".json")),
+                           json.dumps({"bad": bad}).encode())
+
+    def abort(self) -> None:
+        self.raw.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def _read_lines(path: Path) -> Iterator[bytes]:
+    import zstandard
+
+    with open(path, "rb") as f, io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(f)) as r:  # type: ignore[arg-type]
+        yield from r
+
 
 def _texts(job: Job, task: Task, skip_bad: bool):
     """(row, record) of a task's valid records, in the order every phase sees them."""
@@ -263,15 +328,29 @@ def _signature_task(job: Job, store: _Store, sh: mh.Shingler, d: DedupConfig, sk
     """Phase 1 for one shard: its signatures, exact hashes and ids into ``store``."""
     batch = d.batch_docs
     sigs, exact, ids, texts = [], [], [], []
-    for _, rec in _texts(job, task, skip):
-        ids.append(rec["id"])
-        texts.append(rec["text"])
-        exact.append(mh.exact_hash(rec["text"]))
-        if len(texts) >= batch:
+    lines = store.lines_writer(task)
+    bad = 0
+    try:
+        for inp in task.inputs:
+            st = ReadStats()
+            for rec in read_records(inp, skip_bad=skip, stats=st, **job.ctx.io.limits()):
+                ids.append(rec["id"])
+                texts.append(rec["text"])
+                exact.append(mh.exact_hash(rec["text"]))
+                if lines is not None:
+                    lines.add(dumps(rec))
+                if len(texts) >= batch:
+                    sigs.append(sh.signatures(texts))
+                    texts = []
+            bad += st.bad
+        if texts:
             sigs.append(sh.signatures(texts))
-            texts = []
-    if texts:
-        sigs.append(sh.signatures(texts))
+        if lines is not None:
+            lines.close(bad)
+    except BaseException:
+        if lines is not None:
+            lines.abort()
+        raise
     sig = np.concatenate(sigs) if sigs else np.empty((0, sh.num_perm), dtype=np.uint32)
     store.put(task, sig, np.array(exact, dtype=np.uint64).reshape(-1, 2), ids)
 
@@ -475,7 +554,7 @@ def write_removed(job: Job, store: _Store, res: dict) -> None:
     atomic_write_bytes(job.out / "_removed.jsonl", "".join(lines).encode("utf-8"))
 
 
-def _write_task(job: Job, res: dict, task: Task) -> dict:
+def _write_task(job: Job, store: _Store, res: dict, task: Task) -> dict:
     """Phase 3 for one shard: its kept records; what :meth:`Job.complete` records of it."""
     t0 = time.time()
     if not job.stdout:  # temporary shards of a killed run (the writer only clears finished ones)
@@ -484,14 +563,27 @@ def _write_task(job: Job, res: dict, task: Task) -> dict:
     root = res["root"]
     base = int(res["offsets"][task.index])
     removed = 0
+    cached = store.lines(task)
     with job.writer(task) as w:
-        for row, rec in enumerate(job.read(task)):
-            if root[base + row] == base + row:
-                w.write(rec)
-            else:
-                removed += 1
-    r = job.results[task.name]
-    return {"records_in": r.records_in, "bad": r.bad, "records": w.records, "files": list(w.files),
+        if cached is None:
+            for row, rec in enumerate(job.read(task)):
+                if root[base + row] == base + row:
+                    w.write(rec)
+                else:
+                    removed += 1
+            r = job.results[task.name]
+            records_in, bad = r.records_in, r.bad
+        else:  # the records as phase 1 serialised them: the same bytes, no second parse
+            path, bad = cached
+            records_in = 0
+            for row, line in enumerate(_read_lines(path)):
+                if root[base + row] == base + row:
+                    w.write_line(line[:-1].decode("utf-8"))
+                else:
+                    removed += 1
+                records_in += 1
+            job.advance_read(task)
+    return {"records_in": records_in, "bad": bad, "records": w.records, "files": list(w.files),
             "removed": removed, "seconds": round(time.time() - t0, 3)}
 
 
@@ -564,12 +656,13 @@ def run(conf: DedupJob, ctx: Run) -> dict:
         res = _load_or_cluster(job, store, conf.io, compute)
         pending = job.pending()
         workers = 1 if job.stdout else d.workers
-        for task, out in in_workers(workers, pending, lambda t: _write_task(job, res, t),
+        for task, out in in_workers(workers, pending, lambda t: _write_task(job, store, res, t),
                                         init=job.detach_progress):
             r = job.results.setdefault(task.name, TaskResult())
             r.records_in, r.bad = out["records_in"], out["bad"]
             job.complete(task, SimpleNamespace(records=out["records"], files=out["files"]),
                          removed=out["removed"], seconds=out["seconds"])
+            store.drop_lines(task)
         if job.stdout:
             log.info("--out -: the list of removed ids (_removed.jsonl) is not written")
         elif all(job.is_done(t) for t in job.tasks):
