@@ -4,13 +4,19 @@ Three resumable phases (docs/dedup.md):
 
 1. **Signatures**, one task per input shard: MinHash signatures (``uint32``) and a 128-bit hash of
    the normalised text, cached as ``OUT/.cptkit/sig-TTTTT.npy`` (+ ``exact-``, ``ids-``) and
-   skipped on a rerun. With ``shard.count > 1`` each process computes its slice (map).
+   skipped on a rerun; the shard's records as the writer serialises them go to
+   ``lines-TTTTT.jsonl.zst`` (zstd level 1), so phase 3 neither decompresses nor parses the input
+   again. With ``shard.count > 1`` each process computes its slice (map).
 2. **Clustering**, global (reduce): exact duplicates first (equal text hashes), then LSH banding
    over the remaining documents, verification of every candidate pair (exact Jaccard of the
    shingle sets by default), union-find keeping the first document by input order. Cached as
    ``OUT/.cptkit/clusters.npz``.
-3. **Writing**, one task per input shard: the kept documents; then ``OUT/_removed.jsonl`` lists
-   every removed id with ``duplicate_of`` (the kept id), ``kind`` (exact|near), ``similarity``.
+3. **Writing**, one task per input shard: the kept documents (lines copied from ``lines-TTTTT``,
+   which is then deleted; the input is read again when it is missing); then ``OUT/_removed.jsonl``
+   lists every removed id with ``duplicate_of`` (the kept id), ``kind`` (exact|near), ``similarity``.
+
+``dedup.workers=N`` runs the per-shard work of phases 1 and 3 (and the verification re-read) in N
+forked processes; the output is byte-identical to one process.
 
 Memory holds the signatures (``num_perm * 4`` bytes per document), not the texts.
 
@@ -369,7 +375,7 @@ def phase_signatures(job: Job, store: _Store, sh: mh.Shingler, d: DedupConfig, s
 
 
 def _shingle_sets(job: Job, sh: mh.Shingler, offsets: np.ndarray, docs: np.ndarray,
-                  skip: bool, workers: int = 1) -> dict[int, np.ndarray]:
+                  skip: bool, workers: int = 1, store: _Store | None = None) -> dict[int, np.ndarray]:
     """Phase 2 helper: re-read the candidate documents ``docs`` (global indices) and shingle them."""
     io_cfg = job.ctx.io
     skip = skip or io_cfg.oversize == "skip"  # rows are counted over valid records only
@@ -380,7 +386,14 @@ def _shingle_sets(job: Job, sh: mh.Shingler, offsets: np.ndarray, docs: np.ndarr
         base = int(offsets[task.index])
         mine = docs[owner == task.index].tolist()
         idx, texts = [], []
-        if skip:
+        cached = store.lines(task) if store is not None else None
+        if cached is not None:  # phase 1's serialised records: valid records only, no gzip
+            rows = {g - base for g in mine}
+            for row, line in enumerate(_read_lines(cached[0])):
+                if row in rows:
+                    idx.append(base + row)
+                    texts.append(json.loads(line)["text"])
+        elif skip:
             want = set(mine)
             for row, rec in _texts(job, task, skip):
                 if base + row in want:
@@ -418,7 +431,7 @@ def phase_cluster(job: Job, store: _Store, sh: mh.Shingler, d: DedupConfig, skip
     keys = mh.band_keys(sig[uniq], bands, rows, d.seed)
     pairs = mh.candidate_pairs(keys, uniq, d.bucket_all_pairs_max)
     del keys
-    return cluster_candidates(job, sh, d, skip, offsets, exact_first, pairs, lambda docs: sig[docs])
+    return cluster_candidates(job, sh, d, skip, offsets, exact_first, pairs, lambda docs: sig[docs], store)
 
 
 def phase_cluster_scaled(job: Job, store: _Store, sh: mh.Shingler, d: DedupConfig, skip: bool,
@@ -433,11 +446,11 @@ def phase_cluster_scaled(job: Job, store: _Store, sh: mh.Shingler, d: DedupConfi
         parts = [store.sig_rows(job.tasks[t], docs[owner == t] - offsets[t]) for t in np.unique(owner).tolist()]
         return np.concatenate(parts) if parts else np.empty((0, d.num_perm), dtype=np.uint32)
 
-    return cluster_candidates(job, sh, d, skip, offsets, exact_first, pairs, sig_rows)
+    return cluster_candidates(job, sh, d, skip, offsets, exact_first, pairs, sig_rows, store)
 
 
 def cluster_candidates(job: Job, sh: mh.Shingler, d: DedupConfig, skip: bool, offsets: np.ndarray,
-                       exact_first: np.ndarray, pairs: np.ndarray, sig_rows) -> dict:
+                       exact_first: np.ndarray, pairs: np.ndarray, sig_rows, store: _Store | None = None) -> dict:
     """Verify candidate ``pairs`` (global indices), union-find them, attach exact duplicates.
 
     ``sig_rows(docs)`` returns the signatures of the sorted documents ``docs`` (``verify=estimate``)."""
@@ -446,7 +459,7 @@ def cluster_candidates(job: Job, sh: mh.Shingler, d: DedupConfig, skip: bool, of
     docs = np.unique(pairs)
     sets: dict[int, np.ndarray] = {}
     if d.verify == "exact" and len(pairs):
-        sets = _shingle_sets(job, sh, offsets, docs, skip, d.workers)
+        sets = _shingle_sets(job, sh, offsets, docs, skip, d.workers, store)
 
         def sim_of(p: np.ndarray) -> np.ndarray:
             return np.array([mh.jaccard_sorted(sets[i], sets[j]) for i, j in p.tolist()], dtype=np.float64)
@@ -549,8 +562,12 @@ def write_removed(job: Job, store: _Store, res: dict) -> None:
         lo, hi = np.searchsorted(needed, [base, int(offsets[t + 1])])
         for g in needed[lo:hi].tolist():
             ids[g] = shard_ids[g - base]
-    lines = [dumps({"id": ids[i], "duplicate_of": ids[int(root[i])], "kind": KINDS[int(kind[i])],
-                    "similarity": round(float(sim[i]), 4)}) + "\n" for i in removed.tolist()]
+    # the bytes of dumps({"id", "duplicate_of", "kind", "similarity"}) per line, without a dict each
+    q = json.encoder.encode_basestring  # (what dumps writes a string with)
+    names = {i: q(v) for i, v in ids.items()}
+    kinds = {k: f',"kind":"{v}","similarity":' for k, v in KINDS.items()}
+    lines = [f'{{"id":{names[i]},"duplicate_of":{names[r]}{kinds[k]}{round(v, 4)!r}}}\n' for i, r, k, v in
+             zip(removed.tolist(), root[removed].tolist(), kind[removed].tolist(), sim[removed].tolist(), strict=True)]
     atomic_write_bytes(job.out / "_removed.jsonl", "".join(lines).encode("utf-8"))
 
 
