@@ -245,3 +245,35 @@ def test_empty_text_documents(tmp_path):
     dedup(tmp_path / "in.jsonl", tmp_path / "out")
     assert removed_of(tmp_path / "out") == {"b": {"id": "b", "duplicate_of": "a", "kind": "near", "similarity": 1.0}}
     assert [r["id"] for r in read_jsonl_dir(tmp_path / "out")] == ["a", "c"]
+
+
+def test_two_workers_give_the_same_bytes(planted, result, tmp_path):
+    """dedup.workers=2 (forked processes per shard: signatures, re-read, writing) = one process."""
+    out = tmp_path / "w2"
+    summary = dedup(planted["dir"], out, "dedup.workers=2")
+    names = sorted(p.name for p in result["out"].iterdir() if p.is_file() and p.name != "_manifest.json")
+    assert names == sorted(p.name for p in out.iterdir() if p.is_file() and p.name != "_manifest.json")
+    for n in names:
+        assert (out / n).read_bytes() == (result["out"] / n).read_bytes(), n
+    m = json.loads((out / "_manifest.json").read_text())
+    assert m["counts"] == result["manifest"]["counts"] and m["config_hash"] == result["manifest"]["config_hash"]
+    assert m["files"] == result["manifest"]["files"]
+    assert summary["records_in"] == result["summary"]["records_in"]
+
+
+def test_two_workers_skip_bad_lines_and_report_errors(tmp_path):
+    recs = [{"id": f"d{i}", "text": f"document number {i} with some words in it"} for i in range(6)]
+    recs.append({"id": "copy", "text": recs[1]["text"]})
+    for k in range(3):
+        write_jsonl(tmp_path / "in" / f"s{k}.jsonl", recs[k * 2:(k + 1) * 2] + ([recs[6]] if k == 2 else []))
+    with open(tmp_path / "in" / "s1.jsonl", "a") as f:
+        f.write("{not json\n")
+    with pytest.raises(CptkitError, match=r"s1\.jsonl:3: malformed JSON"):
+        dedup(tmp_path / "in", tmp_path / "o", "dedup.workers=2")
+    outs = []
+    for w in (1, 2):
+        out = tmp_path / f"skip{w}"
+        dedup(tmp_path / "in", out, "io.skip_bad_lines=true", f"dedup.workers={w}")
+        outs.append([(p.name, p.read_bytes()) for p in sorted(out.iterdir()) if p.is_file() and p.name != "_manifest.json"])
+        assert removed_of(out) == {"copy": {"id": "copy", "duplicate_of": "d1", "kind": "exact", "similarity": 1.0}}
+    assert outs[0] == outs[1]

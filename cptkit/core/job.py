@@ -526,6 +526,17 @@ class Job:
             if self._bar is not None:
                 self.progress.update(self._bar, advance=max(inp.size - seen, 0))
 
+    def advance_read(self, task: Task) -> None:
+        """Advance the step's progress bar over a task's inputs, read without :meth:`read`."""
+        if self._bar is not None:
+            self.progress.update(self._bar, advance=sum(f.size for f in task.inputs))
+
+    def detach_progress(self) -> None:
+        """In a forked worker process: report nothing to the progress display (the parent draws
+        it; its refresh thread and lock did not survive the fork)."""
+        self._bar = None
+        self.progress = make_progress(quiet=True)
+
     def add_bar(self, description: str, total: int | None) -> Callable[[int], None]:
         """A progress bar for a phase that is not record reading; returns ``advance(n)``."""
         bar = self.progress.add_task(description, total=total)

@@ -33,9 +33,14 @@ def validate(obj: Any) -> str | None:
     return None
 
 
+# json.dumps(rec, ensure_ascii=False, separators=(",", ":")) builds an encoder per call; one shared
+# encoder gives the same bytes (it keeps no state between calls)
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def dumps(rec: Record) -> str:
     """Serialise a record as one compact JSON line (no trailing newline), UTF-8 kept as is."""
-    return json.dumps(rec, ensure_ascii=False, separators=(",", ":"))
+    return _ENCODE(rec)
 
 
 def meta(rec: Record) -> dict[str, Any]:

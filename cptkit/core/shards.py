@@ -48,6 +48,16 @@ def _no_constant(name: str) -> Any:
     raise NotJSON(name)
 
 
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
+def _loads(text: str) -> Any:
+    """``json.loads(text, parse_constant=_no_constant)``, without building a decoder per line."""
+    if text.startswith("\ufeff"):
+        return json.loads(text, parse_constant=_no_constant)  # (its own error for a BOM)
+    return _DECODER.decode(text)
+
+
 @dataclass(frozen=True)
 class InputFile:
     """One input shard: its path (or ``-`` for stdin) and size in bytes."""
@@ -257,7 +267,7 @@ def read_records(
             n_lines += 1
             truncated = False
             try:
-                obj = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+                obj = _loads(raw.decode("utf-8"))
             except UnicodeDecodeError as e:
                 err = f"invalid UTF-8 at byte {e.start}"
             except json.JSONDecodeError as e:
@@ -483,18 +493,23 @@ class ShardWriter:
         self._fh = self._raw = self._tmp = None
 
     def write(self, rec: Record) -> None:
-        line = (mask_known(dumps(rec)) + "\n").encode("utf-8")
+        self.write_line(dumps(rec))
+
+    def write_line(self, line: str) -> None:
+        """Write a record serialised by :func:`cptkit.core.records.dumps` (no newline): the bytes
+        of ``write`` of that record."""
+        data = (mask_known(line) + "\n").encode("utf-8")
         self.records += 1
         if self.stdout:
-            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.write(data)
             return
         if self._fh is None:
             self._open()
-        self._buf.append(line)
-        self._buf_bytes += len(line)
+        self._buf.append(data)
+        self._buf_bytes += len(data)
         if self._buf_bytes >= self.CHUNK:
             self._flush()
-        self._bytes += len(line)
+        self._bytes += len(data)
         self._in_shard += 1
         if (self.max_bytes and self._bytes >= self.max_bytes) or (
             self.max_records and self._in_shard >= self.max_records

@@ -4,13 +4,19 @@ Three resumable phases (docs/dedup.md):
 
 1. **Signatures**, one task per input shard: MinHash signatures (``uint32``) and a 128-bit hash of
    the normalised text, cached as ``OUT/.cptkit/sig-TTTTT.npy`` (+ ``exact-``, ``ids-``) and
-   skipped on a rerun. With ``shard.count > 1`` each process computes its slice (map).
+   skipped on a rerun; the shard's records as the writer serialises them go to
+   ``lines-TTTTT.jsonl.zst`` (zstd level 1), so phase 3 neither decompresses nor parses the input
+   again. With ``shard.count > 1`` each process computes its slice (map).
 2. **Clustering**, global (reduce): exact duplicates first (equal text hashes), then LSH banding
    over the remaining documents, verification of every candidate pair (exact Jaccard of the
    shingle sets by default), union-find keeping the first document by input order. Cached as
    ``OUT/.cptkit/clusters.npz``.
-3. **Writing**, one task per input shard: the kept documents; then ``OUT/_removed.jsonl`` lists
-   every removed id with ``duplicate_of`` (the kept id), ``kind`` (exact|near), ``similarity``.
+3. **Writing**, one task per input shard: the kept documents (lines copied from ``lines-TTTTT``,
+   which is then deleted; the input is read again when it is missing); then ``OUT/_removed.jsonl``
+   lists every removed id with ``duplicate_of`` (the kept id), ``kind`` (exact|near), ``similarity``.
+
+``dedup.workers=N`` runs the per-shard work of phases 1 and 3 (and the verification re-read) in N
+forked processes; the output is byte-identical to one process.
 
 Memory holds the signatures (``num_perm * 4`` bytes per document), not the texts.
 
@@ -24,14 +30,19 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing as mp
+import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 from cptkit.core.config import IOConfig, JobConfig, check
 from cptkit.core.errors import BadInput, CptkitError
-from cptkit.core.job import STATE_DIR, Job, Task
+from cptkit.core.job import STATE_DIR, Job, Task, TaskResult
 from cptkit.core.progress import log
 from cptkit.core.records import dumps
 from cptkit.core.run import Run
@@ -69,6 +80,7 @@ class DedupConfig:
     redis_namespace: str | None = None  # key prefix; null: cptkit:dedup:<hash of config, output, inputs>
     redis_batch: int = 4096  # bucket entries per pipelined Redis script call
     cleanup: bool = True  # mapreduce/redis: drop the bucket files / Redis keys once the output is complete
+    workers: int = 1  # processes for the per-shard phases (signatures, verification re-read, writing); 0: one per CPU
 
     def __post_init__(self) -> None:
         check_config(self)
@@ -110,6 +122,7 @@ def check_config(d: DedupConfig) -> None:
           "needs dedup.cluster=mapreduce or redis (memory has map and final)")
     check(1 <= d.partitions <= 9999, "partitions", d.partitions, "must be in [1, 9999]")
     check(d.redis_batch >= 1, "redis_batch", d.redis_batch, "must be >= 1")
+    check(d.workers >= 0, "workers", d.workers, "must be >= 0 (0: one per CPU)")
 
 
 def describe(d: DedupConfig, bands: int, rows: int) -> dict:
@@ -137,6 +150,56 @@ def _npy_bytes(arr: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, arr, allow_pickle=False)
     return buf.getvalue()
+
+
+# -- per-shard work in forked processes (dedup.workers) -----------------------------------------
+_WORK: tuple[Callable, list[Task]] | None = None  # what a forked worker runs; set before the fork
+
+
+def _n_workers(workers: int, tasks: int) -> int:
+    """Processes for ``tasks`` tasks with ``dedup.workers=workers`` (0: one per CPU)."""
+    return max(1, min(workers or os.cpu_count() or 1, tasks))
+
+
+class _Failed:
+    """A worker's cptkit error, as a value (``BadInput`` itself does not unpickle)."""
+
+    def __init__(self, e: CptkitError):
+        self.args = (e.path, e.line, e.reason) if isinstance(e, BadInput) else (str(e),)
+
+    def error(self) -> CptkitError:
+        return BadInput(*self.args) if len(self.args) == 3 else CptkitError(*self.args)
+
+
+def _forked(k: int) -> tuple[int, object]:
+    """In a worker: run task ``k``."""
+    fn, tasks = _WORK  # type: ignore[misc]
+    try:
+        return k, fn(tasks[k])
+    except CptkitError as e:
+        return k, _Failed(e)
+
+
+def in_workers(workers: int, tasks: list[Task], fn: Callable[[Task], object],
+               init: Callable[[], None] | None = None) -> Iterator[tuple[Task, object]]:
+    """``(task, fn(task))`` for every task: in this process, in order, with one worker; else in up to
+    ``workers`` forked processes (0: one per CPU), in completion order, each running ``init()`` first.
+    ``fn`` sees this process's state as of the fork and returns a picklable value."""
+    global _WORK
+    n = _n_workers(workers, len(tasks))
+    if n <= 1:
+        for task in tasks:
+            yield task, fn(task)
+        return
+    _WORK = (fn, tasks)
+    try:
+        with mp.get_context("fork").Pool(n, initializer=init) as pool:
+            for k, out in pool.imap_unordered(_forked, range(len(tasks))):
+                if isinstance(out, _Failed):
+                    raise out.error()
+                yield tasks[k], out
+    finally:
+        _WORK = None
 
 
 class _Store:
@@ -174,6 +237,70 @@ class _Store:
             return self.mem[task.name][2]
         return json.loads((self.dir / f"ids-{task.name}.json").read_text(encoding="utf-8"))
 
+    # The task's valid records as the writer serialises them (records.dumps), one per line, zstd
+    # level 1: phase 3 copies the kept lines instead of decompressing and parsing the input again.
+    def lines_path(self, task: Task) -> Path:
+        return self.dir / f"lines-{task.name}.jsonl.zst"  # type: ignore[operator]
+
+    def lines_writer(self, task: Task) -> _LinesWriter | None:
+        return None if self.dir is None else _LinesWriter(self.lines_path(task))
+
+    def lines(self, task: Task) -> tuple[Path, int] | None:
+        """(the lines file, records the task's inputs had skipped as bad), or None: read the inputs."""
+        if self.dir is None:
+            return None
+        meta = self.dir / f"lines-{task.name}.json"
+        if not meta.exists() or not self.lines_path(task).exists():
+            return None
+        return self.lines_path(task), int(json.loads(meta.read_text())["bad"])
+
+    def drop_lines(self, task: Task) -> None:
+        if self.dir is not None:
+            self.lines_path(task).unlink(missing_ok=True)
+            (self.dir / f"lines-{task.name}.json").unlink(missing_ok=True)
+
+
+class _LinesWriter:
+    """Streams serialised records into ``lines-TTTTT.jsonl.zst`` (temporary name until ``close``)."""
+
+    def __init__(self, path: Path):
+        import zstandard
+
+        self.path, self.tmp = path, path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.raw = open(self.tmp, "wb")  # noqa: SIM115
+        self.z = zstandard.ZstdCompressor(level=1).stream_writer(self.raw, closefd=False)
+        self.buf: list[str] = []
+
+    def add(self, line: str) -> None:
+        self.buf.append(line)
+        if len(self.buf) >= 4096:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buf:
+            self.z.write(("\n".join(self.buf) + "\n").encode("utf-8"))
+            self.buf = []
+
+    def close(self, bad: int) -> None:
+        self.flush()
+        self.z.close()
+        self.raw.close()
+        os.replace(self.tmp, self.path)
+        atomic_write_bytes(self.path.with_name(self.path.name.replace(".jsonl.zst", ".json")),
+                           json.dumps({"bad": bad}).encode())
+
+    def abort(self) -> None:
+        self.raw.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def _read_lines(path: Path) -> Iterator[bytes]:
+    import zstandard
+
+    with open(path, "rb") as f, io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(f)) as r:  # type: ignore[arg-type]
+        yield from r
+
 
 def _texts(job: Job, task: Task, skip_bad: bool):
     """(row, record) of a task's valid records, in the order every phase sees them."""
@@ -203,54 +330,86 @@ def _wanted_texts(task: Task, rows: set[int], max_chars: int = 0):
             fh.close()
 
 
+def _signature_task(job: Job, store: _Store, sh: mh.Shingler, d: DedupConfig, skip: bool, task: Task) -> None:
+    """Phase 1 for one shard: its signatures, exact hashes and ids into ``store``."""
+    batch = d.batch_docs
+    sigs, exact, ids, texts = [], [], [], []
+    lines = store.lines_writer(task)
+    bad = 0
+    try:
+        for inp in task.inputs:
+            st = ReadStats()
+            for rec in read_records(inp, skip_bad=skip, stats=st, **job.ctx.io.limits()):
+                ids.append(rec["id"])
+                texts.append(rec["text"])
+                exact.append(mh.exact_hash(rec["text"]))
+                if lines is not None:
+                    lines.add(dumps(rec))
+                if len(texts) >= batch:
+                    sigs.append(sh.signatures(texts))
+                    texts = []
+            bad += st.bad
+        if texts:
+            sigs.append(sh.signatures(texts))
+        if lines is not None:
+            lines.close(bad)
+    except BaseException:
+        if lines is not None:
+            lines.abort()
+        raise
+    sig = np.concatenate(sigs) if sigs else np.empty((0, sh.num_perm), dtype=np.uint32)
+    store.put(task, sig, np.array(exact, dtype=np.uint64).reshape(-1, 2), ids)
+
+
 def phase_signatures(job: Job, store: _Store, sh: mh.Shingler, d: DedupConfig, skip: bool) -> None:
     """Phase 1: signatures and exact hashes of this slice's shards that have none yet."""
     todo = [t for t in job.mine() if not store.has(t)]
     if not todo:
         return
     advance = job.add_bar("signatures", sum(f.size for t in todo for f in t.inputs) or None)
-    batch = d.batch_docs
-    for task in todo:
-        sigs, exact, ids, texts = [], [], [], []
-        for _, rec in _texts(job, task, skip):
-            ids.append(rec["id"])
-            texts.append(rec["text"])
-            exact.append(mh.exact_hash(rec["text"]))
-            if len(texts) >= batch:
-                sigs.append(sh.signatures(texts))
-                texts = []
-        if texts:
-            sigs.append(sh.signatures(texts))
-        sig = np.concatenate(sigs) if sigs else np.empty((0, sh.num_perm), dtype=np.uint32)
-        store.put(task, sig, np.array(exact, dtype=np.uint64).reshape(-1, 2), ids)
+    workers = 1 if store.dir is None else d.workers  # (to stdout the signatures stay in this process)
+    if _n_workers(workers, len(todo)) > 1:
+        sh.signatures(["warm"])  # load the compiled kernels once, before the fork
+    for task, _ in in_workers(workers, todo, lambda t: _signature_task(job, store, sh, d, skip, t)):
         advance(sum(f.size for f in task.inputs))
 
 
 def _shingle_sets(job: Job, sh: mh.Shingler, offsets: np.ndarray, docs: np.ndarray,
-                  skip: bool) -> dict[int, np.ndarray]:
+                  skip: bool, workers: int = 1, store: _Store | None = None) -> dict[int, np.ndarray]:
     """Phase 2 helper: re-read the candidate documents ``docs`` (global indices) and shingle them."""
     io_cfg = job.ctx.io
     skip = skip or io_cfg.oversize == "skip"  # rows are counted over valid records only
-    want = set(docs.tolist()) if skip else set()
+    cut = io_cfg.max_record_chars if io_cfg.oversize == "truncate" else 0
     owner = np.searchsorted(offsets, docs, side="right") - 1
-    sets: dict[int, np.ndarray] = {}
-    advance = job.add_bar("verify: re-read candidates", len(docs))
-    for t in np.unique(owner).tolist():
-        base = int(offsets[t])
+
+    def shard_sets(task: Task) -> tuple[list[int], list[np.ndarray]]:
+        base = int(offsets[task.index])
+        mine = docs[owner == task.index].tolist()
         idx, texts = [], []
-        if skip:
-            for row, rec in _texts(job, job.tasks[t], skip):
+        cached = store.lines(task) if store is not None else None
+        if cached is not None:  # phase 1's serialised records: valid records only, no gzip
+            rows = {g - base for g in mine}
+            for row, line in enumerate(_read_lines(cached[0])):
+                if row in rows:
+                    idx.append(base + row)
+                    texts.append(json.loads(line)["text"])
+        elif skip:
+            want = set(mine)
+            for row, rec in _texts(job, task, skip):
                 if base + row in want:
                     idx.append(base + row)
                     texts.append(rec["text"])
         else:
-            rows = {g - base for g in docs[owner == t].tolist()}
-            cut = io_cfg.max_record_chars if io_cfg.oversize == "truncate" else 0
-            for row, text in _wanted_texts(job.tasks[t], rows, cut):
+            for row, text in _wanted_texts(task, {g - base for g in mine}, cut):
                 idx.append(base + row)
                 texts.append(text)
-        for i, s in zip(idx, sh.shingle_sets(texts), strict=True):
-            sets[i] = s
+        return idx, sh.shingle_sets(texts)
+
+    sets: dict[int, np.ndarray] = {}
+    advance = job.add_bar("verify: re-read candidates", len(docs))
+    tasks = [job.tasks[t] for t in np.unique(owner).tolist()]
+    for _, (idx, shard) in in_workers(workers, tasks, shard_sets):  # type: ignore[misc]
+        sets.update(zip(idx, shard, strict=True))
         advance(len(idx))
     return sets
 
@@ -272,7 +431,7 @@ def phase_cluster(job: Job, store: _Store, sh: mh.Shingler, d: DedupConfig, skip
     keys = mh.band_keys(sig[uniq], bands, rows, d.seed)
     pairs = mh.candidate_pairs(keys, uniq, d.bucket_all_pairs_max)
     del keys
-    return cluster_candidates(job, sh, d, skip, offsets, exact_first, pairs, lambda docs: sig[docs])
+    return cluster_candidates(job, sh, d, skip, offsets, exact_first, pairs, lambda docs: sig[docs], store)
 
 
 def phase_cluster_scaled(job: Job, store: _Store, sh: mh.Shingler, d: DedupConfig, skip: bool,
@@ -287,11 +446,11 @@ def phase_cluster_scaled(job: Job, store: _Store, sh: mh.Shingler, d: DedupConfi
         parts = [store.sig_rows(job.tasks[t], docs[owner == t] - offsets[t]) for t in np.unique(owner).tolist()]
         return np.concatenate(parts) if parts else np.empty((0, d.num_perm), dtype=np.uint32)
 
-    return cluster_candidates(job, sh, d, skip, offsets, exact_first, pairs, sig_rows)
+    return cluster_candidates(job, sh, d, skip, offsets, exact_first, pairs, sig_rows, store)
 
 
 def cluster_candidates(job: Job, sh: mh.Shingler, d: DedupConfig, skip: bool, offsets: np.ndarray,
-                       exact_first: np.ndarray, pairs: np.ndarray, sig_rows) -> dict:
+                       exact_first: np.ndarray, pairs: np.ndarray, sig_rows, store: _Store | None = None) -> dict:
     """Verify candidate ``pairs`` (global indices), union-find them, attach exact duplicates.
 
     ``sig_rows(docs)`` returns the signatures of the sorted documents ``docs`` (``verify=estimate``)."""
@@ -300,7 +459,7 @@ def cluster_candidates(job: Job, sh: mh.Shingler, d: DedupConfig, skip: bool, of
     docs = np.unique(pairs)
     sets: dict[int, np.ndarray] = {}
     if d.verify == "exact" and len(pairs):
-        sets = _shingle_sets(job, sh, offsets, docs, skip)
+        sets = _shingle_sets(job, sh, offsets, docs, skip, d.workers, store)
 
         def sim_of(p: np.ndarray) -> np.ndarray:
             return np.array([mh.jaccard_sorted(sets[i], sets[j]) for i, j in p.tolist()], dtype=np.float64)
@@ -403,15 +562,54 @@ def write_removed(job: Job, store: _Store, res: dict) -> None:
         lo, hi = np.searchsorted(needed, [base, int(offsets[t + 1])])
         for g in needed[lo:hi].tolist():
             ids[g] = shard_ids[g - base]
-    lines = [dumps({"id": ids[i], "duplicate_of": ids[int(root[i])], "kind": KINDS[int(kind[i])],
-                    "similarity": round(float(sim[i]), 4)}) + "\n" for i in removed.tolist()]
+    # the bytes of dumps({"id", "duplicate_of", "kind", "similarity"}) per line, without a dict each
+    q = json.encoder.encode_basestring  # (what dumps writes a string with)
+    names = {i: q(v) for i, v in ids.items()}
+    kinds = {k: f',"kind":"{v}","similarity":' for k, v in KINDS.items()}
+    lines = [f'{{"id":{names[i]},"duplicate_of":{names[r]}{kinds[k]}{round(v, 4)!r}}}\n' for i, r, k, v in
+             zip(removed.tolist(), root[removed].tolist(), kind[removed].tolist(), sim[removed].tolist(), strict=True)]
     atomic_write_bytes(job.out / "_removed.jsonl", "".join(lines).encode("utf-8"))
 
 
+def _write_task(job: Job, store: _Store, res: dict, task: Task) -> dict:
+    """Phase 3 for one shard: its kept records; what :meth:`Job.complete` records of it."""
+    t0 = time.time()
+    if not job.stdout:  # temporary shards of a killed run (the writer only clears finished ones)
+        for stale in job.out.glob(f".part-{task.name}-*.tmp-*"):
+            stale.unlink()
+    root = res["root"]
+    base = int(res["offsets"][task.index])
+    removed = 0
+    cached = store.lines(task)
+    with job.writer(task) as w:
+        if cached is None:
+            for row, rec in enumerate(job.read(task)):
+                if root[base + row] == base + row:
+                    w.write(rec)
+                else:
+                    removed += 1
+            r = job.results[task.name]
+            records_in, bad = r.records_in, r.bad
+        else:  # the records as phase 1 serialised them: the same bytes, no second parse
+            path, bad = cached
+            records_in = 0
+            for row, line in enumerate(_read_lines(path)):
+                if root[base + row] == base + row:
+                    w.write_line(line[:-1].decode("utf-8"))
+                else:
+                    removed += 1
+                records_in += 1
+            job.advance_read(task)
+    return {"records_in": records_in, "bad": bad, "records": w.records, "files": list(w.files),
+            "removed": removed, "seconds": round(time.time() - t0, 3)}
+
+
 def _recorded(ctx: Run, d: DedupConfig) -> Run:
-    """What the Job records: every phase of one run shares its hash (``dedup.phase`` is reset),
-    and a password in ``dedup.redis_url`` is masked."""
-    return ctx.recording("dedup.phase", "all").recording("dedup.redis_url", scale.mask_url(d.redis_url))
+    """What the Job records: every phase of one run shares its hash (``dedup.phase`` is reset), so
+    does every ``dedup.workers`` (the output is the same), and a password in ``dedup.redis_url`` is
+    masked."""
+    return (ctx.recording("dedup.phase", "all").recording("dedup.workers", 1)
+            .recording("dedup.redis_url", scale.mask_url(d.redis_url)))
 
 
 def _not_ready(job: Job, phase: str, what: str, missing: list, next_phase: str, extra: dict) -> dict:
@@ -473,21 +671,15 @@ def run(conf: DedupJob, ctx: Run) -> dict:
             def compute() -> dict:
                 return phase_cluster_scaled(job, store, sh, d, skip, backend)
         res = _load_or_cluster(job, store, conf.io, compute)
-        root = res["root"]
-        for task in job.pending():
-            t0 = time.time()
-            if not job.stdout:  # temporary shards of a killed run (the writer only clears finished ones)
-                for stale in job.out.glob(f".part-{task.name}-*.tmp-*"):
-                    stale.unlink()
-            base = int(res["offsets"][task.index])
-            removed = 0
-            with job.writer(task) as w:
-                for row, rec in enumerate(job.read(task)):
-                    if root[base + row] == base + row:
-                        w.write(rec)
-                    else:
-                        removed += 1
-            job.complete(task, w, removed=removed, seconds=round(time.time() - t0, 3))
+        pending = job.pending()
+        workers = 1 if job.stdout else d.workers
+        for task, out in in_workers(workers, pending, lambda t: _write_task(job, store, res, t),
+                                        init=job.detach_progress):
+            r = job.results.setdefault(task.name, TaskResult())
+            r.records_in, r.bad = out["records_in"], out["bad"]
+            job.complete(task, SimpleNamespace(records=out["records"], files=out["files"]),
+                         removed=out["removed"], seconds=out["seconds"])
+            store.drop_lines(task)
         if job.stdout:
             log.info("--out -: the list of removed ids (_removed.jsonl) is not written")
         elif all(job.is_done(t) for t in job.tasks):
