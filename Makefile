@@ -161,7 +161,7 @@ MIX         ?= mix=demo_smollm2 mix.budget_tokens=4e4
 # The budget (2 CPU cores: SmolLM2 trains at ~105 tokens/s and scores ~260 tokens/s in fp32):
 # 10 steps of 4 x 256 tokens per arm (10,240 tokens; 30,720 for the three arms), the held-out
 # loss at steps 0, 5 and 10 on 8 documents per domain, and each final model on 8 documents per
-# domain and 100 gcide_defs items. `make demo` then takes about 22 minutes (docs/cpt.md).
+# domain and 100 gcide_defs items. `make demo` then takes about 18 minutes (docs/cpt.md).
 CPT_STEPS   ?= 10
 TRAIN_ARGS  ?= train.micro_batch=4 train.lr=1e-4 train.warmup=0.1 train.threads=2 train.precision=fp32 \
                train.eval_every=5 train.eval_docs=8 train.eval_max_tokens=256
