@@ -139,6 +139,21 @@ def test_wordnet_is_sorted_and_knows_the_paper_example():
     assert "low" in wordnet.antonyms(wn, "high")
 
 
+def test_wordnet_lemma_index_kept_as_json_is_nltks(tmp_path):
+    """The lemma index nltk parses in every process is kept as JSON beside the files: a second load
+    reads it and knows exactly what nltk's own parse knows; changed files get a new entry."""
+    src = wordnet.prepare() / "corpora" / "wordnet"
+    first = wordnet.load_wordnet.__wrapped__(str(tmp_path / "c"), str(src))
+    [kept] = (tmp_path / "c" / "corpora" / "wordnet").glob(".lemma-map-*.json")
+    again = wordnet.load_wordnet.__wrapped__(str(tmp_path / "c"), str(src))
+    assert again._lemma_pos_offset_map == first._lemma_pos_offset_map and len(first._lemma_pos_offset_map) > 140_000
+    assert wordnet.cohyponyms(again, "chlorine") == wordnet.cohyponyms(first, "chlorine")
+    with open(tmp_path / "c" / "corpora" / "wordnet" / "index.adv", "a") as f:
+        f.write("zzzcptkit r 1 0 1 0 00001740\n")  # a new adverb, pointing at an existing synset
+    changed = wordnet.load_wordnet.__wrapped__(str(tmp_path / "c"), str(src))
+    assert "zzzcptkit" in changed._lemma_pos_offset_map and len(list(kept.parent.glob(".lemma-map-*.json"))) == 2
+
+
 def test_wordnet_missing_is_a_clear_error(tmp_path):
     with pytest.raises(CptkitError, match="not a WordNet 3.0 database"):
         wordnet.prepare(tmp_path / "cache", source=tmp_path)

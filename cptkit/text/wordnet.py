@@ -100,16 +100,49 @@ def load_wordnet(cache: str | None = None, source: str | None = None, fetch: boo
     import nltk
     from nltk.corpus.reader.wordnet import WordNetCorpusReader
 
+    root = prepare(cache, source, fetch)
+
     class _Reader(WordNetCorpusReader):
         def map_wn(self, version: str = "wordnet") -> None:  # no sense-index mapping needed
             return None
 
-    root = prepare(cache, source, fetch)
+        def _load_lemma_pos_offset_map(self) -> None:
+            """nltk parses the four index files into {lemma: {pos: [offsets]}} in every process (~8 s
+            of a short ``corrupt``); the result is kept as JSON next to them, keyed by their content."""
+            _cached_lemma_map(self, root / "corpora" / "wordnet", super()._load_lemma_pos_offset_map)
+
     if str(root) not in nltk.data.path:
         nltk.data.path.insert(0, str(root))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return _Reader(str(root / "corpora" / "wordnet"), None)
+
+
+def _cached_lemma_map(reader: Any, data: Path, parse: Any) -> None:
+    """Fill ``reader._lemma_pos_offset_map`` from ``data/.lemma-map-<key>.json``, or by ``parse()``
+    and save it there (key: the WordNet files' digest and the nltk version)."""
+    import hashlib
+    import json
+
+    import nltk
+
+    from cptkit.core.fingerprint import content_hash
+
+    digest = content_hash(data)
+    key = hashlib.sha256(f"{digest}\0nltk {nltk.__version__}".encode()).hexdigest()[:16]
+    f = data / f".lemma-map-{key}.json"
+    try:
+        reader._lemma_pos_offset_map.update(json.loads(f.read_text(encoding="utf-8")))
+        return
+    except (OSError, ValueError):
+        reader._lemma_pos_offset_map.clear()
+    parse()
+    try:
+        tmp = f.with_name(f".{f.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(reader._lemma_pos_offset_map, ensure_ascii=False), encoding="utf-8")
+        os.replace(tmp, f)
+    except OSError:
+        pass  # a read-only copy: parse again next time
 
 
 def _lemma_name(syn: Any) -> str:
