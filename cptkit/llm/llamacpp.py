@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import atexit
 import os
+import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,20 @@ from cptkit.llm.base import Completion, Generator, GenParams, Request, RequestRe
 INSTALL_HINT = "pip install -c constraints.txt llama-cpp-python==0.3.36 (make install builds it once)"
 PREFILL_CHUNK = 512  # prompt tokens per llama_decode (llama-cpp-python's default n_batch)
 FLASH_ATTN = -1  # LLAMA_FLASH_ATTN_TYPE_AUTO, llama.cpp's (and llama-bench's) default
+
+
+@dataclass
+class DecodeProfile:
+    """Where generation time goes (seconds, summed over ``_generate`` calls; bench/generate.py reads it)."""
+
+    calls: int = 0
+    total_s: float = 0.0  # wall time of _generate (tokenizing, prefill, decode, sampling, bookkeeping)
+    prefill_s: float = 0.0  # llama_decode of prompts
+    prefill_tokens: int = 0
+    decode_s: float = 0.0  # llama_decode of the one-token-per-sequence steps
+    decode_steps: int = 0
+    decode_tokens: int = 0  # sequences advanced, summed over steps
+    sample_s: float = 0.0  # sampling, EOG/stop checks, retiring sequences (Python + llama.cpp samplers)
 
 
 class _Seq:
@@ -112,6 +128,7 @@ class LlamaCppGenerator(Generator):
         n_ctx = int(getattr(cfg, "max_model_len", 0) or 0) or self.llm._model.n_ctx_train()
         self.n_ctx = -(-n_ctx // 256) * 256  # per request; llama.cpp pads contexts to 256
         self.max_seqs = int(llama_cpp.llama_max_parallel_sequences())
+        self.profile = DecodeProfile()
         self.threads = threads
         self.formatter = None  # renders chat messages (also with llm.chat=false, e.g. serve-llm's /chat/completions)
         template = self.llm.metadata.get("tokenizer.chat_template")
@@ -181,6 +198,8 @@ class LlamaCppGenerator(Generator):
                               "tokens (lower llm.batch_size or llm.max_model_len)")
         self._ctx, self._ctx_shape = ctx, (n_seq, cap)
         self._batch = llama_cpp.llama_batch_init(max(PREFILL_CHUNK, n_seq), 0, 1)
+        for i in range(max(PREFILL_CHUNK, n_seq)):
+            self._batch.n_seq_id[i] = 1  # every token belongs to one sequence
         return ctx
 
     def _free_ctx(self) -> None:
@@ -199,7 +218,7 @@ class LlamaCppGenerator(Generator):
         for start in range(0, len(prompt), PREFILL_CHUNK):
             chunk = prompt[start:start + PREFILL_CHUNK]
             for i, t in enumerate(chunk):
-                b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, start + i, 1, 0
+                b.token[i], b.pos[i], b.logits[i] = t, start + i, 0
                 b.seq_id[i][0] = seq
             b.logits[len(chunk) - 1] = start + len(chunk) == len(prompt)
             b.n_tokens = len(chunk)
@@ -211,6 +230,7 @@ class LlamaCppGenerator(Generator):
         sampler) each; a finished sequence frees its slot for the next request."""
         import llama_cpp
 
+        t_start = time.perf_counter()
         max_new = int(params.max_new_tokens)
         prompts = []
         for k, r in enumerate(requests):  # refuse before generating anything; the caller names request k
@@ -230,6 +250,7 @@ class LlamaCppGenerator(Generator):
         vocab, sample, decode = self.llm._model.vocab, llama_cpp.llama_sampler_sample, llama_cpp.llama_decode
         is_eog, stop = llama_cpp.llama_vocab_is_eog, params.stop
         b = self._batch
+        b_tok, b_pos, b_logits, b_seq = b.token, b.pos, b.logits, b.seq_id
         pending, free = deque(range(len(requests))), list(range(n_slots))[::-1]
         active: list[_Seq] = []
 
@@ -252,31 +273,43 @@ class LlamaCppGenerator(Generator):
             free.append(s.seq)
             return True
 
+        prof, clock = self.profile, time.perf_counter
         while pending or active:
             while pending and free:  # admit: the prompt alone into a free sequence, then its first token
                 k = pending.popleft()
                 s = _Seq(k, free.pop(), self._sampler(params, seeds[k]), len(prompts[k]))
+                t0 = clock()
                 self._prefill(ctx, prompts[k], s.seq)
+                t1 = clock()
                 if not step(s, sample(s.sampler.sampler, ctx, -1)):
                     active.append(s)
+                prof.prefill_s += t1 - t0
+                prof.prefill_tokens += len(prompts[k])
+                prof.sample_s += clock() - t1
             if not active:
                 continue
             for i, s in enumerate(active):  # one token of every live sequence, one decode
-                b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = s.tok, s.pos, 1, 1
-                b.seq_id[i][0] = s.seq
+                b_tok[i], b_pos[i], b_logits[i], b_seq[i][0] = s.tok, s.pos, 1, s.seq
                 s.pos += 1
-            b.n_tokens = len(active)
+            b.n_tokens = n = len(active)
+            t0 = clock()
             if (rc := decode(ctx, b)) != 0:
-                raise CptkitError(f"llama_decode returned {rc} on a batch of {len(active)} sequences")
+                raise CptkitError(f"llama_decode returned {rc} on a batch of {n} sequences")
+            t1 = clock()
             active = [s for i, s in enumerate(active) if not step(s, sample(s.sampler.sampler, ctx, i))]
+            prof.decode_s += t1 - t0
+            prof.sample_s += clock() - t1
+            prof.decode_steps += 1
+            prof.decode_tokens += n
+        prof.calls += 1
+        prof.total_s += clock() - t_start
         return results  # type: ignore[return-value]
 
     def _decode(self, ids: list[int]) -> str:
         return self.llm.detokenize(ids, special=False).decode("utf-8", errors="replace")
 
     def describe(self) -> dict[str, Any]:
-        return super().describe() | {"device": "cpu", "threads": self.threads, "n_ctx": self.n_ctx,
-                                     "batch_size": self.batch_size}
+        return super().describe() | {"device": "cpu", "threads": self.threads, "n_ctx": self.n_ctx}
 
     def close(self) -> None:
         super().close()
