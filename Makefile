@@ -242,7 +242,7 @@ demo:
 
 .PHONY: base-model
 base-model: | $(VENV)/.installed  # a GGUF is dequantized once into $$CPTKIT_CACHE/gguf (cptkit/models/gguf_cache.py)
-	@$(BIN)/python -m cptkit.models.gguf_cache $(BASE_MODEL) > /dev/null
+	@$(BIN)/python -m cptkit.models.convert $(BASE_MODEL) > /dev/null
 
 .SECONDARY:  # keep every intermediate _SUCCESS: finished members are never redone nor deleted
 .PHONY: cpt-experiment

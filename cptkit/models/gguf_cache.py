@@ -91,27 +91,3 @@ def converted(directory: str, gguf: str) -> str:
             raise
     return str(dest)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m cptkit.models.gguf_cache SPEC``: convert a GGUF model spec now (a ``.gguf`` file,
-    ``DIR`` with one, or ``smollm2``) and print the folder it loads from; other specs print themselves.
-    ``make demo`` runs it beside the data steps, so that no later step waits for the conversion."""
-    import sys
-
-    from cptkit.models.lm import resolve_loadable
-
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m cptkit.models.gguf_cache MODEL_SPEC", file=sys.stderr)
-        return 2
-    try:
-        d, gguf = resolve_loadable(args[0])
-    except CptkitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(Path(d) / gguf if gguf else d)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
