@@ -24,11 +24,11 @@ BIN = Path(sys.executable).parent
 
 TOY_MAKE = {
     "N_SEEDS": "2",
-    "EXPAND_ARGS": "expand.rounds=1 expand.questions_per_seed=1 llm.max_new_tokens=64",  # 32: SmolLM2 may finish no question
+    "EXPAND_ARGS": "expand.rounds=1 expand.questions_per_seed=1 llm.max_new_tokens=64 llm.num_threads=1",  # 32: SmolLM2 may finish no question
     "TOP_K": "60",
     "TOPIC_SAMPLE": "80",
     "SYNTH_ARGS": "synth.mode=code synth.code.num_problems=2 synth.code.demos=2 synth.code.discipline=mathematics "
-                  "synth.trim_truncated=true llm.max_new_tokens=48",
+                  "synth.trim_truncated=true llm.max_new_tokens=48 llm.num_threads=1",
     "MIX": "mix=demo_smollm2 mix.budget_tokens=16384 mix.seq_len=64 mix.eval_docs=4",
     "CPT_STEPS": "2",
     "TRAIN_ARGS": "train.micro_batch=2 train.lr=1e-4 train.threads=1 train.precision=fp32 train.eval_every=1 "
@@ -47,7 +47,8 @@ def toy_overrides(c: Command) -> list[str]:
     if step == "demo-corpus":
         extra = ["corpus.limit_per_source=150"]  # the slice data/corpus already holds
     elif step in ("expand-queries", "synthesize-qa"):
-        extra = ["llm.max_new_tokens=32"]
+        # one llama.cpp thread: another test runs beside this one, and llama.cpp's threads spin-wait
+        extra = ["llm.max_new_tokens=32", "llm.num_threads=1"]
     elif step == "label-topics-annotate" and "loglikelihood" in args:
         extra = ["topics.sample=2"]
     elif step == "build-mix" and "mix=demo_cpt" in args:
