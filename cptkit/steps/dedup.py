@@ -562,12 +562,8 @@ def write_removed(job: Job, store: _Store, res: dict) -> None:
         lo, hi = np.searchsorted(needed, [base, int(offsets[t + 1])])
         for g in needed[lo:hi].tolist():
             ids[g] = shard_ids[g - base]
-    # the bytes of dumps({"id", "duplicate_of", "kind", "similarity"}) per line, without a dict each
-    q = json.encoder.encode_basestring  # (what dumps writes a string with)
-    names = {i: q(v) for i, v in ids.items()}
-    kinds = {k: f',"kind":"{v}","similarity":' for k, v in KINDS.items()}
-    lines = [f'{{"id":{names[i]},"duplicate_of":{names[r]}{kinds[k]}{round(v, 4)!r}}}\n' for i, r, k, v in
-             zip(removed.tolist(), root[removed].tolist(), kind[removed].tolist(), sim[removed].tolist(), strict=True)]
+    lines = [dumps({"id": ids[i], "duplicate_of": ids[int(root[i])], "kind": KINDS[int(kind[i])],
+                    "similarity": round(float(sim[i]), 4)}) + "\n" for i in removed.tolist()]
     atomic_write_bytes(job.out / "_removed.jsonl", "".join(lines).encode("utf-8"))
 
 

@@ -127,6 +127,7 @@ def _cached_lemma_map(reader: Any, data: Path, parse: Any) -> None:
     import nltk
 
     from cptkit.core.fingerprint import content_hash
+    from cptkit.core.shards import atomic_write_bytes
 
     digest = content_hash(data)
     key = hashlib.sha256(f"{digest}\0nltk {nltk.__version__}".encode()).hexdigest()[:16]
@@ -138,9 +139,7 @@ def _cached_lemma_map(reader: Any, data: Path, parse: Any) -> None:
         reader._lemma_pos_offset_map.clear()
     parse()
     try:
-        tmp = f.with_name(f".{f.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(reader._lemma_pos_offset_map, ensure_ascii=False), encoding="utf-8")
-        os.replace(tmp, f)
+        atomic_write_bytes(f, json.dumps(reader._lemma_pos_offset_map, ensure_ascii=False).encode("utf-8"))
     except OSError:
         pass  # a read-only copy: parse again next time
 

@@ -35,6 +35,7 @@ def init_eval_key(spec: RunSpec, records: list[dict]) -> str | None:
     key = {"model": model, "tokenizer": tok, "attn": conf.model.attn_implementation,
            "records": hashlib.sha256(json.dumps(records, sort_keys=True, ensure_ascii=False).encode()).hexdigest(),
            "seq_len": spec.seq_len, "max_tokens": int(spec.tcfg.eval_max_tokens), "precision": spec.tcfg.precision,
+           "kernels": spec.tcfg.kernels, "cuda": torch.cuda.is_available(),  # another device, other arithmetic
            "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -53,7 +54,7 @@ class InitEvalCache:
     def group_losses(self, compute: Any, max_docs: int | None) -> dict[str, dict[str, float]]:
         """``compute()`` (:func:`cptkit.models.lm.group_losses` of the untrained model on
         ``max_docs`` per domain), or its saved result."""
-        from cptkit.core.fingerprint import remove_dead_tmps
+        from cptkit.core.shards import atomic_write_bytes
 
         if self.dir is None:
             return compute()
@@ -66,11 +67,7 @@ class InitEvalCache:
             pass
         res = compute()
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            remove_dead_tmps(f)
-            tmp = f.with_name(f".{f.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(res))
-            os.replace(tmp, f)
+            atomic_write_bytes(f, json.dumps(res).encode())  # NaN kept: a one-document SE; Python reads it back
         except OSError as e:
             log.warning("cannot save the untrained model's held-out losses to %s (%s)", self.dir, e)
         return res
