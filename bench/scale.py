@@ -18,7 +18,13 @@ Peers at the largest size, each in its own process on the same paragraphs:
   cptkit command end to end; datasketch runs on ``--datasketch-docs`` and is extrapolated
   linearly (it is the slowest by far).
 
+Long queries (the issue's expanded questions): the first 30-60 words of 1,000 other never-indexed
+paragraphs of >= 60 words; the retrieve peers time both sets, top-10 and top-1000, best of
+``--rounds`` fresh processes per system, and count identical top-1000 lists.
+``--retrieve-only`` runs just that comparison at the largest size (section ``scale-retrieve``).
+
     python bench/scale.py [--sizes 10000,100000,1000000] [--work /tmp/cptkit-bench-scale]
+    python bench/scale.py --retrieve-only --sizes 1000000 [--rounds 3]
 """
 
 from __future__ import annotations
