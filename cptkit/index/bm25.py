@@ -11,14 +11,20 @@ Layout of an index directory (all arrays memory-mapped on load):
 * ``doc_len.npy`` (int32): document lengths in tokens. ``bm25.json``: parameters and stats.
 
 Searching is pure gather-add: each distinct query term adds its postings' precomputed scores
-(times the term's count in the query) into a reused dense per-document accumulator (float32
-for float32 postings, like bm25s). Queries whose terms have many postings (≥ N/8) accumulate
-branch-free and scan all N documents once, appending those above a floor to a candidate
-buffer that a partial selection (quickselect, an ``np.argpartition`` equivalent) cuts back to
-k whenever it fills, raising the floor; rare-term queries collect the touched documents
-instead, so their cost is O(postings) however large N is. Only the k selected are sorted, by
-score descending, then lower document index. A whole batch of queries runs inside one numba
-call. Only documents containing a query term are returned.
+(times the term's count in the query) into a dense accumulator (float32 for float32 postings,
+like bm25s). Queries whose terms have many postings (≥ N/8) walk the documents in blocks of
+``BLOCK_DOCS``: per block, every term (in query order, so the float sums are those of one pass
+over all documents) adds its postings that fall in the block (a cursor per term, postings being
+sorted by document) into a block-sized accumulator that stays in cache; the block is then
+scanned in chunks of ``SCAN_CHUNK`` entries, a chunk whose maximum is not above the floor being
+skipped whole, the others appending their documents above the floor to a candidate buffer that a
+partial selection (quickselect, an ``np.argpartition`` equivalent) cuts back to k whenever it
+fills, raising the floor. Rare-term queries (and those with an IDF ≤ 0) collect the touched
+documents instead, so their cost is O(postings) however large N is. Only the k selected are
+sorted, by score descending, then lower document index. A whole batch of queries runs inside one
+numba call; ``search(reference=True)`` runs the unblocked kernel (one accumulator over all N,
+scanned entry by entry), which returns the same documents and scores. Only documents containing
+a query term are returned.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from numba import njit
 
 from cptkit.index.base import BM25Params, Searcher, SearchResult, idf, term_weight
 
+BLOCK_DOCS = 32768  # documents per accumulator block (float32: 128 KiB, stays in L2)
+SCAN_CHUNK = 64  # accumulator entries per scan chunk skipped as a whole when none beats the floor
 FILES = ("vocab.json", "indptr.npy", "post_doc.npy", "post_tf.npy", "post_score.npy", "doc_len.npy", "bm25.json")
 
 
@@ -103,31 +111,167 @@ def _select(cs, cd, n, k, scratch):  # pragma: no cover - numba
     return m, t
 
 
+@njit(cache=True)
+def _query_stats(q_ptr, q_terms, indptr, positive, qi):  # pragma: no cover - numba
+    """``(postings, all IDF > 0)`` of query ``qi``."""
+    n_post = 0
+    all_pos = True
+    for j in range(q_ptr[qi], q_ptr[qi + 1]):
+        t = q_terms[j]
+        n_post += indptr[t + 1] - indptr[t]
+        all_pos = all_pos and positive[t]
+    return n_post, all_pos
+
+
+@njit(cache=True)
+def _sparse_candidates(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, qi, acc, seen, cs, cd):  # pragma: no cover
+    """Score the documents query ``qi`` touches into ``(cs, cd)`` in document order; returns their count.
+
+    ``acc`` (zero over all documents) and ``seen`` (all False) are left as found. Exact whatever the
+    signs of the scores."""
+    c = 0
+    for j in range(q_ptr[qi], q_ptr[qi + 1]):
+        t = q_terms[j]
+        w = q_weight[j]
+        for p in range(indptr[t], indptr[t + 1]):
+            d = post_doc[p]
+            if not seen[d]:
+                seen[d] = True
+                cd[c] = d
+                c += 1
+            acc[d] += post_score[p] * w
+    cd[:c].sort()  # index order, so that ties keep the lower document
+    for i in range(c):
+        d = cd[i]
+        cs[i] = np.float64(acc[d])
+        acc[d] = 0.0
+        seen[d] = False
+    return c
+
+
+@njit(cache=True)
+def _emit(cs, cd, n, k, scratch, out_docs, out_scores, counts, qi):  # pragma: no cover - numba
+    """Select the top ``k`` of ``n`` candidates (in document order) into row ``qi`` of the outputs."""
+    m, _ = _select(cs, cd, n, k, scratch)
+    order = np.argsort(-cs[:m], kind="mergesort")  # stable: candidates are in document order
+    for r in range(m):
+        o = order[r]
+        out_docs[qi, r] = cd[o]
+        out_scores[qi, r] = cs[o]
+    counts[qi] = m
+
+
+@njit(cache=True)
+def _lower_bound(a, lo, hi, x):  # pragma: no cover - numba
+    """The first ``p`` in ``[lo, hi)`` with ``a[p] >= x`` (``a[lo:hi]`` ascending), else ``hi``."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _chunk_max(a, lo, hi):  # pragma: no cover - numba
+    """``max(a[lo:hi])`` (``lo < hi``), vectorised: exact, as a max does not round (scores are never NaN)."""
+    m = a[lo]
+    for i in range(lo + 1, hi):
+        m = max(m, a[i])
+    return m
+
+
 @njit(cache=True, nogil=True)
-def _search_batch(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, positive, n_docs, k):  # pragma: no cover
-    """Top-k of every query: (docs, scores, counts). See the module docstring."""
+def _search_batch(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, positive, n_docs, k,
+                  block, chunk):  # pragma: no cover - numba
+    """Top-k of every query: (docs, scores, counts), blocked by ``block`` documents. See the module docstring."""
     nq = q_ptr.size - 1
     out_docs = np.full((nq, k), -1, np.int64)
     out_scores = np.zeros((nq, k), np.float64)
     counts = np.zeros(nq, np.int64)
-    acc = np.zeros(n_docs, post_score.dtype)  # float32 postings sum in float32 (like bm25s)
+    block = max(1, min(block, n_docs))
+    chunk = max(1, min(chunk, block))
+    acc = np.zeros(max(n_docs, 1), post_score.dtype)  # float32 postings sum in float32 (like bm25s)
     seen = np.zeros(n_docs, np.bool_)
     cap = min(n_docs, max(4 * k, 4096))  # dense path: candidate buffer, compacted to k when full
     cs = np.empty(n_docs, np.float64)
     cd = np.empty(n_docs, np.int64)
     scratch = np.empty(n_docs, np.float64)
+    max_terms = 0
     for qi in range(nq):
-        n_post = 0
-        all_pos = True
-        for j in range(q_ptr[qi], q_ptr[qi + 1]):
-            t = q_terms[j]
-            n_post += indptr[t + 1] - indptr[t]
-            all_pos = all_pos and positive[t]
+        max_terms = max(max_terms, q_ptr[qi + 1] - q_ptr[qi])
+    cur = np.empty(max_terms, np.int64)
+    fl = np.zeros(1, post_score.dtype)  # the floor in the accumulator's dtype (exact: it is a score)
+    for qi in range(nq):
+        n_post, all_pos = _query_stats(q_ptr, q_terms, indptr, positive, qi)
+        if n_post == 0:
+            continue
+        if not (all_pos and n_post * 8 >= n_docs):
+            n = _sparse_candidates(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, qi, acc, seen, cs, cd)
+            _emit(cs, cd, n, k, scratch, out_docs, out_scores, counts, qi)
+            continue
+        # Dense: per block of documents, gather-add every term's postings in the block into acc[:block]
+        # (terms in query order: the same float sums as one pass over all documents), then scan it.
+        j0, j1 = q_ptr[qi], q_ptr[qi + 1]
+        for j in range(j0, j1):
+            cur[j - j0] = indptr[q_terms[j]]
+        n = 0
+        floor = 0.0  # documents come in index order: a later one loses ties, so strictly greater
+        fl[0] = floor
+        for lo in range(0, n_docs, block):
+            hi = min(lo + block, n_docs)
+            for j in range(j0, j1):
+                t = q_terms[j]
+                w = q_weight[j]
+                p0 = cur[j - j0]
+                p1 = _lower_bound(post_doc, p0, indptr[t + 1], hi)
+                cur[j - j0] = p1
+                if w == 1:
+                    for p in range(p0, p1):
+                        acc[post_doc[p] - lo] += post_score[p]
+                else:
+                    for p in range(p0, p1):
+                        acc[post_doc[p] - lo] += post_score[p] * w
+            # Scan: a chunk with no score above the floor adds no candidate (touched <=> score > 0).
+            m = hi - lo
+            for c0 in range(0, m, chunk):
+                c1 = min(c0 + chunk, m)
+                if _chunk_max(acc, c0, c1) <= fl[0]:
+                    continue
+                for i in range(c0, c1):
+                    v = np.float64(acc[i])
+                    if v > floor:
+                        cs[n], cd[n] = v, lo + i
+                        n += 1
+                        if n == cap:
+                            n, floor = _select(cs, cd, n, k, scratch)
+                            fl[0] = floor
+            acc[:m] = 0.0
+        _emit(cs, cd, n, k, scratch, out_docs, out_scores, counts, qi)
+    return out_docs, out_scores, counts
+
+
+@njit(cache=True, nogil=True)
+def _search_batch_reference(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, positive, n_docs,
+                            k):  # pragma: no cover - numba
+    """:func:`_search_batch` unblocked (one accumulator over all documents, a plain scan): the reference."""
+    nq = q_ptr.size - 1
+    out_docs = np.full((nq, k), -1, np.int64)
+    out_scores = np.zeros((nq, k), np.float64)
+    counts = np.zeros(nq, np.int64)
+    acc = np.zeros(n_docs, post_score.dtype)
+    seen = np.zeros(n_docs, np.bool_)
+    cap = min(n_docs, max(4 * k, 4096))
+    cs = np.empty(n_docs, np.float64)
+    cd = np.empty(n_docs, np.int64)
+    scratch = np.empty(n_docs, np.float64)
+    for qi in range(nq):
+        n_post, all_pos = _query_stats(q_ptr, q_terms, indptr, positive, qi)
         if n_post == 0:
             continue
         n = 0
         if all_pos and n_post * 8 >= n_docs:
-            # Dense: branch-free gather-add, then one scan of all documents (touched <=> score > 0).
             for j in range(q_ptr[qi], q_ptr[qi + 1]):
                 t = q_terms[j]
                 w = q_weight[j]
@@ -137,7 +281,7 @@ def _search_batch(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, positi
                 else:
                     for p in range(indptr[t], indptr[t + 1]):
                         acc[post_doc[p]] += post_score[p] * w
-            floor = 0.0  # documents come in index order: a later one loses ties, so strictly greater
+            floor = 0.0
             for d in range(n_docs):
                 v = np.float64(acc[d])
                 acc[d] = 0.0
@@ -147,32 +291,8 @@ def _search_batch(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, positi
                     if n == cap:
                         n, floor = _select(cs, cd, n, k, scratch)
         else:
-            # Sparse: collect the touched documents (also exact when some IDF is <= 0).
-            c = 0
-            for j in range(q_ptr[qi], q_ptr[qi + 1]):
-                t = q_terms[j]
-                w = q_weight[j]
-                for p in range(indptr[t], indptr[t + 1]):
-                    d = post_doc[p]
-                    if not seen[d]:
-                        seen[d] = True
-                        cd[c] = d
-                        c += 1
-                    acc[d] += post_score[p] * w
-            cd[:c].sort()  # index order, so that ties keep the lower document
-            for i in range(c):
-                d = cd[i]
-                cs[i] = np.float64(acc[d])
-                acc[d] = 0.0
-                seen[d] = False
-            n = c
-        m, _ = _select(cs, cd, n, k, scratch)
-        order = np.argsort(-cs[:m], kind="mergesort")  # stable: candidates are in document order
-        for r in range(m):
-            o = order[r]
-            out_docs[qi, r] = cd[o]
-            out_scores[qi, r] = cs[o]
-        counts[qi] = m
+            n = _sparse_candidates(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, qi, acc, seen, cs, cd)
+        _emit(cs, cd, n, k, scratch, out_docs, out_scores, counts, qi)
     return out_docs, out_scores, counts
 
 
@@ -286,11 +406,19 @@ class BM25Index(Searcher):
         q_weight = np.fromiter((c for x in ids for c in x.values()), dtype=self.post_score.dtype, count=n)
         return q_ptr, q_terms, q_weight
 
-    def search(self, queries: list[list[str]], k: int) -> SearchResult:
+    def search(self, queries: list[list[str]], k: int, *, block: int = BLOCK_DOCS, chunk: int = SCAN_CHUNK,
+               reference: bool = False) -> SearchResult:
+        """Top-``k`` documents of each query (score desc, then lower index); see the module docstring.
+
+        ``block``/``chunk``: documents per accumulator block and per skippable scan chunk (results do not
+        depend on them); ``reference``: the unblocked kernel instead (same results, for tests and benches)."""
         q_ptr, q_terms, q_weight = self.query_arrays(queries)
-        docs, scores, counts = _search_batch(q_ptr, q_terms, q_weight, np.asarray(self.indptr),
-                                             np.asarray(self.post_doc), np.asarray(self.post_score),
-                                             self.positive, self.n_docs, max(int(k), 1))
+        args = (q_ptr, q_terms, q_weight, np.asarray(self.indptr), np.asarray(self.post_doc),
+                np.asarray(self.post_score), self.positive, self.n_docs, max(int(k), 1))
+        if reference:
+            docs, scores, counts = _search_batch_reference(*args)
+        else:
+            docs, scores, counts = _search_batch(*args, int(block), int(chunk))
         return SearchResult(docs, scores, counts)
 
     # -- persistence -----------------------------------------------------------------------
