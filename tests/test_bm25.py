@@ -283,3 +283,25 @@ def test_blocked_kernel_with_nonpositive_idf():
         ref = index.search(queries, k, reference=True)
         for block in (7, 64, 1000):
             _assert_same(index.search(queries, k, block=block), ref)
+
+
+def test_postings_equal_counter_construction(real):
+    """The two-pass postings build equals Counter per document plus a stable argsort by term."""
+    from collections import Counter
+
+    _, toks, _ = real
+    index = BM25Index.build(toks)
+    vocab: dict[str, int] = {}
+    terms, tfs, docs = [], [], []
+    for d, t in enumerate(toks):
+        for w, c in Counter(t).items():
+            terms.append(vocab.setdefault(w, len(vocab)))
+            tfs.append(c)
+            docs.append(d)
+    order = np.argsort(np.array(terms), kind="stable")
+    assert list(index.vocab) == list(vocab)
+    np.testing.assert_array_equal(index.indptr, np.concatenate([[0], np.cumsum(np.bincount(terms))]))
+    assert index.post_doc.dtype == np.int32 and index.post_tf.dtype == np.int32 and index.indptr.dtype == np.int64
+    np.testing.assert_array_equal(index.post_doc, np.array(docs)[order])
+    np.testing.assert_array_equal(index.post_tf, np.array(tfs)[order])
+    np.testing.assert_array_equal(index.doc_len, [len(t) for t in toks])

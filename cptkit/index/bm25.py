@@ -10,6 +10,9 @@ Layout of an index directory (all arrays memory-mapped on load):
   ``IDF(t) · tf (k1 + 1) / (tf + k1 (1 − b + b |d| / avgdl))``.
 * ``doc_len.npy`` (int32): document lengths in tokens. ``bm25.json``: parameters and stats.
 
+Building counts postings in two passes over the documents' term ids (document frequencies, then
+a fill), so documents come out ascending within a term with no sort.
+
 Searching is pure gather-add: each distinct query term adds its postings' precomputed scores
 (times the term's count in the query) into a dense accumulator (float32 for float32 postings,
 like bm25s). Queries whose terms have many postings (≥ N/8) walk the documents in blocks of
@@ -296,42 +299,61 @@ def _search_batch_reference(q_ptr, q_terms, q_weight, indptr, post_doc, post_sco
     return out_docs, out_scores, counts
 
 
+@njit(cache=True)
+def _postings(ids, doc_len, n_terms):  # pragma: no cover - numba
+    """CSC postings of token-id documents (``ids`` concatenated, ``doc_len`` tokens each):
+    ``(indptr, post_doc, post_tf)``, documents ascending within a term (two counting passes)."""
+    last = np.full(n_terms, -1, np.int32)  # the last document seen per term
+    df = np.zeros(n_terms, np.int64)
+    i = 0
+    for d in range(doc_len.size):
+        for _ in range(doc_len[d]):
+            t = ids[i]
+            i += 1
+            if last[t] != d:
+                last[t] = d
+                df[t] += 1
+    indptr = np.zeros(n_terms + 1, np.int64)
+    for t in range(n_terms):
+        indptr[t + 1] = indptr[t] + df[t]
+    post_doc = np.empty(indptr[n_terms], np.int32)
+    post_tf = np.zeros(indptr[n_terms], np.int32)
+    fill = indptr[:-1].copy()  # next free slot per term
+    last[:] = -1
+    i = 0
+    for d in range(doc_len.size):
+        for _ in range(doc_len[d]):
+            t = ids[i]
+            i += 1
+            if last[t] != d:
+                last[t] = d
+                post_doc[fill[t]] = d
+                fill[t] += 1
+            post_tf[fill[t] - 1] += 1
+    return indptr, post_doc, post_tf
+
+
 class BM25Builder:
-    """Accumulates tokenized documents; :meth:`finish` turns them into a :class:`BM25Index`."""
+    """Accumulates tokenized documents (as term ids); :meth:`finish` turns them into a :class:`BM25Index`."""
 
     def __init__(self) -> None:
         self.vocab: dict[str, int] = {}
-        self._terms = array("i")
-        self._tfs = array("i")
+        self._ids = array("i")
         self._doc_len = array("i")
-        self._n_unique = array("i")
 
     def add(self, tokens: list[str]) -> None:
-        counts = Counter(tokens)
         vocab = self.vocab
-        self._terms.extend([vocab.setdefault(t, len(vocab)) for t in counts])
-        self._tfs.extend(counts.values())
+        self._ids.extend([vocab.setdefault(t, len(vocab)) for t in tokens])
         self._doc_len.append(len(tokens))
-        self._n_unique.append(len(counts))
 
     @property
     def n_docs(self) -> int:
         return len(self._doc_len)
 
     def finish(self, params: BM25Params, dtype: str = "float32") -> BM25Index:
-        n_docs = self.n_docs
-        terms = np.frombuffer(self._terms, dtype=np.int32)
-        docs = np.repeat(np.arange(n_docs, dtype=np.int32), np.frombuffer(self._n_unique, dtype=np.int32))
-        order = np.argsort(terms, kind="stable")  # by term; documents stay ascending within a term
-        df = np.bincount(terms, minlength=len(self.vocab))
-        indptr = np.zeros(len(self.vocab) + 1, dtype=np.int64)
-        np.cumsum(df, out=indptr[1:])
-        vocab = list(self.vocab)
-        post_doc = docs[order]
-        post_tf = np.frombuffer(self._tfs, dtype=np.int32)[order]
-        del order, docs
         doc_len = np.frombuffer(self._doc_len, dtype=np.int32).copy()
-        index = BM25Index(vocab, indptr, post_doc, post_tf, None, doc_len, params, dtype)
+        indptr, post_doc, post_tf = _postings(np.frombuffer(self._ids, dtype=np.int32), doc_len, len(self.vocab))
+        index = BM25Index(list(self.vocab), indptr, post_doc, post_tf, None, doc_len, params, dtype)
         self.__init__()  # free the buffers
         return index
 
