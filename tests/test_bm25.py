@@ -241,7 +241,8 @@ def _assert_same(a, b):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_blocked_kernel_equals_reference_on_real_text(real, dtype):
     """Docs and scores identical to the unblocked kernel for every block size (several blocks, boundaries
-    inside every term's postings), scan chunk and k, dense and sparse queries, repeated query terms."""
+    inside every term's postings), scan chunk, query group, dense-column threshold (none, the default
+    N/8, every term up to DENSE_MAX_TERMS) and k, dense and sparse queries, repeated query terms."""
     _, toks, queries = real
     index = BM25Index.build(toks, BM25Params(), dtype=dtype)
     by_df = [t for t, _ in sorted(index.vocab.items(), key=lambda x: -index.df[x[1]])]
@@ -253,9 +254,13 @@ def test_blocked_kernel_equals_reference_on_real_text(real, dtype):
     assert 10 < n_dense < len(queries) - 8  # both paths exercised
     for k in (1, 10, 1000, index.n_docs + 5):
         ref = index.search(queries, k, reference=True)
-        for block, chunk in ((7, 1), (7, 64), (64, 8), (333, 64), (1 << 15, 64), (index.n_docs, 3)):
-            _assert_same(index.search(queries, k, block=block, chunk=chunk), ref)
+        for block, chunk, group, dense in ((7, 1, 1, None), (7, 64, 5, 1), (64, 8, 64, 10**9), (333, 64, 1, 20),
+                                           (1 << 15, 64, 64, None), (index.n_docs, 3, 2, 1)):
+            _assert_same(index.search(queries, k, block=block, chunk=chunk, group=group, dense_min_df=dense), ref)
     assert (ref.counts == np.minimum(ref.counts, index.n_docs)).all() and ref.counts.max() > 500
+    dense_col, cols = index.dense_columns(1)
+    assert (dense_col >= 0).sum() == cols.shape[0] == 32 and cols.dtype == index.post_score.dtype
+    assert 0 < (index.dense_columns(-(-index.n_docs // 8))[0] >= 0).sum() < 32
 
 
 @pytest.mark.parametrize("k", [1, 7, 100, 1000, 5000])
@@ -269,8 +274,8 @@ def test_blocked_kernel_equals_reference_with_many_ties(k):
         index = BM25Index.build(docs, BM25Params(), dtype=dtype)
         queries = [["a"], ["a", "b"], ["b", "c", "d"], ["f"], ["e", "f"], ["d", "f", "c", "e"], ["zz"], ["a", "a", "c"]]
         ref = index.search(queries, k, reference=True)
-        for block in (7, 100, 4096, 1 << 15):
-            _assert_same(index.search(queries, k, block=block), ref)
+        for block, group, dense in ((7, 1, None), (100, 3, 1), (4096, 64, 10**9), (1 << 15, 2, 500)):
+            _assert_same(index.search(queries, k, block=block, group=group, dense_min_df=dense), ref)
 
 
 def test_blocked_kernel_with_nonpositive_idf():

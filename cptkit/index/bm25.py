@@ -15,17 +15,21 @@ a fill), so documents come out ascending within a term with no sort.
 
 Searching is pure gather-add: each distinct query term adds its postings' precomputed scores
 (times the term's count in the query) into a dense accumulator (float32 for float32 postings,
-like bm25s). Queries whose terms have many postings (≥ N/8) walk the documents in blocks of
-``BLOCK_DOCS``: per block, every term (in query order, so the float sums are those of one pass
-over all documents) adds its postings that fall in the block (a cursor per term, postings being
-sorted by document) into a block-sized accumulator that stays in cache; the block is then
-scanned in chunks of ``SCAN_CHUNK`` entries, a chunk whose maximum is not above the floor being
-skipped whole, the others appending their documents above the floor to a candidate buffer that a
-partial selection (quickselect, an ``np.argpartition`` equivalent) cuts back to k whenever it
-fills, raising the floor. Rare-term queries (and those with an IDF ≤ 0) collect the touched
-documents instead, so their cost is O(postings) however large N is. Only the k selected are
-sorted, by score descending, then lower document index. A whole batch of queries runs inside one
-numba call; ``search(reference=True)`` runs the unblocked kernel (one accumulator over all N,
+like bm25s). Queries whose terms have many postings (≥ N/8) run ``GROUP`` at a time through the
+documents in blocks of ``BLOCK_DOCS``: per block and query, every term, in query order (so the
+float sums are those of one pass over all documents), adds its scores in the block to a
+block-sized accumulator that stays in cache: a term in ≥ N/``DENSE_FRACTION`` documents (at most
+``DENSE_MAX_TERMS``, built in memory on first search) from a dense score column, 0 where it is
+absent, which vectorises; any other from its postings in the block (a cursor per term, postings
+being sorted by document). The block is then scanned in chunks of ``SCAN_CHUNK`` entries: a
+chunk whose maximum is not above the query's floor is skipped whole, the others append their
+documents above it to the query's candidate buffer, which a partial selection (quickselect, an
+``np.argpartition`` equivalent) cuts back to k whenever it fills, raising the floor. The group's
+queries share the block's postings and columns of their common terms while those are in cache.
+Rare-term queries (and those with an IDF ≤ 0) collect the touched documents instead, so their
+cost is O(postings) however large N is. Only the k selected are sorted, by score descending,
+then lower document index. A whole batch of queries runs inside one numba call;
+``search(reference=True)`` runs the plain kernel (one accumulator over all N from the postings,
 scanned entry by entry), which returns the same documents and scores. Only documents containing
 a query term are returned.
 """
@@ -44,6 +48,9 @@ from numba import njit
 from cptkit.index.base import BM25Params, Searcher, SearchResult, idf, term_weight
 
 BLOCK_DOCS = 32768  # documents per accumulator block (float32: 128 KiB, stays in L2)
+GROUP = 64  # dense queries that walk the blocks together (sharing the block's postings in cache)
+DENSE_FRACTION = 8  # terms in >= 1/8 of the documents are added from dense score columns
+DENSE_MAX_TERMS = 32  # at most this many (memory: 4 bytes x documents each for float32)
 SCAN_CHUNK = 64  # accumulator entries per scan chunk skipped as a whole when none beats the floor
 FILES = ("vocab.json", "indptr.npy", "post_doc.npy", "post_tf.npy", "post_score.npy", "doc_len.npy", "bm25.json")
 
@@ -177,18 +184,20 @@ def _lower_bound(a, lo, hi, x):  # pragma: no cover - numba
 
 
 @njit(cache=True, fastmath=True, inline="always")
-def _chunk_max(a, lo, hi):  # pragma: no cover - numba
-    """``max(a[lo:hi])`` (``lo < hi``), vectorised: exact, as a max does not round (scores are never NaN)."""
-    m = a[lo]
-    for i in range(lo + 1, hi):
+def _chunk_max(a):  # pragma: no cover - numba
+    """``max(a)`` (``a`` not empty), vectorised: exact, as a max does not round (scores are never NaN)."""
+    m = a[0]
+    for i in range(1, a.size):
         m = max(m, a[i])
     return m
 
 
 @njit(cache=True, nogil=True)
 def _search_batch(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, positive, n_docs, k,
-                  block, chunk):  # pragma: no cover - numba
-    """Top-k of every query: (docs, scores, counts), blocked by ``block`` documents. See the module docstring."""
+                  block, chunk, group, dense_col, cols):  # pragma: no cover - numba
+    """Top-k of every query: (docs, scores, counts); dense queries ``group`` at a time, blocked by
+    ``block`` documents; term ``t`` with ``dense_col[t] >= 0`` added from the dense column
+    ``cols[dense_col[t]]`` (its postings' scores, 0 elsewhere). See the module docstring."""
     nq = q_ptr.size - 1
     out_docs = np.full((nq, k), -1, np.int64)
     out_scores = np.zeros((nq, k), np.float64)
@@ -201,57 +210,82 @@ def _search_batch(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, positi
     cs = np.empty(n_docs, np.float64)
     cd = np.empty(n_docs, np.int64)
     scratch = np.empty(n_docs, np.float64)
-    max_terms = 0
-    for qi in range(nq):
-        max_terms = max(max_terms, q_ptr[qi + 1] - q_ptr[qi])
-    cur = np.empty(max_terms, np.int64)
-    fl = np.zeros(1, post_score.dtype)  # the floor in the accumulator's dtype (exact: it is a score)
+    dense = np.zeros(nq, np.bool_)
     for qi in range(nq):
         n_post, all_pos = _query_stats(q_ptr, q_terms, indptr, positive, qi)
         if n_post == 0:
             continue
-        if not (all_pos and n_post * 8 >= n_docs):
+        if all_pos and n_post * 8 >= n_docs:
+            dense[qi] = True
+        else:
             n = _sparse_candidates(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, qi, acc, seen, cs, cd)
             _emit(cs, cd, n, k, scratch, out_docs, out_scores, counts, qi)
-            continue
-        # Dense: per block of documents, gather-add every term's postings in the block into acc[:block]
-        # (terms in query order: the same float sums as one pass over all documents), then scan it.
-        j0, j1 = q_ptr[qi], q_ptr[qi + 1]
-        for j in range(j0, j1):
-            cur[j - j0] = indptr[q_terms[j]]
-        n = 0
-        floor = 0.0  # documents come in index order: a later one loses ties, so strictly greater
-        fl[0] = floor
+    # Dense queries, a group at a time: per block of documents, per query of the group, gather-add
+    # every term's postings in the block into acc[:block] (terms in query order: the same float sums
+    # as one pass over all documents), then scan it into the query's own candidate buffer. The group's
+    # queries share the block's postings of their common terms while those are in cache.
+    dq = np.nonzero(dense)[0]
+    g = max(1, min(group, dq.size, (1 << 22) // max(cap, 1)))
+    gs = np.empty((g, cap), np.float64)
+    gd = np.empty((g, cap), np.int64)
+    gn = np.zeros(g, np.int64)
+    gfloor = np.zeros(g, np.float64)
+    fl = np.zeros(g, post_score.dtype)  # the floor in the accumulator's dtype (exact: it is a score)
+    cur = np.empty(q_terms.size, np.int64)  # per query term: its next posting
+    for g0 in range(0, dq.size, g):
+        ng = min(g, dq.size - g0)
+        for b in range(ng):
+            qi = dq[g0 + b]
+            for j in range(q_ptr[qi], q_ptr[qi + 1]):
+                cur[j] = indptr[q_terms[j]]
+            gn[b] = 0
+            gfloor[b] = 0.0  # documents come in index order: a later one loses ties, so strictly greater
+            fl[b] = 0.0
         for lo in range(0, n_docs, block):
             hi = min(lo + block, n_docs)
-            for j in range(j0, j1):
-                t = q_terms[j]
-                w = q_weight[j]
-                p0 = cur[j - j0]
-                p1 = _lower_bound(post_doc, p0, indptr[t + 1], hi)
-                cur[j - j0] = p1
-                if w == 1:
-                    for p in range(p0, p1):
-                        acc[post_doc[p] - lo] += post_score[p]
-                else:
-                    for p in range(p0, p1):
-                        acc[post_doc[p] - lo] += post_score[p] * w
-            # Scan: a chunk with no score above the floor adds no candidate (touched <=> score > 0).
             m = hi - lo
-            for c0 in range(0, m, chunk):
-                c1 = min(c0 + chunk, m)
-                if _chunk_max(acc, c0, c1) <= fl[0]:
-                    continue
-                for i in range(c0, c1):
-                    v = np.float64(acc[i])
-                    if v > floor:
-                        cs[n], cd[n] = v, lo + i
-                        n += 1
-                        if n == cap:
-                            n, floor = _select(cs, cd, n, k, scratch)
-                            fl[0] = floor
-            acc[:m] = 0.0
-        _emit(cs, cd, n, k, scratch, out_docs, out_scores, counts, qi)
+            for b in range(ng):
+                qi = dq[g0 + b]
+                for j in range(q_ptr[qi], q_ptr[qi + 1]):
+                    t = q_terms[j]
+                    w = q_weight[j]
+                    if dense_col[t] >= 0:  # adding 0 where the term is absent leaves the sum unchanged
+                        col = cols[dense_col[t], lo:hi]  # a view indexed from 0 vectorises
+                        if w == 1:
+                            for i in range(m):
+                                acc[i] += col[i]
+                        else:
+                            for i in range(m):
+                                acc[i] += col[i] * w
+                        continue
+                    p0 = cur[j]
+                    p1 = _lower_bound(post_doc, p0, indptr[t + 1], hi)
+                    cur[j] = p1
+                    if w == 1:
+                        for p in range(p0, p1):
+                            acc[post_doc[p] - lo] += post_score[p]
+                    else:
+                        for p in range(p0, p1):
+                            acc[post_doc[p] - lo] += post_score[p] * w
+                # Scan: a chunk with no score above the floor adds no candidate (touched <=> score > 0).
+                n, floor = gn[b], gfloor[b]
+                bs, bd = gs[b], gd[b]
+                for c0 in range(0, m, chunk):
+                    c1 = min(c0 + chunk, m)
+                    if _chunk_max(acc[c0:c1]) <= fl[b]:
+                        continue
+                    for i in range(c0, c1):
+                        v = np.float64(acc[i])
+                        if v > floor:
+                            bs[n], bd[n] = v, lo + i
+                            n += 1
+                            if n == cap:
+                                n, floor = _select(bs, bd, n, k, scratch)
+                                fl[b] = floor
+                gn[b], gfloor[b] = n, floor
+                acc[:m] = 0.0
+        for b in range(ng):
+            _emit(gs[b], gd[b], gn[b], k, scratch, out_docs, out_scores, counts, dq[g0 + b])
     return out_docs, out_scores, counts
 
 
@@ -371,6 +405,7 @@ class BM25Index(Searcher):
         self.avgdl = float(doc_len.sum() / self.n_docs) if self.n_docs else 0.0
         self.post_score = post_score if post_score is not None else self.compute_scores(params)
         self.positive = self.idf() > 0  # terms whose postings all score > 0 (dense search path)
+        self._dense: tuple | None = None  # (min_df, dense_col, cols) of dense_columns
 
     @classmethod
     def build(cls, token_lists: Iterable[list[str]], params: BM25Params | None = None,
@@ -428,19 +463,40 @@ class BM25Index(Searcher):
         q_weight = np.fromiter((c for x in ids for c in x.values()), dtype=self.post_score.dtype, count=n)
         return q_ptr, q_terms, q_weight
 
+    def dense_columns(self, min_df: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(dense_col, cols)``: the (at most ``DENSE_MAX_TERMS``) terms in >= ``min_df`` documents as
+        dense score columns (0 where absent), ``dense_col[t]`` the row of term ``t`` or -1; cached."""
+        key = int(min_df)
+        if self._dense is None or self._dense[0] != key:
+            df = self.df
+            terms = np.flatnonzero(df >= max(key, 1))
+            terms = terms[np.argsort(-df[terms], kind="stable")][:DENSE_MAX_TERMS]
+            dense_col = np.full(df.size, -1, np.int32)
+            dense_col[terms] = np.arange(terms.size, dtype=np.int32)
+            cols = np.zeros((terms.size, self.n_docs), self.post_score.dtype)
+            for i, t in enumerate(terms):
+                s, e = self.indptr[t], self.indptr[t + 1]
+                cols[i, self.post_doc[s:e]] = self.post_score[s:e]
+            self._dense = (key, dense_col, cols)
+        return self._dense[1], self._dense[2]
+
     def search(self, queries: list[list[str]], k: int, *, block: int = BLOCK_DOCS, chunk: int = SCAN_CHUNK,
-               reference: bool = False) -> SearchResult:
+               group: int = GROUP, dense_min_df: int | None = None, reference: bool = False) -> SearchResult:
         """Top-``k`` documents of each query (score desc, then lower index); see the module docstring.
 
-        ``block``/``chunk``: documents per accumulator block and per skippable scan chunk (results do not
-        depend on them); ``reference``: the unblocked kernel instead (same results, for tests and benches)."""
+        ``block``/``chunk``/``group``/``dense_min_df``: documents per accumulator block, per skippable
+        scan chunk, dense queries walked through the blocks together, and the document frequency from
+        which a term is added as a dense column (default ``N / DENSE_FRACTION``); results do not depend
+        on them. ``reference``: the unblocked kernel instead (same results, for tests and benches)."""
         q_ptr, q_terms, q_weight = self.query_arrays(queries)
         args = (q_ptr, q_terms, q_weight, np.asarray(self.indptr), np.asarray(self.post_doc),
                 np.asarray(self.post_score), self.positive, self.n_docs, max(int(k), 1))
         if reference:
             docs, scores, counts = _search_batch_reference(*args)
         else:
-            docs, scores, counts = _search_batch(*args, int(block), int(chunk))
+            min_df = -(-self.n_docs // DENSE_FRACTION) if dense_min_df is None else dense_min_df
+            docs, scores, counts = _search_batch(*args, int(block), int(chunk), int(group),
+                                                 *self.dense_columns(min_df))
         return SearchResult(docs, scores, counts)
 
     # -- persistence -----------------------------------------------------------------------
