@@ -118,11 +118,12 @@ def _query_sets(work: Path) -> dict[str, list[list[str]]]:
     return sets
 
 
-def _save_top(work: Path, system: str, prefix: str, k: int, docs: np.ndarray) -> None:
+def _save_top(work: Path, system: str, prefix: str, k: int, docs: np.ndarray, scores: np.ndarray) -> None:
     if k == 10 and not prefix:
         np.save(work / f"{system}_top10.npy", docs)
     if k == 1000:
         np.save(work / f"{system}_{prefix}top1000.npy", docs)
+        np.save(work / f"{system}_{prefix}top1000_scores.npy", scores)
 
 
 def worker_cptkit(work: Path, ks: list[int]) -> dict:
@@ -162,7 +163,7 @@ def search_cptkit(work: Path, ks: list[int], reference: bool = False) -> dict:
             t0 = time.perf_counter()
             r = index.search(queries, k)
             res[f"{prefix}qps_{k}"] = len(queries) / (time.perf_counter() - t0)
-            _save_top(work, "cptkit", prefix, k, r.docs)
+            _save_top(work, "cptkit", prefix, k, r.docs, r.scores)
         if reference:
             k = max(ks)
             t0 = time.perf_counter()
@@ -225,7 +226,8 @@ def search_bm25s(work: Path, ks: list[int]) -> dict:
             docs_k, scores_k = model.retrieve(q_ids, k=k, show_progress=False, n_threads=1)
             res[f"{prefix}qps_{k}"] = len(queries) / (time.perf_counter() - t0)
             # bm25s fills up to k with zero-score documents: drop them (as cptkit returns none)
-            _save_top(work, "bm25s", prefix, k, np.where(np.asarray(scores_k) > 0, np.asarray(docs_k), -1))
+            scores_k = np.asarray(scores_k)
+            _save_top(work, "bm25s", prefix, k, np.where(scores_k > 0, np.asarray(docs_k), -1), np.maximum(scores_k, 0))
     return res
 
 
@@ -260,6 +262,11 @@ def identical(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     lists = float((a == b).all(axis=1).mean())
     sets = float(np.mean([set(x[x >= 0].tolist()) == set(y[y >= 0].tolist()) for x, y in zip(a, b, strict=True)]))
     return lists, sets
+
+
+def same_scores(a: np.ndarray, b: np.ndarray, scale: float, rtol: float = 1e-5) -> float:
+    """Share of queries whose score lists agree: ``a / scale`` vs ``b`` within ``rtol`` (float32 rounding)."""
+    return float(np.isclose(a / scale, b, rtol=rtol, atol=0).all(axis=1).mean())
 
 
 def overlap(a: np.ndarray, b: np.ndarray, k: int = 10) -> float:
