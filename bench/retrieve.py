@@ -106,6 +106,26 @@ def _tokens(work: Path, docs: bool = True) -> tuple[list[list[str]], list[list[s
     return [tok(t) for t in data["docs"]] if docs else [], [tok(q) for q in data["queries"]]
 
 
+def _query_sets(work: Path) -> dict[str, list[list[str]]]:
+    """The query sets of ``texts.json``: ``""`` (``queries``) and ``"long_"`` (``long_queries``, if any)."""
+    from cptkit.text.tokenize import Tokenizer
+
+    data = json.loads((work / "texts.json").read_text())
+    tok = Tokenizer()
+    sets = {"": [tok(q) for q in data["queries"]]}
+    if data.get("long_queries"):
+        sets["long_"] = [tok(q) for q in data["long_queries"]]
+    return sets
+
+
+def _save_top(work: Path, system: str, prefix: str, k: int, docs: np.ndarray, scores: np.ndarray) -> None:
+    if k == 10 and not prefix:
+        np.save(work / f"{system}_top10.npy", docs)
+    if k == 1000:
+        np.save(work / f"{system}_{prefix}top1000.npy", docs)
+        np.save(work / f"{system}_{prefix}top1000_scores.npy", scores)
+
+
 def worker_cptkit(work: Path, ks: list[int]) -> dict:
     """Tokenize, build and save cptkit's index (build time, size, peak RSS)."""
     from cptkit.index.base import BM25Params
@@ -122,25 +142,35 @@ def worker_cptkit(work: Path, ks: list[int]) -> dict:
     res["build_s"] = time.perf_counter() - t0
     res["size_mib"] = sum(f.stat().st_size for f in d.iterdir()) / 2**20
     del index, docs
-    res.update(search_cptkit(work, ks))
+    res.update(search_cptkit(work, ks, reference=True))
     res["peak_mib"] = peak_mib()
     return res
 
 
-def search_cptkit(work: Path, ks: list[int]) -> dict:
-    """One timed pass of all queries per k over the saved, memory-mapped index."""
+def search_cptkit(work: Path, ks: list[int], reference: bool = False) -> dict:
+    """One timed pass of all queries per k (and query set) over the saved, memory-mapped index.
+
+    ``reference``: also time the unblocked reference kernel (``search(reference=True)``) at the
+    largest k and count the queries whose top-k (docs, scores, counts) it returns identically."""
     from cptkit.index.bm25 import BM25Index
 
-    _, queries = _tokens(work, docs=False)
+    sets = _query_sets(work)
     index = BM25Index.load(work / "cptkit_index", mmap=True)
-    index.search(queries[:2], 10)  # numba: load the compiled kernel
+    index.search(sets[""][:2], 10)  # numba: load the compiled kernel
     res = {}
-    for k in ks:
-        t0 = time.perf_counter()
-        r = index.search(queries, k)
-        res[f"qps_{k}"] = len(queries) / (time.perf_counter() - t0)
-        if k == 10:
-            np.save(work / "cptkit_top10.npy", r.docs)
+    for prefix, queries in sets.items():
+        for k in ks:
+            t0 = time.perf_counter()
+            r = index.search(queries, k)
+            res[f"{prefix}qps_{k}"] = len(queries) / (time.perf_counter() - t0)
+            _save_top(work, "cptkit", prefix, k, r.docs, r.scores)
+        if reference:
+            k = max(ks)
+            t0 = time.perf_counter()
+            e = index.search(queries, k, reference=True)
+            res[f"{prefix}qps_{k}_reference"] = len(queries) / (time.perf_counter() - t0)
+            same = (e.docs == r.docs).all(axis=1) & (e.scores == r.scores).all(axis=1) & (e.counts == r.counts)
+            res[f"{prefix}same_as_reference"] = float(same.mean())
     return res
 
 
@@ -180,21 +210,24 @@ def worker_bm25s(work: Path, ks: list[int]) -> dict:
 
 
 def search_bm25s(work: Path, ks: list[int]) -> dict:
-    """One timed pass of all queries per k over bm25s' saved, memory-mapped index (numba, 1 thread)."""
+    """One timed pass of all queries per k (and query set) over bm25s' saved, memory-mapped index
+    (numba, 1 thread)."""
     import bm25s
 
-    _, queries = _tokens(work, docs=False)
+    sets = _query_sets(work)
     model = bm25s.BM25.load(str(work / "bm25s_index"), mmap=True)
     model.backend = "numba"
-    q_ids = [[model.vocab_dict[t] for t in q if t in model.vocab_dict] or [model.vocab_dict[""]] for q in queries]
-    model.retrieve(q_ids[:2], k=10, show_progress=False, n_threads=1)  # numba warm-up
     res = {}
-    for k in ks:
-        t0 = time.perf_counter()
-        docs_k, scores_k = model.retrieve(q_ids, k=k, show_progress=False, n_threads=1)
-        res[f"qps_{k}"] = len(queries) / (time.perf_counter() - t0)
-        if k == 10:  # bm25s fills up to k with zero-score documents: drop them (as cptkit returns none)
-            np.save(work / "bm25s_top10.npy", np.where(np.asarray(scores_k) > 0, np.asarray(docs_k), -1))
+    for prefix, queries in sets.items():
+        q_ids = [[model.vocab_dict[t] for t in q if t in model.vocab_dict] or [model.vocab_dict[""]] for q in queries]
+        model.retrieve(q_ids[:2], k=10, show_progress=False, n_threads=1)  # numba warm-up
+        for k in ks:
+            t0 = time.perf_counter()
+            docs_k, scores_k = model.retrieve(q_ids, k=k, show_progress=False, n_threads=1)
+            res[f"{prefix}qps_{k}"] = len(queries) / (time.perf_counter() - t0)
+            # bm25s fills up to k with zero-score documents: drop them (as cptkit returns none)
+            scores_k = np.asarray(scores_k)
+            _save_top(work, "bm25s", prefix, k, np.where(scores_k > 0, np.asarray(docs_k), -1), np.maximum(scores_k, 0))
     return res
 
 
@@ -222,6 +255,18 @@ def run_worker(work: Path, name: str, *args: str) -> dict:
     if p.returncode:
         raise SystemExit(f"worker {name} failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def identical(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """Shares of queries whose top-k lists (-1 = no document) are identical, and identical as sets."""
+    lists = float((a == b).all(axis=1).mean())
+    sets = float(np.mean([set(x[x >= 0].tolist()) == set(y[y >= 0].tolist()) for x, y in zip(a, b, strict=True)]))
+    return lists, sets
+
+
+def same_scores(a: np.ndarray, b: np.ndarray, scale: float, rtol: float = 1e-5) -> float:
+    """Share of queries whose score lists agree: ``a / scale`` vs ``b`` within ``rtol`` (float32 rounding)."""
+    return float(np.isclose(a / scale, b, rtol=rtol, atol=0).all(axis=1).mean())
 
 
 def overlap(a: np.ndarray, b: np.ndarray, k: int = 10) -> float:

@@ -228,3 +228,85 @@ def test_repeated_query_terms_count_per_occurrence(real):
     np.testing.assert_allclose(a.scores, b.scores, rtol=1e-12)
     single = index.search([["python", "the", "file"]], 30)
     assert a.scores[0, 0] > single.scores[0, 0] * 1.5
+
+
+# --- the blocked kernel against the unblocked reference ----------------------------------
+
+def _assert_same(a, b):
+    np.testing.assert_array_equal(a.counts, b.counts)
+    np.testing.assert_array_equal(a.docs, b.docs)
+    np.testing.assert_array_equal(a.scores, b.scores)  # bitwise: same float sums in the same order
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_blocked_kernel_equals_reference_on_real_text(real, dtype):
+    """Docs and scores identical to the unblocked kernel for every block size (several blocks, boundaries
+    inside every term's postings), scan chunk, query group, dense-column threshold (none, the default
+    N/8, every term up to DENSE_MAX_TERMS) and k, dense and sparse queries, repeated query terms."""
+    _, toks, queries = real
+    index = BM25Index.build(toks, BM25Params(), dtype=dtype)
+    by_df = [t for t, _ in sorted(index.vocab.items(), key=lambda x: -index.df[x[1]])]
+    common, rare = by_df[:40], by_df[-40:]
+    queries = queries + [common[i:i + 3 + i % 7] for i in range(0, 30, 2)]  # dense path, many ties
+    queries += [rare[i:i + 1 + i % 4] for i in range(0, 40, 4)]  # sparse path
+    queries += [["the", "python", "the", "file", "python", "the"], common[:5] * 2]  # repeated terms: w > 1
+    n_dense = sum(index.df[index.term_ids(q)].sum() * 8 >= index.n_docs for q in queries)
+    assert 10 < n_dense < len(queries) - 8  # both paths exercised
+    for k in (1, 10, 1000, index.n_docs + 5):
+        ref = index.search(queries, k, reference=True)
+        for block, chunk, group, dense in ((7, 1, 1, None), (7, 64, 5, 1), (64, 8, 64, 10**9), (333, 64, 1, 20),
+                                           (1 << 15, 64, 64, None), (index.n_docs, 3, 2, 1)):
+            _assert_same(index.search(queries, k, block=block, chunk=chunk, group=group, dense_min_df=dense), ref)
+    assert (ref.counts == np.minimum(ref.counts, index.n_docs)).all() and ref.counts.max() > 500
+    dense_col, cols = index.dense_columns(1)
+    assert (dense_col >= 0).sum() == cols.shape[0] == 32 and cols.dtype == index.post_score.dtype
+    assert 0 < (index.dense_columns(-(-index.n_docs // 8))[0] >= 0).sum() < 32
+
+
+@pytest.mark.parametrize("k", [1, 7, 100, 1000, 5000])
+def test_blocked_kernel_equals_reference_with_many_ties(k):
+    """Long runs of exactly equal scores across block and chunk boundaries; the candidate buffer fills
+    (and is cut back to k) inside blocks."""
+    rng = np.random.default_rng(5)
+    vocab = ["a", "b", "c", "d", "e", "f"]
+    docs = [list(rng.choice(vocab, size=4, p=[0.5, 0.3, 0.1, 0.075, 0.017, 0.008])) for _ in range(9000)]
+    for dtype in ("float32", "float64"):
+        index = BM25Index.build(docs, BM25Params(), dtype=dtype)
+        queries = [["a"], ["a", "b"], ["b", "c", "d"], ["f"], ["e", "f"], ["d", "f", "c", "e"], ["zz"], ["a", "a", "c"]]
+        ref = index.search(queries, k, reference=True)
+        for block, group, dense in ((7, 1, None), (100, 3, 1), (4096, 64, 10**9), (1 << 15, 2, 500)):
+            _assert_same(index.search(queries, k, block=block, group=group, dense_min_df=dense), ref)
+
+
+def test_blocked_kernel_with_nonpositive_idf():
+    """Okapi IDF <= 0 for terms in most documents: such queries take the sparse path, still identical."""
+    docs = [["a", "b"], ["a"], ["a", "c"], ["a", "b", "c"], ["d"]] * 40
+    index = BM25Index.build(docs, BM25Params(idf="okapi", epsilon=0.0), dtype="float64")
+    assert (index.idf() <= 0).any()
+    queries = [["a"], ["a", "b"], ["b", "c"], ["d"], ["c", "c", "d"]]
+    for k in (1, 3, 50, 500):
+        ref = index.search(queries, k, reference=True)
+        for block in (7, 64, 1000):
+            _assert_same(index.search(queries, k, block=block), ref)
+
+
+def test_postings_equal_counter_construction(real):
+    """The two-pass postings build equals Counter per document plus a stable argsort by term."""
+    from collections import Counter
+
+    _, toks, _ = real
+    index = BM25Index.build(toks)
+    vocab: dict[str, int] = {}
+    terms, tfs, docs = [], [], []
+    for d, t in enumerate(toks):
+        for w, c in Counter(t).items():
+            terms.append(vocab.setdefault(w, len(vocab)))
+            tfs.append(c)
+            docs.append(d)
+    order = np.argsort(np.array(terms), kind="stable")
+    assert list(index.vocab) == list(vocab)
+    np.testing.assert_array_equal(index.indptr, np.concatenate([[0], np.cumsum(np.bincount(terms))]))
+    assert index.post_doc.dtype == np.int32 and index.post_tf.dtype == np.int32 and index.indptr.dtype == np.int64
+    np.testing.assert_array_equal(index.post_doc, np.array(docs)[order])
+    np.testing.assert_array_equal(index.post_tf, np.array(tfs)[order])
+    np.testing.assert_array_equal(index.doc_len, [len(t) for t in toks])

@@ -10,15 +10,28 @@ Layout of an index directory (all arrays memory-mapped on load):
   ``IDF(t) · tf (k1 + 1) / (tf + k1 (1 − b + b |d| / avgdl))``.
 * ``doc_len.npy`` (int32): document lengths in tokens. ``bm25.json``: parameters and stats.
 
+Building counts postings in two passes over the documents' term ids (document frequencies, then
+a fill), so documents come out ascending within a term with no sort.
+
 Searching is pure gather-add: each distinct query term adds its postings' precomputed scores
-(times the term's count in the query) into a reused dense per-document accumulator (float32
-for float32 postings, like bm25s). Queries whose terms have many postings (≥ N/8) accumulate
-branch-free and scan all N documents once, appending those above a floor to a candidate
-buffer that a partial selection (quickselect, an ``np.argpartition`` equivalent) cuts back to
-k whenever it fills, raising the floor; rare-term queries collect the touched documents
-instead, so their cost is O(postings) however large N is. Only the k selected are sorted, by
-score descending, then lower document index. A whole batch of queries runs inside one numba
-call. Only documents containing a query term are returned.
+(times the term's count in the query) into a dense accumulator (float32 for float32 postings,
+like bm25s). Queries whose terms have many postings (≥ N/8) run ``GROUP`` at a time through the
+documents in blocks of ``BLOCK_DOCS``: per block and query, every term, in query order (so the
+float sums are those of one pass over all documents), adds its scores in the block to a
+block-sized accumulator that stays in cache: a term in ≥ N/``DENSE_FRACTION`` documents (at most
+``DENSE_MAX_TERMS``, built in memory on first search) from a dense score column, 0 where it is
+absent, which vectorises; any other from its postings in the block (a cursor per term, postings
+being sorted by document). The block is then scanned in chunks of ``SCAN_CHUNK`` entries: a
+chunk whose maximum is not above the query's floor is skipped whole, the others append their
+documents above it to the query's candidate buffer, which a partial selection (quickselect, an
+``np.argpartition`` equivalent) cuts back to k whenever it fills, raising the floor. The group's
+queries share the block's postings and columns of their common terms while those are in cache.
+Rare-term queries (and those with an IDF ≤ 0) collect the touched documents instead, so their
+cost is O(postings) however large N is. Only the k selected are sorted, by score descending,
+then lower document index. A whole batch of queries runs inside one numba call;
+``search(reference=True)`` runs the plain kernel (one accumulator over all N from the postings,
+scanned entry by entry), which returns the same documents and scores. Only documents containing
+a query term are returned.
 """
 
 from __future__ import annotations
@@ -34,6 +47,11 @@ from numba import njit
 
 from cptkit.index.base import BM25Params, Searcher, SearchResult, idf, term_weight
 
+BLOCK_DOCS = 32768  # documents per accumulator block (float32: 128 KiB, stays in L2)
+GROUP = 64  # dense queries that walk the blocks together (sharing the block's postings in cache)
+DENSE_FRACTION = 8  # terms in >= 1/8 of the documents are added from dense score columns
+DENSE_MAX_TERMS = 32  # at most this many (memory: 4 bytes x documents each for float32)
+SCAN_CHUNK = 64  # accumulator entries per scan chunk skipped as a whole when none beats the floor
 FILES = ("vocab.json", "indptr.npy", "post_doc.npy", "post_tf.npy", "post_score.npy", "doc_len.npy", "bm25.json")
 
 
@@ -103,31 +121,194 @@ def _select(cs, cd, n, k, scratch):  # pragma: no cover - numba
     return m, t
 
 
+@njit(cache=True)
+def _query_stats(q_ptr, q_terms, indptr, positive, qi):  # pragma: no cover - numba
+    """``(postings, all IDF > 0)`` of query ``qi``."""
+    n_post = 0
+    all_pos = True
+    for j in range(q_ptr[qi], q_ptr[qi + 1]):
+        t = q_terms[j]
+        n_post += indptr[t + 1] - indptr[t]
+        all_pos = all_pos and positive[t]
+    return n_post, all_pos
+
+
+@njit(cache=True)
+def _sparse_candidates(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, qi, acc, seen, cs, cd):  # pragma: no cover
+    """Score the documents query ``qi`` touches into ``(cs, cd)`` in document order; returns their count.
+
+    ``acc`` (zero over all documents) and ``seen`` (all False) are left as found. Exact whatever the
+    signs of the scores."""
+    c = 0
+    for j in range(q_ptr[qi], q_ptr[qi + 1]):
+        t = q_terms[j]
+        w = q_weight[j]
+        for p in range(indptr[t], indptr[t + 1]):
+            d = post_doc[p]
+            if not seen[d]:
+                seen[d] = True
+                cd[c] = d
+                c += 1
+            acc[d] += post_score[p] * w
+    cd[:c].sort()  # index order, so that ties keep the lower document
+    for i in range(c):
+        d = cd[i]
+        cs[i] = np.float64(acc[d])
+        acc[d] = 0.0
+        seen[d] = False
+    return c
+
+
+@njit(cache=True)
+def _emit(cs, cd, n, k, scratch, out_docs, out_scores, counts, qi):  # pragma: no cover - numba
+    """Select the top ``k`` of ``n`` candidates (in document order) into row ``qi`` of the outputs."""
+    m, _ = _select(cs, cd, n, k, scratch)
+    order = np.argsort(-cs[:m], kind="mergesort")  # stable: candidates are in document order
+    for r in range(m):
+        o = order[r]
+        out_docs[qi, r] = cd[o]
+        out_scores[qi, r] = cs[o]
+    counts[qi] = m
+
+
+@njit(cache=True)
+def _lower_bound(a, lo, hi, x):  # pragma: no cover - numba
+    """The first ``p`` in ``[lo, hi)`` with ``a[p] >= x`` (``a[lo:hi]`` ascending), else ``hi``."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _chunk_max(a):  # pragma: no cover - numba
+    """``max(a)`` (``a`` not empty), vectorised: exact, as a max does not round (scores are never NaN)."""
+    m = a[0]
+    for i in range(1, a.size):
+        m = max(m, a[i])
+    return m
+
+
 @njit(cache=True, nogil=True)
-def _search_batch(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, positive, n_docs, k):  # pragma: no cover
-    """Top-k of every query: (docs, scores, counts). See the module docstring."""
+def _search_batch(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, positive, n_docs, k,
+                  block, chunk, group, dense_col, cols):  # pragma: no cover - numba
+    """Top-k of every query: (docs, scores, counts); dense queries ``group`` at a time, blocked by
+    ``block`` documents; term ``t`` with ``dense_col[t] >= 0`` added from the dense column
+    ``cols[dense_col[t]]`` (its postings' scores, 0 elsewhere). See the module docstring."""
     nq = q_ptr.size - 1
     out_docs = np.full((nq, k), -1, np.int64)
     out_scores = np.zeros((nq, k), np.float64)
     counts = np.zeros(nq, np.int64)
-    acc = np.zeros(n_docs, post_score.dtype)  # float32 postings sum in float32 (like bm25s)
+    block = max(1, min(block, n_docs))
+    chunk = max(1, min(chunk, block))
+    acc = np.zeros(max(n_docs, 1), post_score.dtype)  # float32 postings sum in float32 (like bm25s)
     seen = np.zeros(n_docs, np.bool_)
     cap = min(n_docs, max(4 * k, 4096))  # dense path: candidate buffer, compacted to k when full
     cs = np.empty(n_docs, np.float64)
     cd = np.empty(n_docs, np.int64)
     scratch = np.empty(n_docs, np.float64)
+    dense = np.zeros(nq, np.bool_)
     for qi in range(nq):
-        n_post = 0
-        all_pos = True
-        for j in range(q_ptr[qi], q_ptr[qi + 1]):
-            t = q_terms[j]
-            n_post += indptr[t + 1] - indptr[t]
-            all_pos = all_pos and positive[t]
+        n_post, all_pos = _query_stats(q_ptr, q_terms, indptr, positive, qi)
+        if n_post == 0:
+            continue
+        if all_pos and n_post * 8 >= n_docs:
+            dense[qi] = True
+        else:
+            n = _sparse_candidates(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, qi, acc, seen, cs, cd)
+            _emit(cs, cd, n, k, scratch, out_docs, out_scores, counts, qi)
+    # Dense queries, a group at a time: per block of documents, per query of the group, gather-add
+    # every term's postings in the block into acc[:block] (terms in query order: the same float sums
+    # as one pass over all documents), then scan it into the query's own candidate buffer. The group's
+    # queries share the block's postings of their common terms while those are in cache.
+    dq = np.nonzero(dense)[0]
+    g = max(1, min(group, dq.size, (1 << 22) // max(cap, 1)))
+    gs = np.empty((g, cap), np.float64)
+    gd = np.empty((g, cap), np.int64)
+    gn = np.zeros(g, np.int64)
+    gfloor = np.zeros(g, np.float64)
+    fl = np.zeros(g, post_score.dtype)  # the floor in the accumulator's dtype (exact: it is a score)
+    cur = np.empty(q_terms.size, np.int64)  # per query term: its next posting
+    for g0 in range(0, dq.size, g):
+        ng = min(g, dq.size - g0)
+        for b in range(ng):
+            qi = dq[g0 + b]
+            for j in range(q_ptr[qi], q_ptr[qi + 1]):
+                cur[j] = indptr[q_terms[j]]
+            gn[b] = 0
+            gfloor[b] = 0.0  # documents come in index order: a later one loses ties, so strictly greater
+            fl[b] = 0.0
+        for lo in range(0, n_docs, block):
+            hi = min(lo + block, n_docs)
+            m = hi - lo
+            for b in range(ng):
+                qi = dq[g0 + b]
+                for j in range(q_ptr[qi], q_ptr[qi + 1]):
+                    t = q_terms[j]
+                    w = q_weight[j]
+                    if dense_col[t] >= 0:  # adding 0 where the term is absent leaves the sum unchanged
+                        col = cols[dense_col[t], lo:hi]  # a view indexed from 0 vectorises
+                        if w == 1:
+                            for i in range(m):
+                                acc[i] += col[i]
+                        else:
+                            for i in range(m):
+                                acc[i] += col[i] * w
+                        continue
+                    p0 = cur[j]
+                    p1 = _lower_bound(post_doc, p0, indptr[t + 1], hi)
+                    cur[j] = p1
+                    if w == 1:
+                        for p in range(p0, p1):
+                            acc[post_doc[p] - lo] += post_score[p]
+                    else:
+                        for p in range(p0, p1):
+                            acc[post_doc[p] - lo] += post_score[p] * w
+                # Scan: a chunk with no score above the floor adds no candidate (touched <=> score > 0).
+                n, floor = gn[b], gfloor[b]
+                bs, bd = gs[b], gd[b]
+                for c0 in range(0, m, chunk):
+                    c1 = min(c0 + chunk, m)
+                    if _chunk_max(acc[c0:c1]) <= fl[b]:
+                        continue
+                    for i in range(c0, c1):
+                        v = np.float64(acc[i])
+                        if v > floor:
+                            bs[n], bd[n] = v, lo + i
+                            n += 1
+                            if n == cap:
+                                n, floor = _select(bs, bd, n, k, scratch)
+                                fl[b] = floor
+                gn[b], gfloor[b] = n, floor
+                acc[:m] = 0.0
+        for b in range(ng):
+            _emit(gs[b], gd[b], gn[b], k, scratch, out_docs, out_scores, counts, dq[g0 + b])
+    return out_docs, out_scores, counts
+
+
+@njit(cache=True, nogil=True)
+def _search_batch_reference(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, positive, n_docs,
+                            k):  # pragma: no cover - numba
+    """:func:`_search_batch` unblocked (one accumulator over all documents, a plain scan): the reference."""
+    nq = q_ptr.size - 1
+    out_docs = np.full((nq, k), -1, np.int64)
+    out_scores = np.zeros((nq, k), np.float64)
+    counts = np.zeros(nq, np.int64)
+    acc = np.zeros(n_docs, post_score.dtype)
+    seen = np.zeros(n_docs, np.bool_)
+    cap = min(n_docs, max(4 * k, 4096))
+    cs = np.empty(n_docs, np.float64)
+    cd = np.empty(n_docs, np.int64)
+    scratch = np.empty(n_docs, np.float64)
+    for qi in range(nq):
+        n_post, all_pos = _query_stats(q_ptr, q_terms, indptr, positive, qi)
         if n_post == 0:
             continue
         n = 0
         if all_pos and n_post * 8 >= n_docs:
-            # Dense: branch-free gather-add, then one scan of all documents (touched <=> score > 0).
             for j in range(q_ptr[qi], q_ptr[qi + 1]):
                 t = q_terms[j]
                 w = q_weight[j]
@@ -137,7 +318,7 @@ def _search_batch(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, positi
                 else:
                     for p in range(indptr[t], indptr[t + 1]):
                         acc[post_doc[p]] += post_score[p] * w
-            floor = 0.0  # documents come in index order: a later one loses ties, so strictly greater
+            floor = 0.0
             for d in range(n_docs):
                 v = np.float64(acc[d])
                 acc[d] = 0.0
@@ -147,71 +328,66 @@ def _search_batch(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, positi
                     if n == cap:
                         n, floor = _select(cs, cd, n, k, scratch)
         else:
-            # Sparse: collect the touched documents (also exact when some IDF is <= 0).
-            c = 0
-            for j in range(q_ptr[qi], q_ptr[qi + 1]):
-                t = q_terms[j]
-                w = q_weight[j]
-                for p in range(indptr[t], indptr[t + 1]):
-                    d = post_doc[p]
-                    if not seen[d]:
-                        seen[d] = True
-                        cd[c] = d
-                        c += 1
-                    acc[d] += post_score[p] * w
-            cd[:c].sort()  # index order, so that ties keep the lower document
-            for i in range(c):
-                d = cd[i]
-                cs[i] = np.float64(acc[d])
-                acc[d] = 0.0
-                seen[d] = False
-            n = c
-        m, _ = _select(cs, cd, n, k, scratch)
-        order = np.argsort(-cs[:m], kind="mergesort")  # stable: candidates are in document order
-        for r in range(m):
-            o = order[r]
-            out_docs[qi, r] = cd[o]
-            out_scores[qi, r] = cs[o]
-        counts[qi] = m
+            n = _sparse_candidates(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, qi, acc, seen, cs, cd)
+        _emit(cs, cd, n, k, scratch, out_docs, out_scores, counts, qi)
     return out_docs, out_scores, counts
 
 
+@njit(cache=True)
+def _postings(ids, doc_len, n_terms):  # pragma: no cover - numba
+    """CSC postings of token-id documents (``ids`` concatenated, ``doc_len`` tokens each):
+    ``(indptr, post_doc, post_tf)``, documents ascending within a term (two counting passes)."""
+    last = np.full(n_terms, -1, np.int32)  # the last document seen per term
+    df = np.zeros(n_terms, np.int64)
+    i = 0
+    for d in range(doc_len.size):
+        for _ in range(doc_len[d]):
+            t = ids[i]
+            i += 1
+            if last[t] != d:
+                last[t] = d
+                df[t] += 1
+    indptr = np.zeros(n_terms + 1, np.int64)
+    for t in range(n_terms):
+        indptr[t + 1] = indptr[t] + df[t]
+    post_doc = np.empty(indptr[n_terms], np.int32)
+    post_tf = np.zeros(indptr[n_terms], np.int32)
+    fill = indptr[:-1].copy()  # next free slot per term
+    last[:] = -1
+    i = 0
+    for d in range(doc_len.size):
+        for _ in range(doc_len[d]):
+            t = ids[i]
+            i += 1
+            if last[t] != d:
+                last[t] = d
+                post_doc[fill[t]] = d
+                fill[t] += 1
+            post_tf[fill[t] - 1] += 1
+    return indptr, post_doc, post_tf
+
+
 class BM25Builder:
-    """Accumulates tokenized documents; :meth:`finish` turns them into a :class:`BM25Index`."""
+    """Accumulates tokenized documents (as term ids); :meth:`finish` turns them into a :class:`BM25Index`."""
 
     def __init__(self) -> None:
         self.vocab: dict[str, int] = {}
-        self._terms = array("i")
-        self._tfs = array("i")
+        self._ids = array("i")
         self._doc_len = array("i")
-        self._n_unique = array("i")
 
     def add(self, tokens: list[str]) -> None:
-        counts = Counter(tokens)
         vocab = self.vocab
-        self._terms.extend([vocab.setdefault(t, len(vocab)) for t in counts])
-        self._tfs.extend(counts.values())
+        self._ids.extend([vocab.setdefault(t, len(vocab)) for t in tokens])
         self._doc_len.append(len(tokens))
-        self._n_unique.append(len(counts))
 
     @property
     def n_docs(self) -> int:
         return len(self._doc_len)
 
     def finish(self, params: BM25Params, dtype: str = "float32") -> BM25Index:
-        n_docs = self.n_docs
-        terms = np.frombuffer(self._terms, dtype=np.int32)
-        docs = np.repeat(np.arange(n_docs, dtype=np.int32), np.frombuffer(self._n_unique, dtype=np.int32))
-        order = np.argsort(terms, kind="stable")  # by term; documents stay ascending within a term
-        df = np.bincount(terms, minlength=len(self.vocab))
-        indptr = np.zeros(len(self.vocab) + 1, dtype=np.int64)
-        np.cumsum(df, out=indptr[1:])
-        vocab = list(self.vocab)
-        post_doc = docs[order]
-        post_tf = np.frombuffer(self._tfs, dtype=np.int32)[order]
-        del order, docs
         doc_len = np.frombuffer(self._doc_len, dtype=np.int32).copy()
-        index = BM25Index(vocab, indptr, post_doc, post_tf, None, doc_len, params, dtype)
+        indptr, post_doc, post_tf = _postings(np.frombuffer(self._ids, dtype=np.int32), doc_len, len(self.vocab))
+        index = BM25Index(list(self.vocab), indptr, post_doc, post_tf, None, doc_len, params, dtype)
         self.__init__()  # free the buffers
         return index
 
@@ -229,6 +405,7 @@ class BM25Index(Searcher):
         self.avgdl = float(doc_len.sum() / self.n_docs) if self.n_docs else 0.0
         self.post_score = post_score if post_score is not None else self.compute_scores(params)
         self.positive = self.idf() > 0  # terms whose postings all score > 0 (dense search path)
+        self._dense: tuple | None = None  # (min_df, dense_col, cols) of dense_columns
 
     @classmethod
     def build(cls, token_lists: Iterable[list[str]], params: BM25Params | None = None,
@@ -286,11 +463,40 @@ class BM25Index(Searcher):
         q_weight = np.fromiter((c for x in ids for c in x.values()), dtype=self.post_score.dtype, count=n)
         return q_ptr, q_terms, q_weight
 
-    def search(self, queries: list[list[str]], k: int) -> SearchResult:
+    def dense_columns(self, min_df: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(dense_col, cols)``: the (at most ``DENSE_MAX_TERMS``) terms in >= ``min_df`` documents as
+        dense score columns (0 where absent), ``dense_col[t]`` the row of term ``t`` or -1; cached."""
+        key = int(min_df)
+        if self._dense is None or self._dense[0] != key:
+            df = self.df
+            terms = np.flatnonzero(df >= max(key, 1))
+            terms = terms[np.argsort(-df[terms], kind="stable")][:DENSE_MAX_TERMS]
+            dense_col = np.full(df.size, -1, np.int32)
+            dense_col[terms] = np.arange(terms.size, dtype=np.int32)
+            cols = np.zeros((terms.size, self.n_docs), self.post_score.dtype)
+            for i, t in enumerate(terms):
+                s, e = self.indptr[t], self.indptr[t + 1]
+                cols[i, self.post_doc[s:e]] = self.post_score[s:e]
+            self._dense = (key, dense_col, cols)
+        return self._dense[1], self._dense[2]
+
+    def search(self, queries: list[list[str]], k: int, *, block: int = BLOCK_DOCS, chunk: int = SCAN_CHUNK,
+               group: int = GROUP, dense_min_df: int | None = None, reference: bool = False) -> SearchResult:
+        """Top-``k`` documents of each query (score desc, then lower index); see the module docstring.
+
+        ``block``/``chunk``/``group``/``dense_min_df``: documents per accumulator block, per skippable
+        scan chunk, dense queries walked through the blocks together, and the document frequency from
+        which a term is added as a dense column (default ``N / DENSE_FRACTION``); results do not depend
+        on them. ``reference``: the unblocked kernel instead (same results, for tests and benches)."""
         q_ptr, q_terms, q_weight = self.query_arrays(queries)
-        docs, scores, counts = _search_batch(q_ptr, q_terms, q_weight, np.asarray(self.indptr),
-                                             np.asarray(self.post_doc), np.asarray(self.post_score),
-                                             self.positive, self.n_docs, max(int(k), 1))
+        args = (q_ptr, q_terms, q_weight, np.asarray(self.indptr), np.asarray(self.post_doc),
+                np.asarray(self.post_score), self.positive, self.n_docs, max(int(k), 1))
+        if reference:
+            docs, scores, counts = _search_batch_reference(*args)
+        else:
+            min_df = -(-self.n_docs // DENSE_FRACTION) if dense_min_df is None else dense_min_df
+            docs, scores, counts = _search_batch(*args, int(block), int(chunk), int(group),
+                                                 *self.dense_columns(min_df))
         return SearchResult(docs, scores, counts)
 
     # -- persistence -----------------------------------------------------------------------
