@@ -160,7 +160,10 @@ def main() -> None:
             "alternating runs per side. Ratio = cptkit speed / lm-eval "
             "speed in wall time; CPU ratio = the same in process CPU time (of those runs). Load average (1/5/15 min) "
             f"{'/'.join(f'{x:.1f}' for x in load_before)} before, {'/'.join(f'{x:.1f}' for x in load_after)} after, "
-            f"on {os.cpu_count()} cores: a loaded machine, the wall-clock ratios move by tens of percent between runs.\n\n"
+            f"on {os.cpu_count()} cores"
+            + (": a loaded machine, the wall-clock ratios move by tens of percent between runs"
+               if max(load_before[0], load_after[0]) > os.cpu_count() else " (a quiet machine)")
+            + ".\n\n"
             + table(["workload", "cptkit", "lm-eval", "ratio", "CPU ratio", "same numbers?"], rows))
     if t_theirs / t_ours < 2:
         few = texts[:min(len(texts), 2 * args.batch_size)]
