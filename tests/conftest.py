@@ -90,3 +90,13 @@ def smollm2() -> str:
     from cptkit.llm.hf import embedded_model_path
 
     return str(embedded_model_path())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest first (``@pytest.mark.slow(minutes=N)``), the rest in file order: pytest-xdist hands
+    tests out in collection order, and a ten-minute test collected last ends the run alone."""
+    def minutes(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("slow")
+        return float(mark.kwargs.get("minutes", 0)) if mark else 0.0
+
+    items.sort(key=lambda item: -minutes(item))

@@ -393,7 +393,7 @@ def test_quiet_prints_no_table(tiny, tmp_path):
     assert (tmp_path / "quiet" / "_results.json").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=1.5)
 def test_gsm8k_exact_match_agrees_with_lm_eval_on_smollm2(smollm2, tmp_path):
     """A real model that gets some GSM8K-format items right: same outputs and the same (non-zero) exact match."""
     pytest.importorskip("lm_eval")

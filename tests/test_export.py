@@ -123,7 +123,7 @@ def test_llama_cpp_runs_the_export_with_the_same_logits(trained, tmp_path):
     assert llm.create_completion(text[:40], max_tokens=8, temperature=0.0)["choices"][0]["text"] is not None
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=2)
 def test_smollm2_continued_learns_the_text_still_generates_and_exports(corpus_dir, smollm2, tmp_path):
     """SmolLM2-135M as shipped, continued 6 steps on Python documentation: the loss on the trained text
     falls, the model still writes English, and its GGUF (tokenizer copied from the shipped file) loads."""

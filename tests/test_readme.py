@@ -27,6 +27,7 @@ TOY_MAKE = {
     "EXPAND_ARGS": "expand.rounds=1 expand.questions_per_seed=1 llm.max_new_tokens=64 llm.num_threads=1",  # 32: SmolLM2 may finish no question
     "TOP_K": "60",
     "TOPIC_SAMPLE": "80",
+    "QUALITY_ARGS": "train.max_per_class=10000 train.tune.max_examples=1000 train.tune.epoch=[20] train.tune.word_ngrams=[2]",
     "SYNTH_ARGS": "synth.mode=code synth.code.num_problems=2 synth.code.demos=2 synth.code.discipline=mathematics "
                   "synth.trim_truncated=true llm.max_new_tokens=48 llm.num_threads=1",
     "MIX": "mix=demo_smollm2 mix.budget_tokens=16384 mix.seq_len=64 mix.eval_docs=4",
@@ -49,8 +50,12 @@ def toy_overrides(c: Command) -> list[str]:
     elif step in ("expand-queries", "synthesize-qa"):
         # one llama.cpp thread: another test runs beside this one, and llama.cpp's threads spin-wait
         extra = ["llm.max_new_tokens=32", "llm.num_threads=1"]
-    elif step == "label-topics-annotate" and "loglikelihood" in args:
-        extra = ["topics.sample=2"]
+    elif step == "score-quality-train":
+        extra = ["train.tune.epoch=[20]", "train.tune.word_ngrams=[2]"]  # a 2-point grid, not 8
+    elif step == "label-topics-annotate" and "loglikelihood" not in args:
+        extra = ["topics.sample=80"]  # as TOY_MAKE's TOPIC_SAMPLE
+    elif step == "label-topics-annotate":
+        extra = ["topics.sample=2", "topics.few_shot_chars=100", "topics.max_page_tokens=48"]  # prompts ~3x shorter
     elif step == "build-mix" and "mix=demo_cpt" in args:
         extra = ["mix.budget_tokens=16384", "mix.seq_len=64", "mix.eval_docs=4"]
     elif step == "train":
@@ -62,11 +67,11 @@ def toy_overrides(c: Command) -> list[str]:
             if steps:
                 extra.append(f"train.max_steps={max(1, int(steps.group(1)) // 10)}")
     elif step == "evaluate" and "eval.suite" not in args:
-        extra = ["eval.limit=8", "eval.ppl.max_docs_per_group=4", "eval.ppl.max_length=64"]
+        extra = ["eval.limit=8", "eval.shots=1", "eval.ppl.max_docs_per_group=4", "eval.ppl.max_length=64"]
     return extra
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=10)
 def test_readme_examples_run_as_written(tmp_path: Path, corpus_dir: Path, smollm2: str) -> None:
     root = tmp_path / "repo"
     data = root / "data"

@@ -149,7 +149,7 @@ def test_job_array_as_a_hydra_sweep_shares_one_output(qa):
     assert shard_bytes(qa / "arr_sweep") == shard_bytes(whole)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=2)
 def test_a_reproduce_sweep_on_slurm_through_aggregate_to_verdict(corpus_dir, corpus_records, tmp_path, cluster):
     """`make reproduce`'s path with hydra/launcher=submitit_slurm and nothing else changed: a train
     multirun (axis x 3 seeds) as a SLURM job array, the aggregate over seeds, a verdict; a member equals
