@@ -31,12 +31,17 @@ RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "HOME": str(RAY_HOME)}
 def cluster(tmp_path_factory):
     """A one-node Ray cluster with 2 CPUs, started and stopped by the test."""
     tmp = tmp_path_factory.mktemp("ray")
-    port = free_port()
     env = RAY_ENV | {"HOME": str(RAY_HOME)}
-    subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
-                    "--num-cpus=2",
-                    "--include-dashboard=false", f"--temp-dir={tmp}", "--disable-usage-stats"],
-                   check=True, capture_output=True, env=env)
+    for attempt in (1, 2):  # a port taken between free_port() and `ray start` fails the start: one more try
+        port = free_port()
+        r = subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+                            "--num-cpus=2", "--include-dashboard=false", f"--temp-dir={tmp}",
+                            "--disable-usage-stats"], capture_output=True, text=True, env=env)
+        if r.returncode == 0:
+            break
+        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, env=env)
+        if attempt == 2:
+            raise AssertionError(f"ray start failed twice; the last time:\n{(r.stderr or r.stdout)[-3000:]}")
     try:
         yield f"127.0.0.1:{port}"
     finally:

@@ -192,6 +192,57 @@ def _chunk_max(a):  # pragma: no cover - numba
     return m
 
 
+@njit(cache=True)
+def _add_block(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, dense_col, cols, qi, lo, hi, cur,
+               acc):  # pragma: no cover - numba
+    """Add query ``qi``'s scores of documents ``[lo, hi)`` into ``acc[:hi - lo]``, terms in query order:
+    a dense-column term from its column (adding 0 where it is absent leaves a sum unchanged), any
+    other from its postings in the block, ``cur[j]`` being term ``j``'s next posting."""
+    m = hi - lo
+    for j in range(q_ptr[qi], q_ptr[qi + 1]):
+        t = q_terms[j]
+        w = q_weight[j]
+        if dense_col[t] >= 0:
+            col = cols[dense_col[t], lo:hi]  # a view indexed from 0 vectorises
+            if w == 1:
+                for i in range(m):
+                    acc[i] += col[i]
+            else:
+                for i in range(m):
+                    acc[i] += col[i] * w
+            continue
+        p0 = cur[j]
+        p1 = _lower_bound(post_doc, p0, indptr[t + 1], hi)
+        cur[j] = p1
+        if w == 1:
+            for p in range(p0, p1):
+                acc[post_doc[p] - lo] += post_score[p]
+        else:
+            for p in range(p0, p1):
+                acc[post_doc[p] - lo] += post_score[p] * w
+
+
+@njit(cache=True)
+def _scan_block(acc, m, lo, chunk, cs, cd, n, floor, cap, k, scratch):  # pragma: no cover - numba
+    """Append the documents of ``acc[:m]`` (document ``lo + i``) scoring above ``floor`` to the
+    candidates ``(cs, cd)[:n]``, cut back to k whenever ``cap`` are held; a chunk whose max is not
+    above the floor is skipped whole (touched <=> score > 0). Returns ``(n, floor)``."""
+    fl = acc.dtype.type(floor)  # exact: the floor is a score of this dtype (or 0)
+    for c0 in range(0, m, chunk):
+        c1 = min(c0 + chunk, m)
+        if _chunk_max(acc[c0:c1]) <= fl:
+            continue
+        for i in range(c0, c1):
+            v = np.float64(acc[i])
+            if v > floor:
+                cs[n], cd[n] = v, lo + i
+                n += 1
+                if n == cap:
+                    n, floor = _select(cs, cd, n, k, scratch)
+                    fl = acc.dtype.type(floor)
+    return n, floor
+
+
 @njit(cache=True, nogil=True)
 def _search_batch(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, positive, n_docs, k,
                   block, chunk, group, dense_col, cols):  # pragma: no cover - numba
@@ -230,7 +281,6 @@ def _search_batch(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, positi
     gd = np.empty((g, cap), np.int64)
     gn = np.zeros(g, np.int64)
     gfloor = np.zeros(g, np.float64)
-    fl = np.zeros(g, post_score.dtype)  # the floor in the accumulator's dtype (exact: it is a score)
     cur = np.empty(q_terms.size, np.int64)  # per query term: its next posting
     for g0 in range(0, dq.size, g):
         ng = min(g, dq.size - g0)
@@ -240,48 +290,14 @@ def _search_batch(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, positi
                 cur[j] = indptr[q_terms[j]]
             gn[b] = 0
             gfloor[b] = 0.0  # documents come in index order: a later one loses ties, so strictly greater
-            fl[b] = 0.0
         for lo in range(0, n_docs, block):
             hi = min(lo + block, n_docs)
             m = hi - lo
-            for b in range(ng):
+            for b in range(ng):  # gather-add the block, then scan it into the query's candidates
                 qi = dq[g0 + b]
-                for j in range(q_ptr[qi], q_ptr[qi + 1]):
-                    t = q_terms[j]
-                    w = q_weight[j]
-                    if dense_col[t] >= 0:  # adding 0 where the term is absent leaves the sum unchanged
-                        col = cols[dense_col[t], lo:hi]  # a view indexed from 0 vectorises
-                        if w == 1:
-                            for i in range(m):
-                                acc[i] += col[i]
-                        else:
-                            for i in range(m):
-                                acc[i] += col[i] * w
-                        continue
-                    p0 = cur[j]
-                    p1 = _lower_bound(post_doc, p0, indptr[t + 1], hi)
-                    cur[j] = p1
-                    if w == 1:
-                        for p in range(p0, p1):
-                            acc[post_doc[p] - lo] += post_score[p]
-                    else:
-                        for p in range(p0, p1):
-                            acc[post_doc[p] - lo] += post_score[p] * w
-                # Scan: a chunk with no score above the floor adds no candidate (touched <=> score > 0).
-                n, floor = gn[b], gfloor[b]
-                bs, bd = gs[b], gd[b]
-                for c0 in range(0, m, chunk):
-                    c1 = min(c0 + chunk, m)
-                    if _chunk_max(acc[c0:c1]) <= fl[b]:
-                        continue
-                    for i in range(c0, c1):
-                        v = np.float64(acc[i])
-                        if v > floor:
-                            bs[n], bd[n] = v, lo + i
-                            n += 1
-                            if n == cap:
-                                n, floor = _select(bs, bd, n, k, scratch)
-                                fl[b] = floor
+                _add_block(q_ptr, q_terms, q_weight, indptr, post_doc, post_score, dense_col, cols, qi, lo, hi,
+                           cur, acc)
+                n, floor = _scan_block(acc, m, lo, chunk, gs[b], gd[b], gn[b], gfloor[b], cap, k, scratch)
                 gn[b], gfloor[b] = n, floor
                 acc[:m] = 0.0
         for b in range(ng):
