@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 CPTKIT := $(BIN)/cptkit
 DATA   ?= data
 PYTEST_ARGS ?= -n $(TEST_WORKERS) --durations=15
-TEST_WORKERS ?= 2  # pytest-xdist workers: the suite runs in about 19 min on 2 cores (1,110 s measured)
+TEST_WORKERS ?= 2  # pytest-xdist workers: the suite runs in about 29 min on 2 cores (1,733 s measured 2026-11-27)
 
 .PHONY: install test lint demo cpt-experiment bench clean-demo help
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,19 @@ RAY_HOME = Path(tempfile.mkdtemp(prefix="cptkit-ray-home-"))
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "HOME": str(RAY_HOME)}
 
 
+def stop_cluster(pgid: int) -> None:
+    """Stop one cluster: the process group its ``ray start`` ran in (a session of its own), and no
+    other. ``ray stop --force`` kills every Ray process on the machine, including the cluster another
+    pytest-xdist worker runs for its share of these tests (its GCS died mid-test and the client hung);
+    and the agents and client server outlive a killed raylet (the server holding port 10001)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        time.sleep(1)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A one-node Ray cluster with 2 CPUs, started and stopped by the test."""
@@ -34,18 +49,21 @@ def cluster(tmp_path_factory):
     env = RAY_ENV | {"HOME": str(RAY_HOME)}
     for attempt in (1, 2):  # a port taken between free_port() and `ray start` fails the start: one more try
         port = free_port()
-        r = subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
-                            "--num-cpus=2", "--include-dashboard=false", f"--temp-dir={tmp}",
-                            "--disable-usage-stats"], capture_output=True, text=True, env=env)
-        if r.returncode == 0:
+        p = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+                              f"--ray-client-server-port={free_port()}", "--num-cpus=2", "--include-dashboard=false",
+                              f"--temp-dir={tmp}",
+                              "--disable-usage-stats"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=env, start_new_session=True)
+        out, _ = p.communicate()
+        if p.returncode == 0:
             break
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, env=env)
+        stop_cluster(p.pid)
         if attempt == 2:
-            raise AssertionError(f"ray start failed twice; the last time:\n{(r.stderr or r.stdout)[-3000:]}")
+            raise AssertionError(f"ray start failed twice; the last time:\n{out[-3000:]}")
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, env=env)
+        stop_cluster(p.pid)
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(RAY_HOME, ignore_errors=True)
 
