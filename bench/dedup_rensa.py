@@ -47,19 +47,25 @@ from bench._report import table, write_section  # noqa: E402
 from cptkit.dedup import minhash as mh  # noqa: E402
 
 
-def run_cptkit(sub: Path, out: Path, workers: int) -> dict:
+def run_timed(cmd: list[str], out: Path, env: dict | None = None) -> dict:
+    """``cmd`` (which writes ``out``) in a fresh process under ``/usr/bin/time``: wall and CPU seconds,
+    peak RSS, the removed records of ``out/_removed.jsonl``, the load average before and after."""
     shutil.rmtree(out, ignore_errors=True)
     load0 = os.getloadavg()[0]
-    cmd = bs.cptkit_cmd() + ["dedup", "--in", str(sub), "--out", str(out), "--quiet", f"dedup.workers={workers}"]
     t0 = time.perf_counter()
-    p = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", *cmd], capture_output=True, text=True)
+    p = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", *cmd], capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     if p.returncode:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{p.stderr[-3000:]}")
+        raise SystemExit(f"failed: {' '.join(cmd)[:300]}\n{p.stderr[-3000:]}")
     rss_kb, user, system = p.stderr.strip().splitlines()[-1].split()
     removed = [json.loads(line) for line in (out / "_removed.jsonl").read_text().splitlines()]
     return {"s": wall, "cpu": float(user) + float(system), "rss": int(rss_kb) / 1024, "removed": removed,
             "load": (load0, os.getloadavg()[0])}
+
+
+def run_cptkit(sub: Path, out: Path, workers: int) -> dict:
+    return run_timed(bs.cptkit_cmd() + ["dedup", "--in", str(sub), "--out", str(out), "--quiet",
+                                        f"dedup.workers={workers}"], out)
 
 
 RENSA_E2E = """\
@@ -92,20 +98,9 @@ with open(dst / "_removed.jsonl", "w", encoding="utf-8") as removed:
 
 
 def run_rensa_e2e(sub: Path, out: Path) -> dict:
-    """:data:`RENSA_E2E` in a fresh process under ``/usr/bin/time``: wall, CPU, peak RSS, removed."""
-    shutil.rmtree(out, ignore_errors=True)
-    load0 = os.getloadavg()[0]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    t0 = time.perf_counter()
-    p = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", sys.executable, "-c", RENSA_E2E, str(sub), str(out)],
-                       capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t0
-    if p.returncode:
-        raise SystemExit(f"rensa end to end failed:\n{p.stderr[-3000:]}")
-    rss_kb, user, system = p.stderr.strip().splitlines()[-1].split()
-    removed = [json.loads(line) for line in (out / "_removed.jsonl").read_text().splitlines()]
-    return {"s": wall, "cpu": float(user) + float(system), "rss": int(rss_kb) / 1024, "removed": removed,
-            "load": (load0, os.getloadavg()[0])}
+    """:data:`RENSA_E2E` in a fresh process, timed as the cptkit command is."""
+    return run_timed([sys.executable, "-c", RENSA_E2E, str(sub), str(out)], out,
+                     env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def run_rensa(docs: list[dict]) -> dict:
