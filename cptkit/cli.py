@@ -242,12 +242,9 @@ def main() -> None:
     try:
         app()
     except CptkitError as e:
-        from rich.text import Text
+        from cptkit.core.errors import print_error
 
-        from cptkit.core.progress import console
-        from cptkit.core.redact import redact_text
-
-        console.print(Text.assemble(("error: ", "bold red"), redact_text(str(e).replace("\n", " "))), soft_wrap=True)
+        print_error(e)
         sys.exit(e.exit_code)
     except SystemExit as e:
         if e.code == 130:  # Typer turns Ctrl-C (KeyboardInterrupt) into exit 130

@@ -7,6 +7,7 @@ both with in-memory clustering and with the map/reduce backend (map, reduce, fin
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -42,30 +43,38 @@ def stop_cluster(pgid: int) -> None:
         time.sleep(1)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A one-node Ray cluster with 2 CPUs, started and stopped by the test."""
-    tmp = tmp_path_factory.mktemp("ray")
-    env = RAY_ENV | {"HOME": str(RAY_HOME)}
-    for attempt in (1, 2):  # a port taken between free_port() and `ray start` fails the start: one more try
+@pytest.fixture(scope="module", autouse=True)
+def ray_home():
+    yield RAY_HOME
+    shutil.rmtree(RAY_HOME, ignore_errors=True)
+
+
+def start_cluster(tmp: Path) -> tuple[str, int]:
+    """``ray start --head`` with 2 CPUs in a session of its own: (its address, its process group)."""
+    for _ in (1, 2):  # a port taken between free_port() and `ray start` fails the start: one more try
         port = free_port()
         p = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
                               f"--ray-client-server-port={free_port()}", "--num-cpus=2", "--include-dashboard=false",
                               f"--temp-dir={tmp}",
                               "--disable-usage-stats"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env=env, start_new_session=True)
+                             env=os.environ | RAY_ENV, start_new_session=True)
         out, _ = p.communicate()
         if p.returncode == 0:
-            break
+            return f"127.0.0.1:{port}", p.pid
         stop_cluster(p.pid)
-        if attempt == 2:
-            raise AssertionError(f"ray start failed twice; the last time:\n{out[-3000:]}")
+    raise AssertionError(f"ray start failed twice; the last time:\n{out[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A one-node Ray cluster with 2 CPUs, started and stopped by the test."""
+    tmp = tmp_path_factory.mktemp("ray")
+    address, pgid = start_cluster(tmp)
     try:
-        yield f"127.0.0.1:{port}"
+        yield address
     finally:
-        stop_cluster(p.pid)
+        stop_cluster(pgid)
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(RAY_HOME, ignore_errors=True)
 
 
 def cptkit(*args: str) -> subprocess.CompletedProcess:
@@ -123,3 +132,45 @@ def test_executor_errors_are_one_line(tmp_path: Path, shards: Path):
     res = cptkit("dedup", "--in", str(shards), "--out", str(tmp_path / "o"), "executor=ray", "executor.workers=0")
     assert res.returncode == 2 and "executor.workers" in res.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_dead_cluster_fails_the_run_in_one_line(tmp_path: Path, shards: Path):
+    """No cluster at the address: one line naming it. A cluster that dies mid-run: the run fails within
+    seconds naming its address, instead of ray.get() waiting forever (13 min, until the suite's hang)."""
+    nobody = f"127.0.0.1:{free_port()}"
+    res = cptkit("dedup", "--in", str(shards), "--out", str(tmp_path / "o"), "executor=ray",
+                 f"executor.address={nobody}")
+    assert res.returncode != 0 and res.stderr.strip().count("\n") == 0, res.stderr
+    assert nobody in res.stderr and not (tmp_path / "o").exists()
+
+    # Enough text that the map/reduce waves take seconds: the cluster is killed the moment the first is
+    # submitted, long before the last could finish.
+    rng, words = random.Random(0), [f"w{i}" for i in range(5000)]
+    big = tmp_path / "big"
+    for i in range(6):
+        write_jsonl(big / f"part-{i}.jsonl", [{"id": f"{i}-{j}", "text": " ".join(rng.choices(words, k=80))}
+                                              for j in range(3000)])
+    tmp = Path(tempfile.mkdtemp(prefix="cptkit-ray-"))  # short: Ray's socket paths must fit 107 bytes
+    address, pgid = start_cluster(tmp)
+    try:
+        run = subprocess.Popen([str(BIN / "cptkit"), "dedup", "--in", str(big), "--out", str(tmp_path / "o"),
+                                "dedup.cluster=mapreduce", "executor=ray", f"executor.address={address}",
+                                "executor.workers=2"],
+                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=os.environ | RAY_ENV)
+        for line in run.stderr:  # the first wave has been submitted: the cluster goes away under it
+            if "wave 1/" in line:
+                break
+        stop_cluster(pgid)
+        t0 = time.monotonic()
+        err = run.stderr.read()
+        rc = run.wait(timeout=120)
+    finally:
+        stop_cluster(pgid)
+        shutil.rmtree(tmp, ignore_errors=True)
+    # Ray itself prints its raylet's last log lines; the run's own error is the last line and names the
+    # cluster (the watch's "stopped answering", or Ray's NodeDiedError when it noticed first).
+    assert rc == 2, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ray") and address in last, err
+    assert time.monotonic() - t0 < 45
+    assert not (tmp_path / "o" / "_SUCCESS").exists()

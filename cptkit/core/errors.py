@@ -16,3 +16,13 @@ class BadInput(CptkitError):
         self.path, self.line, self.reason = str(path), line, reason
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(f"{where}: {reason}")
+
+
+def print_error(e: CptkitError) -> None:
+    """The one line the CLI prints for ``e`` on stderr (``error: ...``, secrets masked)."""
+    from rich.text import Text
+
+    from cptkit.core.progress import console
+    from cptkit.core.redact import redact_text
+
+    console.print(Text.assemble(("error: ", "bold red"), redact_text(str(e).replace("\n", " "))), soft_wrap=True)

@@ -17,20 +17,27 @@ they are not part of a run's identity, its config hash or its manifest.
 * ``executor.address=HOST:PORT`` or ``auto``: an existing cluster (default: ``$RAY_ADDRESS``,
   else a local cluster started for this run and stopped at its end)
 * ``executor.num_cpus=C``: CPUs each member reserves (default 1)
+
+A cluster that does not answer, or stops answering mid-run, fails the run in one line naming its
+address (``GCS_GRACE`` seconds after it went away) instead of leaving the run waiting forever.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cptkit.core.errors import CptkitError
+from cptkit.core.errors import CptkitError, print_error
 
 KEYS = ("workers", "address", "num_cpus")
+GCS_GRACE = 10.0  # seconds a cluster's control store may stay unreachable before the run fails
+POLL = 1.0  # seconds between two looks at the cluster
 
 
 @dataclass
@@ -102,23 +109,66 @@ def _member(step: str, overrides: list[str]) -> dict[str, Any]:
     return {"result": {k: v for k, v in (result or {}).items() if isinstance(v, int | float | str)}}
 
 
+def reachable(address: str, timeout: float = 2.0) -> bool:
+    """Whether something accepts TCP connections at ``HOST:PORT`` (a Ray cluster's GCS)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+class ClusterWatch(threading.Thread):
+    """Fails the run once the cluster's GCS at ``gcs`` stays unreachable for ``grace`` seconds: one line
+    naming ``name`` (the address the user gave) and exit 2. Ray's own calls block for a minute or for
+    ever when a cluster dies under them (``ray.get``, a task's first submission, ``cluster_resources``),
+    so the watch runs beside them; the driver writes no data (the members do, each shard atomically),
+    so exiting leaves nothing half-written."""
+
+    def __init__(self, gcs: str, name: str, grace: float = GCS_GRACE):
+        super().__init__(daemon=True, name="ray-cluster-watch")
+        self.gcs, self.name, self.grace, self.stopped = gcs, name, grace, threading.Event()
+
+    def run(self) -> None:
+        down_since = None
+        while not self.stopped.wait(POLL):
+            if reachable(self.gcs):
+                down_since = None
+                continue
+            down_since = down_since or time.monotonic()
+            if time.monotonic() - down_since >= self.grace and not self.stopped.is_set():
+                print_error(CptkitError(f"ray cluster at {self.name} stopped answering "
+                                        f"({self.grace:.0f} s without its GCS at {self.gcs})"))
+                os._exit(CptkitError.exit_code)
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
 def run_ray(step: str, overrides: list[str], cfg: Any, spec: ExecutorSpec) -> dict[str, Any]:
     """Run ``step`` as waves of Ray tasks; returns the last member's result."""
     try:
         import ray
     except ImportError:
         raise CptkitError("executor=ray needs Ray: pip install 'ray>=2.9'") from None
-    from cptkit.core.progress import log, print_summary
+    from cptkit.core.progress import log, print_summary, setup_logging
+
+    setup_logging(bool(cfg.get("quiet", False)))
 
     if str(cfg.io.output) in ("-", "", "None"):
         raise CptkitError("executor=ray needs --out DIR (the members share one output directory)")
     address = spec.address or os.environ.get("RAY_ADDRESS")
+    if address and address != "auto" and not address.startswith("ray://") and not reachable(address):
+        raise CptkitError(f"executor.address={address}: no Ray cluster answers there")
     started = not ray.is_initialized()
     if started:
         # Workers import cptkit from the same place as this process.
         env = {"env_vars": {k: os.environ[k] for k in ("PYTHONPATH", "CPTKIT_CONF_DIR") if k in os.environ}}
         ray.init(address=address, runtime_env=env, log_to_driver=False, include_dashboard=False,
                  logging_level="ERROR", **({} if address else {"num_cpus": spec.workers or None}))
+    watch = ClusterWatch(ray.get_runtime_context().gcs_address, address or "the local cluster")
+    watch.start()
     try:
         n = spec.workers or max(1, int(ray.cluster_resources().get("CPU", 1) // spec.num_cpus))
         remote = ray.remote(num_cpus=spec.num_cpus, max_retries=0)(_member)
@@ -128,9 +178,9 @@ def run_ray(step: str, overrides: list[str], cfg: Any, spec: ExecutorSpec) -> di
             log.info("ray: wave %d/%d, %d members", w + 1, len(plan), len(members))
             try:
                 outcomes = ray.get([remote.remote(step, overrides + ["quiet=true"] + m) for m in members])
-            except ray.exceptions.RayTaskError as e:
+            except ray.exceptions.RayError as e:  # a member's exception, a dead node or worker
                 cause = e.cause if getattr(e, "cause", None) is not None else e
-                raise CptkitError(f"ray wave {w + 1}: {type(cause).__name__}: {str(cause).splitlines()[0]}") from None
+                raise CptkitError(f"ray wave {w + 1} on {watch.name}: {type(cause).__name__}: {str(cause).splitlines()[0]}") from None
             for m, o in zip(members, outcomes, strict=True):
                 if "error" in o:
                     raise CptkitError(f"ray member {' '.join(m)}: {o['error']}")
@@ -145,5 +195,6 @@ def run_ray(step: str, overrides: list[str], cfg: Any, spec: ExecutorSpec) -> di
         print_summary(f"cptkit {step} on ray", rows, bool(cfg.get("quiet", False)))
         return last
     finally:
+        watch.stop()
         if started:
             ray.shutdown()
