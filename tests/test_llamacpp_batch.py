@@ -105,3 +105,26 @@ def test_too_long_request_in_a_batch_is_refused_by_index(smollm2):
             g._generate(reqs[:1], GenParams(max_new_tokens=250, temperature=0.0), [0])
     finally:
         g.close()
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_0"])
+def test_requantized_copy_is_made_once_and_batches_exactly(smollm2, tmp_path, monkeypatch, qtype):
+    """llm.requantize converts the GGUF once into $CPTKIT_CACHE (a second load reuses the file), and
+    llama.cpp's repacked GEMM kernels for the copy still give every request its one-at-a-time output."""
+    monkeypatch.setenv("CPTKIT_CACHE", str(tmp_path))
+    four = load_generator(llm_cfg("smollm2", backend="llamacpp", batch_size=4, requantize=qtype))
+    [copy] = (tmp_path / "gguf-requant").glob(f"*.{qtype}-*.gguf")
+    assert four.model_id.endswith(copy.name) and not list(copy.parent.glob(".*.tmp"))
+    made = copy.stat().st_mtime_ns
+    one = load_generator(llm_cfg("smollm2", backend="llamacpp", batch_size=1, requantize=qtype))
+    try:
+        assert copy.stat().st_mtime_ns == made and one.model_id == four.model_id
+        p = GenParams(max_new_tokens=16, temperature=0.0)
+        batched = four._generate(PROMPTS, p, [0] * len(PROMPTS))
+        assert _fields(batched) == _fields([one._generate([r], p, [0])[0] for r in PROMPTS])
+        assert all(c.completion_tokens > 0 for c in batched)
+    finally:
+        four.close()
+        one.close()
+    with pytest.raises(CptkitError, match=r"llm.requantize=q5_k: must be one of q8_0, q4_0"):
+        load_generator(llm_cfg("smollm2", backend="llamacpp", requantize="q5_k"))

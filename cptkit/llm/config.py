@@ -41,6 +41,9 @@ class LLMConfig:
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16
     batch_size: int = 8
     num_threads: int = 0  # CPU threads for local generation (0 = torch's default); 1 helps on busy machines
+    # llamacpp: convert the GGUF once (cached) to q8_0 | q4_0 and generate from that; llama.cpp's CPU
+    # GEMM kernels batch these formats far better than Q4_1 (docs/benchmarks.md, generate). null: as is
+    requantize: str | None = None
     trust_remote_code: bool = False
     # cache of completions keyed by (model, request, params, seed)
     cache: bool = True

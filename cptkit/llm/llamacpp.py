@@ -16,6 +16,11 @@ transformers backend on the same file (docs/benchmarks.md, generate).
   A sequence's attention reads only its own stream and every matmul row is computed alone, so a
   request's output does not depend on its batch, the order of requests or the thread count
   (greedy and seeded samples are tested identical batched and one at a time).
+* ``llm.requantize=q8_0`` (or ``q4_0``) converts the GGUF once with llama.cpp's own quantizer and
+  generates from the copy (cached under ``$CPTKIT_CACHE/gguf-requant``, keyed by the source's
+  sha256, the type and the llama-cpp-python version). llama.cpp repacks these formats for its CPU
+  GEMM kernels, so batched decoding pays off far more than on Q4_1, the embedded SmolLM2's format
+  (docs/benchmarks.md, generate). The copy's outputs are its own, not the source's.
 * Generation stops at an end-of-generation token (``finish_reason="stop"``), at a stop string
   (cut from the text, ``stop``) or after ``max_new_tokens`` (``length``).
 """
@@ -23,6 +28,7 @@ transformers backend on the same file (docs/benchmarks.md, generate).
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import time
 from collections import deque
@@ -89,6 +95,44 @@ def gguf_path(model: str, gguf_file: str | None) -> Path | None:
     return None
 
 
+# llama.cpp's ftype for each llm.requantize value (llama.h: LLAMA_FTYPE_MOSTLY_*)
+REQUANTIZE = {"q8_0": 7, "q4_0": 2}
+
+
+def requantized(path: Path, qtype: str, threads: int) -> Path:
+    """``path`` converted once to ``qtype`` by llama.cpp's quantizer (``llama_model_quantize``), kept in
+    ``$CPTKIT_CACHE/gguf-requant/<stem>.<qtype>-<key>.gguf``; written under a temporary name and
+    renamed, so a killed conversion leaves no file that looks finished."""
+    import ctypes
+
+    import llama_cpp
+    from llama_cpp._utils import suppress_stdout_stderr
+
+    from cptkit.core.fingerprint import cache_path, content_hash
+
+    if qtype not in REQUANTIZE:
+        raise CptkitError(f"llm.requantize={qtype}: must be one of {', '.join(REQUANTIZE)} (or null)")
+    sha, _ = content_hash(path) or ("", 0)
+    key = hashlib.sha256(f"{sha}\0{qtype}\0{llama_cpp.__version__}".encode()).hexdigest()[:16]
+    out = cache_path().parent / "gguf-requant" / f"{path.stem}.{qtype}-{key}.gguf"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize, params.nthread = REQUANTIZE[qtype], True, threads
+    log.info("llm.requantize=%s: converting %s once (llama.cpp quantizer) -> %s", qtype, path.name, out)
+    try:
+        with suppress_stdout_stderr(disable=False):  # a line per tensor on stderr, from C
+            rc = llama_cpp.llama_model_quantize(str(path).encode(), str(tmp).encode(), ctypes.byref(params))
+        if rc != 0:
+            raise CptkitError(f"llm.requantize={qtype}: llama.cpp cannot convert {path}")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
 def default_threads() -> int:
     """CPUs this process may run on."""
     try:
@@ -116,6 +160,8 @@ class LlamaCppGenerator(Generator):
         import llama_cpp
 
         threads = int(getattr(cfg, "num_threads", 0) or 0) or default_threads()
+        if getattr(cfg, "requantize", None):
+            path = requantized(path, str(cfg.requantize), threads)
         log.info("loading %s with llama.cpp (%d threads)", path, threads)
         self._ctx, self._ctx_shape, self._batch = None, (0, 0), None
         try:  # Llama: model, tokenizer, metadata; its own small context is unused (generation has its own)
