@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 CPTKIT := $(BIN)/cptkit
 DATA   ?= data
 PYTEST_ARGS ?= -n $(TEST_WORKERS) --durations=15
-TEST_WORKERS ?= 2  # pytest-xdist workers: the suite runs in about 29 min on 2 cores (1,733 s measured 2026-11-27)
+TEST_WORKERS ?= 2  # pytest-xdist workers: 813 s on 2 idle cores (fresh machine, 2026-11-27); 1,733 s on a loaded one
 
 .PHONY: install test lint demo cpt-experiment bench clean-demo help
 

@@ -10,7 +10,8 @@ transformers backend on the same file (docs/benchmarks.md, generate).
   repeat penalty over the generated tokens.
 * Requests are decoded together: up to ``llm.batch_size`` sequences share one llama.cpp context
   (low-level API: ``llama_decode`` on a multi-sequence batch), one KV stream per sequence
-  (``kv_unified=false``) and one sampler chain each. Each prompt is prefilled alone, then every
+  (``kv_unified=false``) and one sampler chain each. The prompts waiting for free slots are
+  prefilled together (one batch of up to ``PREFILL_CHUNK`` tokens of several sequences), then every
   decode step advances all live sequences by one token; a finished sequence's KV is removed and
   its slot goes to the next request. ``llm.batch_size=1`` is the same code with one sequence.
   A sequence's attention reads only its own stream and every matmul row is computed alone, so a
@@ -32,6 +33,7 @@ import hashlib
 import os
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -256,20 +258,28 @@ class LlamaCppGenerator(Generator):
             llama_cpp.llama_batch_free(self._batch)
             llama_cpp.llama_free(ctx)
 
-    def _prefill(self, ctx: Any, prompt: list[int], seq: int) -> None:
-        """Decode ``prompt`` into sequence ``seq``'s KV stream, alone, in chunks; logits for its last token."""
+    def _prefill(self, ctx: Any, prompts: list[list[int]], seqs: list[int]) -> Iterator[tuple[int, int]]:
+        """Decode ``prompts`` into their sequences' KV streams, together, in batches of up to
+        ``PREFILL_CHUNK`` tokens (a prompt may span two). Right after the decode that computed a
+        prompt's last token, yields (the prompt's number, that token's index in the batch): its
+        logits are readable there until the next decode."""
         import llama_cpp
 
         b = self._batch
-        for start in range(0, len(prompt), PREFILL_CHUNK):
-            chunk = prompt[start:start + PREFILL_CHUNK]
-            for i, t in enumerate(chunk):
-                b.token[i], b.pos[i], b.logits[i] = t, start + i, 0
-                b.seq_id[i][0] = seq
-            b.logits[len(chunk) - 1] = start + len(chunk) == len(prompt)
+        flat = [(j, i, t) for j, prompt in enumerate(prompts) for i, t in enumerate(prompt)]
+        for start in range(0, len(flat), PREFILL_CHUNK):
+            chunk = flat[start:start + PREFILL_CHUNK]
+            ends = []
+            for n, (j, i, t) in enumerate(chunk):
+                last = i == len(prompts[j]) - 1
+                b.token[n], b.pos[n], b.logits[n] = t, i, last
+                b.seq_id[n][0] = seqs[j]
+                if last:
+                    ends.append((j, n))
             b.n_tokens = len(chunk)
             if (rc := llama_cpp.llama_decode(ctx, b)) != 0:
-                raise CptkitError(f"llama_decode returned {rc} on a prompt of {len(prompt)} tokens")
+                raise CptkitError(f"llama_decode returned {rc} on {len(prompts)} prompts of {len(flat)} tokens")
+            yield from ends
 
     def _generate(self, requests: list[Request], params: GenParams, seeds: list[int]) -> list[Completion]:
         """Decode up to ``batch_size`` requests at once on one context, one sequence (KV stream and
@@ -321,17 +331,20 @@ class LlamaCppGenerator(Generator):
 
         prof, clock = self.profile, time.perf_counter
         while pending or active:
-            while pending and free:  # admit: the prompt alone into a free sequence, then its first token
-                k = pending.popleft()
-                s = _Seq(k, free.pop(), self._sampler(params, seeds[k]), len(prompts[k]))
+            if pending and free:  # admit: the waiting prompts, prefilled together, then their first tokens
+                admitted = []
+                while pending and free:
+                    k = pending.popleft()
+                    admitted.append(_Seq(k, free.pop(), self._sampler(params, seeds[k]), len(prompts[k])))
                 t0 = clock()
-                self._prefill(ctx, prompts[k], s.seq)
-                t1 = clock()
-                if not step(s, sample(s.sampler.sampler, ctx, -1)):
-                    active.append(s)
-                prof.prefill_s += t1 - t0
-                prof.prefill_tokens += len(prompts[k])
-                prof.sample_s += clock() - t1
+                for j, last in self._prefill(ctx, [prompts[a.k] for a in admitted], [a.seq for a in admitted]):
+                    t1 = clock()
+                    if not step(admitted[j], sample(admitted[j].sampler.sampler, ctx, last)):
+                        active.append(admitted[j])
+                    prof.sample_s += clock() - t1
+                    t0 += clock() - t1  # sampling is not prefill
+                prof.prefill_s += clock() - t0
+                prof.prefill_tokens += sum(len(prompts[a.k]) for a in admitted)
             if not active:
                 continue
             for i, s in enumerate(active):  # one token of every live sequence, one decode
