@@ -122,15 +122,15 @@ def main() -> None:
     from cptkit.llm.llamacpp import DecodeProfile, gguf_path
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--batch", type=int, default=8, help="transformers' batch size")
-    ap.add_argument("--llamacpp-batches", default="4,8", help="llama.cpp batch sizes (comma-separated)")
-    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--llamacpp-batches", default="8,16,32", help="llama.cpp batch sizes (comma-separated)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2, help="runs per method (rotating order); the fastest is kept")
     ap.add_argument("--llama-bench", help="llama-bench binary (default: bench/build_llama_bench.sh's cached build)")
     ap.add_argument("--no-transformers", action="store_true", help="skip the transformers rows")
-    ap.add_argument("--requantize", default="", help="llm.requantize types to add (comma-separated, e.g. q8_0)")
+    ap.add_argument("--requantize", default="q8_0", help="llm.requantize types to add (comma-separated, e.g. q8_0)")
     ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = ap.parse_args()
     prompts = (PROMPTS * (args.prompts // len(PROMPTS) + 1))[:args.prompts]
