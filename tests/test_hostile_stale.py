@@ -273,3 +273,31 @@ def test_a_writer_killed_mid_write_leaves_no_temporary_file_for_good(hash_cache,
     c.file_sha256(f)
     c.save()
     assert not stale.exists() and live.exists() and str(f) in json.loads(hash_cache.read_text())
+
+
+def test_llm_replaced_in_place_is_not_served_its_old_completions(smollm2, tmp_path):
+    """The completion cache is keyed by the model's content, not only its name: a GGUF swapped in place
+    under the same path generates anew instead of returning the old model's cached completions."""
+    from cptkit.llm import load_generator
+    from cptkit.llm.base import GenParams
+    from cptkit.llm.llamacpp import gguf_path, requantized
+    from tests._tiny_llm import llm_cfg
+
+    src = gguf_path("smollm2", None)
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(src, model)
+    greedy, prompts = GenParams(max_new_tokens=12, temperature=0.0), ["Name a prime number.", "Why is the sky blue?"]
+
+    def run() -> tuple[list[str], int]:
+        g = load_generator(llm_cfg(str(model), tmp_path / "completions", backend="llamacpp"))
+        try:
+            return [c.text for c in g.generate(prompts, greedy)], g.stats.cache_hits
+        finally:
+            g.close()
+
+    first, hits = run()
+    assert hits == 0 and run() == (first, 2)  # a rerun is served from the cache
+    shutil.copyfile(requantized(src, "q4_0", 1), model)  # same path and name, other weights
+    swapped, hits = run()
+    assert hits == 0 and swapped != first
+    assert run() == (swapped, 2)

@@ -16,6 +16,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Union
 
 from cptkit.core.errors import CptkitError
@@ -155,6 +156,16 @@ class Generator(ABC):
         self.cache = CompletionCache(str(cfg.cache_dir)) if cfg.cache else None
         self.stats = GenStats()
         self.model_id = str(cfg.model)
+        self.model_key = ""  # the model's content in the completion cache's key (key_model); "" = model_id alone
+
+    def key_model(self, path: str | Path) -> None:
+        """Key cached completions by the content of the model at ``path`` (a file or a folder) as well as
+        its name: a model retrained, re-quantized or swapped in place under the same name must not be
+        served the old model's completions. sha256 once per file version (``core.fingerprint``'s cache)."""
+        from cptkit.core.fingerprint import content_hash
+
+        digest = content_hash(path)
+        self.model_key = digest[0][:16] if digest else ""
 
     # -- subclass API -----------------------------------------------------------------------
     @abstractmethod
@@ -182,7 +193,8 @@ class Generator(ABC):
         if len(base) != len(reqs):
             raise ValueError("seeds must have one entry per request")
         row_seeds = [request_seed(s, r, params) for s, r in zip(base, reqs, strict=True)]
-        keys = [cache_key(self.model_id, r, params, s, self.chat, self.system, self.backend)
+        model = f"{self.model_id}@{self.model_key}" if self.model_key else self.model_id
+        keys = [cache_key(model, r, params, s, self.chat, self.system, self.backend)
                 for r, s in zip(reqs, row_seeds, strict=True)]
         out: list[Completion | None] = [None] * len(reqs)
         if self.cache is not None:

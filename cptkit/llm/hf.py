@@ -128,6 +128,7 @@ class TransformersGenerator(Generator):
 
             path, gguf = resolve_model(str(cfg.model), getattr(cfg, "gguf_file", None))
             self.model_id = f"{Path(path).name}/{gguf}" if gguf else str(cfg.model)
+            self.key_model(Path(path) / gguf if gguf else path)
             log.info("loading %s%s", path, f" ({gguf})" if gguf else "")
             if gguf:
                 from cptkit.models.lm import resolve_loadable

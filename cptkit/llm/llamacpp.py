@@ -173,6 +173,7 @@ class LlamaCppGenerator(Generator):
             raise CptkitError(f"llm.model={cfg.model}: llama.cpp cannot load {path} ({str(e).splitlines()[0]})") from None
         atexit.register(self._free)
         self.model_id = f"{path.parent.name}/{path.name}"
+        self.key_model(path)
         n_ctx = int(getattr(cfg, "max_model_len", 0) or 0) or self.llm._model.n_ctx_train()
         self.n_ctx = -(-n_ctx // 256) * 256  # per request; llama.cpp pads contexts to 256
         self.max_seqs = int(llama_cpp.llama_max_parallel_sequences())

@@ -31,6 +31,7 @@ class VLLMGenerator(Generator):
             kw["dtype"] = str(cfg.dtype)
         self.engine = LLM(model=model, **kw)
         self.model_id = f"{path.rstrip('/').split('/')[-1]}/{gguf}" if gguf else str(cfg.model)
+        self.key_model(model)
         self.batch_size = max(self.batch_size, 256)  # vLLM schedules its own batches; this is the cache granularity
 
     def _generate(self, requests: list[Request], params: GenParams, seeds: list[int]) -> list[Completion]:
