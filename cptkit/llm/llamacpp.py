@@ -110,7 +110,7 @@ def requantized(path: Path, qtype: str, threads: int) -> Path:
     import llama_cpp
     from llama_cpp._utils import suppress_stdout_stderr
 
-    from cptkit.core.fingerprint import cache_path, content_hash
+    from cptkit.core.fingerprint import cache_path, content_hash, remove_dead_tmps
 
     if qtype not in REQUANTIZE:
         raise CptkitError(f"llm.requantize={qtype}: must be one of {', '.join(REQUANTIZE)} (or null)")
@@ -120,6 +120,7 @@ def requantized(path: Path, qtype: str, threads: int) -> Path:
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_tmps(out)  # a conversion killed before its rename
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype, params.allow_requantize, params.nthread = REQUANTIZE[qtype], True, threads
