@@ -283,6 +283,18 @@ class LlamaCppGenerator(Generator):
                 raise CptkitError(f"llama_decode returned {rc} on {len(prompts)} prompts of {len(flat)} tokens")
             yield from ends
 
+    def _prompts(self, requests: list[Request], max_new: int) -> list[list[int]]:
+        """Each request's prompt tokens; refused before anything is generated when one does not fit
+        the context (the caller names request k)."""
+        prompts = []
+        for k, r in enumerate(requests):
+            prompt = self.tokens(r)
+            if len(prompt) + max_new > self.n_ctx:
+                raise RequestRefused(k, f"a prompt of {len(prompt)} tokens + max_new_tokens {max_new} exceeds the "
+                                        f"context of {self.n_ctx} tokens (llm.max_model_len)")
+            prompts.append(prompt)
+        return prompts
+
     def _generate(self, requests: list[Request], params: GenParams, seeds: list[int]) -> list[Completion]:
         """Decode up to ``batch_size`` requests at once on one context, one sequence (KV stream and
         sampler) each; a finished sequence frees its slot for the next request."""
@@ -290,13 +302,7 @@ class LlamaCppGenerator(Generator):
 
         t_start = time.perf_counter()
         max_new = int(params.max_new_tokens)
-        prompts = []
-        for k, r in enumerate(requests):  # refuse before generating anything; the caller names request k
-            prompt = self.tokens(r)
-            if len(prompt) + max_new > self.n_ctx:
-                raise RequestRefused(k, f"a prompt of {len(prompt)} tokens + max_new_tokens {max_new} exceeds the "
-                                        f"context of {self.n_ctx} tokens (llm.max_model_len)")
-            prompts.append(prompt)
+        prompts = self._prompts(requests, max_new)
         results: list[Completion | None] = [None] * len(requests)
         if max_new <= 0:
             return [Completion(text="", prompt_tokens=len(p), completion_tokens=0, finish_reason="length")
