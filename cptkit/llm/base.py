@@ -157,6 +157,10 @@ class Generator(ABC):
         self.stats = GenStats()
         self.model_id = str(cfg.model)
         self.model_key = ""  # the model's content in the completion cache's key (key_model); "" = model_id alone
+        if getattr(cfg, "requantize", None) and self.backend != "llamacpp":
+            from cptkit.core.progress import log
+
+            log.warning("llm.requantize=%s is for the llamacpp backend: ignored by %s", cfg.requantize, self.backend)
 
     def key_model(self, path: str | Path) -> None:
         """Key cached completions by the content of the model at ``path`` (a file or a folder) as well as
