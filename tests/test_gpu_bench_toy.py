@@ -1,0 +1,34 @@
+"""bench/gpu/train_mfu.py at toy size on the CPU (``--toy``): the GPU benchmark's whole path works before a
+GPU is lent (issue "Speed v3": keep the script tested). Both sides train the toy Llama on a real
+build-mix stream: ``cptkit train`` and the HF Trainer each produce step times, and the JSON has one
+row for each. No speed is asserted (toy size on a CPU measures nothing)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mixdata import build_stream, make_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def test_train_mfu_toy_runs_both_trainers_on_cpu(corpus_dir: Path, corpus_records: list[dict], tmp_path: Path):
+    tok = make_tokenizer(corpus_records, tmp_path / "tok")
+    build_stream(corpus_dir, tok, tmp_path / "stream", ["mix.seq_len=64", "mix.budget_tokens=8192", "mix.eval_docs=2"])
+    out = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "bench/gpu/train_mfu.py", "--stream", str(tmp_path / "stream"), "--out",
+                        str(out), "--toy", "--steps", "5", "--warmup", "1", "--micro-batch", "2"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    res = json.loads((out / "train_mfu.json").read_text())
+    assert res["gpu"] == "cpu" and len(res["rows"]) == 1
+    row = res["rows"][0]
+    assert row["shape"] == "toy" and row["seq"] == 64 and row["micro_batch"] == 2
+    for who in ("cptkit", "hf"):
+        assert "error" not in row[who], (who, row[who], r.stdout[-2000:], r.stderr[-3000:])
+        assert row[who]["ms_step"] > 0 and row[who]["tokens_s"] > 0 and row[who]["mfu_sheet"] is None
