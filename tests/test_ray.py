@@ -161,9 +161,8 @@ def test_a_dead_cluster_fails_the_run_in_one_line(tmp_path: Path, shards: Path):
             if "wave 1/" in line:
                 break
         stop_cluster(pgid)
-        t0 = time.monotonic()
+        rc = run.wait(timeout=120)  # not a timing: a run that hangs (the bug) fails here instead of for ever
         err = run.stderr.read()
-        rc = run.wait(timeout=120)
     finally:
         stop_cluster(pgid)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -172,5 +171,4 @@ def test_a_dead_cluster_fails_the_run_in_one_line(tmp_path: Path, shards: Path):
     assert rc == 2, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: ray") and address in last, err
-    assert time.monotonic() - t0 < 45
     assert not (tmp_path / "o" / "_SUCCESS").exists()

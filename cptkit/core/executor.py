@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError, print_error
+from cptkit.core.net import reachable
 
 KEYS = ("workers", "address", "num_cpus")
 GCS_GRACE = 10.0  # seconds a cluster's control store may stay unreachable before the run fails
@@ -109,14 +109,10 @@ def _member(step: str, overrides: list[str]) -> dict[str, Any]:
     return {"result": {k: v for k, v in (result or {}).items() if isinstance(v, int | float | str)}}
 
 
-def reachable(address: str, timeout: float = 2.0) -> bool:
+def answers(address: str) -> bool:
     """Whether something accepts TCP connections at ``HOST:PORT`` (a Ray cluster's GCS)."""
     host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout):
-            return True
-    except (OSError, ValueError):
-        return False
+    return port.isdigit() and reachable(host.strip("[]") or "127.0.0.1", int(port))
 
 
 class ClusterWatch(threading.Thread):
@@ -133,7 +129,7 @@ class ClusterWatch(threading.Thread):
     def run(self) -> None:
         down_since = None
         while not self.stopped.wait(POLL):
-            if reachable(self.gcs):
+            if answers(self.gcs):
                 down_since = None
                 continue
             down_since = down_since or time.monotonic()
@@ -159,7 +155,7 @@ def run_ray(step: str, overrides: list[str], cfg: Any, spec: ExecutorSpec) -> di
     if str(cfg.io.output) in ("-", "", "None"):
         raise CptkitError("executor=ray needs --out DIR (the members share one output directory)")
     address = spec.address or os.environ.get("RAY_ADDRESS")
-    if address and address != "auto" and not address.startswith("ray://") and not reachable(address):
+    if address and address != "auto" and not address.startswith("ray://") and not answers(address):
         raise CptkitError(f"executor.address={address}: no Ray cluster answers there")
     started = not ray.is_initialized()
     if started:

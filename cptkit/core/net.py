@@ -10,3 +10,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def reachable(host: str, port: int, timeout: float = 2.0) -> bool:
+    """Whether something accepts a TCP connection at ``host:port`` within ``timeout`` seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False

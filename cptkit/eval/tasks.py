@@ -150,15 +150,12 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     Checked once per process, so an offline machine gets its one-line "no data" error at once
     instead of after ``datasets``' retries (~25 s per task, logged)."""
     import os
-    import socket
     from urllib.parse import urlsplit
 
+    from cptkit.core.net import reachable
+
     url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    try:
-        with socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
+    return reachable(url.hostname or "huggingface.co", url.port or 443, timeout)
 
 
 def _data_format(task: EvalTask, split: str, p: Path) -> str:
