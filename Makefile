@@ -257,8 +257,6 @@ BENCHES := dedup dedup_scale retrieve generate classify train train_smollm2 eval
 bench: install $(addprefix bench-,$(BENCHES))
 bench-train_smollm2: install  # SmolLM2-135M's CPT step vs HF Trainer (~15 min; TMPDIR needs ~2 GB)
 	nice $(BIN)/python bench/train.py --smollm2
-bench-generate: install  # writes docs/benchmarks.md only when asked (--write)
-	nice $(BIN)/python bench/generate.py --write
 bench-%: install
 	nice $(BIN)/python bench/$*.py
 include mk/reproduce.mk

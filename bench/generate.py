@@ -67,11 +67,6 @@ PROMPTS = [
 ]
 
 
-def best_keys(methods: list[tuple[str, str, int]]) -> set[str]:
-    """The generators (not llama-bench) among ``methods``."""
-    return {key for _, key, _ in methods if not key.startswith("llama-bench")}
-
-
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """Index of the first differing token (None when identical)."""
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
@@ -131,7 +126,7 @@ def main() -> None:
     ap.add_argument("--llama-bench", help="llama-bench binary (default: bench/build_llama_bench.sh's cached build)")
     ap.add_argument("--no-transformers", action="store_true", help="skip the transformers rows")
     ap.add_argument("--requantize", default="q8_0", help="llm.requantize types to add (comma-separated, e.g. q8_0)")
-    ap.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    ap.add_argument("--dry-run", action="store_true", help="print the table, do not write docs/benchmarks.md")
     args = ap.parse_args()
     prompts = (PROMPTS * (args.prompts // len(PROMPTS) + 1))[:args.prompts]
     lb_bin = llama_bench_binary(args.llama_bench)
@@ -201,7 +196,7 @@ def main() -> None:
     loads.append(os.getloadavg()[0])
     tg, pp = peer["llamacpp"]["tg"], peer["llamacpp"]["pp"]
     single_tps = best[single][1] / best[single][0]
-    own_single = {key: best[n][1] / best[n][0] for n, key, bs in methods if bs == 1 and key in best_keys(methods)}
+    own_single = {key: best[n][1] / best[n][0] for n, key, bs in methods if bs == 1}  # llama-bench rows: bs 0
     tf_base = (best["transformers, one at a time"][1] / best["transformers, one at a time"][0]
                if not args.no_transformers else None)
     header = ["method", "prompts", "generated tokens", "seconds", "tokens/s", "× llama-bench tg128 (same file)",
@@ -277,7 +272,7 @@ def main() -> None:
         note += (f" Greedy outputs identical between llama.cpp and transformers for {same} of {len(prompts)} prompts; "
                  f"the others first differ at generated token {where}. transformers batched = one at a time: {tf_same}.")
     print(body + note)
-    if args.write:
+    if not args.dry_run:  # like every bench/ script: the section is rewritten
         cmd = "python bench/generate.py " + " ".join(sys.argv[1:])
         write_section("generate", "generate: cptkit's llama.cpp backend vs llama-bench and transformers, "
                       "embedded SmolLM2 (CPU)", cmd, body + note)

@@ -344,14 +344,14 @@ class LlamaCppGenerator(Generator):
                 while pending and free:
                     k = pending.popleft()
                     admitted.append(_Seq(k, free.pop(), self._sampler(params, seeds[k]), len(prompts[k])))
-                t0 = clock()
+                t0, sampling = clock(), 0.0
                 for j, last in self._prefill(ctx, [prompts[a.k] for a in admitted], [a.seq for a in admitted]):
                     t1 = clock()
                     if not step(admitted[j], sample(admitted[j].sampler.sampler, ctx, last)):
                         active.append(admitted[j])
-                    prof.sample_s += clock() - t1
-                    t0 += clock() - t1  # sampling is not prefill
-                prof.prefill_s += clock() - t0
+                    sampling += clock() - t1
+                prof.prefill_s += clock() - t0 - sampling
+                prof.sample_s += sampling
                 prof.prefill_tokens += sum(len(prompts[a.k]) for a in admitted)
             if not active:
                 continue
