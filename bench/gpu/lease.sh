@@ -7,6 +7,9 @@
 #     SHAPES="1b" KERNELS="none liger" STEPS=20 MICRO=8: each shape once per kernels value (liger: Liger-Kernel)
 #   bash bench/gpu/lease.sh stash  # keeps the GGUF half it was carried with, for cpt
 #   bash bench/gpu/lease.sh cpt    # make cpt-experiment with SmolLM2-135M (bench/gpu/cpt_smollm2.sh)
+#   bash bench/gpu/lease.sh vllm   # vLLM vs cptkit's llama.cpp and transformers backends (bench/gpu/generate_gpu.py)
+#     the payload (bench/gpu/vllm_payload.sh: vLLM, its missing dependencies, llama-cpp-python's build, the
+#     GGUF) travels as .dev/part_* pieces over several calls, `stash` for all but the last
 #
 # Members run 3 at a time (JOBS): a final evaluation at batch 16 x 2,048 tokens takes ~36 GB of an H200.
 # Results land in $OUT (JSON, markdown, plot); `bench/gpu/train_mfu.py --report` and the README take them.
@@ -17,7 +20,7 @@ mkdir -p "$OUT" /tmp/keep
 export PYTHONUNBUFFERED=1 DS_ACCELERATOR=cuda TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 # installed once per machine, again when .whl/ holds other wheels (a warm machine, a wheel added since)
-[ "$(cat /tmp/site/.ok 2>/dev/null)" = "$(ls .whl)" ] || { python3 -m pip install -q --no-index --no-deps \
+[ ! -d .whl ] || [ "$(cat /tmp/site/.ok 2>/dev/null)" = "$(ls .whl)" ] || { python3 -m pip install -q --no-index --no-deps \
   --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && ls .whl >/tmp/site/.ok; } || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 mkdir -p /tmp/v/bin   # make's $(BIN)/cptkit and $(BIN)/python, without a venv
@@ -58,5 +61,14 @@ EOF
   echo "wall $(( $(date +%s) - start )) s" | tee "$OUT/wall.txt"
   cp /tmp/xp_gpu/cpt.md /tmp/xp_gpu/cpt-curves.png "$OUT/" 2>/dev/null
   tar czf "$OUT/xp.tgz" /tmp/xp_gpu/runs/*/metrics.jsonl /tmp/xp_gpu/runs/*/_manifest.json /tmp/xp_gpu/eval 2>/dev/null ;;
+vllm)
+  if [ ! -f /tmp/site/.vllm ]; then
+    cat /tmp/keep/part_* | tar xf - -C /tmp/keep || exit 1   # vllm.tar.xz deps.tar.xz lcpp.tar.xz cdeps.tar.xz GGUF
+    mkdir -p /tmp/site && for t in /tmp/keep/*.tar.xz; do tar xJf "$t" -C /tmp/site || exit 1; done
+    touch /tmp/site/.vllm
+  fi
+  GGUF=$(ls /tmp/keep/*.gguf); export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+  HF=$(python3 -c "from cptkit.models.gguf_cache import converted; print(converted('/tmp/keep', '$(basename "$GGUF")'))" | tail -n 1)
+  python3 bench/gpu/generate_gpu.py --model "$HF" --gguf "$GGUF" --out "$OUT" ${GEN_ARGS:-} 2>&1 | tail -n 120 ;;
 esac
 ls -la "$OUT"
