@@ -32,3 +32,29 @@ def test_train_mfu_toy_runs_both_trainers_on_cpu(corpus_dir: Path, corpus_record
     for who in ("cptkit", "hf"):
         assert "error" not in row[who], (who, row[who], r.stdout[-2000:], r.stderr[-3000:])
         assert row[who]["ms_step"] > 0 and row[who]["tokens_s"] > 0 and row[who]["mfu_sheet"] is None
+
+
+def test_generate_gpu_toy_runs_every_cpu_method_and_the_step(smollm2: str, tmp_path: Path):
+    """bench/gpu/generate_gpu.py --toy: the transformers and llama.cpp rows and an expand-queries step run
+    produce tokens on the CPU (vLLM, GPU only, is left out), and the report renders every row."""
+    from cptkit.models.gguf_cache import converted
+
+    gguf = Path(smollm2)
+    hf = converted(str(gguf.parent), gguf.name)
+    out = tmp_path / "gen"
+    r = subprocess.run([sys.executable, "bench/gpu/generate_gpu.py", "--toy", "--model", hf, "--gguf", smollm2,
+                        "--out", str(out), "--methods", "vllm,transformers,llamacpp", "--prompts", "2",
+                        "--cpu-max-prompts", "2", "--max-new-tokens", "4", "--threads", "1",
+                        "--step-methods", "llamacpp", "--step-tokens", "4"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    res = json.loads((out / "generate_gpu.json").read_text())
+    assert [row["method"] for row in res["rows"]] == ["transformers", "llamacpp"], res["rows"]
+    for row in res["rows"]:
+        assert "error" not in row, row
+        (run,) = row["runs"]
+        assert run["prompts"] == 2 and 0 < run["tokens"] <= 8 and run["tokens_s"] > 0 and len(run["texts"]) == 2
+    (step,) = res["step"]
+    assert "error" not in step, step
+    assert step["llm"]["requests"] >= 20 and step["llm"]["generated_tokens"] > 0
+    assert "| transformers | 2 |" in r.stdout and "| llamacpp | 2 |" in r.stdout and "| llamacpp |" in r.stdout

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -144,7 +145,7 @@ def render(res: dict) -> str:
             continue
         for x in r["runs"]:
             same = (sum(p == q for p, q in zip(x["texts"], ref[x["prompts"]]["texts"], strict=False))
-                    if x["prompts"] in ref else None)
+                    if x["prompts"] in ref and r["method"] != "vllm" else None)
             rows.append([r["method"], x["prompts"], x["tokens"], f"{x['seconds']:.2f}", f"{x['tokens_s']:,.0f}",
                          f"{x['tokens_s'] / base[x['prompts']]:.1f}" if x["prompts"] in base else "–",
                          f"{r['load_s']:.0f}", "–" if same is None else f"{same} of {len(x['texts'])}"])
@@ -158,8 +159,10 @@ def render(res: dict) -> str:
         srows = [[s["method"], "failed: " + s["error"][:300]] + [""] * 5 if "error" in s else
                  [s["method"], f"{s['seconds']:.1f}", s["llm"]["requests"], s["llm"]["generated_tokens"],
                   f"{s['llm']['generation_seconds']:.1f}", f"{s['llm']['tokens_per_s']:,.0f}"] for s in steps]
-        body += ("\n\nThe step, end to end, one process each: `"
-                 + next((s["command"] for s in steps if "command" in s), "") + "` (its own stats: "
+        shown = next((s["command"] for s in steps if "command" in s), "")
+        shown = re.sub(r"llm\.model=\S+", "llm.model=MODEL", re.sub(r"--out \S+", "--out OUT", shown))
+        shown = re.sub(r" llm\.(backend|batch_size|requantize|num_threads)=\S+", "", shown)
+        body += ("\n\nThe step, end to end, one process each: `" + shown + " llm.backend=...` (its own stats: "
                  "_expand_stats.json; wall includes start-up, generation seconds do not)\n\n"
                  + table(["backend", "wall s", "requests", "generated tokens", "generation s", "tokens/s"], srows))
     return body
@@ -169,9 +172,10 @@ def report(path: Path) -> None:
     from _report import write_section
 
     res = json.loads(path.read_text())
+    cmd = res.get("command", "bash bench/gpu/lease.sh vllm  # = python bench/gpu/generate_gpu.py --model HF_DIR "
+                                     "--gguf GGUF --out /tmp/gen")
     write_section("generate_gpu", "generate on one GPU: vLLM vs cptkit's llama.cpp and transformers backends",
-                  "bash bench/gpu/lease.sh vllm  # = python bench/gpu/generate_gpu.py --model HF_DIR --gguf GGUF "
-                  "--out /tmp/gen (defaults)", render(res), machine_line=f"{res['gpu']} (device tool)")
+                  cmd, render(res), machine_line=f"{res['gpu']} (device tool)")
 
 
 def main() -> None:

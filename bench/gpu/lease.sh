@@ -67,7 +67,8 @@ vllm)
     mkdir -p /tmp/site && for t in /tmp/keep/*.tar.xz; do tar xJf "$t" -C /tmp/site || exit 1; done
     touch /tmp/site/.vllm
   fi
-  GGUF=$(ls /tmp/keep/*.gguf); export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+  GGUF=$(ls /tmp/keep/*.gguf); export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+    VLLM_USE_FLASHINFER_SAMPLER=0  # FlashInfer is not carried (bench/gpu/vllm_payload.sh)
   HF=$(python3 -c "from cptkit.models.gguf_cache import converted; print(converted('/tmp/keep', '$(basename "$GGUF")'))" | tail -n 1)
   python3 bench/gpu/generate_gpu.py --model "$HF" --gguf "$GGUF" --out "$OUT" ${GEN_ARGS:-} 2>&1 | tail -n 120 ;;
 esac

@@ -3,7 +3,9 @@
 # packed here (PyPI reachable) into .dev/part_* pieces that fit the device tool's 64 MiB per call:
 #   vllm.tar.xz   vLLM 0.25.1 (the last release built for torch 2.11) without what a dense model on a
 #                 Hopper GPU never loads: FlashAttention 2 (FA3 is used on sm90), the MoE kernels, the
-#                 vendored third_party sources and the Rust front end (251 MB wheel -> ~70 MB)
+#                 vendored DeepGEMM / FMHA sources and the Rust front end (251 MB wheel -> ~70 MB; its
+#                 third_party/pynvml.py is kept: the CUDA platform is detected through it). FlashInfer is
+#                 not carried: lease.sh sets VLLM_USE_FLASHINFER_SAMPLER=0 (PyTorch top-p/top-k sampling)
 #   deps.tar.xz   the packages vLLM imports that the device image lacks (found by importing vLLM's engine,
 #                 worker and model modules with only the image's packages on the path), versions as pip
 #                 resolves them for vLLM 0.25.1; xgrammar without its static library
@@ -31,7 +33,8 @@ for p in vllm==0.25.1 $DEPS; do
   python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$W/whl" "$p" 2>&1 | grep -v WARNING || true
 done
 rm -rf "$W/vllm" "$W/deps" && mkdir -p "$W/vllm" "$W/deps"
-unzip -q "$W"/whl/vllm-0.25.1-*.whl -d "$W/vllm" -x 'vllm/third_party/*' 'vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so' \
+unzip -q "$W"/whl/vllm-0.25.1-*.whl -d "$W/vllm" -x 'vllm/third_party/deep_gemm/*' 'vllm/third_party/fmha_sm100/*' \
+  'vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so' \
   'vllm/_moe_C_stable_libtorch.abi3.so' 'vllm/vllm-rs'
 for w in "$W"/whl/*.whl; do case $w in */vllm-*) ;; *) unzip -q -o "$w" -d "$W/deps" ;; esac; done
 rm -f "$W"/deps/xgrammar/lib/*.a
