@@ -272,3 +272,27 @@ def test_arms_from_one_model_share_the_untrained_models_eval(stream, tmp_path, m
     monkeypatch.setenv("CPTKIT_INIT_EVAL_CACHE", "0")
     train(stream, tmp_path / "d", *hf, "train.mixture=static")
     assert metrics(tmp_path / "d")[0]["eval_loss"] == first  # computed again: the true numbers
+
+
+@pytest.mark.slow(minutes=1)
+def test_compiled_forward_trains_like_eager(stream, tmp_path):
+    """train.compile=true: the torch engine's training forward goes through torch.compile (inductor on the
+    CPU) and trains the same steps to the same losses as eager, up to float rounding; the saved model is the
+    plain module (no ``_orig_mod.`` keys)."""
+    from torch._dynamo.utils import counters
+    from transformers import AutoModelForCausalLM
+
+    args = ["train.mixture=static", "train.max_steps=6", "train.precision=fp32"]
+    counters.clear()
+    train(stream, tmp_path / "eager", *args)
+    assert not counters["stats"]["unique_graphs"]  # eager: dynamo never ran
+    train(stream, tmp_path / "compiled", *args, "train.compile=true")
+    assert counters["stats"]["unique_graphs"] >= 1  # the forward was captured and compiled
+    eager, compiled = metrics(tmp_path / "eager"), metrics(tmp_path / "compiled")
+    assert [r["tokens"] for r in eager] == [r["tokens"] for r in compiled]
+    for a, b in zip(eager, compiled, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-4), (a["step"], a["loss"], b["loss"])
+    man = json.loads((tmp_path / "compiled" / "_manifest.json").read_text())
+    assert man["extra"]["compile"] == "on" and man["extra"]["engine"] == "torch"
+    assert json.loads((tmp_path / "eager" / "_manifest.json").read_text())["extra"]["compile"] == "off"
+    AutoModelForCausalLM.from_pretrained(tmp_path / "compiled" / "model")  # loads: plain keys

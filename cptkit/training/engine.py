@@ -20,6 +20,7 @@ import torch
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.net import free_port
+from cptkit.core.progress import log
 
 
 def on_gpu() -> bool:
@@ -197,7 +198,7 @@ class TorchEngine:
 
     def __init__(self, model: torch.nn.Module, groups: list[dict[str, Any]], *, lr: float,
                  betas: tuple[float, float], eps: float, grad_clip: float, precision: str, grad_accum: int,
-                 lr_scheduler: Any = None, optimizer: str = "adamw"):
+                 lr_scheduler: Any = None, optimizer: str = "adamw", compile: bool = False):
         from cptkit.training.optim import make_optimizer
 
         device = "cuda" if on_gpu() else "cpu"
@@ -212,6 +213,8 @@ class TorchEngine:
         self.global_steps = 0
         self._autocast = precision in ("bf16", "fp16")
         self._dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        # the training forward only: evaluation, saving and checkpoints use the module itself
+        self._forward = torch.compile(self.module, dynamic=False) if compile else self.module
 
     def zero_optimization_stage(self) -> int:
         return 0
@@ -220,8 +223,8 @@ class TorchEngine:
         kw = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
         if self._autocast:
             with torch.autocast(self.device, dtype=self._dtype):
-                return self.module(**kw)
-        return self.module(**kw)
+                return self._forward(**kw)
+        return self._forward(**kw)
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss / self.accum if self.accum > 1 else loss).backward()
@@ -359,8 +362,13 @@ def make_engine(model: torch.nn.Module, tcfg: Any, *, deepspeed_base: dict[str, 
     if user_lr is not None and "scheduler" not in user:  # the user's optimizer LR is the schedule's peak
         schedule = dataclasses.replace(schedule, peak_lr=float(user_lr))
     sched = (lambda opt: torch_scheduler(opt, schedule))  # noqa: E731
+    compiled = bool(getattr(tcfg, "compile", False))
     if use_deepspeed(str(tcfg.engine), world, bool(user), stage):
         import deepspeed
+
+        if compiled:
+            log.warning("train.compile applies to the torch engine; the DeepSpeed engine runs the model uncompiled")
+            compiled = False
 
         client = None
         if "optimizer" not in ds_cfg:  # train.optimizer=lion: DeepSpeed takes the torch optimizer as a client
@@ -378,10 +386,10 @@ def make_engine(model: torch.nn.Module, tcfg: Any, *, deepspeed_base: dict[str, 
     else:
         engine = TorchEngine(model, groups, lr=float(tcfg.lr), betas=betas, eps=float(tcfg.eps),
                              grad_clip=float(tcfg.grad_clip), precision=precision, grad_accum=accum,
-                             lr_scheduler=sched, optimizer=opt_name)
+                             lr_scheduler=sched, optimizer=opt_name, compile=compiled)
         kind, stage = "torch", 0
     info = {"engine": kind, "optimizer": str((user.get("optimizer") or {}).get("type") or opt_name), "zero stage": stage, "precision": precision,
-            "gradient checkpointing": "on" if ckpt else "off", "kernels": kernels,
+            "gradient checkpointing": "on" if ckpt else "off", "kernels": kernels, "compile": "on" if compiled else "off",
             "lr scheduler": "deepspeed (user file)" if "scheduler" in ds_cfg and kind == "deepspeed" else "cptkit"}
     return engine, info
 
