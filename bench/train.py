@@ -327,7 +327,8 @@ def hf_worker(args: argparse.Namespace) -> None:
             max_steps=args.steps, learning_rate=1e-4, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95,
             adam_epsilon=1e-8, max_grad_norm=1.0, lr_scheduler_type="constant_with_warmup",
             warmup_steps=round(0.05 * args.steps), use_cpu=True, train_sampling_strategy="sequential",
-            dataloader_num_workers=0, save_strategy="no", logging_steps=10**6, report_to=[], disable_tqdm=True)
+            dataloader_num_workers=0, save_strategy="no", logging_steps=10**6, report_to=[], disable_tqdm=True,
+            torch_compile=args.compile)
         trainer = Recording(model=model, args=targs, train_dataset=Blocks(), callbacks=[Clock()])
         trainer.train()
     cfg = model.config
@@ -335,7 +336,8 @@ def hf_worker(args: argparse.Namespace) -> None:
         "seconds": [b - a for a, b in zip(marks, marks[1:], strict=False)],
         "cpu_seconds": [b - a for a, b in zip(cpus, cpus[1:], strict=False)],
         "losses": losses, "tokens": toks, "threads": torch.get_num_threads(),
-        "optimizer": f"{getattr(targs.optim, 'value', targs.optim)} (fused={trainer.optimizer.defaults.get('fused')})",
+        "optimizer": f"{getattr(targs.optim, 'value', targs.optim)} (fused={trainer.optimizer.defaults.get('fused')})"
+                     + (", torch_compile=True" if args.compile else ""),
         "params": sum(p.numel() for p in model.parameters()), "layers": cfg.num_hidden_layers,
         "hidden": cfg.hidden_size, "wall": time.perf_counter() - t_start}))
 
@@ -366,9 +368,11 @@ def _smollm2_run(who: str, stream: Path, out: Path, args: argparse.Namespace, en
         cmd = [sys.executable, "-m", "cptkit.cli", "train", "--in", str(stream), "--out", str(out), "model=hf",
                "model.path=smollm2", f"train.micro_batch={args.micro_batch}", f"train.max_steps={args.steps}",
                f"train.threads={args.threads}", "train.precision=fp32", "train.eval_every=0", "-q"]
+        cmd += ["train.compile=true"] if args.compile else []
     else:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--hf-worker", "--stream", str(stream),
                "--micro-batch", str(args.micro_batch), "--steps", str(args.steps), "--threads", str(args.threads)]
+        cmd += ["--compile"] if args.compile else []
     t = time.perf_counter()
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t
@@ -384,7 +388,7 @@ def _smollm2_run(who: str, stream: Path, out: Path, args: argparse.Namespace, en
         got = {"seconds": [x["seconds"] for x in recs], "cpu_seconds": [x["cpu_seconds"] for x in recs],
                "losses": [x["loss"] for x in recs], "tokens": [b - a for a, b in zip(cum, cum[1:], strict=False)],
                "info": f"{ex['engine']} engine, {ex['optimizer']}, {ex['precision']}, "
-                       f"gradient checkpointing {ex['gradient checkpointing']}"}
+                       f"gradient checkpointing {ex['gradient checkpointing']}, compile {ex.get('compile', 'off')}"}
         shutil.rmtree(out, ignore_errors=True)  # model + checkpoint with Adam moments: ~2 GB, one run at a time
     got["wall"] = wall
     return got
@@ -421,7 +425,11 @@ def smollm2_vs_hf(args: argparse.Namespace) -> None:
     print(f"fp32 matmul peak ({args.threads} threads): {peak / 1e9:,.1f} GFLOP/s", flush=True)
     body = _smollm2_body(args, res, peak, loads)
     cmd = "python bench/train.py " + " ".join(sys.argv[1:])
-    write_section("train_cpu_smollm2", "CPT step of SmolLM2-135M on CPU: cptkit train vs HF Trainer", cmd, body)
+    if args.compile:  # its own section: the eager comparison stays
+        write_section("train_cpu_smollm2_compile", "CPT step of SmolLM2-135M on CPU, both compiled: cptkit train "
+                      "(train.compile=true) vs HF Trainer (torch_compile=True)", cmd, body)
+    else:
+        write_section("train_cpu_smollm2", "CPT step of SmolLM2-135M on CPU: cptkit train vs HF Trainer", cmd, body)
     print(body)
 
 
@@ -429,6 +437,8 @@ def _smollm2_body(args: argparse.Namespace, res: dict[str, list[dict]], peak: fl
     """The section's text: the table (median repeat per side), the same-work check and the columns explained."""
     sys.path.insert(0, str(ROOT / "bench" / "gpu"))
     from train_mfu import flops_per_token
+
+    from cptkit.training.engine import cpu_has_bf16
 
     def med(who: str, key: str) -> float:
         xs = sorted(_median_step(g[key]) if key != "wall" else g[key] for g in res[who])
@@ -475,8 +485,9 @@ def _smollm2_body(args: argparse.Namespace, res: dict[str, list[dict]], peak: fl
            "**the two sides do not do the same work** (tokens or first loss differ): the ratio is not comparable. ")
         + f"**Target** (speed ratio ≥ 1.2): {'reached' if ratio >= 1.2 else 'not reached'} ({ratio:.2f}). "
         f"Both sides run at {min(util.values()):.0f}–{max(util.values()):.0f}% of the measured fp32 matmul peak: "
-        "the step is the model's own matmuls, the same on both sides, so a 1.2× needs less arithmetic per token "
-        "(bf16 on a CPU with AVX512-BF16/AMX; this one lacks it), not less overhead.\n\n"
+        "the step is the model's own matmuls, the same on both sides, so a 1.2× at the same precision needs less "
+        "arithmetic per token, not less overhead (bf16, which this CPU "
+        f"{'has natively' if cpu_has_bf16() else 'lacks'}, would speed both sides alike).\n\n"
         "*ms/step*: median optimizer step after two warm-up steps (cptkit: `metrics.jsonl`, which times data "
         "draw, forward, backward, clipping, AdamW step and loss sync, not its per-step log lines; HF: a callback "
         "timing step end to step end, which includes the Trainer's own per-step work). *tokens/s*: micro-batch × "
@@ -583,6 +594,7 @@ def main() -> None:
     ap.add_argument("--demo-steps", type=int, default=8)
     ap.add_argument("--corpus", default=None)
     ap.add_argument("--smollm2", action="store_true", help="SmolLM2-135M: cptkit train vs HF Trainer instead")
+    ap.add_argument("--compile", action="store_true", help="--smollm2 with torch.compile on both sides")
     ap.add_argument("--hf-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=None, help="20 (--overhead), 6 (--smollm2)")
     ap.add_argument("--hidden", type=int, default=256)

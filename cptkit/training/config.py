@@ -100,7 +100,7 @@ class TrainOptions:
     zero_stage: int | None = None  # null: the deepspeed group's stage (deepspeed=zero1|zero2|zero3)
     gradient_checkpointing: Any = "auto"  # auto (on from 1e8 parameters on GPU, 1e9 on CPU) | true | false
     kernels: str = "none"  # none | liger (Liger-Kernel's RoPE, RMSNorm, SwiGLU, fused linear cross-entropy; GPU)
-    # torch.compile the training forward (torch engine): on CPU SmolLM2-135M steps ~5% faster after ~1 min of
+    # torch.compile the training forward (torch engine): on CPU SmolLM2-135M steps ~3% faster after ~1 min of
     # compiling, so it pays from a few hundred steps (docs/benchmarks.md, train_compile)
     compile: bool = False
     deepspeed_config: str | None = None  # a JSON/YAML DeepSpeed file; its stage/optimizer/scheduler win
