@@ -257,9 +257,8 @@ BENCHES := dedup dedup_scale retrieve generate classify train train_smollm2 eval
 bench: install $(addprefix bench-,$(BENCHES))
 bench-train_smollm2: install  # SmolLM2-135M's CPT step vs HF Trainer (~15 min; TMPDIR needs ~2 GB)
 	nice $(BIN)/python bench/train.py --smollm2
-SCALE_CORPUS := $(HOME)/.cache/cptkit/scale/paragraphs
 bench-1m: install  # the 1M-document rows: BM25 top-1000 vs bm25s, dedup end to end vs rensa (hours on 2 cores)
-	test -f $(SCALE_CORPUS)/_sources.json || nice $(BIN)/python bench/scale_corpus.py  # ~1.2M Debian doc paragraphs
+	nice $(BIN)/python bench/scale_corpus.py  # ~1.2M Debian doc paragraphs, built once per inputs
 	nice $(BIN)/python bench/scale.py --retrieve-only --sizes 1000000 --rounds 3
 	nice $(BIN)/python bench/dedup_rensa.py
 bench-%: install

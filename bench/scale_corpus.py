@@ -10,6 +10,8 @@ are shuffled with a fixed seed, so the first ``n`` of the output are a mix of ev
 written as shards of 50,000 records: ``{"id", "text", "source"}``.
 
     python bench/scale_corpus.py --out ~/.cache/cptkit/scale/paragraphs [--limit 1200000]
+
+A second run with the same ``--limit``, ``--seed`` and packages keeps the corpus (``_built.json``).
 """
 
 from __future__ import annotations
@@ -134,6 +136,8 @@ def build(out: Path, limit: int, seed: int) -> dict[str, int]:
     random.Random(seed).shuffle(docs)
     docs = docs[:limit]
     out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("part-*.jsonl.gz"):  # a larger earlier build's shards must not outlive it
+        old.unlink()
     for i in range(0, len(docs), SHARD):
         with gzip.open(out / f"part-{i // SHARD:05d}.jsonl.gz", "wt", encoding="utf-8", compresslevel=1) as f:
             for rid, text in docs[i:i + SHARD]:
@@ -149,7 +153,14 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=1_200_000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    inputs = {"limit": args.limit, "seed": args.seed, "packages": PACKAGES}
+    built = args.out / "_built.json"  # written last: the corpus is whole and made from these inputs
+    if built.exists() and json.loads(built.read_text()) == inputs:
+        print(f"{args.out}: built already from the same inputs", file=sys.stderr)
+        return
+    built.unlink(missing_ok=True)
     stats = build(args.out, args.limit, args.seed)
+    built.write_text(json.dumps(inputs))
     print(json.dumps(stats, indent=1))
 
 

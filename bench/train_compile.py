@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._report import table, write_section  # noqa: E402
+from bench.train import _median_step  # noqa: E402
 
 
 def worker(mode: str, seq: int, steps: int, threads: int) -> None:
@@ -73,7 +74,7 @@ def main() -> None:
                                    check=True, env=os.environ | {"TORCHINDUCTOR_CACHE_DIR": cache})
             runs[mode].append(json.loads(r.stdout.strip().splitlines()[-1]))
             print(rep, mode, [round(t, 2) for t in runs[mode][-1]["times"]], file=sys.stderr)
-    per = {m: [statistics.median(r["times"][2:]) for r in rs] for m, rs in runs.items()}  # one per process
+    per = {m: [_median_step(r["times"]) for r in rs] for m, rs in runs.items()}  # one per process
     med = {m: statistics.mean(v) for m, v in per.items()}
     se = {m: statistics.stdev(v) / len(v) ** 0.5 if len(v) > 1 else float("nan") for m, v in per.items()}
     first = {m: statistics.median(r["times"][0] for r in rs) for m, rs in runs.items()}
@@ -102,7 +103,7 @@ def main() -> None:
     print(body)
     if not a.dry_run:
         write_section("train_compile", "torch.compile for a CPT step on CPU (SmolLM2-135M)",
-                      "python bench/train_compile.py " + " ".join(sys.argv[1:]), body)
+                      " ".join(["python bench/train_compile.py", *sys.argv[1:]]), body)
 
 
 if __name__ == "__main__":

@@ -295,4 +295,5 @@ def test_compiled_forward_trains_like_eager(stream, tmp_path):
     man = json.loads((tmp_path / "compiled" / "_manifest.json").read_text())
     assert man["extra"]["compile"] == "on" and man["extra"]["engine"] == "torch"
     assert json.loads((tmp_path / "eager" / "_manifest.json").read_text())["extra"]["compile"] == "off"
-    AutoModelForCausalLM.from_pretrained(tmp_path / "compiled" / "model")  # loads: plain keys
+    _, info = AutoModelForCausalLM.from_pretrained(tmp_path / "compiled" / "model", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info  # plain keys, every weight loaded

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -80,52 +79,56 @@ def one(a: argparse.Namespace) -> None:
     gen.close()
 
 
+def run(cmd: list[str], timeout: int) -> tuple[int | str, str, str]:
+    """(return code or "timeout N s", stdout, stderr) of ``cmd``; what it printed before a timeout still counts."""
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        return r.returncode, r.stdout, r.stderr
+    except subprocess.TimeoutExpired as e:
+        out, err = (x.decode() if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr))
+        return f"timeout {timeout} s", out, err
+
+
+def failed(method: str, rc: int | str, err: str) -> dict:
+    return {"method": method, "error": f"rc {rc}: " + " | ".join(err.strip().splitlines()[-6:])}
+
+
 def child(a: argparse.Namespace, method: str) -> dict:
     cmd = [sys.executable, __file__, "--one", method, "--model", a.model, "--gguf", a.gguf, "--threads", str(a.threads),
            "--prompts", ",".join(map(str, a.counts)), "--max-new-tokens", str(a.max_new_tokens),
            "--cpu-max-prompts", str(a.cpu_max_prompts)] + (["--toy"] if a.toy else [])
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
-        rc, out, err = r.returncode, r.stdout, r.stderr
-    except subprocess.TimeoutExpired as e:  # a result printed before a hang still counts
-        rc, out, err = f"timeout {a.timeout} s", e.stdout or "", e.stderr or ""
-        out, err = (x.decode() if isinstance(x, bytes) else x for x in (out, err))
+    rc, out, err = run(cmd, a.timeout)
     sys.stderr.write(err[-3000:])
     lines = [ln for ln in out.splitlines() if ln.startswith('{"method"')]
-    if not lines:
-        return {"method": method, "error": f"rc {rc}: " + " | ".join(err.strip().splitlines()[-6:])}
-    return json.loads(lines[-1])
+    return json.loads(lines[-1]) if lines else failed(method, rc, err)
 
 
 def step(a: argparse.Namespace, method: str) -> dict:
-    """``cptkit expand-queries`` end to end with this method's backend: wall time, records, tokens."""
+    """``cptkit expand-queries`` end to end with this method's backend: wall time and the step's own LLM stats."""
+    common = ["expand-queries", "--in", "examples/seeds.jsonl", "llm.cache=false", f"expand.rounds={a.rounds}",
+              f"llm.max_new_tokens={a.step_tokens}"]
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "cptkit", "expand-queries", "--in", "examples/seeds.jsonl", "--out", tmp + "/q",
-               "llm.cache=false", f"expand.rounds={a.rounds}", f"llm.max_new_tokens={a.step_tokens}",
-               *overrides(method, a)]
         t = time.perf_counter()
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
-            rc, err = r.returncode, r.stderr
-        except subprocess.TimeoutExpired as e:
-            rc, err = f"timeout {a.timeout} s", (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else e.stderr or ""
+        rc, _, err = run([sys.executable, "-m", "cptkit", *common, "--out", tmp + "/q", *overrides(method, a)],
+                         a.timeout)
         sec = time.perf_counter() - t
         stats = Path(tmp, "q", "_expand_stats.json")
         if rc or not stats.exists():
-            return {"method": method, "error": f"rc {rc}: " + " | ".join(err.strip().splitlines()[-6:])}
+            return failed(method, rc, err)
         llm = json.loads(stats.read_text())["llm"]
     print("step", method, f"{sec:.1f} s", llm, file=sys.stderr)
-    return {"method": method, "seconds": sec, "llm": llm, "command": "cptkit " + " ".join(cmd[3:])}
+    return {"method": method, "seconds": sec, "llm": llm,
+            "command": "cptkit " + " ".join(common) + " --out OUT llm.backend=... llm.model=MODEL"}
 
 
 def bench(a: argparse.Namespace) -> None:
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    keep = [m for m in a.methods if not (a.toy and m == "vllm")]  # --toy: CPU, no vLLM
+    skip = {"vllm"} if a.toy else set()  # --toy: CPU, no vLLM
     res = {"gpu": gpu, "torch": torch.__version__, "cpus": os.cpu_count(), "threads": a.threads,
-           "max_new_tokens": a.max_new_tokens, "rows": [child(a, m) for m in keep]}
-    res["step"] = [step(a, m) for m in a.step_methods if not (a.toy and m == "vllm")]
+           "max_new_tokens": a.max_new_tokens, "rows": [child(a, m) for m in a.methods if m not in skip]}
+    res["step"] = [step(a, m) for m in a.step_methods if m not in skip]
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "generate_gpu.json").write_text(json.dumps(res, indent=1))
     print(render(res))
@@ -160,9 +163,7 @@ def render(res: dict) -> str:
                  [s["method"], f"{s['seconds']:.1f}", s["llm"]["requests"], s["llm"]["generated_tokens"],
                   f"{s['llm']['generation_seconds']:.1f}", f"{s['llm']['tokens_per_s']:,.0f}"] for s in steps]
         shown = next((s["command"] for s in steps if "command" in s), "")
-        shown = re.sub(r"llm\.model=\S+", "llm.model=MODEL", re.sub(r"--out \S+", "--out OUT", shown))
-        shown = re.sub(r" llm\.(backend|batch_size|requantize|num_threads)=\S+", "", shown)
-        body += ("\n\nThe step, end to end, one process each: `" + shown + " llm.backend=...` (its own stats: "
+        body += ("\n\nThe step, end to end, one process each: `" + shown + "` (its own stats: "
                  "_expand_stats.json; wall includes start-up, generation seconds do not)\n\n"
                  + table(["backend", "wall s", "requests", "generated tokens", "generation s", "tokens/s"], srows))
     return body

@@ -198,7 +198,7 @@ class TorchEngine:
 
     def __init__(self, model: torch.nn.Module, groups: list[dict[str, Any]], *, lr: float,
                  betas: tuple[float, float], eps: float, grad_clip: float, precision: str, grad_accum: int,
-                 lr_scheduler: Any = None, optimizer: str = "adamw", compile: bool = False):
+                 lr_scheduler: Any = None, optimizer: str = "adamw", compile_forward: bool = False):
         from cptkit.training.optim import make_optimizer
 
         device = "cuda" if on_gpu() else "cpu"
@@ -214,7 +214,7 @@ class TorchEngine:
         self._autocast = precision in ("bf16", "fp16")
         self._dtype = torch.bfloat16 if precision == "bf16" else torch.float16
         # the training forward only: evaluation, saving and checkpoints use the module itself
-        self._forward = torch.compile(self.module, dynamic=False) if compile else self.module
+        self._forward = torch.compile(self.module, dynamic=False) if compile_forward else self.module
 
     def zero_optimization_stage(self) -> int:
         return 0
@@ -386,7 +386,7 @@ def make_engine(model: torch.nn.Module, tcfg: Any, *, deepspeed_base: dict[str, 
     else:
         engine = TorchEngine(model, groups, lr=float(tcfg.lr), betas=betas, eps=float(tcfg.eps),
                              grad_clip=float(tcfg.grad_clip), precision=precision, grad_accum=accum,
-                             lr_scheduler=sched, optimizer=opt_name, compile=compiled)
+                             lr_scheduler=sched, optimizer=opt_name, compile_forward=compiled)
         kind, stage = "torch", 0
     info = {"engine": kind, "optimizer": str((user.get("optimizer") or {}).get("type") or opt_name), "zero stage": stage, "precision": precision,
             "gradient checkpointing": "on" if ckpt else "off", "kernels": kernels, "compile": "on" if compiled else "off",
