@@ -244,3 +244,21 @@ def test_redis_unreachable_is_one_clear_error(corpus, tmp_path):
     assert f"dedup.redis_url=redis://:<redacted>@127.0.0.1:{url.rsplit(':', 1)[1]}: cannot reach Redis" in err
     assert "hunter2" not in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_member_keeps_the_lines_caches_until_the_whole_output_is_written(corpus, reference, tmp_path):
+    """The final phase's lines caches (phase 1's serialised records, read by the clustering) stay until every
+    member's shards are written: a member that finishes first must not delete the caches that another member,
+    still clustering, is reading (that race failed a job array with FileNotFoundError)."""
+    out = tmp_path / "lines"
+    mr = ("dedup.cluster=mapreduce", "dedup.partitions=3")
+    dedup(corpus, out, *mr, "dedup.phase=map")
+    dedup(corpus, out, *mr, "dedup.phase=reduce")
+    state = out / ".cptkit"
+    caches = sorted(p.name for p in state.glob("lines-*.jsonl.zst"))
+    assert len(caches) == NSHARDS
+    dedup(corpus, out, *mr, "dedup.phase=final", "shard.count=2", "shard.index=0")
+    assert sorted(p.name for p in state.glob("lines-*.jsonl.zst")) == caches  # member 1 has not written yet
+    dedup(corpus, out, *mr, "dedup.phase=final", "shard.count=2", "shard.index=1")
+    assert not list(state.glob("lines-*"))  # complete: dropped
+    assert_same(out, reference)

@@ -235,6 +235,7 @@ class _Handler(BaseHTTPRequestHandler):
     default_max: int
     limits: Limits
     allowed: frozenset[str]
+    unread_body = False  # a body refused by its Content-Length is never read: drained on close (finish)
 
     def log_message(self, fmt: str, *args: Any) -> None:  # quiet: one debug line per request
         log.debug("%s " + fmt, self.address_string(), *args)
@@ -249,6 +250,27 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, code: int, msg: str) -> None:
         self._send(code, {"error": {"message": msg, "type": "invalid_request_error" if code < 500 else "server_error"}})
+
+    def finish(self) -> None:
+        super().finish()
+        if self.unread_body:
+            self._drain()
+
+    def _drain(self, seconds: float = 2.0) -> None:
+        """Lingering close: read and drop what the client still sends of a refused body (at most
+        ``seconds`` and 8 × ``max_body_bytes``). Closing a socket with unread data resets it, and a client
+        still sending would get a broken pipe instead of the 413 it was sent."""
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            deadline, left = time.monotonic() + seconds, 8 * self.limits.max_body_bytes
+            while left > 0 and (wait := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(wait)
+                chunk = self.connection.recv(min(left, 1 << 16))
+                if not chunk:
+                    return
+                left -= len(chunk)
+        except OSError:  # the client went first, or the time is up
+            return
 
     def _foreign(self) -> str | None:
         """Why this request may come from a web page (DNS rebinding, cross-origin): None if it does not."""
@@ -285,7 +307,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             length = -1
         if length < 0 or length > self.limits.max_body_bytes:
-            self.close_connection = True  # the body is not read: the connection cannot be reused
+            self.close_connection = self.unread_body = True  # the body is not read: no reuse of the connection
             if length < 0:
                 raise _Refused(400, "invalid Content-Length")
             raise _Refused(413, f"request body of {length:,} bytes is over the limit of "

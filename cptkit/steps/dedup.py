@@ -12,7 +12,8 @@ Three resumable phases (docs/dedup.md):
    shingle sets by default), union-find keeping the first document by input order. Cached as
    ``OUT/.cptkit/clusters.npz``.
 3. **Writing**, one task per input shard: the kept documents (lines copied from ``lines-TTTTT``,
-   which is then deleted; the input is read again when it is missing); then ``OUT/_removed.jsonl``
+   all deleted once every shard is written, as another array member may still be clustering from
+   them; the input is read again when one is missing); then ``OUT/_removed.jsonl``
    lists every removed id with ``duplicate_of`` (the kept id), ``kind`` (exact|near), ``similarity``.
 
 ``dedup.workers=N`` runs the per-shard work of phases 1 and 3 (and the verification re-read) in N
@@ -675,10 +676,12 @@ def run(conf: DedupJob, ctx: Run) -> dict:
             r.records_in, r.bad = out["records_in"], out["bad"]
             job.complete(task, SimpleNamespace(records=out["records"], files=out["files"]),
                          removed=out["removed"], seconds=out["seconds"])
-            store.drop_lines(task)
         if job.stdout:
             log.info("--out -: the list of removed ids (_removed.jsonl) is not written")
         elif all(job.is_done(t) for t in job.tasks):
+            # the lines caches go only now: another member of a job array may still be clustering from them
+            for task in job.tasks:
+                store.drop_lines(task)
             write_removed(job, store, res)
             if backend is not None and d.cleanup:
                 backend.cleanup()
