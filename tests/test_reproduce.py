@@ -12,7 +12,7 @@ import yaml
 
 from cptkit.core.errors import CptkitError
 from cptkit.eval.reproduce import report
-from cptkit.eval.stats import CONTRADICTS, HOLDS, INCONCLUSIVE
+from cptkit.eval.stats import CONTRADICTS, HOLDS, INCONCLUSIVE, NOT_TESTABLE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,8 +142,8 @@ def test_several_metrics_last_eval_reductions_and_input_axis(tmp_path):
     assert report(tmp_path / "claims.yaml", out, tmp_path) == [("c", HOLDS)]
     text = out.read_text()
     # general 0.2 − 0.0: −0.20, −0.20, −0.22 by seed; worst topic = domain/b: 2.5 vs 2.7 (+0.2 on every seed)
-    assert "| general(0.2) − general(0.0) | < 0 | -0.2067 ± 0.0067 |" in text
-    assert "| worst(0.2) − worst(0.0) | > 0 | +0.2000 ± 0.0000 |" in text
+    assert "| general(0.2) − general(0.0) | decides | < 0 | -0.2067 ± 0.0067 |" in text
+    assert "| worst(0.2) − worst(0.0) | decides | > 0 | +0.2000 ± 0.0000 |" in text
     assert "| 0.2 | 3 | 3.1033 ± 0.0088 | 2.7000 ± 0.0000 |" in text
     # the step lines of metrics.jsonl are not evals; a metric asking for an absent event names it
     c["metrics"]["general"]["event"] = "final"
@@ -191,3 +191,55 @@ def test_dotted_indexes_lists():
     assert dotted({"mix": {"stages": [{"weights": {"synthetic": 1.25}}]}}, "mix.stages.0.weights.synthetic") == 1.25
     with pytest.raises(KeyError):
         dotted({"mix": {"stages": [1]}}, "mix.stages.3")
+
+
+def test_v2_rule_primary_comparisons_holm_tost_contrast_and_not_testable(tmp_path):
+    """Every verdict of the v2 rule on planted members: a primary effect that holds only with enough seeds,
+    Holm over the report's claims, a peak as a concave contrast, TOST for "no effect", secondary
+    comparisons that never decide, and the two ways a claim is not testable."""
+    noise = [0.004, -0.003, 0.001, -0.002, 0.0]
+
+    def sweep(name: str, means: dict[float, float]) -> dict[float, list[float]]:
+        # each axis value its own noise, so that the paired differences have a spread
+        return {x: [m + e * (1 + 3 * k) * (-1) ** (s * k) for s, e in enumerate(noise)]
+                for k, (x, m) in enumerate(means.items())}
+
+    claims = []
+    for cid, means, extra in [
+        # a peak at 0.2: 2·m(0.2) − m(0.1) − m(0.4) = +0.2 on every seed (± noise): holds
+        ("peak", {0.1: 0.5, 0.2: 0.6, 0.4: 0.5}, {"primary": {"contrast": {0.2: 2, 0.1: -1, 0.4: -1}, "expect": 1,
+                                                             "min_effect": 0.02},
+                                                 "compare": [{"a": 0.4, "b": 0.1, "expect": 1}]}),
+        # 0.3 ≈ 0.0 within ±0.02 (TOST) holds; the same data as an effect would be inconclusive
+        ("tost", {0.0: 0.5, 0.3: 0.501}, {"primary": {"a": 0.3, "b": 0.0, "kind": "equivalence", "margin": 0.02}}),
+        # clamped: zero on every seed in both arms
+        ("clamped", {0.0: 1.0, 1.0: 1.0}, {"primary": {"a": 1.0, "b": 0.0, "expect": -1}}),
+        # declared: the CPU cannot run a meaningful design
+        ("gpu", {0.0: 1.0, 1.0: 2.0}, {"primary": {"a": 1.0, "b": 0.0, "expect": 1},
+                                       "not_testable": "needs a GPU: bench/gpu/reproduce.sh"}),
+        # below the minimum effect, though significant: inconclusive
+        ("small", {0.0: 0.5, 1.0: 0.51}, {"primary": {"a": 1.0, "b": 0.0, "expect": 1, "min_effect": 0.05}}),
+    ]:
+        values = sweep(cid, means)
+        if cid == "clamped":
+            values = {x: [1.0] * 5 for x in means}
+        for x, scores in values.items():
+            for s, v in enumerate(scores):
+                d = tmp_path / cid / f"x{x}_s{s}"
+                d.mkdir(parents=True)
+                (d / "_manifest.json").write_text(json.dumps({"config": {"x": {"value": x, "seed": s}}}))
+                (d / "_results.json").write_text(json.dumps({"score": v}))
+                (d / "_SUCCESS").write_text("")
+        claims.append(claim(id=cid, members=f"{cid}/*", control="the control", could_fail="because", **extra))
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump(claims, sort_keys=False))
+    got = dict(report(tmp_path / "claims.yaml", tmp_path / "r.md"))
+    assert got == {"peak": HOLDS, "tost": HOLDS, "clamped": NOT_TESTABLE, "gpu": NOT_TESTABLE, "small": INCONCLUSIVE}
+    text = (tmp_path / "r.md").read_text()
+    assert "| 2·score(0.2) − score(0.1) − score(0.4) | primary | > 0.02 |" in text
+    assert "paired t, 4 df, Holm over 4" in text  # the declared-untestable claim is not in the family
+    assert "| score(0.4) − score(0.1) | secondary | > 0 |" in text  # shown, never the verdict
+    assert "| claim | verdict |" in text and "| gpu | not testable here |" in text
+    assert "TOST ±0.02, 4 df, Holm over 4 | holds" in text
+    assert "**Verdict: not testable here** (needs a GPU: bench/gpu/reproduce.sh)." in text
+    assert "**Control:** the control" in text and "**Why the measure could have failed:** because" in text
+    assert "under the minimum effect 0.05" in text

@@ -6,7 +6,23 @@ import math
 
 import pytest
 
-from cptkit.eval.stats import CONTRADICTS, HOLDS, INCONCLUSIVE, bootstrap_ci, effect, mean_se
+from cptkit.eval.stats import (
+    CONTRADICTS,
+    HOLDS,
+    INCONCLUSIVE,
+    NOT_TESTABLE,
+    Comparison,
+    bootstrap_ci,
+    claim_verdict,
+    decide,
+    doc_se,
+    hierarchical_bootstrap,
+    holm,
+    mean_se,
+    paired_t,
+    t_cdf,
+    t_ppf,
+)
 
 
 def test_mean_se_by_hand():
@@ -16,16 +32,84 @@ def test_mean_se_by_hand():
     assert math.isnan(mean_se([5.0])[1])
 
 
-def test_verdict_rule_on_planted_numbers():
-    # mean -0.2, SE 0.01: interval [-0.22, -0.18] excludes 0 on the expected (negative) side
-    assert effect([-0.21, -0.2, -0.19], expect=-1).verdict == HOLDS
-    assert effect([-0.21, -0.2, -0.19], expect=+1).verdict == CONTRADICTS
-    # mean 0.0033, SE 0.1 > |mean|: nothing can be said
-    assert effect([-0.1, 0.11, 0.0], expect=-1).verdict == INCONCLUSIVE
-    assert effect([-0.3], expect=-1).verdict == INCONCLUSIVE  # one seed: no error bar, no claim
-    e = effect([1.0, 2.0, 3.0], expect=1)
-    assert (e.mean, e.se, e.lo, e.hi) == pytest.approx((2.0, 1 / math.sqrt(3), 2 - 2 / math.sqrt(3), 2 + 2 / math.sqrt(3)))
-    assert e.text() == "+2.000 ± 0.577"
+def test_student_t_against_the_table():
+    # two-sided 95% critical values of Student's t (any statistics table)
+    for df, crit in [(1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (30, 2.042)]:
+        assert t_ppf(0.975, df) == pytest.approx(crit, abs=1e-3)
+    assert t_cdf(2.0, 3) == pytest.approx(0.93034, abs=1e-5) and t_cdf(0.0, 5) == pytest.approx(0.5)
+
+
+def planted(n: int, mean: float, se: float) -> list[float]:
+    """n values with exactly this mean and standard error (symmetric around the mean)."""
+    sd = se * math.sqrt(n)
+    z = [(i - (n - 1) / 2) for i in range(n)]
+    scale = sd / math.sqrt(sum(x * x for x in z) / (n - 1))
+    return [mean + scale * x for x in z]
+
+
+def test_three_seeds_at_three_standard_errors_is_inconclusive():
+    # mean/SE = 3 passed the old "mean ± 2 SE" rule; with 2 df the 95% interval needs 4.30 SE
+    d = planted(3, 0.3, 0.1)
+    assert mean_se(d) == pytest.approx((0.3, 0.1))
+    e = paired_t(d, expect=+1)
+    assert e.verdict == INCONCLUSIVE and 0.05 < e.p < 0.2 and e.lo < 0 < e.hi
+    assert "paired t, 2 df" in e.sentence()
+
+
+def test_an_effect_planted_at_five_standard_errors_with_five_seeds_holds():
+    d = planted(5, -0.5, 0.1)
+    e = paired_t(d, expect=-1, min_effect=0.02)
+    assert e.verdict == HOLDS and e.p < 0.01
+    assert (e.lo, e.hi) == pytest.approx((-0.5 - 2.776445 * 0.1, -0.5 + 2.776445 * 0.1), abs=1e-5)
+    assert paired_t(d, expect=+1).verdict == CONTRADICTS
+    # significant, but smaller than the minimum effect fixed in advance: not a "holds"
+    small = paired_t(planted(5, -0.01, 0.001), expect=-1, min_effect=0.02)
+    assert small.verdict == INCONCLUSIVE and "minimum effect" in small.reason
+
+
+def test_holm_orders_and_adjusts_like_the_textbook():
+    # Holm (1979): sorted p (0.005, 0.01, 0.03, 0.04) x (4, 3, 2, 1) = (0.02, 0.03, 0.06, 0.04) -> monotone 0.06
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, math.nan, 0.01]) == pytest.approx([0.5, math.nan, 0.02], nan_ok=True)
+    # a family: the second comparison alone would hold (p ~ 0.03) but not after Holm over three
+    c = Comparison(metric="m", a="x", b="y", expect=+1)
+    alone = paired_t(planted(5, 0.1, 0.035), expect=+1)
+    assert alone.verdict == HOLDS and 0.02 < alone.p < 0.05
+    fam = decide([(c, planted(5, 1.0, 0.05)), (c, planted(5, 0.1, 0.035)), (c, planted(5, 0.0, 0.1))])
+    assert [e.verdict for e in fam] == [HOLDS, INCONCLUSIVE, INCONCLUSIVE]
+    assert fam[1].p == pytest.approx(min(1.0, 2 * alone.p)) and "Holm over 3" in fam[1].test
+
+
+def test_tost_accepts_an_equivalence_and_rejects_a_real_effect():
+    eq = Comparison(metric="m", a="x", b="y", kind="equivalence", margin=0.02)
+    same = planted(5, 0.002, 0.003)
+    [e] = decide([(eq, same)])
+    assert e.verdict == HOLDS and -0.02 < e.lo and e.hi < 0.02 and "TOST ±0.02" in e.sentence()
+    [real] = decide([(eq, planted(5, 0.2, 0.01))])
+    assert real.verdict == CONTRADICTS
+    [wide] = decide([(eq, planted(5, 0.0, 0.05))])  # too noisy to show equivalence: no claim either way
+    assert wide.verdict == INCONCLUSIVE
+
+
+def test_not_testable_with_one_seed_or_a_measure_that_cannot_move():
+    assert paired_t([-0.3], expect=-1).verdict == NOT_TESTABLE
+    clamped = paired_t([0.0, 0.0, 0.0, 0.0, 0.0], expect=-1)
+    assert clamped.verdict == NOT_TESTABLE and "did not move" in clamped.sentence()
+    # the same non-zero difference on every seed is not untestable: it is certain
+    assert paired_t([-0.1] * 5, expect=-1).verdict == HOLDS
+    assert claim_verdict([clamped]) == NOT_TESTABLE
+    # one comparison untestable: the claim cannot hold as a whole
+    assert claim_verdict([clamped, paired_t(planted(5, 1, 0.1), 1)]) == INCONCLUSIVE
+    assert claim_verdict([paired_t(planted(5, 1, 0.1), 1)] * 2) == HOLDS
+    assert claim_verdict([paired_t(planted(5, 1, 0.1), 1), paired_t(planted(5, 1, 0.1), -1)]) == CONTRADICTS
+
+
+def test_hierarchical_bootstrap_and_document_error():
+    docs = [[0.1, 0.2, 0.3, 0.2], [0.2, 0.3, 0.4, 0.3], [0.0, 0.1, 0.2, 0.1]]
+    lo, hi = hierarchical_bootstrap(docs, seed=1)
+    assert (lo, hi) == hierarchical_bootstrap(docs, seed=1) and lo < 0.2 < hi
+    # per-seed doc SEs sqrt(0.02/3/4) each: pooled sqrt(3 * 0.02/12) / 3
+    assert doc_se(docs) == pytest.approx(math.sqrt(3 * 0.02 / 12) / 3)
 
 
 def test_bootstrap_interval_is_deterministic_and_covers_the_mean():
@@ -35,42 +119,56 @@ def test_bootstrap_interval_is_deterministic_and_covers_the_mean():
     assert bootstrap_ci([2.0, 2.0, 2.0]) == (2.0, 2.0)
 
 
-def test_seeded_cpt_table_pairs_each_arm_with_the_base_of_its_seed():
-    from cptkit.training.report import seeded_reading, seeded_table
+def _seed(domain: float, probe: float, outside: float, task: float, docs: int = 4) -> dict:
+    # every document of a group at the group's loss, shifted by a per-document offset that cancels
+    offs = [(i - (docs - 1) / 2) / 100 for i in range(docs)]
+    vals = {"domain": domain, "probe": probe, "outside": outside}
+    return {**vals, "task": task, "docs": {g: [v + o for o in offs] for g, v in vals.items()}}
 
-    def seed(d, zh, g, t):
-        return {"domain": d, "zh": zh, "general": g, "task": t}
 
-    runs = {"base": [seed(2.0, 4.0, 3.0, 40.0), seed(2.2, 4.2, 3.2, 42.0), seed(2.1, 4.1, 3.1, 41.0)],
-            # no replay: domain −0.5 on every seed; general +0.10, +0.12, +0.08 (forgetting)
-            "noreplay": [seed(1.5, 3.9, 3.10, 38.0), seed(1.7, 4.1, 3.32, 39.0), seed(1.6, 4.0, 3.18, 40.0)],
-            # replay: domain −0.45; general +0.01, −0.01, +0.03: no forgetting that holds
-            "replay": [seed(1.55, 3.9, 3.01, 40.0), seed(1.75, 4.1, 3.19, 42.0), seed(1.65, 4.0, 3.13, 41.0)]}
-    groups = {"domain": "domain Δ", "zh": "language Δ", "general": "general Δ (forgetting)"}
-    t = seeded_table(runs, groups, "gcide_defs").splitlines()
-    assert t[0] == ("| model | seeds | domain Δ (nats/token) | language Δ (nats/token) | "
-                    "general Δ (forgetting) (nats/token) | gcide_defs (points) |")
-    assert t[2] == "| base | 3 | 2.100 ± 0.058 | 4.100 ± 0.058 | 3.100 ± 0.058 | 41.000 ± 0.577 |"
-    assert t[3].startswith("| noreplay − base | 3 | -0.500 ± 0.000 | -0.100 ± 0.000 | +0.100 ± 0.012 |")
-    r = seeded_reading(runs, "domain", "general", "noreplay", "replay")
-    assert r.startswith("noreplay: domain -0.500 ± 0.000 nats (a gain), general +0.100 ± 0.012 (forgetting); "
-                        "replay: domain -0.450 ± 0.000 nats (a gain), general +0.010 ± 0.012 (inconclusive at this scale)")
-    # paired per seed: −0.09, −0.13, −0.05: mean −0.090, SE 0.023, interval [−0.136, −0.044]
-    assert "replay − noreplay on general text: -0.090 ± 0.023 nats (less forgetting: holds)" in r
-    fell = {**runs, "replay": [seed(1.55, 3.9, 2.9, 40.0), seed(1.75, 4.1, 3.0, 42.0), seed(1.65, 4.0, 2.95, 41.0)]}
-    assert "general -0.150 ± 0.029 (no forgetting: the general loss fell)" in seeded_reading(
-        fell, "domain", "general", "noreplay", "replay")
-    with pytest.raises(Exception, match="2 seeds, the base has 3"):
-        seeded_table({**runs, "replay": runs["replay"][:2]}, groups, None)
-    # one seed (make demo): the same units, no error bar, and nothing is claimed to hold
+def test_cpt_table_pairs_each_arm_with_b0_of_its_seed_and_decides_the_claims(tmp_path):
+    from cptkit.training.report import claims_reading, load_claims, seeded_table
+
+    claims_file = tmp_path / "claims.yaml"
+    claims_file.write_text("""
+alpha: 0.05
+claims:
+  - {id: gain, text: domain falls, compare: {metric: domain, a: noreplay, b: b0, expect: -1, min_effect: 0.02}}
+  - id: forgetting
+    text: probe rises
+    compare: {metric: probe, a: noreplay, b: b0, expect: 1, min_effect: 0.02}
+    equivalence_margin: 0.02
+  - {id: neutral, text: no change, compare: {metric: outside, a: neutral, b: b0, kind: equivalence, margin: 0.02}}
+""")
+    claims = load_claims(claims_file)
+    b0 = [_seed(2.0 + s / 10, 3.0 + s / 10, 3.5, 40.0 + s) for s in range(5)]
+    noise = [0.004, -0.003, 0.001, -0.002, 0.0]
+    runs = {"b0": b0,
+            # a gain of 0.5 nats on every seed (± a little): holds; the probe moves by ~0: no forgetting shown
+            "noreplay": [_seed(b["domain"] - 0.5 + e, b["probe"] + e, b["outside"], b["task"]) for b, e in zip(b0, noise, strict=True)],
+            "neutral": [_seed(b["domain"], b["probe"], b["outside"] + e, b["task"]) for b, e in zip(b0, noise, strict=True)]}
+    groups = {"domain": "domain Δ", "probe": "probe Δ", "outside": "outside Δ"}
+    t = seeded_table(runs, groups, "wordnet_defs", shipped=[_seed(2.5, 3.6, 3.9, 30.0)] * 5).splitlines()
+    assert t[0] == ("| model | seeds | domain Δ (nats/token) | probe Δ (nats/token) | outside Δ (nats/token) | "
+                    "wordnet_defs (points) |")
+    assert t[2].startswith("| shipped model (not the baseline) | 5 | 2.500 ± 0.000 | 3.600 ± 0.000 |")
+    assert t[3] == "| b0 | 5 | 2.200 ± 0.071 | 3.200 ± 0.071 | 3.500 ± 0.000 | 42.000 ± 0.707 |"
+    assert t[4].startswith("| noreplay − b0 | 5 | -0.500 ± 0.001 (docs ± 0.000) |")
+    r = claims_reading(runs, claims, "claims.yaml")
+    gain, forg, tost_line, neutral = r.splitlines()[2:6]
+    assert gain.startswith("- **gain**: domain falls. noreplay − b0 on domain (expected −, minimum effect 0.02): -0.500 ±")
+    assert gain.endswith("(paired t, 4 df, Holm over 3): holds.")
+    assert forg.endswith(": inconclusive.") and "TOST ±0.02" in tost_line and tost_line.endswith(": holds.")
+    assert neutral.endswith("(TOST ±0.02, 4 df, Holm over 3): holds.")
     one = {n: v[:1] for n, v in runs.items()}
-    t1 = seeded_table(one, groups, "gcide_defs").splitlines()
-    assert t1[2] == "| base | 1 | 2.000 | 4.000 | 3.000 | 40.000 |"
-    assert t1[3] == "| noreplay − base | 1 | -0.500 | -0.100 | +0.100 | -2.000 |"
-    r1 = seeded_reading(one, "domain", "general", "noreplay", "replay")
-    assert "noreplay: domain -0.500 ± n/a nats (inconclusive" in r1 and "holds" not in r1.split(". One seed")[0]
-    assert r1.endswith("One seed has no standard error, so no difference can hold yet: run three seeds "
-                       "(make cpt-experiment).")
+    r1 = claims_reading(one, claims, "claims.yaml")
+    assert r1.count("not testable here (one seed: no error bar)") == 3 and "illustration, not evidence" in r1
+    with pytest.raises(Exception, match="2 seeds, b0 has 5"):
+        seeded_table({**runs, "neutral": runs["neutral"][:2]}, groups, None)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("claims:\n  - {id: x, text: y, compare: {metric: m, a: p, b: q, kind: equivalence}}\n")
+    with pytest.raises(Exception, match="bad.yaml: claim x: an equivalence needs a positive margin"):
+        load_claims(bad)
 
 
 def test_curves_over_seeds_are_mean_and_shaded_error(tmp_path):

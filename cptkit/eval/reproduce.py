@@ -4,10 +4,14 @@
 sweep members (output directories of a Hydra ``-m`` run), takes the claim's metric from each,
 groups members by the ablation axis and pairs them by seed, and writes per claim: the paper's
 words, the sweep's command, a table (mean ± SE over seeds), a plot, the comparisons the claim
-implies and a verdict by the rule fixed in :mod:`cptkit.eval.stats` before any run: a comparison
-*holds* when mean ± 2 SE of its paired difference excludes zero in the paper's direction,
-*contradicts* when it excludes zero the other way, and is *inconclusive* otherwise. A claim holds
-when all its comparisons hold and is contradicted when any is.
+implies and a verdict by the rule of :mod:`cptkit.eval.stats`, fixed before any run: each claim's one
+*primary* comparison (``primary:``; pre-registered with its minimum effect, or as an equivalence
+with a TOST margin) is a paired t test over seeds at n − 1 df, Holm-adjusted over the primary
+comparisons of every claim in the report; it *holds*, *contradicts*, is *inconclusive*, or is *not
+testable here* (one seed, a measure that cannot move, or a claim declared ``not_testable: WHY``,
+e.g. one that needs a GPU). ``compare:`` items beside a primary are secondary: shown, decided
+alone, and never the verdict. A comparison is ``metric(a) − metric(b)`` or a ``contrast:
+{axis value: weight}`` (a peak at 0.2: ``{0.2: 2, 0.1: -1, 0.4: -1}``).
 
 A claim in the YAML::
 
@@ -20,7 +24,9 @@ A claim in the YAML::
       axis: corrupt.ratio                   # dotted key in each member's _manifest.json config
       seed: corrupt.seed
       metric: {file: _manifest.json, path: [extra, realised ratio], label: realised ratio}
-      compare: [{a: 0.5, b: 0.0, expect: 1}]   # metric(a) - metric(b) is expected to be > 0
+      primary: {a: 0.7, b: 0.0, expect: 1, min_effect: 0.02}   # metric(a) - metric(b) > 0.02
+      control: "..."                        # what makes the effect have one cause
+      could_fail: "..."                     # why the measure could have gone against the paper
 
 Several metrics: ``metrics: {name: {file, path, label, ...}}`` (``compare`` items then name theirs:
 ``{metric: name, ...}``) and ``frontier: [x_metric, y_metric]`` for a trade-off plot. A metric
@@ -49,7 +55,16 @@ from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError
-from cptkit.eval.stats import CONTRADICTS, HOLDS, INCONCLUSIVE, Effect, effect, mean_se
+from cptkit.eval.stats import (
+    NOT_TESTABLE,
+    Comparison,
+    Effect,
+    claim_verdict,
+    decide,
+    mean_se,
+    paired_t,
+    tost,
+)
 
 
 @dataclass
@@ -72,13 +87,17 @@ class Claim:
     trajectories: dict[str, Any] | None = None  # {file: weights.jsonl, seed: S}: each arm's mixture weights
     axis_label: str = ""  # the axis as tables and plots name it (default: the axis key)
     config: dict[str, Any] | None = None  # {file, path}: where axis and seed are read (default: _manifest.json config)
+    primary: dict[str, Any] | None = None  # the one pre-registered comparison that decides the claim
+    control: str = ""  # the control arm that gives the effect one cause
+    could_fail: str = ""  # why the measure could have gone against the paper
+    not_testable: str = ""  # a reason this design cannot decide the claim here (e.g. "needs a GPU")
 
     def __post_init__(self) -> None:
         if self.metric is not None:
             self.metrics = {"metric": self.metric, **self.metrics}
         if not self.metrics:
             raise CptkitError(f"claim {self.id}: give metric or metrics")
-        for c in self.compare:
+        for c in self.compare + ([self.primary] if self.primary else []):
             if c.get("metric", self.first) not in self.metrics:
                 raise CptkitError(f"claim {self.id}: compare names metric {c['metric']!r}; have {', '.join(self.metrics)}")
         for m in self.frontier or []:
@@ -245,24 +264,52 @@ def collect(claim: Claim, root: Path, members: dict[tuple[Any, Any], Path] | Non
     return points
 
 
-def compare(points: Points, a: Any, b: Any, expect: int, metric: str = "metric") -> Effect:
-    """The paired (by seed) effect metric(a) − metric(b) with its verdict."""
-    for x in (a, b):
+def contrast_of(c: dict[str, Any]) -> dict[Any, float]:
+    """A comparison's weights over axis values: ``{a: 1, b: -1}`` or its ``contrast``."""
+    if "contrast" in c:
+        return {k: float(w) for k, w in c["contrast"].items()}
+    return {c["a"]: 1.0, c["b"]: -1.0}
+
+
+def paired_diffs(points: Points, c: dict[str, Any], metric: str = "metric") -> list[float]:
+    """Per seed (seeds every axis value of the comparison has), Σ weight·metric(axis value)."""
+    weights = contrast_of(c)
+    for x in weights:
         if x not in points:
             raise CptkitError(f"no member with axis value {x} (have {sorted(points, key=str)})")
-    seeds = sorted(set(points[a]) & set(points[b]), key=str)
+    seeds = sorted(set.intersection(*(set(points[x]) for x in weights)), key=str)
     if not seeds:
-        raise CptkitError(f"axis values {a} and {b} share no seed: nothing to pair")
-    return effect([points[a][s][metric] - points[b][s][metric] for s in seeds], expect)
+        raise CptkitError(f"axis values {', '.join(map(str, weights))} share no seed: nothing to pair")
+    return [sum(w * points[x][s][metric] for x, w in weights.items()) for s in seeds]
 
 
-def claim_verdict(effects: Sequence[Effect]) -> str:
-    """All comparisons hold: holds; any contradicts: contradicts; otherwise inconclusive."""
-    if effects and all(e.verdict == HOLDS for e in effects):
-        return HOLDS
-    if any(e.verdict == CONTRADICTS for e in effects):
-        return CONTRADICTS
-    return INCONCLUSIVE
+def comparison(c: dict[str, Any]) -> Comparison:
+    """The statistics module's view of a YAML comparison (its axis values stay in the YAML)."""
+    kind = c.get("kind", "effect")
+    return Comparison(metric=str(c.get("metric", "metric")), a="", b="", expect=int(c.get("expect", 1)),
+                      min_effect=float(c.get("min_effect", 0.0)), kind=kind, margin=float(c.get("margin", 0.0)))
+
+
+def decide_alone(c: dict[str, Any], diffs: list[float]) -> Effect:
+    """A secondary comparison, decided on its own (no family correction)."""
+    cmp_ = comparison(c)
+    if cmp_.kind == "equivalence":
+        return tost(diffs, cmp_.margin)
+    return paired_t(diffs, cmp_.expect, cmp_.min_effect)
+
+
+def comparison_label(c: dict[str, Any], claim: Claim) -> str:
+    metric = c.get("metric", claim.first)
+    label = metric if metric != "metric" else claim.label(metric)
+    return " ".join(f"{'+' if w > 0 else '−'} {abs(w):g}·{label}({x})" if abs(w) != 1 else
+                    f"{'+' if w > 0 else '−'} {label}({x})" for x, w in contrast_of(c).items()).lstrip("+ ")
+
+
+def expected_text(c: dict[str, Any]) -> str:
+    if c.get("kind") == "equivalence":
+        return f"within ±{float(c['margin']):g}"
+    sign = "> " if int(c.get("expect", 1)) > 0 else "< −"
+    return f"{sign}{float(c.get('min_effect', 0.0)):g}" if c.get("min_effect") else ("> 0" if sign == "> " else "< 0")
 
 
 def axis_order(points: Points) -> list[Any]:
@@ -351,44 +398,97 @@ def plot_trajectories(claim: Claim, members: dict[tuple[Any, Any], Path], files:
     return True
 
 
-def section(n: int, claim: Claim, root: Path, figdir: Path, doc_dir: Path) -> tuple[str, str]:
-    """The markdown of one claim and its verdict."""
+@dataclass
+class Measured:
+    """One claim's sweep, read: its points, members and parsed files, and its primary comparison's
+    per-seed differences (None when the claim has no primary or is declared not testable)."""
+
+    claim: Claim
+    points: Points
+    members: dict[tuple[Any, Any], Path]
+    files: dict[Path, Any]
+    primary: list[float] | None
+
+
+def measure(claim: Claim, root: Path) -> Measured:
     members: dict[tuple[Any, Any], Path] = {}
     files: dict[Path, Any] = {}
     points = collect(claim, root, members, files)
-    names = list(claim.metrics)
-    lines = [f"## {n}. {claim.title}", "", f"> {claim.quote}", f"> — {claim.source}", "",
-             f"Sweep: `{claim.command}`", "",
-             f"| {claim.axis_name} | seeds | " + " | ".join(f"{claim.label(m)} (mean ± SE)" for m in names) + " |",
+    diffs = None
+    if claim.primary and not claim.not_testable:
+        diffs = paired_diffs(points, claim.primary, claim.primary.get("metric", claim.first))
+    return Measured(claim, points, members, files, diffs)
+
+
+def _points_table(m: Measured) -> list[str]:
+    claim, names = m.claim, list(m.claim.metrics)
+    lines = [f"| {claim.axis_name} | seeds | " + " | ".join(f"{claim.label(k)} (mean ± SE)" for k in names) + " |",
              "|---|---|" + "---|" * len(names)]
-    for x in axis_order(points):
+    for x in axis_order(m.points):
         cells = []
-        for m in names:
-            mean, se = stats_of(points, x, m)
-            k = int(claim.metrics[m].get("digits", 4))
-            cells.append(f"{mean:.{k}f}" + ("" if se != se else f" ± {se:.{k}f}"))
-        lines.append(f"| {x} | {len(points[x])} | " + " | ".join(cells) + " |")
-    lines += ["", "| comparison | expected | difference (mean ± SE) | interval (± 2 SE) | verdict |",
-              "|---|---|---|---|---|"]
+        for k in names:
+            mean, se = stats_of(m.points, x, k)
+            digits = int(claim.metrics[k].get("digits", 4))
+            cells.append(f"{mean:.{digits}f}" + ("" if se != se else f" ± {se:.{digits}f}"))
+        lines.append(f"| {x} | {len(m.points[x])} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _comparison_rows(m: Measured, primary: Effect | None) -> tuple[list[str], list[Effect]]:
+    claim = m.claim
+    rows = ["| comparison | role | expected | difference (mean ± SE) | interval | test | verdict |",
+            "|---|---|---|---|---|---|---|"]
+    items = ([(claim.primary, "primary", primary)] if claim.primary else []) + \
+        [(c, "secondary" if claim.primary else "decides", None) for c in claim.compare]
     effects = []
-    for c in claim.compare:
-        metric = c.get("metric", claim.first)
-        label = metric if metric != "metric" else claim.label(metric)  # the short name; the table has the label
-        e = compare(points, c["a"], c["b"], int(c["expect"]), metric)
-        effects.append(e)
+    for c, role, e in items:
+        if e is None:
+            e = decide_alone(c, paired_diffs(m.points, c, c.get("metric", claim.first)))
+        if role != "secondary":
+            effects.append(e)
         interval = "–" if e.lo != e.lo else f"[{e.lo:+.4f}, {e.hi:+.4f}]"
-        lines.append(f"| {label}({c['a']}) − {label}({c['b']}) | {'> 0' if c['expect'] > 0 else '< 0'} | "
-                     f"{e.text(4)} | {interval} | {e.verdict} |")
-    verdict = claim_verdict(effects)
-    lines += ["", f"**Verdict: {verdict}.**" + (f" {claim.note}" if claim.note else "")]
+        rows.append(f"| {comparison_label(c, claim)} | {role} | {expected_text(c)} | {e.text(4)} | {interval} | "
+                    f"{e.test} | {e.verdict}{' (' + e.reason + ')' if e.reason else ''} |")
+    return rows, effects
+
+
+def section(n: int, m: Measured, primary: Effect | None, figdir: Path, doc_dir: Path) -> tuple[str, str]:
+    """The markdown of one claim and its verdict (``primary``: its primary comparison, decided over the
+    report's family)."""
+    claim = m.claim
+    lines = [f"## {n}. {claim.title}", "", f"> {claim.quote}", f"> — {claim.source}", "",
+             f"Sweep: `{claim.command}`", ""]
+    for label, text in (("Control", claim.control), ("Why the measure could have failed", claim.could_fail)):
+        if text:
+            lines += [f"**{label}:** {text}", ""]
+    lines += _points_table(m) + [""]
+    if claim.not_testable:
+        verdict, effects = NOT_TESTABLE, []
+        lines += [f"**Verdict: {NOT_TESTABLE}** ({claim.not_testable})."]
+    else:
+        rows, effects = _comparison_rows(m, primary)
+        verdict = claim_verdict(effects)
+        lines += rows + ["", f"**Verdict: {verdict}.**"]
+    if claim.note:
+        lines[-1] += f" {claim.note}"
     png = figdir / f"{claim.id}.png"
-    if plot(points, claim, png):
+    if plot(m.points, claim, png):
         lines += ["", f"![{claim.title}]({png.relative_to(doc_dir) if png.is_relative_to(doc_dir) else png})"]
     traj = figdir / f"{claim.id}-weights.png"
-    if claim.trajectories and plot_trajectories(claim, members, files, traj):
+    if claim.trajectories and plot_trajectories(claim, m.members, m.files, traj):
         lines += ["", f"![{claim.title}: mixture weights]"
                       f"({traj.relative_to(doc_dir) if traj.is_relative_to(doc_dir) else traj})"]
     return "\n".join(lines) + "\n", verdict
+
+
+def decide_family(measured: list[Measured | None]) -> list[Effect | None]:
+    """The primary comparisons of every measured claim, decided together with Holm's correction."""
+    idx = [i for i, m in enumerate(measured) if m is not None and m.primary is not None]
+    fam = [(comparison(measured[i].claim.primary), measured[i].primary) for i in idx]  # type: ignore[union-attr]
+    out: list[Effect | None] = [None] * len(measured)
+    for i, e in zip(idx, decide(fam) if fam else [], strict=True):
+        out[i] = e
+    return out
 
 
 def load_claims(path: Path) -> list[Claim]:
@@ -414,15 +514,24 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
     claims = load_claims(claims_file)
     root = root or claims_file.parent
     figdir = out.parent / out.stem
-    parts, verdicts = [], []
-    for n, claim in enumerate(claims, 1):
+    measured: list[Measured | None] = []
+    why: dict[int, str] = {}
+    for i, claim in enumerate(claims):
         try:
-            text, verdict = section(n, claim, root, figdir, out.parent)
+            measured.append(measure(claim, root))
         except CptkitError as e:
             if not partial:
                 raise
+            measured.append(None)
+            why[i] = str(e)
+    primaries = decide_family(measured)
+    parts, verdicts = [], []
+    for n, (claim, m, e) in enumerate(zip(claims, measured, primaries, strict=True), 1):
+        if m is None:
             text, verdict = (f"## {n}. {claim.title}\n\n> {claim.quote}\n> — {claim.source}\n\n"
-                             f"Sweep: `{claim.command}`\n\n**{NOT_RUN}:** {e}\n"), NOT_RUN
+                             f"Sweep: `{claim.command}`\n\n**{NOT_RUN}:** {why[n - 1]}\n"), NOT_RUN
+        else:
+            text, verdict = section(n, m, e, figdir, out.parent)
         parts.append(text)
         verdicts.append((claim.id, verdict))
     summary = ["| claim | verdict |", "|---|---|", *(f"| {i} | {v} |" for i, v in verdicts)]

@@ -1,11 +1,12 @@
-"""The CPT result table: domain gain against forgetting, for a base model and its CPT arms.
+"""The CPT result table: every arm against the re-adapted base B0, and the pre-registered claims.
 
-``python -m cptkit.training.report base=eval/b_s0,eval/b_s1 noreplay=... replay20=... --lang zh``
-reads ``cptkit evaluate`` outputs (the base first; one directory per seed, comma-separated) and
-prints one markdown table: the base's held-out losses, then each arm's change against the base
-of the same seed, as mean ± standard error over seeds, every loss column in nats per token and
-the task in accuracy points (:func:`seeded_table`); then a reading that calls a difference
-real only where it exceeds twice its standard error (:func:`seeded_reading`).
+``python -m cptkit.training.report b0=eval/b0_s0,eval/b0_s1 noreplay=... replay=... --claims
+conf/cpt/claims.yaml [--shipped eval/shipped]`` reads ``cptkit evaluate`` outputs (one directory per
+seed, comma-separated; B0 first) and prints one markdown table: the shipped model's and B0's
+held-out losses, then each arm's change against B0 *of the same seed*, as mean ± standard error over
+seeds with the per-document error beside it (:func:`seeded_table`); then each claim of the claims
+file decided by :mod:`cptkit.eval.stats` (paired t at n − 1 df, Holm over the family, a minimum
+effect, TOST for "no effect"), one sentence per claim naming its test (:func:`claims_reading`).
 """
 
 from __future__ import annotations
@@ -16,17 +17,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from cptkit.core.errors import CptkitError
+from cptkit.core.shards import atomic_write_bytes
+from cptkit.eval.compare import load_results
+from cptkit.eval.stats import HOLDS, NOT_TESTABLE, Comparison, Effect, decide, doc_se, mean_se, tost
+
+Seed = dict[str, Any]  # {group: loss, "task": points | None, "docs": {group: [per-document loss]}}
 
 
-def seed_numbers(results: dict[str, Any], groups: list[str], task: str | None) -> dict[str, float | None]:
-    """``{group: loss, ..., "task": score}`` of one evaluate output (one seed of one model)."""
+def seed_numbers(results: dict[str, Any], groups: list[str], task: str | None) -> Seed:
+    """``{group: loss, ..., "task": score, "docs": {group: [loss per document]}}`` of one evaluate
+    output (one seed of one model)."""
     ppl = ((results.get("perplexity") or {}).get("groups")) or {}
     missing = [g for g in groups if g not in ppl]
     if missing:
         raise CptkitError(f"evaluate output has no perplexity group {missing[0]!r} (groups: {', '.join(ppl) or 'none'}); "
                           "evaluate with eval.ppl.group_by=domain on the stream's _eval.jsonl.gz")
-    out: dict[str, float | None] = {g: float(ppl[g]["loss"]) for g in groups}
+    out: Seed = {g: float(ppl[g]["loss"]) for g in groups}
+    out["docs"] = {g: [s / n for s, n in ppl[g].get("doc_nll", []) if n] for g in groups}
     out["task"] = None
     if task:
         m = ((results.get("tasks") or {}).get(task) or {}).get("metrics")
@@ -36,109 +46,176 @@ def seed_numbers(results: dict[str, Any], groups: list[str], task: str | None) -
     return out
 
 
-def seeded_table(runs: dict[str, list[dict[str, float | None]]], groups: dict[str, str], task: str | None) -> str:
-    """Markdown: the base's held-out losses, then each arm's change against the base *on the same
-    seed* (paired), as mean ± standard error over seeds. Every loss column is in nats per token."""
-    from cptkit.eval.stats import mean_se
+def paired(arm: list[Seed], base: list[Seed], metric: str) -> tuple[list[float], list[list[float]]]:
+    """Per-seed differences ``arm − base`` of ``metric``, and per seed the per-document differences
+    (empty where the two were not scored on the same documents)."""
+    seeds = [a[metric] - b[metric] for a, b in zip(arm, base, strict=True)]
+    docs = []
+    for a, b in zip(arm, base, strict=True):
+        da, db = a["docs"].get(metric, []), b["docs"].get(metric, [])
+        docs.append([x - y for x, y in zip(da, db, strict=True)] if da and len(da) == len(db) else [])
+    return seeds, docs
 
+
+def _cell(xs: list[float], sign: bool, docs: list[list[float]] | None = None) -> str:
+    m, se = mean_se(xs)
+    text = f"{m:+.3f}" if sign else f"{m:.3f}"
+    if not math.isnan(se):
+        text += f" ± {se:.3f}"
+    if docs and all(docs) and not math.isnan(dse := doc_se(docs)):
+        text += f" (docs ± {dse:.3f})"
+    return text
+
+
+def seeded_table(runs: dict[str, list[Seed]], groups: dict[str, str], task: str | None,
+                 shipped: list[Seed] | None = None, shipped_label: str = "shipped model") -> str:
+    """Markdown: the shipped model and B0 (the first run) as absolute losses, then each arm's change
+    against B0 *on the same seed*: mean ± SE over seeds (docs ± the per-document error)."""
     names = list(runs)
     base = runs[names[0]]
     head = ["model", "seeds", *[f"{label} (nats/token)" for label in groups.values()]]
     if task:
         head.append(f"{task} (points)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-
-    def cell(xs: list[float], sign: bool) -> str:
-        m, se = mean_se(xs)
-        err = "" if math.isnan(se) else f" ± {se:.3f}"
-        return (f"{m:+.3f}" if sign else f"{m:.3f}") + err
-
-    for n in names:
-        seeds = runs[n]
-        if len(seeds) != len(base):
-            raise CptkitError(f"{n}: {len(seeds)} seeds, the base has {len(base)}: pair every arm seed with a base seed")
-        paired = n != names[0]
-        row = [n if not paired else f"{n} − base", str(len(seeds))]
+    rows = ([(f"{shipped_label} (not the baseline)", shipped, False)] if shipped else []) + \
+        [(n if n == names[0] else f"{n} − {names[0]}", runs[n], n != names[0]) for n in names]
+    for label, seeds, is_delta in rows:
+        if len(seeds) != len(base) and is_delta:
+            raise CptkitError(f"{label}: {len(seeds)} seeds, {names[0]} has {len(base)}: pair every arm seed with a base seed")
+        row = [label, str(len(seeds))]
         for g in groups:
-            xs = [s[g] - b[g] if paired else s[g] for s, b in zip(seeds, base, strict=True)]
-            row.append(cell(xs, paired))
+            if is_delta:
+                xs, docs = paired(seeds, base, g)
+                row.append(_cell(xs, True, docs))
+            else:
+                row.append(_cell([s[g] for s in seeds], False))
         if task:
-            xs = [(s["task"] - b["task"]) if paired else s["task"] for s, b in zip(seeds, base, strict=True)]
-            row.append(cell(xs, paired) if None not in xs else "–")
+            vals = [s["task"] for s in seeds]
+            if None in vals:
+                row.append("–")
+            elif is_delta:
+                row.append(_cell([v - b["task"] for v, b in zip(vals, base, strict=True)], True))
+            else:
+                row.append(_cell(vals, False))
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
-def seeded_reading(runs: dict[str, list[dict[str, float | None]]], domain: str, general: str,
-                   no_replay: str, replay: str) -> str:
-    """What holds: each arm's domain gain and forgetting, and replay against no replay, each a paired
-    effect over seeds that holds only where mean ± 2 SE excludes zero (:func:`cptkit.eval.stats.effect`)."""
-    from cptkit.eval.stats import CONTRADICTS, HOLDS, effect
+def load_claims(path: Path) -> dict[str, Any]:
+    """The pre-registered claims file (conf/cpt/claims.yaml), checked."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise CptkitError(f"{path}: cannot read the claims: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("claims"), list) or not doc["claims"]:
+        raise CptkitError(f"{path}: expected a mapping with a non-empty list 'claims'")
+    for c in doc["claims"]:
+        if not isinstance(c, dict) or not {"id", "text", "compare"} <= set(c):
+            raise CptkitError(f"{path}: every claim needs id, text and compare (got {c!r})")
+        try:
+            c["comparison"] = Comparison(**c["compare"])
+        except (TypeError, ValueError) as e:
+            raise CptkitError(f"{path}: claim {c['id']}: {e}") from None
+    return doc
 
-    FORGETTING = {HOLDS: "forgetting", CONTRADICTS: "no forgetting: the general loss fell"}
-    base = runs[next(iter(runs))]
-    parts = []
-    for n in (no_replay, replay):
-        gain = effect([s[domain] - b[domain] for s, b in zip(runs[n], base, strict=True)], expect=-1)
-        forg = effect([s[general] - b[general] for s, b in zip(runs[n], base, strict=True)], expect=+1)
-        parts.append(f"{n}: domain {gain.text()} nats ({'a gain' if gain.verdict == HOLDS else gain.verdict}), "
-                     f"general {forg.text()} ({FORGETTING.get(forg.verdict, forg.verdict)})")
-    diff = effect([r[general] - nr[general] for r, nr in zip(runs[replay], runs[no_replay], strict=True)], expect=-1)
-    cost = effect([r[domain] - nr[domain] for r, nr in zip(runs[replay], runs[no_replay], strict=True)], expect=+1)
-    verdict = {"holds": "holds", "contradicts": "the opposite holds"}.get(diff.verdict, diff.verdict)
-    why = ("One seed has no standard error, so no difference can hold yet: run three seeds "
-           "(make cpt-experiment)." if len(base) == 1 else
-           "A difference holds only where mean ± 2 SE over seeds excludes zero.")
-    return ("; ".join(parts) + f". {replay} − {no_replay} on general text: {diff.text()} nats "
-            f"(less forgetting: {verdict}); on the domain: {cost.text()} nats. {why}")
+
+def _values(runs: dict[str, list[Seed]], c: Comparison, where: str) -> tuple[list[float], list[list[float]]]:
+    for arm in (c.a, c.b):
+        if arm not in runs:
+            raise CptkitError(f"{where}: compares {arm!r}, which is not among the runs ({', '.join(runs)})")
+    if c.metric == "task":
+        return [a["task"] - b["task"] for a, b in zip(runs[c.a], runs[c.b], strict=True)], []
+    return paired(runs[c.a], runs[c.b], c.metric)
+
+
+def decide_claims(runs: dict[str, list[Seed]], claims: dict[str, Any]) -> list[tuple[dict, Effect, Effect | None]]:
+    """Each claim's primary comparison decided over the family (Holm), with the per-document error, and
+    for a directional claim that does not hold and names an ``equivalence_margin``, its TOST."""
+    alpha = float(claims.get("alpha", 0.05))
+    family, docs = [], []
+    for c in claims["claims"]:
+        seeds, per_doc = _values(runs, c["comparison"], f"claim {c['id']}")
+        family.append((c["comparison"], seeds))
+        docs.append(per_doc)
+    out = []
+    for c, (_, seeds), per_doc, e in zip(claims["claims"], family, docs, decide(family, alpha), strict=True):
+        if per_doc and all(per_doc):
+            e = Effect(**{**e.__dict__, "doc_se": doc_se(per_doc)})
+        margin = c.get("equivalence_margin")
+        second = tost(seeds, float(margin), alpha) if margin and e.verdict not in (HOLDS, NOT_TESTABLE) else None
+        out.append((c, e, second))
+    return out
+
+
+def claims_reading(runs: dict[str, list[Seed]], claims: dict[str, Any], source: str) -> str:
+    """One line per claim: what it says, its comparison, and the verdict sentence naming its test."""
+    decided = decide_claims(runs, claims)
+    lines = [f"Claims, each with its one primary comparison fixed before the runs in `{source}`, "
+             f"decided at α = {claims.get('alpha', 0.05)} with Holm's correction over the {len(decided)}:", ""]
+    for c, e, second in decided:
+        cmp_: Comparison = c["comparison"]
+        what = f"{cmp_.a} − {cmp_.b} on {cmp_.metric}"
+        kind = (f"expected {'+' if cmp_.expect > 0 else '−'}, minimum effect {cmp_.min_effect:g}"
+                if cmp_.kind == "effect" else f"equivalence within ±{cmp_.margin:g}")
+        lines.append(f"- **{c['id']}**: {c['text']}. {what} ({kind}): {e.sentence()}.")
+        if second is not None:
+            lines.append(f"  - Not shown to hold; as a \"no effect\" question (secondary, not Holm-adjusted): "
+                         f"{second.sentence()}.")
+    n = len(next(iter(runs.values())))
+    if n < 2:
+        lines += ["", "One seed: an illustration, not evidence. Every comparison is *not testable* without an "
+                      "error bar; `make cpt-experiment` runs five seeds."]
+    return "\n".join(lines) + "\n"
+
+
+def _load_named(specs: list[str]) -> dict[str, list[dict[str, Any]]]:
+    named = {}
+    for r in specs:
+        name, sep, paths = r.partition("=")
+        if not sep:
+            raise CptkitError(f"{r}: write NAME=EVALDIR (or NAME=DIR1,DIR2,... one per seed)")
+        named[name] = [load_results(x) for x in paths.split(",") if x]
+    return named
+
+
+def _curves(named: dict[str, list[dict[str, Any]]], out: str) -> None:
+    from cptkit.training.metrics import overlay_curves, run_dir_of  # deferred: matplotlib
+
+    dirs = {n: ds for n in list(named)[1:]  # the arms: every seed's run, drawn as mean ± SE
+            if (ds := [d for r in named[n] if (d := run_dir_of(r)) is not None])}
+    note = overlay_curves(dirs, Path(out)) if dirs else "no run with eval curves"
+    if note:
+        print(note, file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cptkit.eval.compare import load_results
-
     p = argparse.ArgumentParser(prog="python -m cptkit.training.report", description=__doc__.splitlines()[0])
-    p.add_argument("runs", nargs="+", help="NAME=EVALDIR or NAME=DIR1,DIR2,... (one per seed), the base first")
-    p.add_argument("--domain", default="domain", help="perplexity group of the new domain")
-    p.add_argument("--general", default="general", help="perplexity group of the general (old) data")
-    p.add_argument("--lang", default=None, help="perplexity group of the new language (seeded table)")
-    p.add_argument("--task", default=None, help="task whose score is shown (default: the first one)")
-    p.add_argument("--no-replay", default=None, help="the no-replay arm (default: the second run)")
-    p.add_argument("--replay", default=None, help="the replay arm for the reading (default: the third run)")
+    p.add_argument("runs", nargs="+", help="NAME=EVALDIR or NAME=DIR1,DIR2,... (one per seed), B0 first")
+    p.add_argument("--claims", default="conf/cpt/claims.yaml", help="the pre-registered claims")
+    p.add_argument("--groups", default="domain,zh,general,outside,probe", help="perplexity groups, in column order")
+    p.add_argument("--task", default=None, help="task whose score is shown (default: the claims file's)")
+    p.add_argument("--shipped", default=None, help="the shipped model's evaluate output(s): its own row")
+    p.add_argument("--shipped-label", default="shipped SmolLM2-135M-Instruct, Q4_1 dequantized")
     p.add_argument("--out", default=None, help="also write the table and reading here (markdown)")
     p.add_argument("--curves", default=None, help="PNG overlaying the arms' eval-loss curves")
     a = p.parse_args(argv)
     try:
-        named = {}
-        for r in a.runs:
-            name, sep, paths = r.partition("=")
-            if not sep:
-                raise CptkitError(f"{r}: write NAME=EVALDIR (or NAME=DIR1,DIR2,... one per seed)")
-            named[name] = [load_results(x) for x in paths.split(",") if x]
-        if len(named) < 3:
-            raise CptkitError("give the base and at least two arms (no replay, replay)")
-        names = list(named)
-        first = named[names[0]][0]
-        task = a.task or next(iter(first.get("tasks") or {}), None)
-        no_replay, replay = a.no_replay or names[1], a.replay or names[2]
-        groups = {a.domain: "domain Δ", **({a.lang: "language Δ"} if a.lang else {}),
-                  a.general: "general Δ (forgetting)"}
+        claims = load_claims(Path(a.claims))
+        named = _load_named(a.runs)
+        if len(named) < 2:
+            raise CptkitError("give B0 and at least one arm")
+        task = a.task or claims.get("task")
+        groups = {g: f"{g} Δ" for g in a.groups.split(",") if g}
         runs = {n: [seed_numbers(r, list(groups), task) for r in v] for n, v in named.items()}
-        text = (seeded_table(runs, groups, task) + "\n"
-                + seeded_reading(runs, a.domain, a.general, no_replay, replay) + "\n")
+        shipped = [seed_numbers(r, list(groups), task) for r in _load_named([f"s={a.shipped}"])["s"]] if a.shipped else None
+        text = (seeded_table(runs, groups, task, shipped, a.shipped_label) + "\n"
+                + claims_reading(runs, claims, a.claims))
         if a.curves:
-            from cptkit.training.metrics import overlay_curves, run_dir_of
-
-            dirs = {n: ds for n in names[1:]  # the arms: every seed's run, drawn as mean ± SE
-                    if (ds := [d for r in named[n] if (d := run_dir_of(r)) is not None])}
-            note = overlay_curves(dirs, Path(a.curves)) if dirs else "no run with eval curves"
-            if note:
-                print(note, file=sys.stderr)
+            _curves(named, a.curves)
     except CptkitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if a.out:
-        from cptkit.core.shards import atomic_write_bytes
-
         atomic_write_bytes(Path(a.out), text.encode())
     sys.stdout.write(text)
     return 0
