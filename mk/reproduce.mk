@@ -1,6 +1,6 @@
 # make reproduce: the four papers' ablations, each a Hydra multirun over the paper's axis x seeds
 # (sweep 1, query expansion, in mk/reproduce_expansion.mk; 2-7 below),
-# aggregated into docs/reproductions.md by cptkit.eval.reproduce (conf/reproduce/claims.yaml holds
+# aggregated into docs/reproductions.md by cptkit.eval.reproduce (conf/reproduce/claims_v1.yaml holds
 # each claim's words, metric, comparisons and the verdict rule). Included by the Makefile.
 #
 # The model continued is a small Llama (hidden 128, 2 layers, SmolLM2's tokenizer) that a base
@@ -119,6 +119,6 @@ $(R)/corruption: $(REPRO_DEPS) $(REPRO)/qa/_SUCCESS
 
 include mk/reproduce_expansion.mk
 
-docs/reproductions.md: $(EXP)/_SUCCESS $(addprefix $(R)/,$(REPRO_SWEEPS)) conf/reproduce/claims.yaml conf/reproduce/preamble.md
-	$(BIN)/python -m cptkit.eval.reproduce conf/reproduce/claims.yaml --root $(REPRO) --out $@ \
+docs/reproductions.md: $(EXP)/_SUCCESS $(addprefix $(R)/,$(REPRO_SWEEPS)) conf/reproduce/claims_v1.yaml conf/reproduce/preamble.md
+	$(BIN)/python -m cptkit.eval.reproduce conf/reproduce/claims_v1.yaml --root $(REPRO) --out $@ \
 	    --preamble conf/reproduce/preamble.md
