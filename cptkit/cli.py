@@ -238,7 +238,7 @@ def evaluate_compare(
 
 def main() -> None:
     """Console entry point: user errors become one line on stderr and exit code 2 (secrets
-    masked); Ctrl-C says what was kept and exits 130."""
+    masked); Ctrl-C says what was kept and exits 130, SIGTERM during a run the same and exits 143."""
     try:
         app()
     except CptkitError as e:
@@ -247,12 +247,11 @@ def main() -> None:
         print_error(e)
         sys.exit(e.exit_code)
     except SystemExit as e:
-        if e.code == 130:  # Typer turns Ctrl-C (KeyboardInterrupt) into exit 130
-            _interrupted()
+        if e.code == 130:  # Typer turns Ctrl-C (KeyboardInterrupt, and a run's SIGTERM: Terminated) into exit 130
+            sys.exit(_interrupted())
         raise
     except KeyboardInterrupt:
-        _interrupted()
-        sys.exit(130)
+        sys.exit(_interrupted())
     except Exception:  # a crash: its traceback, secrets masked (a message may quote a header or a URL)
         import traceback
 
@@ -262,11 +261,13 @@ def main() -> None:
         sys.exit(1)
 
 
-def _interrupted() -> None:
-    from cptkit.core.job import interrupted_message
+def _interrupted() -> int:
+    """Say what an interrupted run kept; its exit status (130 for Ctrl-C, 143 for SIGTERM)."""
+    from cptkit.core.job import interrupted_exit_code, interrupted_message
     from cptkit.core.progress import console
 
     console.print(interrupted_message(), soft_wrap=True, markup=False, highlight=False)
+    return interrupted_exit_code()
 
 
 if __name__ == "__main__":

@@ -124,15 +124,21 @@ def test_upsampling_tail_and_caps(corpus_dir, tok, tmp_path):
     web = [d["name"] for d in s["domains"]].index("web")
     assert not (plan[tail["start"]:, 0] == web).any()
     assert tail["sequences"]["code"] == round((n - tail["start"]) * 0.35)
-    # the base mix asks every non-web source for ≥ 0.5 epochs (Table 2's epochs) before the tail; a cap
-    # of 0.3 epochs holds them at 0.3 and moves the excess to the fill domain
-    s = build_stream(corpus_dir, tok, tmp_path / "cap", [*ov, "mix.max_epochs=0.3"])["stream"]
+    # the base mix asks code for 1 epoch (Table 2's epochs) before the tail, and the tail for 35% more; a
+    # cap of 0.7 epochs holds it at 0.7 and moves the excess to the fill domain, which may pass its data
+    # more often as long as the stream as a whole stays within 0.7 passes (5e5 of the input's 717k tokens)
+    s = build_stream(corpus_dir, tok, tmp_path / "cap", [*ov[:2], "mix.budget_tokens=5e5", ov[3],
+                                                         "mix.max_epochs=0.7"])["stream"]
     dom = {d["name"]: d for d in s["domains"]}
     for d in s["domains"]:
         if d["name"] != "web":
-            assert d["epochs"] <= 0.3 + 1e-9 and d["capped"]
-    assert not dom["web"]["capped"]
-    assert dom["domain/python-docs"]["planned_tokens"] == int(0.3 * dom["domain/python-docs"]["sequences"]) * 128
+            assert d["epochs"] <= 0.7 + 1e-9
+    assert dom["code"]["capped"] and not dom["web"]["capped"] and dom["web"]["epochs"] > 0.7
+    assert dom["code"]["planned_tokens"] == int(0.7 * dom["code"]["sequences"]) * 128
+    # 1e6 tokens at no more than 0.3 passes over the input (717k tokens) cannot be: refused with the numbers
+    with pytest.raises(CptkitError, match=r"budget_tokens=1,000,000 cannot be reached.*max_epochs=0\.3 passes"):
+        build_stream(corpus_dir, tok, tmp_path / "over", [*ov, "mix.max_epochs=0.3"])
+    assert not (tmp_path / "over").exists()
 
 
 def test_ppl_curriculum(corpus_dir, tok, tmp_path):

@@ -59,8 +59,11 @@ def corpus(corpus_records, tmp_path_factory) -> Path:
     return root
 
 
+PER_FILE = "shard.task_bytes=0"  # a task per shard (small shards share one by default): members split the work
+
+
 def args(inp: Path, out: Path, *overrides: str) -> list[str]:
-    return [f"io.inputs=['{inp}']", f"io.output='{out}'", "quiet=true", *overrides]
+    return [f"io.inputs=['{inp}']", f"io.output='{out}'", "quiet=true", PER_FILE, *overrides]
 
 
 def dedup(inp: Path, out: Path, *overrides: str) -> dict:
@@ -70,7 +73,7 @@ def dedup(inp: Path, out: Path, *overrides: str) -> dict:
 def cli(inp: Path, out: Path, *overrides: str) -> subprocess.Popen:
     """`cptkit dedup` in its own process (as one member of a job array)."""
     cmd = [sys.executable, "-c", "from cptkit.cli import main; main()", "dedup", "--in", str(inp),
-           "--out", str(out), "--quiet", *overrides]
+           "--out", str(out), "--quiet", PER_FILE, *overrides]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

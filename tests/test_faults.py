@@ -67,6 +67,9 @@ def dedup(inp, out, *extra) -> list[str]:
     return ["dedup", "--in", inp, "--out", out, "-q", *extra]
 
 
+PER_FILE = "shard.task_bytes=0"  # a task per input file (small files share one by default): for slices
+
+
 def dead_pid() -> int:
     p = subprocess.Popen(["true"])
     p.wait()
@@ -109,29 +112,29 @@ def test_input_edited_after_finish_refuses_then_overwrite_redoes(shards, tmp_pat
 def test_unfinished_output_edited_input_is_redone(shards, tmp_path, capsys):
     """Slice 0 of 2 leaves an unfinished output; an input edited before the rest runs is redone."""
     out = tmp_path / "out"
-    code, _, err = cli(dedup(shards, out, "shard.count=2", "shard.index=0"), capsys)
+    code, _, err = cli(dedup(shards, out, "shard.count=2", "shard.index=0", PER_FILE), capsys)
     assert code == 0, err
     assert not (out / "_SUCCESS").exists() and (out / ".cptkit" / "sig-00000.npy").exists()
     s0 = shards / "s0.jsonl"
     s0.write_text("".join(s0.read_text().splitlines(keepends=True)[:10]))
-    code, _, err = cli(["dedup", "--in", shards, "--out", out, "shard.count=1"], capsys)
+    code, _, err = cli(["dedup", "--in", shards, "--out", out, "shard.count=1", PER_FILE], capsys)
     assert code == 0, err
     err = " ".join(err.split())
     assert "s0.jsonl changed" in err and "redoing the whole unfinished output" in err
     assert (out / ".cptkit" / "config_hash").exists() and (out / ".cptkit" / "inputs.json").exists()
     fresh = tmp_path / "fresh"
-    assert cli(dedup(shards, fresh), capsys)[0] == 0
+    assert cli(dedup(shards, fresh, PER_FILE), capsys)[0] == 0
     assert tree(out) == tree(fresh)
     assert json.loads((out / "_manifest.json").read_text())["counts"]["records_in"] == 10 + 80 + 80
 
 
 def test_unfinished_output_other_input_set_refuses(shards, tmp_path, capsys):
     out = tmp_path / "out"
-    assert cli(dedup(shards, out, "shard.count=2", "shard.index=0"), capsys)[0] == 0
+    assert cli(dedup(shards, out, "shard.count=2", "shard.index=0", PER_FILE), capsys)[0] == 0
     other = tmp_path / "other"
     write_jsonl(other / "x.jsonl", [{"id": "x1", "text": "another input set"}])
     before = tree(out)
-    code, _, err = cli(dedup(other, out), capsys)
+    code, _, err = cli(dedup(other, out, PER_FILE), capsys)
     assert code == 2
     assert "holds an unfinished run of another input set" in one_error(err) and "x.jsonl is a new input" in err
     assert tree(out) == before
@@ -352,13 +355,13 @@ def test_existing_empty_out_is_left_empty_after_bad_input(shards, tmp_path, caps
 
 def test_overwrite_starts_over(shards, tmp_path, capsys):
     out = tmp_path / "out"
-    assert cli(dedup(shards, out, "shard.count=2", "shard.index=0"), capsys)[0] == 0
-    code, _, err = cli(dedup(shards, out, "dedup.ngram=5"), capsys)
+    assert cli(dedup(shards, out, "shard.count=2", "shard.index=0", PER_FILE), capsys)[0] == 0
+    code, _, err = cli(dedup(shards, out, "dedup.ngram=5", PER_FILE), capsys)
     assert code == 2 and "holds an unfinished run of another config" in one_error(err)
-    code, _, err = cli(dedup(shards, out, "dedup.ngram=5", "io.overwrite=true"), capsys)
+    code, _, err = cli(dedup(shards, out, "dedup.ngram=5", "io.overwrite=true", PER_FILE), capsys)
     assert code == 0, err
     started = json.loads((out / "_manifest.json").read_text())["timings"]["started"]
-    code, _, err = cli(dedup(shards, out, "dedup.ngram=5", "io.overwrite=true"), capsys)
+    code, _, err = cli(dedup(shards, out, "dedup.ngram=5", "io.overwrite=true", PER_FILE), capsys)
     assert code == 0, err
     assert json.loads((out / "_manifest.json").read_text())["timings"]["started"] > started  # redone
     assert len(read_jsonl_dir(out)) == 240
@@ -431,7 +434,7 @@ def test_sigint_says_what_was_kept_and_resumes(corpus_records, tmp_path):
     inp = tmp_path / "in"
     for k in range(40):
         write_jsonl(inp / f"s{k:02d}.jsonl.gz", recs[k::40])
-    args = ["dedup", "--in", str(inp), "-q", "shard.max_records=3"]
+    args = ["dedup", "--in", str(inp), "-q", "shard.max_records=3", PER_FILE]
     ref = tmp_path / "ref"
     subprocess.run([*CLI, *args, "--out", str(ref)], check=True, timeout=300)
     out = tmp_path / "out"
@@ -597,7 +600,7 @@ def test_sigkill_then_edited_input_rerun_equals_a_fresh_run(corpus_records, tmp_
     inp = tmp_path / "in"
     for k in range(40):
         write_jsonl(inp / f"s{k:02d}.jsonl.gz", recs[k::40])
-    args = ["dedup", "--in", str(inp), "-q", "shard.max_records=3"]
+    args = ["dedup", "--in", str(inp), "-q", "shard.max_records=3", PER_FILE]
     out = tmp_path / "out"
     proc = subprocess.Popen([*CLI, *args, "--out", str(out)])
     done = out / ".cptkit" / "done"

@@ -102,7 +102,7 @@ def shards(corpus_dir: Path, tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("cluster_kind", ["memory", "mapreduce"])
 def test_dedup_on_ray_equals_local(cluster: str, shards: Path, tmp_path: Path, cluster_kind: str):
-    opts = [f"dedup.cluster={cluster_kind}"]
+    opts = [f"dedup.cluster={cluster_kind}", "shard.task_bytes=0"]  # a task per shard: slices split the work
     local = cptkit("dedup", "--in", str(shards), "--out", str(tmp_path / "local"), *opts)
     assert local.returncode == 0, local.stderr
     on_ray = cptkit("dedup", "--in", str(shards), "--out", str(tmp_path / "ray"), *opts,
@@ -117,7 +117,7 @@ def test_score_quality_on_ray_equals_local(cluster: str, shards: Path, corpus_di
     pos, neg = str(corpus_dir / "part-00000-*"), str(corpus_dir / "part-00002-*")
     trained = cptkit("score-quality-train", "--positives", pos, "--negatives", neg, "--out", str(model))
     assert trained.returncode == 0, trained.stderr
-    args = ["score-quality", "--in", str(shards), f"quality.model={model}"]
+    args = ["score-quality", "--in", str(shards), f"quality.model={model}", "shard.task_bytes=0"]  # a task per shard
     assert cptkit(*args, "--out", str(tmp_path / "local")).returncode == 0
     on_ray = cptkit(*args, "--out", str(tmp_path / "ray"), "executor=ray", f"executor.address={cluster}",
                     "executor.workers=4")

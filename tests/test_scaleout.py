@@ -13,6 +13,7 @@ import slurm_cluster
 from conftest import read_jsonl_dir, write_jsonl
 
 CLI = [sys.executable, "-c", "from cptkit.cli import main; main()"]
+PER_FILE = "shard.task_bytes=0"  # a task per input shard (small shards share one by default): members split the work
 
 
 def cptkit(*args: str, cwd: Path, env=None, check: bool = True) -> subprocess.CompletedProcess:
@@ -96,11 +97,12 @@ def test_sweep_on_slurm_is_a_job_array_with_identical_results(qa, cluster):
 def test_job_array_over_input_shards_and_requeue(qa, cluster):
     """shard.index/count split the tasks; the last member writes _SUCCESS; a requeue redoes only missing tasks."""
     whole = qa / "whole"
-    cptkit("corrupt", "--in", "qa", "--out", str(whole), "-q", "corrupt.ratio=0.4", cwd=qa)
+    cptkit("corrupt", "--in", "qa", "--out", str(whole), "-q", "corrupt.ratio=0.4", PER_FILE, cwd=qa)
     arr = qa / "arr"
     script = qa / "array.sh"
     script.write_text("#!/bin/bash\nset -e\n" + " ".join([*map(str, CLI[:2]), repr(CLI[2])]) +
-                      f" corrupt --in qa --out {arr} -q corrupt.ratio=0.4 shard.index=$SLURM_ARRAY_TASK_ID shard.count=2\n")
+                      f" corrupt --in qa --out {arr} -q corrupt.ratio=0.4 {PER_FILE} shard.index=$SLURM_ARRAY_TASK_ID"
+                      " shard.count=2\n")
     sub = subprocess.run(["sbatch", "--wait", "--array=0-1", f"--chdir={qa}", f"--output={qa}/arr-%a.log", str(script)],
                          env=cluster.env, capture_output=True, text=True, timeout=600)
     assert sub.returncode == 0, sub.stderr + "".join(p.read_text() for p in qa.glob("arr-*.log"))
@@ -112,7 +114,8 @@ def test_job_array_over_input_shards_and_requeue(qa, cluster):
     (arr / "_SUCCESS").unlink()
     for p in arr.glob("part-00001-*"):
         p.unlink()
-    r = cptkit("corrupt", "--in", "qa", "--out", str(arr), "corrupt.ratio=0.4", "shard.index=1", "shard.count=2", cwd=qa)
+    r = cptkit("corrupt", "--in", "qa", "--out", str(arr), "corrupt.ratio=0.4", PER_FILE, "shard.index=1", "shard.count=2",
+               cwd=qa)
     assert "records in" in r.stderr and (arr / "_SUCCESS").exists()
     assert shard_bytes(arr) == before
 
@@ -141,10 +144,10 @@ def test_two_task_deepspeed_training_through_srun(corpus_dir, corpus_records, tm
 
 @pytest.mark.slow
 def test_job_array_as_a_hydra_sweep_shares_one_output(qa):
-    cptkit("corrupt", "--in", "qa", "--out", "arr_sweep", "-q", "corrupt.ratio=0.4", "shard.count=2",
+    cptkit("corrupt", "--in", "qa", "--out", "arr_sweep", "-q", "corrupt.ratio=0.4", PER_FILE, "shard.count=2",
            "-m", "shard.index=0,1", cwd=qa)
     whole = qa / "whole_sweep"
-    cptkit("corrupt", "--in", "qa", "--out", str(whole), "-q", "corrupt.ratio=0.4", cwd=qa)
+    cptkit("corrupt", "--in", "qa", "--out", str(whole), "-q", "corrupt.ratio=0.4", PER_FILE, cwd=qa)
     assert (qa / "arr_sweep" / "_SUCCESS").exists()
     assert shard_bytes(qa / "arr_sweep") == shard_bytes(whole)
 

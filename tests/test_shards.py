@@ -9,7 +9,15 @@ import pytest
 import zstandard
 
 from cptkit.core.errors import BadInput, CptkitError
-from cptkit.core.shards import ReadStats, ShardWriter, read_records, resolve_inputs
+from cptkit.core.shards import (
+    STDIO,
+    InputFile,
+    ReadStats,
+    ShardWriter,
+    group_inputs,
+    read_records,
+    resolve_inputs,
+)
 
 RECS = [{"id": f"d{i}", "text": f"text number {i} é 中文", "meta": {"i": i}} for i in range(50)]
 
@@ -137,3 +145,25 @@ def test_a_failing_writer_thread_raises_in_the_caller_and_leaves_no_shard(tmp_pa
         for i in range(2000):
             w.write({"id": f"r{i}", "text": "y" * 500})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_small_files_are_grouped_into_tasks_big_ones_stand_alone():
+    files = [InputFile(f"f{i}", size) for i, size in enumerate([10, 20, 30, 100, 5, 5, 50, 1])]
+    names = [[f.path for f in g] for g in group_inputs(files, 60)]
+    assert names == [["f0", "f1", "f2"], ["f3"], ["f4", "f5", "f6"], ["f7"]]  # in order, each <= 60 bytes or alone
+    assert [[f.path for f in g] for g in group_inputs(files, 0)] == [[f.path] for f in files]
+    assert [len(g) for g in group_inputs([InputFile(STDIO, 0), *files[:2]], 60)] == [1, 2]  # stdin alone
+    assert group_inputs([], 60) == []
+
+
+def test_a_directory_of_many_files_resolves_sorted_with_real_paths(tmp_path):
+    (tmp_path / "in" / "b").mkdir(parents=True)
+    (tmp_path / "in" / "_side").mkdir()
+    for rel in ("b/x.jsonl", "a-c.jsonl", "b.jsonl", "_side/s.jsonl", ".hidden.jsonl", "notes.txt"):
+        (tmp_path / "in" / rel).write_text('{"id": "1", "text": "t"}\n')
+    (tmp_path / "in" / "link.jsonl").symlink_to(tmp_path / "in" / "b.jsonl")  # the same file again: read once
+    got = resolve_inputs(str(tmp_path / "in"))
+    names = ["a-c.jsonl", "b/x.jsonl", "b.jsonl"]  # as paths sort: ("b", "x.jsonl") < ("b.jsonl",)
+    assert names == sorted(names, key=lambda n: tmp_path / n)
+    assert [f.path for f in got] == [str(tmp_path / "in" / n) for n in names]
+    assert [f.real for f in got] == [str((tmp_path / "in" / n).resolve()) for n in names]

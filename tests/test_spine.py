@@ -129,7 +129,7 @@ def test_kill_resume_gives_identical_bytes(corpus_records, tmp_path):
     inp = tmp_path / "in"
     for k in range(40):
         write_jsonl(inp / f"s{k:02d}.jsonl.gz", recs[k::40])
-    args = ["dedup", "--in", str(inp), "-q", "shard.max_records=3"]
+    args = ["dedup", "--in", str(inp), "-q", "shard.max_records=3", "shard.task_bytes=0"]  # 40 tasks, one per file
     ref = tmp_path / "ref"
     subprocess.run([*CLI, *args, "--out", str(ref)], check=True, timeout=300)
 

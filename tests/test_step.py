@@ -63,7 +63,8 @@ def test_a_map_step_runs_tasks_merges_their_stats_and_resumes(tmp_path):
     out = tmp_path / "out"
     # any registered step's config gives the io/shard settings; the step itself is Shout
     step_module("corrupt")  # registers its schema
-    cfg = compose_step("corrupt", [f"io.inputs=[{tmp_path / 'in'}]", f"io.output={out}", "quiet=true"])
+    cfg = compose_step("corrupt", [f"io.inputs=[{tmp_path / 'in'}]", f"io.output={out}", "quiet=true",
+                                   "shard.task_bytes=0"])  # a task per file (small files share one by default)
     res = Shout(OmegaConf.to_object(cfg), Run.of(cfg), batch_size=10).run()
     got = read_jsonl_dir(out)
     assert len(got) == 25 - 3 + 12 - 2 and all(r["text"].startswith("DOC ") for r in got)

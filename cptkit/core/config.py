@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
@@ -86,8 +87,10 @@ class ShardConfig:
     max_bytes: int = 256 * 2**20  # roll over to a new output shard past this many bytes (0: no limit)
     max_records: int = 0  # ... or this many records (0: no limit)
     compression: str = "gz"  # gz | zst | none
+    task_bytes: int = 64 * 2**20  # a task reads consecutive input files up to this many bytes (0: one per file)
 
     def __post_init__(self) -> None:
+        check(self.task_bytes >= 0, "task_bytes", self.task_bytes, "must be >= 0 (0: one task per input file)")
         check(self.count >= 1, "count", self.count, "must be >= 1 (processes in the job array)")
         check(0 <= self.index < self.count, "index", self.index, f"must be in [0, shard.count={self.count})")
         check(self.max_bytes >= 0, "max_bytes", self.max_bytes, "must be >= 0 (0: no limit)")
@@ -140,10 +143,24 @@ def compose_step(name: str, overrides: list[str] | None = None, *, hydra_node: b
             cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra_node)
     except (HydraException, OmegaConfBaseException) as e:
         raise CptkitError(redact_text(explain(e, name))) from None
+    except yaml.YAMLError as e:  # a config file (conf/ or hydra.searchpath) that is not plain YAML
+        raise CptkitError(redact_text(yaml_problem(e))) from None
     check_additions(name, overrides)
     if hydra_node or not resolve:
         return cfg
     return finalize(cfg, name, overrides)
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """One line naming the config file and line of a YAML error; a ``!!python/...`` tag (never
+    constructed: Hydra loads configs safely) is named as such."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"{mark.name}:{mark.line + 1}" if mark is not None else "a config file"
+    problem = " ".join(str(getattr(e, "problem", None) or e).split())
+    tag = re.search(r"tag '(?:tag:yaml\.org,2002:)?([^']+)'", problem)
+    if tag and tag.group(1).startswith("python/"):
+        return f"{where}: the YAML tag !!{tag.group(1)} is refused: configs are plain YAML (no Python objects)"
+    return f"{where}: not valid YAML: {problem}"
 
 
 def schema_of(name: str) -> type | None:
@@ -151,7 +168,8 @@ def schema_of(name: str) -> type | None:
     return _SCHEMAS.get(name)
 
 
-def _config_group(key: str) -> bool:
+def config_group(key: str) -> bool:
+    """Whether override key ``key`` selects a config group (``mix``, ``hydra/launcher``...), not a value."""
     return key.startswith("hydra") or (CONF_DIR / key.replace(".", "/")).is_dir()
 
 
@@ -166,7 +184,7 @@ def check_additions(name: str, overrides: list[str]) -> None:
         if not ov.startswith("+") or "=" not in ov:
             continue
         key = ov.lstrip("+").split("=", 1)[0]
-        if _config_group(key):
+        if config_group(key):
             continue
         node: Any = root
         parts = key.split(".")

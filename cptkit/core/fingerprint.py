@@ -13,12 +13,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from cptkit.core.shards import open_new
+
 CACHE_FILE = "hashes.json"
 BOOKKEEPING = frozenset({"_manifest.json", "_SUCCESS"})  # a cptkit output's run records (timings), not its data
-_CHUNK = 1 << 20
+_SMALL = 1 << 20  # bytes read at once to hash a file; bigger files are read in chunks
 
 
 def cache_path() -> Path:
@@ -47,11 +51,8 @@ class HashCache:
         hit = self.entries.get(key)
         if isinstance(hit, dict) and hit.get("stat") == sig and isinstance(hit.get("sha256"), str):
             return hit["sha256"]
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-        digest = h.hexdigest()
+        with open(path, "rb") as f:  # a small file in one read (inputs can be many tiny files)
+            digest = (hashlib.sha256(f.read()) if sig[2] <= _SMALL else hashlib.file_digest(f, "sha256")).hexdigest()
         after = _signature(path.stat())
         if after == sig:  # not written while we read it: safe to remember
             self.entries[key] = {"stat": sig, "sha256": digest}
@@ -72,33 +73,62 @@ class HashCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             remove_dead_tmps(self.path)
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(merged, sort_keys=True))
+            with open_new(tmp) as f:
+                f.write(json.dumps(merged, sort_keys=True).encode())
             os.replace(tmp, self.path)
             self.entries, self.dirty = merged, False
         except OSError:
             pass
 
 
-def remove_dead_tmps(path: Path) -> None:
-    """Delete ``.NAME.<pid>.tmp`` files next to ``path`` whose process is gone (killed mid-write)."""
-    for t in path.parent.glob(f".{path.name}.*.tmp"):
+_TMP_PID = re.compile(r"^\..*(?:\.(\d+)\.tmp|\.tmp-(\d+))$")  # .NAME.<pid>.tmp, .NAME.tmp-<pid>
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's live process
+        return True
+    return True
+
+
+def remove_dead_tmps(path: Path, pattern: str | None = None,
+                     live: Callable[[], Collection[int]] | None = None) -> list[Path]:
+    """Delete the temporary files of writers killed mid-write; returns them. By default the
+    ``.NAME.<pid>.tmp`` files next to ``path``; with ``pattern``, the files that glob matches in the
+    directory ``path`` whose names end in ``.<pid>.tmp`` or ``.tmp-<pid>``. A writer is gone when
+    its pid is not a live process or, given ``live()`` (the pids of the writers at work, asked
+    after the files are listed, so that a writer starting meanwhile is not missed), not one of them."""
+    found = list(path.glob(pattern) if pattern else path.parent.glob(f".{path.name}.*.tmp"))
+    pids = {}
+    for t in found:
+        m = _TMP_PID.match(t.name)
+        if m is not None and int(m.group(1) or m.group(2)) > 0 and (t.is_symlink() or not t.is_dir()):
+            pids[t] = int(m.group(1) or m.group(2))
+    working = set(live()) if live is not None and pids else None
+    removed = []
+    for t, pid in pids.items():
+        if (pid in working) if working is not None else _alive(pid):
+            continue
         try:
-            os.kill(int(t.name.rsplit(".", 2)[-2]), 0)
-        except ProcessLookupError:
-            t.unlink(missing_ok=True)
-        except (ValueError, OSError):  # not a pid, or another user's live process
+            t.unlink()
+            removed.append(t)
+        except FileNotFoundError:
             pass
+    return removed
 
 
-_CACHES: dict[Path, HashCache] = {}
+_CACHES: dict[tuple[str | None, str | None], HashCache] = {}
 
 
 def cache() -> HashCache:
-    """This process's cache for the current ``$CPTKIT_CACHE``."""
-    p = cache_path()
-    if p not in _CACHES:
-        _CACHES[p] = HashCache(p)
-    return _CACHES[p]
+    """This process's cache for the current ``$CPTKIT_CACHE`` (and ``$HOME``)."""
+    key = (os.environ.get("CPTKIT_CACHE"), os.environ.get("HOME"))
+    if key not in _CACHES:
+        _CACHES[key] = HashCache(cache_path())
+    return _CACHES[key]
 
 
 def content_hash(path: str | Path) -> tuple[str, int] | None:

@@ -4,7 +4,9 @@ The output protocol (docs/records.md):
 
 * ``OUT/part-TTTTT-KKKK.jsonl.gz``: data shards; task ``T`` writes shards ``K = 0, 1, ...``.
 * ``OUT/.cptkit/done/TTTTT.json``: a task's completion marker (counts, files, seconds, and what the
-  task read: each input's path, size, mtime_ns and sha256).
+  task read: each input's path, size, mtime_ns and sha256). A task is, by default, a group of
+  consecutive input files of up to ``shard.task_bytes`` bytes (a bigger file is a task of its own);
+  ``OUT/.cptkit/tasks.json`` keeps the groups of the output's first run.
 * ``OUT/.cptkit/inputs.json``: every input of the run and every other file it reads (models,
   tokenizers: ``Job(reads=...)``), each with path, size, mtime_ns and sha256; ``config_hash``.
 * ``OUT/.cptkit/lock-IIIII-of-NNNNN``: the lock of the run writing slice ``I`` (pid, host).
@@ -17,6 +19,10 @@ resumes to byte-identical output. A rerun whose inputs changed (by content: see 
 changed file (or the whole output when the step's tasks share state), and refuses, naming the
 file, when the input set changed or the output is finished. If a run fails on bad input and
 created ``OUT`` (or found it empty), it empties it again: nothing half-written is left behind.
+
+Nothing is written through a link: every file is written under a new temporary name
+(``O_EXCL|O_NOFOLLOW``) and renamed over its final name. SIGTERM unwinds a run as Ctrl-C does
+(:class:`Terminated`), and reopening an output removes the temporary files of writers that are gone.
 """
 
 from __future__ import annotations
@@ -25,7 +31,10 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
+import stat
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -37,18 +46,21 @@ from cptkit import __version__
 from cptkit.core.config import IOConfig
 from cptkit.core.errors import BadInput, CptkitError
 from cptkit.core.fingerprint import cache as hash_cache
-from cptkit.core.fingerprint import content_hash
+from cptkit.core.fingerprint import content_hash, remove_dead_tmps
 from cptkit.core.progress import log, make_progress, print_summary, setup_logging
 from cptkit.core.records import Record
 from cptkit.core.redact import redact
 from cptkit.core.run import Run
 from cptkit.core.shards import (
+    OWNER_PID,
     STDIO,
     InputFile,
     ReadStats,
     ShardWriter,
     atomic_write_bytes,
     atomic_write_json,
+    group_inputs,
+    open_new,
     read_records,
     resolve_inputs,
 )
@@ -57,12 +69,13 @@ STATE_DIR = ".cptkit"
 SUCCESS = "_SUCCESS"
 MANIFEST = "_manifest.json"
 INPUTS = "inputs.json"
+TASKS = "tasks.json"
 CARD = "README.md"
 
 
 @dataclass
 class Task:
-    """A unit of resumable work: by default one input shard."""
+    """A unit of resumable work: by default a group of consecutive input files (``shard.task_bytes``)."""
 
     index: int
     inputs: list[InputFile]
@@ -112,22 +125,26 @@ def fingerprint(inp: InputFile) -> dict[str, Any]:
     sha256 of its contents (cached: :mod:`cptkit.core.fingerprint`)."""
     if inp.path == STDIO:
         return {"path": STDIO}
-    return fingerprint_path(inp.path)
+    return fingerprint_path(inp.path, inp.real)
 
 
-def fingerprint_path(path: str | Path) -> dict[str, Any]:
+def fingerprint_path(path: str | Path, real: str = "") -> dict[str, Any]:
     """:func:`fingerprint` of any file or directory (a model, a tokenizer): a directory's size is
-    its files' bytes and its digest covers every file's name and contents."""
-    p = Path(path)
+    its files' bytes and its digest covers every file's name and contents. ``real``: the path
+    with its links resolved, when known."""
+    real = real or os.path.realpath(path)
     try:
-        st = p.stat()
-        found = content_hash(p)
+        st = os.stat(real)
+        if stat.S_ISREG(st.st_mode):  # a file: one stat (inputs can be many small files)
+            return {"path": real, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                    "sha256": hash_cache().file_sha256(Path(real))}
+        found = content_hash(real)
     except OSError:
         found = None
     if found is None:
-        return {"path": str(p.resolve()), "size": None, "mtime_ns": None}
+        return {"path": real, "size": None, "mtime_ns": None}
     sha, size = found
-    return {"path": str(p.resolve()), "size": size, "mtime_ns": None if p.is_dir() else st.st_mtime_ns, "sha256": sha}
+    return {"path": real, "size": size, "mtime_ns": None, "sha256": sha}
 
 
 def same_read(old: dict, new: dict) -> bool:
@@ -211,7 +228,8 @@ class OutputLock:
         me = {"pid": os.getpid(), "host": self.host, "started": time.time(), "index": self.index,
               "count": self.count}
         tmp = self.dir / f".{self.path.name}.{self.host}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(me))
+        with open_new(tmp) as f:
+            f.write(json.dumps(me).encode())
         try:
             for _ in range(3):
                 try:
@@ -248,6 +266,15 @@ class OutputLock:
                 announced = True
             time.sleep(min(0.2, max(deadline - time.monotonic(), 0.01)))
 
+    def holders(self) -> set[int]:
+        """The pids of the processes holding a lock of this output (on any host): its live writers."""
+        pids = set()
+        for p in self.dir.glob("lock-*"):
+            info = self._read(p)
+            if info is not None and str(info.get("pid", "")).isdigit():
+                pids.add(int(info["pid"]))
+        return pids
+
     def release(self) -> None:
         if self.held:
             info = self._read(self.path)
@@ -257,17 +284,63 @@ class OutputLock:
 
 
 _LAST: list[Job] = []  # the job this process entered last (for the Ctrl-C message)
+_SIGNALLED: list[int] = []  # SIGTERM, once it stopped this process's job
+_TERM_OWNER: list[int] = [0]  # the process whose job installed _on_sigterm
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a run: unwound as Ctrl-C is (temporary files removed, finished tasks kept);
+    the CLI reports it in one line and exits 143 (:func:`interrupted_exit_code`)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    if os.getpid() != _TERM_OWNER[0]:  # a forked worker (it inherited the handler): die as SIGTERM does
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    _SIGNALLED[:] = [signum]
+    raise Terminated
+
+
+_FORK_MASK: list[set] = []  # the signal mask of the thread forking, while SIGTERM is held across a fork
+
+
+def _before_fork() -> None:
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        _FORK_MASK[:] = [signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})]
+
+
+def _after_fork_in_parent() -> None:
+    if _FORK_MASK:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _FORK_MASK.pop())
+
+
+def _after_fork_in_child() -> None:
+    if _FORK_MASK:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, _FORK_MASK.pop())
+
+
+# A worker forked during a run (dedup.workers) starts with SIGTERM's default action: Pool.terminate
+# kills it at once, even a moment after its fork (a Python handler could lose that signal there).
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+
+
+def interrupted_exit_code() -> int:
+    """The CLI's exit status for an interrupted run: 143 (128 + SIGTERM) or 130 (Ctrl-C)."""
+    return 128 + _SIGNALLED[0] if _SIGNALLED else 130
 
 
 def interrupted_message() -> str:
-    """What a SIGINT left on disk and how to resume (for the CLI's exit 130)."""
+    """What a SIGINT or SIGTERM left on disk and how to resume (for the CLI's exit 130 or 143)."""
+    what = "terminated (SIGTERM)" if _SIGNALLED else "interrupted"
     job = _LAST[0] if _LAST else None
     if job is None or job.stdout:
-        return "interrupted"
+        return what
     if not (job.out / STATE_DIR / "done").is_dir():
-        return f"interrupted: nothing was kept in {job.out}"
+        return f"{what}: nothing was kept in {job.out}"
     done = len(list((job.out / STATE_DIR / "done").glob("*.json")))
-    return (f"interrupted: {done} of {len(job.tasks)} tasks of {job.out} are finished and kept; "
+    return (f"{what}: {done} of {len(job.tasks)} tasks of {job.out} are finished and kept; "
             "rerun the same command to resume")
 
 
@@ -294,11 +367,13 @@ class Job:
             inputs = resolve_inputs(list(ctx.io.inputs))
             if out is not None and str(out) != STDIO:  # --out inside an --in directory: never read our own shards
                 own = os.path.realpath(str(out)) + os.sep
-                inputs = [f for f in inputs if f.path == STDIO or not os.path.realpath(f.path).startswith(own)]
+                inputs = [f for f in inputs if f.path == STDIO or not (f.real or os.path.realpath(f.path)).startswith(own)]
                 if not inputs:
                     raise CptkitError(f"--in {' '.join(map(str, ctx.io.inputs))}: holds no data files outside --out {out}")
         self.inputs = inputs or []
-        self.tasks = tasks if tasks is not None else [Task(i, [f]) for i, f in enumerate(self.inputs)]
+        self._default_tasks = tasks is None  # the inputs in groups (their layout is kept: tasks.json)
+        self._layout_kept = False  # the groups are those of tasks.json
+        self.tasks = tasks if tasks is not None else self._grouped()
         if any(f.path == STDIO for f in self.inputs) and len(self.tasks) > 1:
             raise CptkitError("stdin (-) cannot be combined with other inputs")
         if out is None:
@@ -321,13 +396,26 @@ class Job:
         self._ids: set[int] = set()
         self._read_tasks: set[tuple[str, ...]] = set()
         self.reads = [str(p) for p in (reads or []) if p is not None and str(p) and os.path.exists(str(p))]
+        self._fp_of: dict[str, dict] = {}  # each input's fingerprint as this run found it, by its path
         self._fps = self._fingerprints()
+        self._prev_term: Any = None
         hash_cache().save()
+
+    def _grouped(self) -> list[Task]:
+        """The default tasks: the inputs, in order, in groups of up to ``shard.task_bytes`` bytes."""
+        groups = group_inputs(self.inputs, int(self.ctx.shard.task_bytes))
+        return [Task(i, g) for i, g in enumerate(groups)]
+
+    def _fp(self, inp: InputFile) -> dict:
+        """:func:`fingerprint` of an input, taken once per run (markers record what the run started from)."""
+        if inp.path not in self._fp_of:
+            self._fp_of[inp.path] = fingerprint(inp)
+        return self._fp_of[inp.path]
 
     def _fingerprints(self) -> list[dict]:
         seen: dict[str, dict] = {}
         for f in [*self.inputs, *(f for t in self.tasks for f in t.inputs)]:
-            fp = fingerprint(f)
+            fp = self._fp(f)
             seen.setdefault(fp["path"], fp)
         for path in self.reads:
             fp = fingerprint_path(path)
@@ -337,27 +425,54 @@ class Job:
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> Job:
         _LAST[:] = [self]
+        _SIGNALLED.clear()
+        OWNER_PID.append(os.getpid())
+        self._catch_sigterm()
         try:
             if not self.stdout:
                 self._prepare_output()
             self.progress.start()
         except BaseException:
             self._release()
+            self._leave()
             raise
         return self
+
+    def _catch_sigterm(self) -> None:
+        """SIGTERM raises :class:`Terminated` in this process while the job runs (unless the program
+        handles SIGTERM itself, or this is not the main thread)."""
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            _TERM_OWNER[0] = os.getpid()
+            self._prev_term = signal.signal(signal.SIGTERM, _on_sigterm)
 
     def _release(self) -> None:
         if self.lock is not None:
             self.lock.release()
+
+    def _leave(self) -> None:
+        """Undo what entering did to the process: the SIGTERM handler, the temporary files' pid."""
+        if self._prev_term is not None:
+            signal.signal(signal.SIGTERM, self._prev_term)
+            self._prev_term = None
+        if OWNER_PID:
+            OWNER_PID.pop()
+
+    def _remove_dead_tmps(self, gone: int | None = None) -> None:
+        """Remove the temporary files (``.NAME.tmp-PID``) in OUT and OUT/.cptkit of writers that are
+        gone: PID holds no lock of this output (every live writer does, and its forked workers name
+        it); ``gone``: a pid to count as gone too (this process, failing)."""
+        def live() -> set[int]:
+            return (self.lock.holders() if self.lock is not None else set()) - {gone}
+
+        remove_dead_tmps(self.out, ".*.tmp-*", live=live)
+        remove_dead_tmps(self.out / STATE_DIR, "**/.*.tmp-*", live=live)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.progress.stop()
         try:
             if exc_type is None or self.stdout:
                 return
-            for pattern in (".*.tmp-*", f"{STATE_DIR}/**/.*.tmp-{os.getpid()}"):
-                for tmp in self.out.glob(pattern):
-                    tmp.unlink(missing_ok=True)
+            self._remove_dead_tmps(gone=os.getpid())
             if issubclass(exc_type, CptkitError) and self.created and self.shard_count == 1:
                 self._release()
                 if self._made_dir:
@@ -367,9 +482,13 @@ class Job:
                     shutil.rmtree(self.out / STATE_DIR, ignore_errors=True)
         finally:
             self._release()
+            self._leave()
 
     def _clear(self) -> None:
-        """Empty OUT, keeping the directory and the live locks in ``.cptkit``."""
+        """Empty OUT, keeping the directory and the live locks in ``.cptkit``; the default tasks
+        are grouped anew."""
+        if self._default_tasks:
+            self.tasks, self._layout_kept = self._grouped(), False
         if not self.out.is_dir():
             return
         for p in self.out.iterdir():
@@ -396,9 +515,10 @@ class Job:
                     raise CptkitError(f"{out}: exists and is not a cptkit output; refusing to write into it "
                                       "(pass another --out)") from None
                 self.created = True  # an empty directory: ours to fill
-        state.mkdir(exist_ok=True)
+        _real_dir(state)
         self.lock = OutputLock(out, self.shard_index, self.shard_count, self.ctx.io.lock_wait_s)
         self.lock.acquire()
+        self._remove_dead_tmps()
         if overwrite and self.shard_count > 1 and not self.created:
             raise CptkitError("io.overwrite=true with shard.count > 1 would delete the other slices' work: "
                               f"delete {out} once before starting the array")
@@ -406,7 +526,7 @@ class Job:
             log.info("%s: io.overwrite=true: starting over", out)
             self._clear()
         self._check_identity(state)
-        (state / "done").mkdir(exist_ok=True)
+        _real_dir(state / "done")
 
     def _check_identity(self, state: Path) -> None:
         """Compare the config and the inputs with those of the output's earlier run (if any)."""
@@ -417,7 +537,7 @@ class Job:
             old_fps = json.loads(inputs_file.read_text()) if inputs_file.exists() else None
         except ValueError:  # unreadable run state: nothing to compare with, the markers still are
             old_fps = None
-        finished = (out / SUCCESS).exists()
+        finished = is_finished(out)
         if finished and old_hash is None and (out / MANIFEST).exists():
             old_hash = json.loads((out / MANIFEST).read_text()).get("config_hash")
         if old_hash is not None and old_hash != self.hash:
@@ -431,6 +551,7 @@ class Job:
                 what = "a finished output" if finished else "an unfinished run"
                 raise CptkitError(f"{out}: holds {what} of another input set ({set_diff[0]}); "
                                   "pass io.overwrite=true to start over, or choose another --out")
+            self._adopt_layout(state)
             if changed:
                 why = _describe_change(changed[0], old_by.get(changed[0]), {f["path"]: f for f in self._fps}[changed[0]])
                 if finished:
@@ -444,13 +565,30 @@ class Job:
         if not hash_file.exists():  # never rewritten in place: array members read it concurrently
             atomic_write_bytes(hash_file, self.hash.encode())
         if old_fps != self._fps or not inputs_file.exists():
-            atomic_write_json(inputs_file, self._fps)
+            atomic_write_json(inputs_file, self._fps, indent=None)
+        if self._default_tasks and not self._layout_kept:
+            atomic_write_json(state / TASKS, [[self._fp(f)["path"] for f in t.inputs] for t in self.tasks], indent=None)
+
+    def _adopt_layout(self, state: Path) -> None:
+        """Default tasks keep the groups of the output's first run (``.cptkit/tasks.json``, written
+        once), so that an input that changed size since redoes its own group, not the groups after it."""
+        if not self._default_tasks:
+            return
+        try:
+            groups = json.loads((state / TASKS).read_text())
+        except (OSError, ValueError):
+            return
+        by_path = {self._fp(f)["path"]: f for f in self.inputs}
+        if (isinstance(groups, list) and all(isinstance(g, list) and g for g in groups)
+                and sorted(p for g in groups for p in g) == sorted(by_path)):
+            self.tasks = [Task(i, [by_path[p] for p in g]) for i, g in enumerate(groups)]
+            self._layout_kept = True
 
     def _redo(self, changed: list[str], why: str) -> None:
         """Inputs of an unfinished run changed: redo the tasks that read them (or everything)."""
         changed_set = set(changed)
-        hit = [t for t in self.tasks if any(fingerprint(f)["path"] in changed_set for f in t.inputs)]
-        in_tasks = {fingerprint(f)["path"] for t in self.tasks for f in t.inputs}
+        hit = [t for t in self.tasks if any(self._fp(f)["path"] in changed_set for f in t.inputs)]
+        in_tasks = {self._fp(f)["path"] for t in self.tasks for f in t.inputs}
         if not self.independent or not changed_set <= in_tasks:
             log.warning("%s; redoing the whole unfinished output", why)
             self._clear()
@@ -479,7 +617,7 @@ class Job:
             return False
         if read is None:
             return True
-        now = [fingerprint(f) for f in task.inputs]
+        now = [self._fp(f) for f in task.inputs]
         return len(read) == len(now) and all(o.get("path") == n["path"] and same_read(o, n)
                                               for o, n in zip(read, now, strict=True))
 
@@ -495,11 +633,12 @@ class Job:
         self._bar = self.progress.add_task(self.step, total=total or None)
         return todo
 
-    def read(self, task: Task, stats: ReadStats | None = None) -> Iterator[Record]:
+    def read(self, task: Task, stats: ReadStats | None = None, plain_ids: bool | str = False) -> Iterator[Record]:
         """Read a task's input records, advancing the progress bar and the task's counters.
 
         With ``io.unique_ids`` (default) an id read twice in this run is an error naming its
-        file and line (a task read again is not checked twice)."""
+        file and line (a task read again is not checked twice); so is, with ``plain_ids``, an id
+        holding whitespace or a control character (a step writing ids into a tabular file)."""
         res = self.results.setdefault(task.name, TaskResult())
         io_cfg = self.ctx.io
         skip = io_cfg.skip_bad_lines
@@ -510,7 +649,7 @@ class Job:
         for inp in task.inputs:
             st = stats or ReadStats()
             seen = 0
-            for rec in read_records(inp, skip_bad=skip, stats=st, **io_cfg.limits()):
+            for rec in read_records(inp, skip_bad=skip, stats=st, plain_ids=plain_ids, **io_cfg.limits()):
                 if check_ids:
                     h = hash(rec["id"])
                     if h in ids:
@@ -562,8 +701,8 @@ class Job:
         res.extra.update(extra)
         if not self.stdout:
             atomic_write_json(self.marker(task), {"task": task.name, "inputs": [f.path for f in task.inputs],
-                                                  "read": [fingerprint(f) for f in task.inputs],
-                                                  "config_hash": self.hash, **res.__dict__})
+                                                  "read": [self._fp(f) for f in task.inputs],
+                                                  "config_hash": self.hash, **res.__dict__}, indent=None)
         if self.hooks.after_task is not None:
             self.hooks.after_task(task, res)
 
@@ -642,12 +781,25 @@ class Job:
                 manifest |= self.hooks.manifest_extra()
             atomic_write_json(self.out / MANIFEST, manifest)
             write_card(self.out, self.step, files)
-            (self.out / SUCCESS).write_text("")
+            atomic_write_bytes(self.out / SUCCESS, b"")  # last; never through a link planted there
         elif not self.stdout:
             log.info("slice %d/%d done; %d of %d tasks finished overall", self.shard_index, self.shard_count,
                      len(results), len(self.tasks))
         print_summary(title or f"cptkit {self.step}", rows, self.quiet)
         return counts | {"seconds": seconds, "extra": extra, "output": str(self.out)}
+
+
+def is_finished(out: Path) -> bool:
+    """Whether ``out`` is a finished output: its ``_SUCCESS`` is a file (a link is never one cptkit wrote)."""
+    return (out / SUCCESS).is_file() and not (out / SUCCESS).is_symlink()
+
+
+def _real_dir(path: Path) -> None:
+    """Make the directory ``path`` (run state) unless it exists; a link there is refused, never written through."""
+    if path.is_symlink():
+        raise CptkitError(f"{path}: is a symbolic link; cptkit writes its run state only into a real directory "
+                          "(remove the link, or choose another --out)")
+    path.mkdir(exist_ok=True)
 
 
 def write_card(out: Path, step: str, files: list[str]) -> None:

@@ -15,6 +15,7 @@ Secrets are best passed by environment variable (:data:`SECRET_ENV`), never on t
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -44,6 +45,7 @@ _ENV_PART = {"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "
 _seen: set[str] = set()
 
 
+@functools.lru_cache(maxsize=4096)  # the same few keys, in every marker and fingerprint
 def is_secret_key(key: Any) -> bool:
     """True for keys that name a secret (``llm.api_key``, ``hf_token``, ``password``...)."""
     k = str(key).lstrip("+~")
@@ -116,6 +118,8 @@ def redact_text(text: str) -> str:
 def _mask(text: str) -> str:
     if not text:
         return text
+    if ":" not in text and "=" not in text:  # no URL, no key=value (a path, a digest): remembered values only
+        return mask_known(text)
     text = redact_url(text)
 
     def kv(m: re.Match) -> str:

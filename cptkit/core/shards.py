@@ -16,16 +16,17 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from cptkit.core.errors import BadInput, CptkitError
-from cptkit.core.records import Record, dumps, validate
+from cptkit.core.records import Record, dumps, plain_id_problem, validate
 from cptkit.core.redact import mask_known
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")
@@ -60,10 +61,12 @@ def _loads(text: str) -> Any:
 
 @dataclass(frozen=True)
 class InputFile:
-    """One input shard: its path (or ``-`` for stdin) and size in bytes."""
+    """One input shard: its path (or ``-`` for stdin) and size in bytes; ``real``: its path with
+    every link resolved (``os.path.realpath``), when known."""
 
     path: str
     size: int
+    real: str = field(default="", compare=False)
 
     @property
     def name(self) -> str:
@@ -72,6 +75,37 @@ class InputFile:
 
 def is_data_file(path: Path) -> bool:
     return path.is_file() and path.name.endswith(DATA_SUFFIXES) and path.name[0] not in "_."
+
+
+def _input_file(f: Path) -> InputFile:
+    return InputFile(str(f), f.stat().st_size, os.path.realpath(f))
+
+
+def _data_files(top: Path) -> list[InputFile]:
+    """The data files under the directory ``top``, recursively, sorted as paths sort; folders and
+    files whose names start with ``.`` or ``_`` are skipped (run state, side outputs)."""
+    found: list[tuple[tuple[str, ...], InputFile]] = []
+
+    def walk(d: str, shown: str, real: str, parts: tuple[str, ...]) -> None:
+        with os.scandir(d) as it:
+            entries = list(it)
+        for e in entries:
+            if e.name[0] in "_.":
+                continue
+            try:
+                st = e.stat()  # follows links, as Path.is_file does
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if not e.is_symlink():  # (rglob does not descend into linked folders either)
+                    walk(e.path, shown + e.name + os.sep, os.path.join(real, e.name), (*parts, e.name))
+            elif stat.S_ISREG(st.st_mode) and e.name.endswith(DATA_SUFFIXES):
+                real_f = os.path.realpath(e.path) if e.is_symlink() else os.path.join(real, e.name)
+                found.append(((*parts, e.name), InputFile(shown + e.name, st.st_size, real_f)))
+
+    base = str(top)  # the paths as str(top / name) writes them ("x", not "./x")
+    walk(base, "" if base == "." else base.rstrip(os.sep) + os.sep, os.path.realpath(top), ())
+    return [f for _, f in sorted(found, key=lambda f: f[0])]
 
 
 def saved_dataset_files(p: Path) -> list[Path] | None:
@@ -110,10 +144,8 @@ def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
             continue
         p = Path(spec)
         if p.is_dir():
-            files = saved_dataset_files(p)
-            if files is None:
-                files = sorted(f for f in p.rglob("*") if is_data_file(f)
-                               and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts[:-1]))
+            arrow = saved_dataset_files(p)
+            files = _data_files(p) if arrow is None else [_input_file(f) for f in arrow]
             if (p / ".cptkit").is_dir() and not (p / "_SUCCESS").exists() and not ALLOW_PARTIAL.get():
                 raise CptkitError(f"{spec}: a step's output without _SUCCESS (still running, or it died): its "
                                   "shards may be partial; rerun that step to finish it, or pass --allow-partial")
@@ -122,22 +154,38 @@ def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
             if not files:
                 raise CptkitError(f"{spec}: directory holds no .jsonl/.jsonl.gz/.jsonl.zst/.parquet shards")
         elif p.is_file():
-            files = [p]
+            files = [_input_file(p)]
         elif any(ch in spec for ch in "*?["):
-            files = sorted(Path(f) for f in globlib.glob(spec, recursive=True) if is_data_file(Path(f)))
+            files = [_input_file(f) for f in sorted(Path(f) for f in globlib.glob(spec, recursive=True)
+                                                    if is_data_file(Path(f)))]
             if not files:
                 raise CptkitError(f"{spec}: glob matches no data files")
         else:
             raise CptkitError(f"{spec}: no such file or directory")
-        found.extend(InputFile(str(f), f.stat().st_size) for f in files)
+        found.extend(files)
     seen: set[str] = set()
     unique = []
     for f in found:  # a file named twice (a directory and a glob inside it) is read once
-        key = f.path if f.path == STDIO else os.path.realpath(f.path)
-        if key not in seen or f.path == STDIO:
-            seen.add(key)
+        if f.path == STDIO or f.real not in seen:
+            seen.add(f.real)
             unique.append(f)
     return unique
+
+
+def group_inputs(inputs: list[InputFile], task_bytes: int) -> list[list[InputFile]]:
+    """The inputs, in their order, packed into groups of at most ``task_bytes`` bytes (the default
+    tasks of a step): consecutive small files share a group; a file as big as that alone is a group
+    of its own, and so is stdin. ``task_bytes=0``: one group per file."""
+    groups: list[list[InputFile]] = []
+    size = 0
+    for f in inputs:
+        alone = f.path == STDIO or (groups and groups[-1][-1].path == STDIO)
+        if not groups or alone or not task_bytes or size + f.size > task_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(f)
+        size += f.size
+    return groups
 
 
 class _CountingReader(io.RawIOBase):
@@ -184,9 +232,12 @@ class ReadStats:
     truncated: int = 0  # records whose text was cut to max_chars (oversize=truncate)
 
 
-def _check_record(obj: object, raw: bytes | None, max_chars: int, oversize: str) -> tuple[str | None, bool]:
+def _check_record(obj: object, raw: bytes | None, max_chars: int, oversize: str,
+                  plain_ids: bool | str = False) -> tuple[str | None, bool]:
     """(why ``obj`` is not a usable record, whether it was truncated)."""
     err = validate(obj)
+    if err is None and plain_ids:  # True: a tab-separated column; "trec": a space-separated one
+        err = plain_id_problem(obj["id"], spaces=plain_ids != "trec")  # type: ignore[index]
     if err is not None:
         return err, False
     assert isinstance(obj, dict)
@@ -226,19 +277,22 @@ def read_records(
     validate_records: bool = True,
     max_chars: int = 0,
     oversize: str = "error",
+    plain_ids: bool | str = False,
 ) -> Iterator[Record]:
     """Yield the records of one shard.
 
     A malformed line (invalid UTF-8, bad JSON, missing ``id``/``text``, a lone surrogate, a text
     over ``max_chars``) raises :class:`BadInput` naming the file and line, or is counted in
     ``stats.bad`` and skipped when ``skip_bad`` (``oversize=skip`` skips long texts,
-    ``truncate`` cuts them). An empty shard is an error: it almost always means an upstream step failed.
+    ``truncate`` cuts them). With ``plain_ids``, an id holding whitespace or a control character is
+    such a line too (for steps that write ids into tab- or space-separated files). An empty shard is an
+    error: it almost always means an upstream step failed.
     """
     if isinstance(inp, str):
         inp = InputFile(inp, 0)
     stats = stats if stats is not None else ReadStats()
     if inp.path.endswith(TABLE_SUFFIXES):
-        yield from _read_table(inp, skip_bad, stats, validate_records, max_chars, oversize)
+        yield from _read_table(inp, skip_bad, stats, validate_records, max_chars, oversize, plain_ids)
         return
     fh, counter = open_binary(inp.path)
     n_lines = 0
@@ -279,7 +333,8 @@ def read_records(
             except ValueError as e:  # an integer over Python's int_max_str_digits (4300)
                 err = f"malformed JSON: {str(e).split(';')[0]}"
             else:
-                err, truncated = _check_record(obj, raw, max_chars, oversize) if validate_records else (None, False)
+                err, truncated = (_check_record(obj, raw, max_chars, oversize, plain_ids) if validate_records
+                                  else (None, False))
                 if err is None:
                     stats.records += 1
                     stats.truncated += truncated
@@ -312,7 +367,7 @@ def _json_types(schema) -> bool:
 
 
 def _read_table(inp: InputFile, skip_bad: bool, stats: ReadStats, validate_records: bool, max_chars: int,
-                oversize: str) -> Iterator[Record]:
+                oversize: str, plain_ids: bool | str = False) -> Iterator[Record]:
     """Records of a Parquet file or a ``save_to_disk`` Arrow file, row by row in batches."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -336,7 +391,8 @@ def _read_table(inp: InputFile, skip_bad: bool, stats: ReadStats, validate_recor
                 rows = [json.loads(json.dumps(r, ensure_ascii=False, default=str)) for r in rows]
             for obj in rows:
                 row += 1
-                err, truncated = _check_record(obj, None, max_chars, oversize) if validate_records else (None, False)
+                err, truncated = (_check_record(obj, None, max_chars, oversize, plain_ids) if validate_records
+                                  else (None, False))
                 if err is None:
                     stats.records += 1
                     stats.truncated += truncated
@@ -359,16 +415,37 @@ def iter_records(inputs: list[InputFile], **kw) -> Iterator[Record]:
         yield from read_records(inp, **kw)
 
 
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+# The process named in temporary files (``.NAME.tmp-PID``): the one holding the output's lock
+# (:class:`cptkit.core.job.Job` sets it), so that a worker it forks names its parent, a live writer.
+OWNER_PID: list[int] = []
+
+
+def tmp_name(path: Path) -> Path:
+    """``path``'s temporary name, ``.NAME.tmp-PID``: PID is this process, or the output's lock holder
+    that forked it (a temporary file of a PID that holds no lock is a dead writer's: Job removes it)."""
+    return path.with_name(f".{path.name}.tmp-{OWNER_PID[-1] if OWNER_PID else os.getpid()}")
+
+
+def open_new(path: Path) -> IO[bytes]:
+    """Open a new file for writing, never through a link: ``O_EXCL|O_NOFOLLOW``. A file or link
+    already at ``path`` (a dead writer's, or one planted there) is removed first (the link itself,
+    never its target)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except FileExistsError:
+        Path(path).unlink()
+        fd = os.open(path, flags, 0o666)
+    return os.fdopen(fd, "wb")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file and an atomic rename."""
+    """Write ``data`` to ``path`` via a temporary file and an atomic rename: a link at ``path`` is
+    replaced by the file (``os.replace`` swaps the link itself), never written through."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
-    with open(tmp, "wb") as f:
+    tmp = tmp_name(path)
+    with open_new(tmp) as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -387,14 +464,17 @@ def finite(obj: Any) -> Any:
     return obj
 
 
-def atomic_write_json(path: Path, obj) -> None:
+def atomic_write_json(path: Path, obj, indent: int | None = 2) -> None:
     """Write ``obj`` as JSON atomically: secrets masked (manifests, markers, stats: cptkit.core.redact),
-    non-finite numbers as ``null``."""
+    non-finite numbers as ``null``. ``indent=None``: one line (run state: quick to write when long)."""
     from cptkit.core.redact import redact
 
-    obj = finite(redact(obj))
-    atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, ensure_ascii=False, default=str, allow_nan=False)
-                                    + "\n").encode())
+    obj = redact(obj)
+    try:
+        text = json.dumps(obj, indent=indent, ensure_ascii=False, default=str, allow_nan=False)
+    except ValueError:  # a NaN or an infinity somewhere (rare: walk the object only then)
+        text = json.dumps(finite(obj), indent=indent, ensure_ascii=False, default=str, allow_nan=False)
+    atomic_write_bytes(Path(path), (text + "\n").encode())
 
 
 class ShardWriter:
@@ -444,9 +524,9 @@ class ShardWriter:
     def _open(self) -> None:
         k = len(self.files)
         self._final = self.directory / f"{self.prefix}-{k:04d}{self._suffix()}"
-        self._tmp = _tmp_name(self._final)
+        self._tmp = tmp_name(self._final)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._raw = open(self._tmp, "wb")  # noqa: SIM115
+        self._raw = open_new(self._tmp)
         if self.compression == "gz":
             self._fh = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, mtime=0, compresslevel=6)  # type: ignore[assignment]
         elif self.compression == "zst":

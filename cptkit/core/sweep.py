@@ -9,12 +9,14 @@ process, sequential), ``hydra/launcher=submitit_local`` and ``hydra/launcher=sub
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import hydra
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.core.config import CONF_DIR, finalize, primary_config
+from cptkit.core.config import CONF_DIR, compose_step, config_group, finalize, primary_config
 from cptkit.steps import execute
 
 # Keys that never name a member's output: where data lives, and job-array slices.
@@ -54,6 +56,33 @@ def member_output(out: str | None, override_dirname: str) -> str | None:
     return f"{str(out).rstrip('/')}/{override_dirname}"
 
 
+def check_config_files(step: str, overrides: list[str]) -> None:
+    """Compose (unresolved, unrun) the configs the sweep's members read, so a config file that is
+    not plain YAML (a ``!!python`` tag under ``hydra.searchpath``) is one line here, as in a single
+    run, not the traceback Hydra prints: once with every sweep at its first value, and once per other
+    value of a swept config group (``mix=a,b``), whose files only those members read."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    base: list[str] = []
+    group_values: list[tuple[int, str]] = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if not o.is_sweep_override():
+            base.append(o.input_line)
+            continue
+        key = o.get_key_element()
+        try:
+            values = o.sweep_string_iterator()
+            first = next(values)
+        except (HydraException, StopIteration):  # glob(...): resolved by Hydra's sweeper, left out here
+            continue
+        base.append(f"{key}={first}")
+        if config_group(key.lstrip("+~")):
+            group_values += [(len(base) - 1, f"{key}={v}") for v in itertools.islice(values, 64)]
+    compose_step(step, base, resolve=False)
+    for i, ov in group_values:
+        compose_step(step, [*base[:i], ov, *base[i + 1:]], resolve=False)
+
+
 def multirun(step: str, overrides: list[str]) -> None:
     """Run ``step`` as a Hydra multirun over ``overrides`` (sweeps like ``a=1,2,3``)."""
     from cptkit.core.errors import CptkitError
@@ -90,6 +119,7 @@ def multirun(step: str, overrides: list[str]) -> None:
 
     argv = sys.argv
     sys.argv = [f"cptkit-{step}", "-m", *overrides]
+    check_config_files(step, overrides)
     try:
         _main()
     finally:

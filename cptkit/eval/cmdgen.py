@@ -10,7 +10,7 @@ identical strings):
 * ``cmd_sim``    = cos(pred, gold);
 * ``em``         = 1 if pred == gold (character for character) else 0;
 * the target and the generated command each run once, in their own fresh OS sandbox
-  (:func:`cptkit.eval.code_exec.run_sandboxed`: user/net/pid/mount namespaces, a read-only root
+  (:func:`cptkit.eval.code_exec.run_sandboxed`: user/net/pid/mount/ipc/uts namespaces, a read-only root
   of ``/usr`` and Python, an empty writable work dir, no network, time/memory/file-size limits)
   under ``bash -c`` (``sh`` where there is no bash), stdin ``/dev/null``; the *output* is stdout
   and stderr as the shell writes them (one stream, in order), stripped;

@@ -1,9 +1,9 @@
 """Execute generated programs in an OS-level sandbox; pass@k with the unbiased estimator.
 
 ``run_program(code)`` writes ``code`` to ``prog.py`` in a fresh empty temporary directory and runs
-``python -I prog.py`` under ``unshare --user --map-root-user --net --pid --mount --fork --kill-child``
-(works as root and as an unprivileged user where the kernel allows user namespaces). Before the
-program starts, a tiny launcher (``_INIT``) inside the namespaces:
+``python -I prog.py`` under ``unshare --user --map-root-user --net --pid --mount --ipc --uts --fork
+--kill-child`` (works as root and as an unprivileged user where the kernel allows user namespaces).
+Before the program starts, a tiny launcher (``_INIT``) inside the namespaces:
 
 * builds a new root on a small tmpfs holding only read-only bind mounts of ``/usr`` (and the
   ``/bin``, ``/lib`` links), the Python install and the venv, ``/dev/null|zero|urandom``, a fresh
@@ -12,7 +12,14 @@ program starts, a tiny launcher (``_INIT``) inside the namespaces:
   ``/root``, ``/tmp``, Unix sockets and every other host path are simply absent;
 * sets ``RLIMIT_AS`` (default 1 GiB), ``RLIMIT_FSIZE`` (default 1 MiB), ``RLIMIT_NPROC`` (64, counted
   per user namespace), ``RLIMIT_NOFILE`` 64, ``RLIMIT_CORE`` 0, ``RLIMIT_CPU`` (timeout + 1 s);
-* has no network: the new network namespace has only a loopback that is down.
+* has no network: the new network namespace has only a loopback that is down;
+* caps System V shared memory at ``memory_mb`` (``kernel.shmall`` of the new IPC namespace, whose
+  segments, semaphores and queues the kernel frees when the program's last process exits) and
+  names the host ``sandbox`` (new UTS namespace).
+
+Of the program's stderr the host keeps the first and last ``KEEP`` bytes (a line in between says
+how many were dropped), draining the rest as it comes; stdout goes to a file bounded by
+``RLIMIT_FSIZE`` (or ``/dev/null``).
 
 At the timeout PID 1 of the PID namespace is killed (and ``unshare``, whose ``--kill-child`` is the
 second line of defence: the launcher re-arms the parent-death signal its uid change cleared); the
@@ -31,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import selectors
 import shutil
 import signal
 import subprocess
@@ -38,14 +46,20 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from math import comb
 from pathlib import Path
+from typing import IO
 
 from cptkit.core.errors import CptkitError
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUTS = 0x04000000
+_GUARD_NS = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS  # the fallback guard's namespaces
+KEEP = 64 << 10  # bytes of a program's stderr kept from its start, and as many from its end
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -74,9 +88,74 @@ def pass_at_k_exact(n: int, c: int, k: int) -> float:
 class ExecResult:
     status: str  # passed | failed | timeout
     returncode: int | None
-    stderr_tail: str
+    stderr_tail: str  # the last 500 characters of ``stderr``
     network: str  # netns | socket-disabled
     stdout: str = ""  # the program's stdout, when run_sandboxed was asked to keep it (``stdout_limit``)
+    stderr: str = ""  # what is kept of its stderr: the first and last KEEP bytes, a line saying what was dropped
+
+
+class _Kept:
+    """What the host keeps of one output stream: its first and last ``keep`` bytes; the bytes in
+    between are counted and dropped as they arrive, so a program cannot fill the host's memory."""
+
+    def __init__(self, keep: int = KEEP):
+        self.keep, self.first, self.last, self.dropped = keep, bytearray(), bytearray(), 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self.keep - len(self.first)
+        if room > 0:
+            self.first += chunk[:room]
+            chunk = chunk[room:]
+        self.last += chunk
+        if len(self.last) > self.keep:
+            cut = len(self.last) - self.keep
+            del self.last[:cut]
+            self.dropped += cut
+
+    def text(self) -> str:
+        gap = f"\n[cptkit: {self.dropped:,} bytes of output dropped here]\n" if self.dropped else ""
+        return self.first.decode("utf-8", "replace") + gap + self.last.decode("utf-8", "replace")
+
+
+def _drain(pipe: IO[bytes], kept: _Kept, deadline: float | None) -> bool:
+    """Read ``pipe`` into ``kept`` until its end (True) or ``deadline`` (``time.monotonic()``; False)."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(pipe, selectors.EVENT_READ)
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            if sel.select(left):
+                chunk = os.read(pipe.fileno(), 1 << 16)
+                if not chunk:
+                    return True
+                kept.add(chunk)
+
+
+def _collect(proc: subprocess.Popen, timeout: float, kill: Callable[[subprocess.Popen], None]) -> tuple[bool, _Kept]:
+    """Wait for ``proc`` at most ``timeout`` seconds, keeping a bounded part of its stderr; at the
+    timeout call ``kill(proc)`` and drain what is left (at most 5 s more). (timed out, stderr kept)."""
+    kept, deadline = _Kept(), time.monotonic() + timeout
+    try:
+        done = _drain(proc.stderr, kept, deadline)
+        if done:
+            try:
+                proc.wait(max(deadline - time.monotonic(), 0))
+                return False, kept
+            except subprocess.TimeoutExpired:
+                pass
+        kill(proc)
+        if not done:
+            _drain(proc.stderr, kept, time.monotonic() + 5)
+        proc.wait()
+        return True, kept
+    finally:
+        proc.stderr.close()
+
+
+def _result(status: str, rc: int | None, kept: _Kept, network: str, stdout: str = "") -> ExecResult:
+    err = kept.text()
+    return ExecResult(status, rc, err[-500:], network, stdout, err)
 
 
 _GUARD = textwrap.dedent('''
@@ -141,7 +220,7 @@ _GUARD = textwrap.dedent('''
 def _netns() -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0
+        return libc.unshare(_GUARD_NS) == 0
     except OSError:
         return False
 
@@ -150,11 +229,11 @@ _NETNS_OK: bool | None = None
 
 
 def netns_available() -> bool:
-    """Whether a child can enter a fresh network namespace here (probed once with a forked child)."""
+    """Whether a child can enter fresh user/net/ipc/uts namespaces here (probed once with a forked child)."""
     global _NETNS_OK
     if _NETNS_OK is None:
         r = subprocess.run([sys.executable, "-c", "import ctypes,sys;"
-                            f"sys.exit(ctypes.CDLL(None).unshare({CLONE_NEWUSER | CLONE_NEWNET}) != 0)"],
+                            f"sys.exit(ctypes.CDLL(None).unshare({_GUARD_NS}) != 0)"],
                            capture_output=True)
         _NETNS_OK = r.returncode == 0
     return _NETNS_OK
@@ -187,6 +266,10 @@ _INIT = textwrap.dedent("""
         mount(src, dst, None, BIND | REC)
         if ro:
             mount(None, dst, None, BIND | REMOUNT | RO | locked(src))
+    with open("/proc/sys/kernel/shmall", "w") as f:  # this IPC namespace's System V shared memory, in pages
+        f.write(str(mem // os.sysconf("SC_PAGE_SIZE")))
+    if libc.sethostname(b"sandbox", 7) != 0:
+        raise OSError(ctypes.get_errno(), "sandbox: sethostname")
     mount(None, "/", None, REC | PRIVATE)
     mount("tmpfs", newroot, "tmpfs", 2 | 4, "size=64k,mode=0755")
     for b in binds:
@@ -256,7 +339,7 @@ def _map_ids(proc: subprocess.Popen) -> None:
 
 def run_sandboxed(code: str, timeout: float = 10.0, memory_mb: int = 1024, max_file_mb: int = 1,
                   unshare: str = "unshare", stdout_limit: int = 0) -> ExecResult:
-    """Run ``code`` inside fresh user/net/pid/mount namespaces with a minimal read-only root (see module doc).
+    """Run ``code`` inside fresh user/net/pid/mount/ipc/uts namespaces with a minimal read-only root (module doc).
 
     ``stdout_limit > 0`` keeps the first ``stdout_limit`` bytes of the program's stdout (UTF-8, bad bytes
     replaced) in ``ExecResult.stdout``: it goes to a file outside the new root, which the sandbox's
@@ -269,7 +352,8 @@ def run_sandboxed(code: str, timeout: float = 10.0, memory_mb: int = 1024, max_f
         os.chmod(work, 0o777)
         (work / "prog.py").write_text(code + "\n", encoding="utf-8")
         drop = os.geteuid() == 0
-        cmd = [unshare, "--user", *([] if drop else ["--map-root-user"]), "--net", "--pid", "--mount", "--fork",
+        cmd = [unshare, "--user", *([] if drop else ["--map-root-user"]), "--net", "--pid", "--mount", "--ipc", "--uts",
+               "--fork",
                "--kill-child",
                # as host root, /bin/sh waits for the uid maps before exec'ing the launcher (an exec before
                # the maps exist would drop the namespace's capabilities)
@@ -281,15 +365,12 @@ def run_sandboxed(code: str, timeout: float = 10.0, memory_mb: int = 1024, max_f
                                 stdout=out, stderr=subprocess.PIPE, start_new_session=True)
         if drop:
             _map_ids(proc)
-        try:
-            _, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_namespace(proc)
-            _, err = proc.communicate()
-            return ExecResult("timeout", None, err.decode("utf-8", "replace")[-500:], "netns", _head(out, stdout_limit))
+        timed_out, kept = _collect(proc, timeout, _kill_namespace)
+        if timed_out:
+            return _result("timeout", None, kept, "netns", _head(out, stdout_limit))
         rc = proc.returncode
         status = "timeout" if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU) else "passed" if rc == 0 else "failed"
-        return ExecResult(status, rc, err.decode("utf-8", "replace")[-500:], "netns", _head(out, stdout_limit))
+        return _result(status, rc, kept, "netns", _head(out, stdout_limit))
 
 
 def _kill_namespace(proc: subprocess.Popen) -> None:
@@ -377,19 +458,18 @@ def run_guarded(code: str, timeout: float = 10.0, memory_mb: int = 1024, max_fil
         env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
         proc = subprocess.Popen([sys.executable, "-I", "prog.py"], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=limits)
-        try:
-            _, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            _, err = proc.communicate()
-            return ExecResult("timeout", None, err.decode("utf-8", "replace")[-500:],
-                              "netns" if use_netns else "socket-disabled")
+        network = "netns" if use_netns else "socket-disabled"
+        timed_out, kept = _collect(proc, timeout, _kill_group)
+        if timed_out:
+            return _result("timeout", None, kept, network)
         rc = proc.returncode
-        if rc == -signal.SIGXCPU:
-            status = "timeout"
-        else:
-            status = "passed" if rc == 0 else "failed"
-        return ExecResult(status, rc, err.decode("utf-8", "replace")[-500:], "netns" if use_netns else "socket-disabled")
+        status = "timeout" if rc == -signal.SIGXCPU else "passed" if rc == 0 else "failed"
+        return _result(status, rc, kept, network)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the guarded program's process group (it called ``setsid``) at its timeout."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -29,11 +29,13 @@ the few-shot split is the test split).
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import random
 import re
 import string
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -249,28 +251,64 @@ def load_docs(task: EvalTask, split: str) -> list[dict]:
 _ENV = None
 
 
-def _jinja():
-    global _ENV
-    if _ENV is None:
-        import jinja2
+TEMPLATE_KEYS = ("doc_to_text", "doc_to_choice", "doc_to_target", "doc_to_gold", "description")
 
-        _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+
+class TemplateError(CptkitError):
+    """A task template that does not render: a missing field, bad syntax, or an attribute the sandbox refuses."""
+
+
+def _jinja():
+    """The template environment: Jinja's immutable sandbox, so a shared task file cannot reach
+    Python internals (``cycler.__init__.__globals__``...) or mutate the documents."""
+    global _ENV
+    if _ENV is None:  # jinja2 is imported on first use, not for --help
+        from jinja2 import StrictUndefined
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        _ENV = ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
         _ENV.filters["regex_replace"] = lambda s, pat, rep: re.sub(pat, rep, s)
     return _ENV
 
 
 def render(template: Any, doc: dict) -> Any:
-    """A field name gives ``doc[field]``; a string is a Jinja2 template; a list is rendered itemwise."""
+    """A field name gives ``doc[field]``; a string is a Jinja2 template (sandboxed); a list is rendered itemwise."""
     if isinstance(template, list):
         return [render(t, doc) for t in template]
     if isinstance(template, int):
         return template
     if isinstance(template, str) and template in doc:
         return doc[template]
+    from jinja2.exceptions import SecurityError  # loaded by _jinja() already: a dictionary lookup
+
     try:
         return _jinja().from_string(str(template)).render(**doc)
+    except SecurityError as e:
+        raise TemplateError(f"template {str(template)[:60]!r} refused by the template sandbox: {e}") from None
     except Exception as e:  # noqa: BLE001 - jinja raises many types; report as bad task data
-        raise CptkitError(f"template {str(template)[:60]!r}: {e}") from None
+        raise TemplateError(f"template {str(template)[:60]!r}: {e}") from None
+
+
+@contextlib.contextmanager
+def naming_file(task: EvalTask) -> Iterator[None]:
+    """Report a template error inside the block as one line naming the task file."""
+    try:
+        yield
+    except TemplateError as e:
+        raise BadInput(str(task.path), None, str(e)) from None
+
+
+def check_templates(task: EvalTask) -> None:
+    """Render the task's templates on its first test document, so a template the sandbox refuses
+    (or one naming a missing field) fails before any model is loaded, naming the task file."""
+    docs = load_docs(task, task.spec["test_split"])
+    if not docs:
+        return
+    with naming_file(task):
+        for key in TEMPLATE_KEYS:
+            t = task.spec.get(key)
+            for part in (t.values() if isinstance(t, dict) else [t] if t is not None else []):
+                render(part, docs[0])
 
 
 def doc_to_text(task: EvalTask, doc: dict) -> str:
@@ -658,18 +696,19 @@ def score_code(task: EvalTask, docs: list[dict], completions: list[list[str]], c
     progs = [[str(render(ce["program"], {**d, "completion": c})) for c in cs] for d, cs in zip(docs, completions, strict=True)]
     flat = [p for ps in progs for p in ps]
 
-    def one(prog: str):
-        return run_program(prog, timeout=float(ce.get("timeout", 10)), memory_mb=int(ce.get("memory_mb", 1024)),
-                           max_file_mb=int(ce.get("max_file_mb", 1)), allow_unsandboxed=allow_unsandboxed)
+    def one(prog: str) -> tuple[str, str]:  # (status, network): the kept stderr (<= 128 kB each) is not needed
+        r = run_program(prog, timeout=float(ce.get("timeout", 10)), memory_mb=int(ce.get("memory_mb", 1024)),
+                        max_file_mb=int(ce.get("max_file_mb", 1)), allow_unsandboxed=allow_unsandboxed)
+        return r.status, r.network
 
     with ThreadPoolExecutor(max_workers=int(ce.get("workers", 2))) as ex:
         res = list(ex.map(one, flat))
     items = []
     for i, (d, cs) in enumerate(zip(docs, completions, strict=True)):
         rs = res[i * n:(i + 1) * n]
-        c = sum(r.status == "passed" for r in rs)
-        it = {"doc": i, "id": item_id(task, d, i), "n": n, "correct": c, "status": [r.status for r in rs],
-              "output": cs[0] if n == 1 else cs, "network": rs[0].network if rs else None}
+        c = sum(status == "passed" for status, _ in rs)
+        it = {"doc": i, "id": item_id(task, d, i), "n": n, "correct": c, "status": [status for status, _ in rs],
+              "output": cs[0] if n == 1 else cs, "network": rs[0][1] if rs else None}
         for k in ks:
             it[f"pass@{k}"] = pass_at_k(n, c, k)
         items.append(it)

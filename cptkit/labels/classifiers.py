@@ -26,6 +26,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.progress import log
+from cptkit.models.remote_code import remote_code_kwargs
+from cptkit.text.fasttext_model import load_fasttext
 from cptkit.text.hashing import unit_hash
 from cptkit.text.tokenize import word_tokenizer
 
@@ -144,6 +147,13 @@ def fasttext_line(text: str, max_chars: int = 4000) -> str:
 def fasttext_line_v1(text: str, max_chars: int = 4000) -> str:
     """The tokenizer of classifiers saved without a ``tokenizer`` version (digits split from letters)."""
     return " ".join(_LINE_TOKENS_V1(text[:max_chars]))
+
+
+def raw_line(text: str) -> str:
+    """A document as a bare fastText model file is given it: the whole text, stripped, its newlines
+    made spaces (fastText predicts one line; it splits on whitespace itself). What datatrove's
+    ``FastTextClassifierFilter`` passes to ``predict``."""
+    return text.strip().replace("\n", " ")
 
 
 def split_heldout(ids: list[str], fraction: float, seed: int) -> np.ndarray:
@@ -292,12 +302,37 @@ def _ft_macro_f1(model: Any, path: str) -> float:
     return evaluate(gold, pred, labels)["macro_f1"]
 
 
+M_PERTURB = -6  # glibc mallopt: fill every allocation with the complement of a byte (255: zeros)
+
+
+def zero_filled_allocations() -> bool:
+    """From now on, glibc's malloc returns zero-filled memory in this process; False off glibc.
+
+    fastText 0.9.2 with ``thread=1`` initialises only the first tenth of its input matrix
+    (``DenseMatrix::uniform`` fills block 0 of 10) and trains from whatever malloc returned for the
+    rest: zero pages for a large matrix (default dim and bucket) in a fresh process, but the bytes
+    of freed allocations for a small one (dim=8, bucket=1000) or for the second training in a
+    process (the settings grid): another model on every run, at times NaN. Zero-filled allocations
+    give every training the zeros a fresh large matrix gets, so its bytes depend on its data,
+    settings and seed only.
+    """
+    import ctypes
+
+    try:
+        return bool(ctypes.CDLL(None).mallopt(M_PERTURB, 255))
+    except (OSError, AttributeError):
+        return False
+
+
 def _fasttext_worker(path: str, job: dict[str, Any]) -> None:
     """Train (after choosing settings on a validation file when ``job`` has a grid); save ``path.bin``.
 
     Writes ``path.json``: the chosen settings and every trial with its validation macro-F1.
     """
-    import fasttext
+    if not zero_filled_allocations():
+        log.warning("fastText training here may differ from run to run: malloc cannot be made to zero-fill "
+                    "(glibc's mallopt is missing), and fastText reads memory it never initialised")
+    import fasttext  # deferred: a compiled extension, imported in the training process only
 
     seed, base = job["seed"], job["params"]
     trials: list[dict[str, Any]] = []
@@ -311,8 +346,8 @@ def _fasttext_worker(path: str, job: dict[str, Any]) -> None:
                 trials.append({**cand, "macro_f1": -1.0, "error": str(e)})
                 continue
             trials.append({**cand, "macro_f1": round(_ft_macro_f1(model, job["tune_valid"]), 6)})
-        # best first (ties: earliest, i.e. cheapest); should the final fit of a setting diverge even
-        # at a lower lr (seen only in long-lived test processes), the next best one is trained
+        # best first (ties: earliest, i.e. cheapest); should the final fit of a setting (on more data
+        # than its trial) diverge even at a lower lr, the next best one is trained
         order = sorted(range(len(trials)), key=lambda i: (-trials[i]["macro_f1"], i))
         for rank, i in enumerate(order):
             chosen = {**base, **job["grid"][i]}
@@ -338,9 +373,8 @@ def _fasttext_worker(path: str, job: dict[str, Any]) -> None:
 
 
 def _train_fasttext_isolated(path: str, job: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """Train in a fresh process: fastText's training diverged ("Encountered NaN") in processes whose
-    floating-point state other libraries had changed, never in a clean one.
-    Returns the model path and the tuning record."""
+    """Train in a fresh process, whose allocations :func:`zero_filled_allocations` fills with zeros
+    (in this process it would slow every allocation). Returns the model path and the tuning record."""
     import multiprocessing as mp
 
     proc = mp.get_context("spawn").Process(target=_fasttext_worker, args=(path, job))
@@ -359,7 +393,11 @@ class FastTextClassifier:
         self.model, self.labels, self.info = model, labels, info
         self.max_chars = int(info.get("max_chars", 4000))
         self._col = {f"__label__{lab}": i for i, lab in enumerate(labels)}
-        self._line = fasttext_line if int(info.get("tokenizer", 1)) >= 2 else fasttext_line_v1
+        self.raw = info.get("tokenizer") == "raw"  # a bare model file (:func:`load_fasttext_file`)
+        if self.raw:
+            self._line = lambda text, _max_chars: raw_line(text)
+        else:
+            self._line = fasttext_line if int(info.get("tokenizer", 1)) >= 2 else fasttext_line_v1
 
     @classmethod
     def train(cls, texts: list[str], labels: list[str], classes: list[str], p: FastTextParams,
@@ -367,8 +405,6 @@ class FastTextClassifier:
               tune_ids: list[str] | None = None) -> FastTextClassifier:
         """Train on ``texts``; with ``tune`` (mode grid/autotune) choose the settings first on a
         validation part (``unit_hash(seed, "tune/" + id) < tune.validation``) of these examples."""
-        import fasttext
-
         tmp = tempfile.mkdtemp(prefix="cptkit-ft-")
         path = os.path.join(tmp, "train.txt")
         lines = [f"__label__{lab} {fasttext_line(t, max_chars)}\n" for t, lab in zip(texts, labels, strict=True)]
@@ -394,7 +430,7 @@ class FastTextClassifier:
                     else:
                         job["autotune_seconds"] = tune.autotune_seconds
             bin_path, record = _train_fasttext_isolated(path, job)
-            model = fasttext.load_model(bin_path)
+            model = load_fasttext(bin_path)
         finally:
             import shutil
 
@@ -417,6 +453,8 @@ class FastTextClassifier:
                 j = self._col.get(lab)
                 if j is not None:
                     out[i, j] = pr
+        if self.raw:  # fastText's own probabilities, as every other user of the file sees them
+            return out
         # fastText adds 1e-5 to every probability: renormalise so rows sum to 1 exactly
         out = np.clip(out, 0.0, None)
         sums = out.sum(axis=1, keepdims=True)
@@ -447,8 +485,9 @@ class SentenceEncoder:
             torch.set_num_threads(threads)
         src = model or minilm_path()
         self.name = src
-        self.tok = AutoTokenizer.from_pretrained(src)
-        self.model = AutoModel.from_pretrained(src).eval()
+        kw = remote_code_kwargs(src)  # an encoder folder never runs its own code
+        self.tok = AutoTokenizer.from_pretrained(src, **kw)
+        self.model = AutoModel.from_pretrained(src, **kw).eval()
         self.max_length, self.batch_size = max_length, batch_size
 
     def encode(self, texts: list[str], progress: Any = None) -> np.ndarray:
@@ -488,9 +527,10 @@ class MiniLMClassifier:
         if p.threads:
             torch.set_num_threads(p.threads)
         src = p.model or minilm_path()
-        tok = AutoTokenizer.from_pretrained(src)
+        kw = remote_code_kwargs(src)  # an encoder folder never runs its own code
+        tok = AutoTokenizer.from_pretrained(src, **kw)
         model = AutoModelForSequenceClassification.from_pretrained(
-            src, num_labels=len(classes), id2label=dict(enumerate(classes)),
+            src, **kw, num_labels=len(classes), id2label=dict(enumerate(classes)),
             label2id={c: i for i, c in enumerate(classes)})
         y = torch.tensor([classes.index(lab) for lab in labels])
         opt = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay, fused=True)
@@ -795,9 +835,24 @@ def save_classifier(result: TrainResult, directory: str | Path, params: TrainPar
     atomic_write_json(directory / CLASSIFIER_JSON, info)
 
 
+def load_fasttext_file(path: Path) -> FastTextClassifier:
+    """A bare fastText supervised model file (``.bin`` or ``.ftz``, trained outside cptkit): its
+    classes are its ``__label__`` labels in the file's order; each document goes to fastText as
+    :func:`raw_line` (no cptkit tokenization) and the scores are fastText's own probabilities (not
+    renormalised), so a threshold chosen on them elsewhere (datatrove's ``FastTextClassifierFilter``
+    reads the same numbers) keeps the same documents."""
+    model = load_fasttext(path)
+    labels = [lab.removeprefix("__label__") for lab in model.get_labels()]
+    return FastTextClassifier(model, labels, {"backend": "fasttext", "tokenizer": "raw", "labels": labels,
+                                              "file": str(path)})
+
+
 def load_classifier(directory: str | Path) -> Classifier:
-    """Load a classifier directory written by :func:`save_classifier`."""
+    """Load a classifier directory written by :func:`save_classifier`, or a bare fastText model
+    file (:func:`load_fasttext_file`)."""
     directory = Path(directory)
+    if directory.is_file():
+        return load_fasttext_file(directory)
     meta = directory / CLASSIFIER_JSON
     if not meta.exists():
         raise CptkitError(f"{directory}: not a classifier (no {CLASSIFIER_JSON}); train one with "
@@ -805,9 +860,7 @@ def load_classifier(directory: str | Path) -> Classifier:
     info = json.loads(meta.read_text())
     labels = list(info["labels"])
     if info["backend"] == "fasttext":
-        import fasttext
-
-        model = fasttext.load_model(str(directory / "model.bin"))
+        model = load_fasttext(directory / "model.bin")
         clf = FastTextClassifier(model, list(info.get("label_tokens", labels)), info)
         clf.labels = labels
         return clf
@@ -815,8 +868,9 @@ def load_classifier(directory: str | Path) -> Classifier:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         hf = directory / "hf"
-        model = AutoModelForSequenceClassification.from_pretrained(str(hf)).eval()
-        return MiniLMClassifier(model, AutoTokenizer.from_pretrained(str(hf)), labels, info)
+        kw = remote_code_kwargs(hf)  # a shared classifier folder never runs its own code
+        model = AutoModelForSequenceClassification.from_pretrained(str(hf), **kw).eval()
+        return MiniLMClassifier(model, AutoTokenizer.from_pretrained(str(hf), **kw), labels, info)
     if info["backend"] == "ensemble":
         members = [load_classifier(d) for d in sorted((directory / "members").iterdir(),
                                                       key=lambda d: int(d.name.split("-", 1)[0]))]

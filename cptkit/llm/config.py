@@ -44,7 +44,7 @@ class LLMConfig:
     # llamacpp: convert the GGUF once (cached) to q8_0 | q4_0 and generate from that; llama.cpp's CPU
     # GEMM kernels batch these formats far better than Q4_1 (docs/benchmarks.md, generate). null: as is
     requantize: str | None = None
-    trust_remote_code: bool = False
+    trust_remote_code: bool = False  # let a model folder run its own code (auto_map); else refused in one line
     # cache of completions keyed by (model, request, params, seed)
     cache: bool = True
     cache_dir: str = "~/.cache/cptkit/llm"

@@ -231,6 +231,19 @@ def resolve_weights(weights: dict[str, float], leaves: dict[str, Domain], specs:
     return out
 
 
+def check_budget(budget: int, seq_len: int, available: dict[str, int], max_epochs: float) -> None:
+    """Refuse a budget the input cannot fill: ``budget // seq_len`` sequences from
+    ``sum(available)`` whole sequences, each drawn at most ``max_epochs`` times (a fill domain
+    may take more than its own share of passes, but the stream as a whole may not)."""
+    have = sum(available.values())
+    reach = math.floor(max_epochs * have)
+    if budget // seq_len > reach:
+        raise CptkitError(
+            f"mix.budget_tokens={budget:,} cannot be reached: the input holds {have * seq_len:,} tokens in whole "
+            f"sequences of mix.seq_len={seq_len}, and mix.max_epochs={max_epochs:g} passes over them give at most "
+            f"{reach * seq_len:,} tokens; lower mix.budget_tokens or raise mix.max_epochs")
+
+
 def plan_counts(stage_seqs: list[int], stage_weights: list[dict[str, float]], available: dict[str, int],
                 max_epochs: float, fill: list[str]) -> tuple[list[dict[str, int]], dict[str, bool]]:
     """Sequences per stage and domain, capping each domain at ``max_epochs`` passes.

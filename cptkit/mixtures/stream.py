@@ -37,6 +37,7 @@ from cptkit.mixtures.recipe import (
     Router,
     allocate,
     apply_replay,
+    check_budget,
     curriculum_order,
     plan_counts,
     replay_leaves,
@@ -290,6 +291,7 @@ def plan_stream(stream_domains: list[dict], leaves: dict[str, Domain], s: MixSet
     random per stage from ``(seed, stage)``; sets each domain's epochs and planned tokens."""
     mix, seq_len, stages, fractions = s.mix, s.seq_len, s.stages, s.fractions
     available = {sd["name"]: sd["sequences"] for sd in stream_domains}
+    check_budget(s.budget, seq_len, available, mix.max_epochs)
     total_seqs = s.budget // seq_len
     stage_seqs = allocate(total_seqs, {str(i): f for i, f in enumerate(fractions)})
     stage_w = [resolve_weights(stage_spec_weights(st, leaves, s.budget, fractions[i], mix.fill, i), leaves,

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from cptkit.core.errors import CptkitError
+from cptkit.models.remote_code import remote_code_kwargs
 
 DTYPES = ("f32", "f16", "q8_0")
 ARCHES = ("LlamaForCausalLM", "MistralForCausalLM")
@@ -106,8 +107,10 @@ def write_tokenizer(w: Any, model_dir: Path, tokenizer_from: Path | None, config
 
 
 def export_gguf(model_dir: str | Path, out: str | Path, dtype: str = "f16",
-                tokenizer_from: str | Path | None = None, name: str | None = None) -> Path:
-    """Write the HF model in ``model_dir`` (a Llama-family causal LM) as one GGUF file ``out``.
+                tokenizer_from: str | Path | None = None, name: str | None = None,
+                trust_remote_code: bool = False) -> Path:
+    """Write the HF model in ``model_dir`` (a Llama-family causal LM) as one GGUF file ``out``; a folder
+    that ships its own code (``auto_map``) is refused unless ``trust_remote_code``.
 
     ``dtype``: f32 (exact), f16, or q8_0 (2-D weights whose rows are a multiple of 32; norms stay f32). The file appears
     atomically: a crash leaves no partial ``out``."""
@@ -117,11 +120,12 @@ def export_gguf(model_dir: str | Path, out: str | Path, dtype: str = "f16",
     if dtype not in DTYPES:
         raise CptkitError(f"export-gguf: dtype={dtype}: must be one of {', '.join(DTYPES)}")
     model_dir, out = Path(model_dir), Path(out)
-    config = AutoConfig.from_pretrained(model_dir)
+    kw = remote_code_kwargs(model_dir, trust_remote_code, "trust_remote_code")
+    config = AutoConfig.from_pretrained(model_dir, **kw)
     if not set(config.architectures or []) & set(ARCHES):
         raise CptkitError(f"export-gguf: {model_dir}: architecture {config.architectures}; "
                           f"only {', '.join(ARCHES)} are written")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32", **kw)
     tensors = gguf_tensors(model.state_dict(), config)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")

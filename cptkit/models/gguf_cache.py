@@ -77,8 +77,9 @@ def converted(directory: str, gguf: str) -> str:
         return str(dest)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf)
-    model = plain_model(AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf, dtype=torch.float32))
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf, trust_remote_code=False)
+    model = plain_model(AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf, dtype=torch.float32,
+                                                             trust_remote_code=False))
     model.save_pretrained(str(tmp), safe_serialization=True)
     tokenizer.save_pretrained(str(tmp))
     (tmp / DONE).write_text(f"{Path(directory) / gguf}\n")

@@ -27,6 +27,7 @@ import functools
 import importlib.util
 import inspect
 import math
+import struct
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
+from cptkit.models.remote_code import remote_code_kwargs
 from cptkit.text.encode import encode_long
 
 __all__ = [
@@ -43,6 +45,8 @@ __all__ = [
     "resolve_spec",
     "resolve_loadable",
     "spec_file",
+    "check_model",
+    "check_gguf",
     "load_tokenizer",
     "load_causal_lm",
     "train_bpe_tokenizer",
@@ -58,6 +62,7 @@ __all__ = [
 
 SMOLLM2 = "smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TRUST_SETTING = "trust_remote_code"  # the step key that lets a model folder run its own code
 DEFAULT_MAX_LENGTH = 2048  # lm-eval's default when neither config nor tokenizer gives one
 _TOKENIZER_INFINITY = 1000000000000000019884624838656
 
@@ -102,6 +107,7 @@ def resolve_loadable(spec: str) -> tuple[str, str | None]:
     d, gguf = resolve_spec(spec)
     if gguf is None:
         return d, None
+    check_gguf(Path(d) / gguf)
     from cptkit.models import gguf_cache
 
     if gguf_cache.enabled():
@@ -112,12 +118,52 @@ def resolve_loadable(spec: str) -> tuple[str, str | None]:
     return d, gguf
 
 
-def load_tokenizer(spec: str):
-    """A tokenizer for a model spec (directory, ``.gguf`` file or ``smollm2``); pad = EOS if unset."""
+def check_model(spec: str | None, trust_remote_code: bool = False) -> None:
+    """Refuse, before any output is touched, a model spec that cannot load safely: a folder that
+    would run its own code (without ``trust_remote_code``) or a file that is no readable GGUF."""
+    if spec:
+        d, gguf = resolve_spec(spec)
+        if gguf is None:
+            remote_code_kwargs(d, trust_remote_code, TRUST_SETTING)
+        else:
+            check_gguf(Path(d) / gguf)
+
+
+def check_gguf(path: str | Path) -> None:
+    """Parse a GGUF file's header, metadata and tensor table (not its tensor data) as transformers
+    will: a file that is not one, or a garbled or truncated one, is one line naming it."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise CptkitError(f"model {p}: cannot read: {e.strerror}") from None
+    _check_gguf(str(p), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _check_gguf(path: str, size: int, mtime_ns: int) -> None:  # size, mtime: a replaced file is parsed again
+    try:
+        from transformers.integrations.gguf.reader import GgufHeader  # heavy: only for a GGUF spec
+    except ImportError:  # another transformers layout: from_pretrained's own errors are caught at load
+        return
+    try:
+        head = GgufHeader.from_file(path)
+    except (ValueError, KeyError, IndexError, OverflowError, MemoryError, OSError, struct.error) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CptkitError(f"model {path}: not a readable GGUF file ({reason[:200]})") from None
+    end = max((head.data_start + t.offset + t.nbytes for t in head.tensors), default=0)
+    if end > size:
+        raise CptkitError(f"model {path}: truncated GGUF file: its tensors end at byte {end:,}, the file has {size:,}")
+
+
+def load_tokenizer(spec: str, trust_remote_code: bool = False):
+    """A tokenizer for a model spec (directory, ``.gguf`` file or ``smollm2``); pad = EOS if unset.
+    A folder that ships its own code is refused unless ``trust_remote_code`` (:mod:`cptkit.models.remote_code`)."""
     from transformers import AutoTokenizer
 
     d, gguf = resolve_loadable(spec)
-    kw = {"gguf_file": gguf} if gguf else {}
+    kw: dict[str, Any] = ({"gguf_file": gguf, "trust_remote_code": False} if gguf
+                            else remote_code_kwargs(d, trust_remote_code, TRUST_SETTING))
     try:
         tok = AutoTokenizer.from_pretrained(d, **kw)
     except (OSError, ValueError) as e:
@@ -139,15 +185,17 @@ def _dtype(dtype: Any) -> Any:
         raise CptkitError(f"dtype {dtype!r}: use float32, bfloat16, float16 or auto") from None
 
 
-def load_causal_lm(spec: str, dtype: Any = "float32", device: str = "cpu"):
+def load_causal_lm(spec: str, dtype: Any = "float32", device: str = "cpu", trust_remote_code: bool = False):
     """A causal LM in eval mode for a model spec (directory, ``.gguf`` file or ``smollm2``) on
-    ``device`` (``auto``: the GPU when there is one)."""
+    ``device`` (``auto``: the GPU when there is one). A folder that ships its own code is refused
+    unless ``trust_remote_code`` (:mod:`cptkit.models.remote_code`)."""
     from transformers import AutoModelForCausalLM
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     d, gguf = resolve_loadable(spec)
-    kw: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
+    kw: dict[str, Any] = ({"gguf_file": gguf, "trust_remote_code": False} if gguf
+                            else remote_code_kwargs(d, trust_remote_code, TRUST_SETTING))
     try:
         model = AutoModelForCausalLM.from_pretrained(d, dtype=_dtype(dtype), **kw)
     except Exception as e:  # noqa: BLE001 - OSError, ValueError, SafetensorError (a truncated file), ...
@@ -358,9 +406,12 @@ def weighted_loss_se(losses: list[tuple[float, int]]) -> float:
 
 def group_losses(model, tokenizer, records: Iterable[dict], group_by: str | None,
                  max_docs_per_group: int | None = None, batch_size: int = 8, max_length: int = 1024,
-                 text_field: str = "text", max_tokens: int | None = None) -> dict[str, dict[str, float]]:
+                 text_field: str = "text", max_tokens: int | None = None,
+                 per_doc: bool = False) -> dict[str, dict[str, Any]]:
     """Token-weighted loss and perplexity per group: ``{group: {loss, se, ppl, tokens, docs}}``
-    (``se``: :func:`weighted_loss_se`, the sampling error of ``loss`` over the group's documents).
+    (``se``: :func:`weighted_loss_se`, the sampling error of ``loss`` over the group's documents);
+    ``per_doc`` adds ``doc_nll``, each document's ``[summed NLL, tokens]`` in input order, for paired
+    per-document differences between models scored on the same documents.
 
     ``group_by`` names a record field (``domain``, ``topic``, ``lang``, ``source``, any field);
     ``None`` or ``""`` puts every record in the group ``all``. The first ``max_docs_per_group``
@@ -383,7 +434,7 @@ def group_losses(model, tokenizer, records: Iterable[dict], group_by: str | None
         bucket = texts.setdefault(g, [])
         if max_docs_per_group is None or len(bucket) < max_docs_per_group:
             bucket.append(text)
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for g in sorted(texts):
         losses = document_losses(model, tokenizer, texts[g], batch_size=batch_size, max_length=max_length,
                                  max_tokens=max_tokens)
@@ -391,8 +442,9 @@ def group_losses(model, tokenizer, records: Iterable[dict], group_by: str | None
         tokens = sum(c for _, c in losses)
         loss = nll / tokens if tokens else float("nan")
         out[g] = {"loss": loss, "se": weighted_loss_se(losses), "ppl": math.exp(loss) if tokens else float("nan"),
-                  "tokens": tokens,
-                  "docs": len(texts[g])}
+                  "tokens": tokens, "docs": len(texts[g])}
+        if per_doc:
+            out[g]["doc_nll"] = [[round(s, 6), n] for s, n in losses]
     return out
 
 

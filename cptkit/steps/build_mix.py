@@ -41,6 +41,7 @@ from cptkit.mixtures.stream import (
     token_dtype,
     write_domains,
 )
+from cptkit.text.rust_tokenizer import RustTokenizer, load_rust_tokenizer
 
 
 @dataclass
@@ -52,16 +53,20 @@ class BuildMixOptions:
 @dataclass
 class BuildMixJob(JobConfig):
     tokenizer: str | None = None  # tokenizer spec: HF directory, .gguf file or smollm2
+    trust_remote_code: bool = False  # let the tokenizer / mix.curriculum.model folders run their own code (auto_map)
     mix: MixConfig = field(default_factory=MixConfig)
     build_mix: BuildMixOptions = field(default_factory=BuildMixOptions)
 
 
-def _load_tokenizer(spec: str | None):
+def _load_tokenizer(spec: str | None, trust_remote_code: bool = False):
     if not spec:
         raise CptkitError("build-mix needs a tokenizer: pass tokenizer=PATH (an HF directory, .gguf or smollm2)")
+    rust = load_rust_tokenizer(spec)  # a generic tokenizer.json folder: the same ids, ~4 s less start-up
+    if rust is not None:
+        return rust
     from cptkit.models.lm import load_tokenizer
 
-    tok = load_tokenizer(spec)
+    tok = load_tokenizer(spec, trust_remote_code)
     if not getattr(tok, "is_fast", False):
         raise CptkitError(f"tokenizer {spec}: build-mix needs a fast (Rust) tokenizer")
     if tok.eos_token_id is None:
@@ -99,7 +104,7 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
     if not specs_in:
         raise CptkitError("build-mix: no input: pass --in PATH or list mix.sources in the recipe")
     inputs = resolve_inputs(specs_in)
-    tok = _load_tokenizer(conf.tokenizer)
+    tok = _load_tokenizer(conf.tokenizer, conf.trust_remote_code)
     dtype = token_dtype(conf.build_mix.dtype, len(tok))
     scorer = None
     if s.order in ("low_to_high", "high_to_low"):
@@ -109,9 +114,14 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
             raise CptkitError(f"mix.curriculum.order={s.order} needs mix.curriculum.model (the PPL scoring model)")
         from cptkit.models.lm import load_causal_lm, load_tokenizer
 
-        scorer = (load_causal_lm(s.cur.model), load_tokenizer(s.cur.model))
-    from cptkit.models.lm import spec_file
+        trust = conf.trust_remote_code
+        scorer = (load_causal_lm(s.cur.model, trust_remote_code=trust), load_tokenizer(s.cur.model, trust))
+    if isinstance(tok, RustTokenizer) and not s.cur.model:  # a folder is its own path: torch stays unimported
+        reads = [conf.tokenizer, None]
+    else:
+        from cptkit.models.lm import spec_file
 
+        reads = [spec_file(conf.tokenizer), spec_file(s.cur.model)]
     task = Task(0, inputs, name="mix")
     if s.unique:
         # mix.unique_ids: a repeated id is expected (a retrieved page and its corpus copy) and the
@@ -119,7 +129,7 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
         ctx = ctx.recording("io.unique_ids", False)
     streamed: dict[str, Any] = {}  # the stream's manifest entry, once written (Hooks.manifest_extra)
     hooks = Hooks(manifest_extra=lambda: {"stream": streamed} if streamed else {})
-    with Job(ctx, tasks=[task], needs_inputs=False, hooks=hooks, reads=[spec_file(conf.tokenizer), spec_file(s.cur.model)]) as job:
+    with Job(ctx, tasks=[task], needs_inputs=False, hooks=hooks, reads=reads) as job:
         if not job.pending():
             return job.finish()
         t0 = time.time()

@@ -2,18 +2,19 @@
 
 Three resumable phases (docs/dedup.md):
 
-1. **Signatures**, one task per input shard: MinHash signatures (``uint32``) and a 128-bit hash of
-   the normalised text, cached as ``OUT/.cptkit/sig-TTTTT.npy`` (+ ``exact-``, ``ids-``) and
-   skipped on a rerun; the shard's records as the writer serialises them go to
-   ``lines-TTTTT.jsonl.zst`` (zstd level 1), so phase 3 neither decompresses nor parses the input
-   again. With ``shard.count > 1`` each process computes its slice (map).
+1. **Signatures**, one task per group of input files (``shard.task_bytes``; a big file is a task of
+   its own): MinHash signatures (``uint32``) and a 128-bit hash of the normalised text, cached as
+   ``OUT/.cptkit/sig-TTTTT.npy`` (+ ``exact-``, ``ids-``) and skipped on a rerun; the task's records
+   as the writer serialises them go to ``lines-TTTTT.jsonl.zst`` (zstd level 1), so phase 3 neither
+   decompresses nor parses the input again. With ``shard.count > 1`` each process computes its
+   slice (map).
 2. **Clustering**, global (reduce): exact duplicates first (equal text hashes), then LSH banding
    over the remaining documents, verification of every candidate pair (exact Jaccard of the
    shingle sets by default), union-find keeping the first document by input order. Cached as
    ``OUT/.cptkit/clusters.npz``.
-3. **Writing**, one task per input shard: the kept documents (lines copied from ``lines-TTTTT``,
-   all deleted once every shard is written, as another array member may still be clustering from
-   them; the input is read again when one is missing); then ``OUT/_removed.jsonl``
+3. **Writing**, one task per group of input files: the kept documents (lines copied from
+   ``lines-TTTTT``, all deleted once every shard is written, as another array member may still be
+   clustering from them; the input is read again when one is missing); then ``OUT/_removed.jsonl``
    lists every removed id with ``duplicate_of`` (the kept id), ``kind`` (exact|near), ``similarity``.
 
 ``dedup.workers=N`` runs the per-shard work of phases 1 and 3 (and the verification re-read) in N
@@ -47,7 +48,15 @@ from cptkit.core.job import STATE_DIR, Job, Task, TaskResult
 from cptkit.core.progress import log
 from cptkit.core.records import dumps
 from cptkit.core.run import Run
-from cptkit.core.shards import STDIO, ReadStats, atomic_write_bytes, open_binary, read_records
+from cptkit.core.shards import (
+    STDIO,
+    ReadStats,
+    atomic_write_bytes,
+    open_binary,
+    open_new,
+    read_records,
+    tmp_name,
+)
 from cptkit.core.step import step
 from cptkit.dedup import minhash as mh
 from cptkit.dedup import scale
@@ -267,9 +276,9 @@ class _LinesWriter:
     def __init__(self, path: Path):
         import zstandard
 
-        self.path, self.tmp = path, path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        self.path, self.tmp = path, tmp_name(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.raw = open(self.tmp, "wb")  # noqa: SIM115
+        self.raw = open_new(self.tmp)
         self.z = zstandard.ZstdCompressor(level=1).stream_writer(self.raw, closefd=False)
         self.buf: list[str] = []
 

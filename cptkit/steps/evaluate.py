@@ -8,8 +8,9 @@ controllers); ``eval.tasks=[...]`` runs benchmark tasks (``conf/eval/tasks/*.yam
 runs lm-evaluation-harness tasks by name on the same loaded model instead. With
 ``eval.contamination=DIR`` (an ``evaluate-contamination`` output) every task is also scored on
 its clean and its contaminated items separately. Output: ``OUT/_results.json`` (every number,
-with standard errors, model, task versions and hashes, config), ``OUT/part-*.jsonl.gz`` (one
-record per benchmark item: prediction, gold, score).
+with standard errors, model, task versions and hashes, config), ``OUT/results_<date>.json`` (the task
+scores in lm-evaluation-harness's results layout: :mod:`cptkit.eval.lm_eval_layout`),
+``OUT/part-*.jsonl.gz`` (one record per benchmark item: prediction, gold, score).
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from typing import Any
 
 from cptkit.core.config import CONF_DIR, JobConfig, check
 from cptkit.core.errors import CptkitError
-from cptkit.core.job import Job, Task
+from cptkit.core.job import Hooks, Job, Task
 from cptkit.core.progress import console, log
 from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_json
 from cptkit.core.step import IN, OUT, QUIET, SKIP_BAD, Option, step
+from cptkit.eval.lm_eval_layout import results_name, to_lm_eval
 
 RESULTS = "_results.json"
 ENGINES = ("cptkit", "lm_eval")
@@ -88,6 +90,7 @@ class EvalConfig:
 
 @dataclass
 class EvaluateJob(JobConfig):
+    trust_remote_code: bool = False  # let the --model folder run its own Python code (auto_map)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
@@ -116,7 +119,8 @@ def perplexity(model: Any, tok: Any, records: Any, ec: Any) -> dict[str, Any]:
 
     pc = ec.ppl
     groups = lm.group_losses(model, tok, records, pc.group_by, pc.max_docs_per_group, batch_size=ec.batch_size,
-                             max_length=pc.max_length, text_field=pc.text_field, max_tokens=pc.max_tokens)
+                             max_length=pc.max_length, text_field=pc.text_field, max_tokens=pc.max_tokens,
+                             per_doc=True)
     tokens = sum(g["tokens"] for g in groups.values())
     nll = sum(g["loss"] * g["tokens"] for g in groups.values() if g["tokens"])
     overall = nll / tokens if tokens else float("nan")
@@ -134,9 +138,9 @@ def run_lm_eval_tasks(model: Any, tok: Any, task_names: list[str], ec: Any, resu
     done = run_lm_eval(model, tok, task_names, num_fewshot=ec.shots, limit=ec.limit, batch_size=ec.batch_size,
                        seed=ec.fewshot_seed, max_length=ec.max_length, include_path=ec.lm_eval.include_path,
                        allow_code=ec.lm_eval.allow_code, max_gen_toks=ec.max_gen_toks)
-    for name, (metrics, items) in done.items():
+    for name, (metrics, items, meta) in done.items():
         metrics["seconds"] = time.time() - ts
-        results["tasks"][name] = {"metrics": metrics, "engine": "lm_eval"}
+        results["tasks"][name] = {"metrics": metrics, "engine": "lm_eval", "lm_eval": meta}
         _add_split(results["tasks"][name], items, contam, name)
         for it in items:
             w.write({"id": f"{name}/{it['id']}", "text": it.pop("question"), "task": name, **it})
@@ -147,16 +151,20 @@ def run_native_task(model: Any, tok: Any, et: Any, ec: Any, shots_for: dict, res
     """One task of cptkit's own engine: its metrics into ``results``, its items to ``w``."""
     from cptkit.eval import tasks as T
 
-    n_items = len(T.load_docs(et, et.spec["test_split"])[: ec.limit or None])
+    n_docs = len(T.load_docs(et, et.spec["test_split"]))
+    n_items = min(n_docs, ec.limit or n_docs)
     advance = job.add_bar(et.name, n_items * (4 if et.output_type == T.MC else 1))
     ts = time.time()
     shots = ec.shots if ec.shots is not None else shots_for.get(et.name, shots_for.get(str(et.path.stem)))
-    metrics, items = T.run_task(model, tok, et, num_fewshot=shots, limit=ec.limit, seed=ec.fewshot_seed,
-                                batch_size=ec.batch_size, max_gen_toks=ec.max_gen_toks, max_length=ec.max_length,
-                                on_batch=advance, allow_unsandboxed=ec.code.allow_unsandboxed)
+    with T.naming_file(et):  # a template that fails on a later document: one line naming the task file
+        metrics, items = T.run_task(model, tok, et, num_fewshot=shots, limit=ec.limit, seed=ec.fewshot_seed,
+                                    batch_size=ec.batch_size, max_gen_toks=ec.max_gen_toks,
+                                    max_length=ec.max_length, on_batch=advance,
+                                    allow_unsandboxed=ec.code.allow_unsandboxed)
     metrics["seconds"] = time.time() - ts
     results["tasks"][et.name] = {"metrics": metrics, "version": et.version, "hash": et.hash(),
-                                 "file": str(et.path), "output_type": et.output_type, "data": dict(et.sources)}
+                                 "file": str(et.path), "output_type": et.output_type, "data": dict(et.sources),
+                                 "n_docs": n_docs}
     if "n_executable" in metrics:
         from cptkit.eval.cmdgen import NOTE, THRESHOLD
 
@@ -181,6 +189,7 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
     if not ec.model:
         raise CptkitError("no model given: pass --model DIR (a HF model dir, a .gguf file, or smollm2)")
     model_spec = ec.model
+    lm.check_model(model_spec, conf.trust_remote_code)  # remote code, a bad GGUF: before any output is touched
     inputs = resolve_inputs(conf.io.inputs) if conf.io.inputs else []
     suite = load_suite(ec.suite) if ec.suite else None
     task_names = ec.tasks or (list(suite["tasks"]) if suite else [])
@@ -192,6 +201,7 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
     etasks = [] if ec.engine == "lm_eval" else [T.load_task(n, T.task_dir(ec), ec.data_dir) for n in task_names]
     for t in etasks:
         T.load_docs(t, t.spec["test_split"])
+        T.check_templates(t)  # sandboxed; a refused or broken template names its task file
     if any(t.spec.get("code_eval") for t in etasks):
         from cptkit.eval.code_exec import require_sandbox
 
@@ -205,13 +215,14 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
     from cptkit.models.lm import spec_file
 
     with Job(ctx, inputs=inputs, tasks=[Task(0, inputs, name="eval")], needs_inputs=False,
-             reads=[spec_file(model_spec)]) as job:
+             reads=[spec_file(model_spec)], hooks=Hooks(before_complete=write_lm_eval_results)) as job:
         results: dict[str, Any] = {}
         rows: dict[str, Any] = {}
         for task in job.pending():
             t0 = time.time()
-            tok = lm.load_tokenizer(model_spec)
-            model = lm.load_causal_lm(model_spec, dtype=ec.dtype, device=ec.device)
+            tok = lm.load_tokenizer(model_spec, conf.trust_remote_code)
+            model = lm.load_causal_lm(model_spec, dtype=ec.dtype, device=ec.device,
+                                      trust_remote_code=conf.trust_remote_code)
             results = {"model": model_info(model_spec, model), "engine": ec.engine, "perplexity": None, "tasks": {}}
             if suite:
                 results["suite"] = {"name": suite["suite"], "file": suite["_path"]}
@@ -239,6 +250,18 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
         rows = summary_rows(results)
         return job.finish(extra=rows)
 
+
+
+def write_lm_eval_results(job: Job) -> None:
+    """The task scores again in lm-evaluation-harness's layout, ``OUT/results_<date_id>.json``, named by
+    the run's start as ``_manifest.json`` records it (``timings.started``); nothing when no task ran."""
+    f = job.out / RESULTS
+    results = json.loads(f.read_text()) if f.exists() else {}
+    if not results.get("tasks"):
+        return
+    for old in job.out.glob("results_*.json"):  # an earlier, unfinished run's
+        old.unlink()
+    atomic_write_json(job.out / results_name(job.t0), to_lm_eval(results))
 
 
 def load_suite(name: str) -> dict[str, Any]:

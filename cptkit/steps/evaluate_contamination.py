@@ -86,7 +86,8 @@ def run(conf: EvaluateContaminationJob, ctx: Run) -> dict:
     ids: dict[str, list[str]] = {}
     for name in ec.tasks:
         t = T.load_task(name, task_dir(ec), ec.data_dir)
-        indexes[t.name] = BenchmarkIndex.build(t.name, item_texts(t, ec.limit, ec.item_text), n)
+        with T.naming_file(t):
+            indexes[t.name] = BenchmarkIndex.build(t.name, item_texts(t, ec.limit, ec.item_text), n)
         docs = T.load_docs(t, t.spec["test_split"])[: ec.limit or None]
         ids[t.name] = [T.item_id(t, d, i) for i, d in enumerate(docs)]
     with Job(ctx) as job:

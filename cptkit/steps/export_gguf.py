@@ -29,6 +29,7 @@ class ExportConfig:
 
 @dataclass
 class ExportGGUFJob(JobConfig):
+    trust_remote_code: bool = False  # let the --model folder run its own Python code (auto_map)
     export: ExportConfig = field(default_factory=ExportConfig)
 
 
@@ -53,7 +54,8 @@ def run(conf: ExportGGUFJob, ctx: Run) -> dict:
     if conf.export.tokenizer_from:
         d, f = resolve_spec(conf.export.tokenizer_from)
         src = Path(d) / f if f else Path(d)
-    out = export_gguf(conf.export.model, conf.io.output, dtype=conf.export.dtype, tokenizer_from=src)
+    out = export_gguf(conf.export.model, conf.io.output, dtype=conf.export.dtype, tokenizer_from=src,
+                      trust_remote_code=conf.trust_remote_code)
     rows = {"model": conf.export.model, "gguf": str(out), "dtype": conf.export.dtype,
             "MiB": round(out.stat().st_size / 2**20, 1)}
     print_summary("export-gguf", rows, quiet=conf.quiet)

@@ -15,6 +15,7 @@ import math
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from cptkit.core.config import JobConfig, check
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.progress import log
+from cptkit.core.records import Record, plain_id_problem
 from cptkit.core.run import Run
 from cptkit.core.shards import InputFile, iter_records, resolve_inputs
 from cptkit.core.step import OUT, QUIET, SKIP_BAD, Option, step
@@ -119,6 +121,17 @@ def _same_sources(meta: dict, corpus: list[InputFile]) -> bool:
     return [{"path": s["path"], "size": s["size"]} for s in meta.get("sources", [])] == _sources(corpus)
 
 
+def id_rule(rc: RetrieveConfig) -> bool | str:
+    """How ids must look to be a ``_run.tsv`` column: no tab, line break or control character; for
+    TREC's space-separated columns, no whitespace either."""
+    return "trec" if rc.run_format == "trec" else True
+
+
+def _corpus_records(job: Job, corpus: list[InputFile], skip_bad: bool, rc: RetrieveConfig) -> Iterator[Record]:
+    """The corpus records to index; an id that could not be a ``_run.tsv`` column is a bad line."""
+    return iter_records(corpus, skip_bad=skip_bad, plain_ids=id_rule(rc), **job.ctx.io.limits())
+
+
 def _open_or_build(job: Job, rc: RetrieveConfig, corpus: list[InputFile], skip_bad: bool) -> tuple[Any, float]:
     """The index to search: reuse a finished one, or build it from ``corpus``. Returns (index, build s)."""
     if rc.backend == "elasticsearch":
@@ -146,7 +159,7 @@ def _open_or_build(job: Job, rc: RetrieveConfig, corpus: list[InputFile], skip_b
         log.info("building the index from %d corpus file(s) into %s", len(corpus), index_dir)
         advance = job.add_bar("index build (docs)", None)
         t0 = time.time()
-        build_index(iter_records(corpus, skip_bad=skip_bad, **job.ctx.io.limits()), index_dir, tokenizer, params,
+        build_index(_corpus_records(job, corpus, skip_bad, rc), index_dir, tokenizer, params,
                     dtype=rc.dtype, text_field=rc.text_field, sources=_sources(corpus), on_record=advance)
         build_s = time.time() - t0
         idx = OpenIndex(index_dir)
@@ -169,7 +182,7 @@ def _open_es(job: Job, rc: RetrieveConfig, corpus: list[InputFile], skip_bad: bo
                           "to build one from")
     log.info("bulk-indexing %d corpus file(s) into %s/%s", len(corpus), idx.cfg.url, idx.cfg.index)
     advance = job.add_bar("index build (docs)", None)
-    idx.build(iter_records(corpus, skip_bad=skip_bad, **job.ctx.io.limits()), _sources(corpus), on_record=advance)
+    idx.build(_corpus_records(job, corpus, skip_bad, rc), _sources(corpus), on_record=advance)
     return idx, time.time() - t0
 
 
@@ -195,7 +208,7 @@ def run(conf: RetrieveJob, ctx: Run) -> dict:
         for task in job.pending():
             qfield = rc.query_field
             qids, qtexts = [], []
-            for rec in job.read(task):
+            for rec in job.read(task, plain_ids=id_rule(rc)):  # query ids go to _run.tsv
                 text = rec.get(qfield)
                 if not isinstance(text, str):
                     raise CptkitError(f"query {rec['id']!r}: field {qfield!r} is missing or not a string")
@@ -245,6 +258,10 @@ def _search_and_write(job: Job, task: Task, idx: Any, rc: RetrieveConfig, params
                 j += 1
             rec = idx.docs.record(d)
             doc_ids[d] = str(rec["id"])
+            why = plain_id_problem(doc_ids[d], spaces=rc.run_format != "trec")  # an index built before ids were
+            # checked, or by another tool, or for the tab-separated format
+            if why is not None:
+                raise CptkitError(f"{idx.dir}: document {d}: {why}; rebuild the index from corrected records")
             rec["hits"] = [{"query_id": qids[int(hq[o])], "rank": int(hr[o]) + 1, "score": round(float(hs[o]), 6)}
                            for o in order[i:j]]
             w.write(rec)

@@ -50,7 +50,7 @@ def run(conf: RetrieveJob, ctx: Run) -> dict:
 
             def records(task: Task = task, sources: list[dict] = sources) -> Iterator[Record]:
                 for src, inp in zip(sources, task.inputs, strict=True):
-                    for rec in job.read(Task(task.index, [inp])):
+                    for rec in job.read(Task(task.index, [inp]), plain_ids=True):  # ids go to _run.tsv
                         src["docs"] += 1
                         yield rec
 

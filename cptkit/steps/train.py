@@ -10,7 +10,8 @@ Outputs under ``--out``: ``metrics.jsonl`` (one line per step: loss, LR, tokens/
 ``weights.jsonl`` and ``weights.png`` (the weight trajectory), ``avg_weights.json`` and
 ``mix_reweighted.yaml`` (the time-averaged weights as a static mixture), ``checkpoints/``
 (DeepSpeed checkpoints with data position, mixture state and RNG), ``model/`` (the final
-model and tokenizer, ``from_pretrained``-loadable), ``_velocitune_targets.json`` (proxy mode).
+model and tokenizer, ``from_pretrained``-loadable, and its model card ``README.md``),
+``_velocitune_targets.json`` (proxy mode).
 """
 
 from __future__ import annotations
@@ -26,12 +27,15 @@ from cptkit.core.config import JobConfig
 from cptkit.core.errors import CptkitError
 from cptkit.core.run import Run
 from cptkit.core.step import IN, OUT, QUIET, step
+from cptkit.models.lm import check_model
+from cptkit.training.card import stream_record
 from cptkit.training.config import ModelConfig, TrainOptions
 
 
 @dataclass
 class TrainJob(JobConfig):
     tokenizer: str | None = None  # default: the stream's tokenizer
+    trust_remote_code: bool = False  # let model.path / tokenizer folders run their own Python code (auto_map)
     model: ModelConfig = field(default_factory=ModelConfig)  # cptkit/training/config.py
     train: TrainOptions = field(default_factory=TrainOptions)  # cptkit/training/config.py
     deepspeed: Any = field(default_factory=dict)
@@ -39,7 +43,7 @@ class TrainJob(JobConfig):
 
 @step("train", TrainJob, options=(IN, OUT, QUIET), order=140)
 def run(conf: TrainJob, ctx: Run) -> dict:
-    from cptkit.core.job import Job, Task
+    from cptkit.core.job import Hooks, Job, Task
     from cptkit.mixtures.stream import Stream
     from cptkit.training.checkpointing import reopen_finished, run_identity
     from cptkit.training.engine import init_distributed
@@ -54,6 +58,9 @@ def run(conf: TrainJob, ctx: Run) -> dict:
         raise CptkitError("train: pass --out DIR for checkpoints, metrics and the final model")
     check_kernels(tcfg.kernels)  # train.kernels=liger without CUDA or liger_kernel: one line, nothing written
     stream = Stream(conf.io.inputs[0])
+    # a folder that would run its own code, a bad GGUF file: one line before anything is written
+    check_model(conf.model.path if conf.model.name == "hf" else None, conf.trust_remote_code)
+    check_model(conf.tokenizer or stream.tokenizer_spec(), conf.trust_remote_code)
     proxy = tcfg.velocitune.proxy
     resume = tcfg.resume
     ctx = ctx.recording("train.resume", False)  # resuming does not change what the run computes
@@ -69,7 +76,9 @@ def run(conf: TrainJob, ctx: Run) -> dict:
 
         reads = [conf.io.inputs[0], spec_file(conf.model.path), spec_file(conf.tokenizer or stream.tokenizer_spec()),
                  tcfg.velocitune.targets_file]  # the stream, the model, the tokenizer: they key the run
-        job = Job(ctx, tasks=[Task(0, [], name="train")], needs_inputs=False, reads=reads)
+        data = {"data": stream_record(conf.io.inputs[0], stream.meta)}  # the model card shows the same
+        job = Job(ctx, tasks=[Task(0, [], name="train")], needs_inputs=False, reads=reads,
+                  hooks=Hooks(manifest_extra=lambda: data))
         job.hash = run_identity(job.config)
         extend = reopen_finished(out, ckdir, tcfg.max_steps, resume)
     with job if job is not None else nullcontext():

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError
+from cptkit.text.fasttext_model import load_fasttext
 
 _WS = re.compile(r"\s+")
 # lid.176 splits Chinese into varieties (classical poems often come out as Cantonese); a
@@ -40,17 +41,17 @@ def model_path() -> Path:
 
 @functools.lru_cache(maxsize=2)
 def _model(path: str) -> Any:
-    import fasttext
-
-    return fasttext.load_model(path)
+    return load_fasttext(path)
 
 
-def detect(texts: list[str], max_chars: int = 1000, macro: bool = True) -> list[tuple[str, float]]:
+def detect(texts: list[str], max_chars: int = 1000, macro: bool = True,
+           model_file: str | Path | None = None) -> list[tuple[str, float]]:
     """``(iso code, probability)`` per text (``"und", 0.0`` for empty text). Batched.
 
-    ``macro``: report Chinese varieties (yue, wuu, ...) as ``zh``.
+    ``macro``: report Chinese varieties (yue, wuu, ...) as ``zh``. ``model_file``: a fastText
+    language-ID model (default :func:`model_path`).
     """
-    model = _model(str(model_path()))
+    model = _model(str(model_file or model_path()))
     lines = [_WS.sub(" ", t[:max_chars]).strip() for t in texts]
     idx = [i for i, line in enumerate(lines) if line]
     out: list[tuple[str, float]] = [("und", 0.0)] * len(texts)

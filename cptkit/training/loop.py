@@ -57,7 +57,7 @@ class Trainer:
             self.total_steps = self.proxy_run.max_steps
         self.evals = EvalPoints(spec, self.controller)
         torch.manual_seed(conf.seed)
-        model = build_model(conf.model, self.tokenizer, spec.seq_len)
+        model = build_model(conf.model, self.tokenizer, spec.seq_len, conf.trust_remote_code)
         check_vocab(model, stream)
         save_initial(spec, model, self.tokenizer)
         self.engine, self.engine_info = make_engine(model, tcfg, deepspeed_base=conf.deepspeed or {},

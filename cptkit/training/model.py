@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from cptkit.training.config import ModelConfig
 
 
-def build_model(mcfg: ModelConfig, tokenizer: Any, seq_len: int) -> Any:
-    """The model ``model.name`` names: a seeded tiny Llama sized to the tokenizer, or ``model.path`` loaded."""
+def build_model(mcfg: ModelConfig, tokenizer: Any, seq_len: int, trust_remote_code: bool = False) -> Any:
+    """The model ``model.name`` names: a seeded tiny Llama sized to the tokenizer, or ``model.path`` loaded
+    (a folder that ships its own code only with ``trust_remote_code``)."""
     from cptkit.models import lm
 
     if mcfg.name == "tiny_llama":
@@ -28,7 +29,7 @@ def build_model(mcfg: ModelConfig, tokenizer: Any, seq_len: int) -> Any:
             raise CptkitError("model=hf needs model.path (an HF directory, a .gguf file or smollm2)")
         from cptkit.models.pretrained import load_pretrained
 
-        model = load_pretrained(mcfg.path)  # a GGUF file is dequantized into a plain, saveable model
+        model = load_pretrained(mcfg.path, trust_remote_code)  # a GGUF file is dequantized into a plain, saveable model
     try:
         model.set_attn_implementation(mcfg.attn_implementation)
     except (AttributeError, ValueError, ImportError) as e:
@@ -43,7 +44,7 @@ def load_run_tokenizer(spec: RunSpec) -> Any:
 
     stream = spec.stream
     tok_spec = spec.conf.tokenizer or stream.tokenizer_spec()
-    tokenizer = load_tokenizer(tok_spec)
+    tokenizer = load_tokenizer(tok_spec, spec.conf.trust_remote_code)
     if len(tokenizer) < int(stream.meta["vocab_size"]):
         raise CptkitError(f"tokenizer {tok_spec} has {len(tokenizer)} tokens, the stream was built with "
                           f"{stream.meta['vocab_size']}")
