@@ -10,6 +10,7 @@ item records. ``eval.lm_eval.include_path`` adds a folder of lm-eval task YAMLs 
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -62,11 +63,20 @@ def convert_results(out: dict, task: str) -> tuple[dict[str, Any], list[dict]]:
     return metrics, items
 
 
+def task_meta(out: dict, task: str) -> dict[str, Any]:
+    """lm-eval's own version, config, ``higher_is_better`` and sample counts of ``task`` (JSON-safe), for
+    the lm-eval-layout results file (:mod:`cptkit.eval.lm_eval_layout`)."""
+    meta = {"version": (out.get("versions") or {}).get(task), "config": (out.get("configs") or {}).get(task),
+            "higher_is_better": (out.get("higher_is_better") or {}).get(task),
+            "n_samples": (out.get("n-samples") or {}).get(task)}
+    return json.loads(json.dumps(meta, default=str))
+
+
 def run_lm_eval(model, tokenizer, tasks: list[str], num_fewshot: int | None = None, limit: int | None = None,
                 batch_size: int = 8, seed: int = 1234, max_length: int | None = None,
                 include_path: str | None = None, allow_code: bool = False,
-                max_gen_toks: int | None = None) -> dict[str, tuple[dict[str, Any], list[dict]]]:
-    """Run lm-eval ``tasks`` on the loaded ``model``: ``{task: (metrics, items)}``."""
+                max_gen_toks: int | None = None) -> dict[str, tuple[dict[str, Any], list[dict], dict[str, Any]]]:
+    """Run lm-eval ``tasks`` on the loaded ``model``: ``{task: (metrics, items, lm-eval's task meta)}``."""
     try:
         import lm_eval
         from lm_eval.models.huggingface import HFLM
@@ -89,4 +99,4 @@ def run_lm_eval(model, tokenizer, tasks: list[str], num_fewshot: int | None = No
                                   confirm_run_unsafe_code=bool(allow_code), **kw)
     if out is None:
         raise CptkitError("lm-eval returned nothing (not rank 0?)")
-    return {t: convert_results(out, t) for t in tasks}
+    return {t: (*convert_results(out, t), task_meta(out, t)) for t in tasks}

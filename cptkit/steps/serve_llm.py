@@ -26,6 +26,7 @@ class ServeConfig:
     max_prompt_chars: int = 65536  # longer prompts (all messages together) get 413
     max_tokens_cap: int = 2048  # a request's max_tokens above it gets 400
     slice_tokens: int = 16  # tokens a batch runs before queued requests get their turn (transformers)
+    max_n: int = 16  # choices per request (the body's n) above it get 400
     allowed_hosts: list[str] = field(default_factory=list)  # Host/Origin names accepted besides localhost and host
 
     def __post_init__(self) -> None:
@@ -34,11 +35,12 @@ class ServeConfig:
         check(self.max_prompt_chars >= 1, "max_prompt_chars", self.max_prompt_chars, "must be >= 1")
         check(self.max_tokens_cap >= 1, "max_tokens_cap", self.max_tokens_cap, "must be >= 1")
         check(self.slice_tokens >= 1, "slice_tokens", self.slice_tokens, "must be >= 1")
+        check(self.max_n >= 1, "max_n", self.max_n, "must be >= 1")
 
     def limits(self) -> Limits:
         """The per-request limits the server enforces."""
         return Limits(max_body_bytes=self.max_body_bytes, max_prompt_chars=self.max_prompt_chars,
-                      max_tokens_cap=self.max_tokens_cap, slice_tokens=self.slice_tokens,
+                      max_tokens_cap=self.max_tokens_cap, slice_tokens=self.slice_tokens, max_n=self.max_n,
                       allowed_hosts=(*LOCAL_HOSTS, *self.allowed_hosts))
 
 

@@ -1,5 +1,6 @@
 """The end of a training run on rank 0: the time-averaged weights (also as a static recipe), the
-plots, the Velocitune proxy's targets and the final model (``from_pretrained``-loadable)."""
+plots, the Velocitune proxy's targets and the final model (``from_pretrained``-loadable, with its
+model card: :mod:`cptkit.training.card`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from omegaconf import OmegaConf
 
 from cptkit.core.progress import log
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json
+from cptkit.training.card import base_model, stream_record, write_model_card
 from cptkit.training.state import RunSpec, TrainState
 
 
@@ -84,5 +86,8 @@ def write_outputs(spec: RunSpec, engine: Any, tokenizer: Any, state: TrainState,
     shutil.rmtree(tmp, ignore_errors=True)
     engine.module.save_pretrained(str(tmp), state_dict=final_sd)
     tokenizer.save_pretrained(str(tmp))
+    write_model_card(tmp, spec.job.config if spec.job is not None else {},
+                     stream_record(spec.conf.io.inputs[0], spec.stream.meta), extra, out / "metrics.jsonl",
+                     base_model(spec.conf.model))
     shutil.rmtree(model_dir, ignore_errors=True)
     os.replace(tmp, model_dir)
