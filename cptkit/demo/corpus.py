@@ -31,6 +31,7 @@ import subprocess
 import tempfile
 import textwrap
 import unicodedata
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -1094,6 +1095,13 @@ def fetch_deb(package: str, cache: Path) -> Path:
     return final
 
 
+def deb_version(deb: Path) -> str:
+    """The version in a ``<package>_<version>_<arch>.deb`` file name (``%3a`` is the epoch's ``:``;
+    ``""`` for a file named otherwise)."""
+    parts = deb.name.removesuffix(".deb").split("_")
+    return urllib.parse.unquote(parts[1]) if len(parts) == 3 else ""
+
+
 def extract_deb(deb: Path, cache: Path) -> Path:
     """Unpack ``deb`` with ``dpkg -x`` into ``cache/extracted/<name>`` once (atomic rename)."""
     dest = cache / "extracted" / deb.name[: -len(".deb")]
@@ -1115,15 +1123,17 @@ def extract_deb(deb: Path, cache: Path) -> Path:
 
 
 def source_records(name: str, root: Path, *, min_chars: int | None = None, max_chars: int = 0,
-                   man_renderer: str = "auto") -> Iterator[Record]:
-    """The records of source ``name`` from its unpacked package at ``root``, ids unique.
+                   man_renderer: str = "auto", sources: dict[str, Source] | None = None) -> Iterator[Record]:
+    """The records of source ``name`` (of ``sources``, default :data:`SOURCES`) from its unpacked
+    package at ``root``, ids unique.
 
     A record of a Chinese source with (almost) no Chinese in it gets ``lang: en``.
     Documents longer than ``max_chars`` are split at paragraph breaks into ``<id>~pN`` parts.
     """
-    if name not in SOURCES:
-        raise CptkitError(f"unknown corpus source {name!r}; known: {', '.join(SOURCES)}")
-    src = SOURCES[name]
+    sources = SOURCES if sources is None else sources
+    if name not in sources:
+        raise CptkitError(f"unknown corpus source {name!r}; known: {', '.join(sources)}")
+    src = sources[name]
     mc = src.min_chars if min_chars is None or not src.merges else min_chars
     gen = src.parse(root, mc, renderer=man_renderer) if name == "manpages-zh" else src.parse(root, mc)
     seen: set[str] = set()

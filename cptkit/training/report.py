@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", nargs="+", help="NAME=EVALDIR or NAME=DIR1,DIR2,... (one per seed), B0 first")
     p.add_argument("--claims", default="conf/cpt/claims.yaml", help="the pre-registered claims")
     p.add_argument("--groups", default="domain,zh,general,outside,probe", help="perplexity groups, in column order")
-    p.add_argument("--task", default=None, help="task whose score is shown (default: the claims file's)")
+    p.add_argument("--task", default=None, help="task whose score is shown (default: the claims file's; '' none)")
     p.add_argument("--shipped", default=None, help="the shipped model's evaluate output(s): its own row")
     p.add_argument("--shipped-label", default="shipped SmolLM2-135M-Instruct, Q4_1 dequantized")
     p.add_argument("--out", default=None, help="also write the table and reading here (markdown)")
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         named = _load_named(a.runs)
         if len(named) < 2:
             raise CptkitError("give B0 and at least one arm")
-        task = a.task or claims.get("task")
+        task = (claims.get("task") if a.task is None else a.task) or None
         groups = {g: f"{g} Δ" for g in a.groups.split(",") if g}
         runs = {n: [seed_numbers(r, list(groups), task) for r in v] for n, v in named.items()}
         shipped = [seed_numbers(r, list(groups), task) for r in _load_named([f"s={a.shipped}"])["s"]] if a.shipped else None

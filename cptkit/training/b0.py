@@ -1,0 +1,119 @@
+"""B0, the re-adapted base: the shipped model continued on general text until its loss levels off.
+
+``python -m cptkit.training.b0 --base smollm2 --stream data/xp/b0_stream --link data/xp/b0 -- TRAIN_OVERRIDES``
+
+The shipped SmolLM2 is an *instruct* model, quantized, then dequantized. Continued on any raw text,
+its loss first falls for reasons that have nothing to do with that text: recovery from quantization,
+the move from chat turns to raw documents, the formats every corpus shares. An arm measured against
+the shipped model reports that fall as "no forgetting". B0 takes the fall first, on general English
+that no evaluation set uses, so that every arm starts from B0 and every Δ is against it.
+
+B0 is built once and cached by content, as the dequantized GGUF is: the key is the sha256 of the base
+model's files, the stream's files, the train overrides and the library versions, under ``$CPTKIT_CACHE/b0/KEY`` (a
+``cptkit train`` output, resumable); ``--link`` points at it. The levelling-off check reads the run's
+held-out curve: B0 *has levelled off* when the loss fell by less than ``--flat`` nats per token over
+the last third of its tokens; the curve, the criterion and the verdict go to ``LINK.json`` and stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from cptkit import __version__
+from cptkit.core.errors import CptkitError
+from cptkit.core.fingerprint import cache_path, content_hash
+from cptkit.core.shards import atomic_write_json
+from cptkit.training.metrics import eval_curves, read_jsonl
+
+
+def b0_key(base_files: str, stream: Path, overrides: list[str]) -> str:
+    """The content key of B0: the base model's files, the stream's files, the train overrides and the
+    versions of what trains it (cptkit, torch, transformers)."""
+    import torch  # deferred: --help without torch
+    import transformers
+
+    parts = [f"cptkit {__version__}", f"torch {torch.__version__}", f"transformers {transformers.__version__}"]
+    for what, path in (("base", base_files), ("stream", str(stream))):
+        h = content_hash(path)
+        if h is None:
+            raise CptkitError(f"B0's {what} {path} does not exist")
+        parts.append(h[0])
+    return hashlib.sha256(json.dumps([parts, sorted(overrides)]).encode()).hexdigest()[:20]
+
+
+def levelled(tokens: list[float], losses: list[float], flat: float) -> dict[str, Any]:
+    """Whether a held-out curve has levelled off: its fall over the last third of the tokens is under
+    ``flat`` nats per token. Pure: ``tokens`` ascending, one loss per point."""
+    if len(tokens) < 3:
+        raise CptkitError("B0's curve has fewer than 3 held-out points: evaluate more often (train.eval_every)")
+    cut = tokens[-1] - (tokens[-1] - tokens[0]) / 3
+    i = max(k for k, t in enumerate(tokens) if t <= cut)
+    fall = losses[i] - losses[-1]
+    return {"from_tokens": tokens[i], "to_tokens": tokens[-1], "fall": fall, "flat": flat,
+            "levelled": fall < flat, "first": losses[0], "last": losses[-1]}
+
+
+def curve(run: Path, group: str) -> tuple[list[float], list[float]]:
+    tokens, losses, _ = eval_curves(read_jsonl(run / "metrics.jsonl"))
+    if group not in losses:
+        raise CptkitError(f"{run}/metrics.jsonl has no held-out group {group!r} (have {', '.join(losses)})")
+    pts = losses[group]
+    return [float(tokens[k]) for k in range(len(pts))], [float(x) for x in pts]
+
+
+def build(base: str, stream: Path, link: Path, overrides: list[str], flat: float, group: str) -> dict[str, Any]:
+    """Train B0 into the content-keyed cache unless it is there, link it, and check its curve."""
+    from cptkit.models.lm import spec_file  # deferred: torch/transformers
+
+    key = b0_key(spec_file(base) or base, stream, overrides)
+    out = cache_path().parent / "b0" / key
+    if not (out / "_SUCCESS").exists():
+        cmd = [sys.executable, "-m", "cptkit.cli", "train", "--in", str(stream), "--out", str(out),
+               "model=hf", f"model.path={base}", *overrides]
+        print(f"B0 {key}: training into {out}", file=sys.stderr)
+        if subprocess.run(cmd, check=False).returncode != 0:
+            raise CptkitError(f"B0's training failed (rerun to resume): {' '.join(cmd)}")
+    else:
+        print(f"B0 {key}: cached at {out}", file=sys.stderr)
+    tokens, losses = curve(out, group)
+    info = {"key": key, "path": str(out), "base": base, "stream": str(stream), "overrides": overrides,
+            "group": group, "curve": [[t, x] for t, x in zip(tokens, losses, strict=True)],
+            **levelled(tokens, losses, flat)}
+    tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(out.resolve(), target_is_directory=True)
+    os.replace(tmp, link)
+    atomic_write_json(link.with_suffix(".json"), info)
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cptkit.training.b0", description=__doc__.splitlines()[0])
+    p.add_argument("--base", required=True, help="the shipped model (smollm2, a .gguf or an HF folder)")
+    p.add_argument("--stream", type=Path, required=True, help="a build-mix stream of general text")
+    p.add_argument("--link", type=Path, required=True, help="the symlink to B0's train output")
+    p.add_argument("--flat", type=float, default=0.02, help="levelled: fell less than this over the last third")
+    p.add_argument("--group", default="b0", help="the stream's held-out group whose curve is checked")
+    p.add_argument("overrides", nargs="*", help="train overrides (after --)")
+    a = p.parse_args(argv)
+    try:
+        info = build(a.base, a.stream, a.link, a.overrides, a.flat, a.group)
+    except CptkitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    verdict = "levelled off" if info["levelled"] else "NOT levelled off: train longer (B0_STEPS)"
+    print(f"B0 held-out loss {info['first']:.3f} -> {info['last']:.3f} nats/token; over its last third "
+          f"({info['from_tokens']:.0f} -> {info['to_tokens']:.0f} tokens) it fell {info['fall']:+.4f} "
+          f"(< {a.flat:g}: {verdict})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
