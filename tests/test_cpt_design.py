@@ -22,7 +22,7 @@ def _marked(d: Path, records: list[dict]) -> None:
     (d / "_SUCCESS").write_text("")
 
 
-@pytest.mark.slow(minutes=4)
+@pytest.mark.slow(minutes=8)
 def test_cpt_design_at_toy_size_through_make(corpus_records, tmp_path):
     model, _, _ = make_tiny(tmp_path / "tiny")
     data = tmp_path / "data"

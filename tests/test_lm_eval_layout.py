@@ -51,7 +51,7 @@ def evaluate(out: Path, task: Path | str, *extra: str) -> tuple[dict, dict, Path
     res = CliRunner().invoke(app, ["evaluate", "--model", str(cached_tiny_model()), "--out", str(out), "-q",
                                    f"eval.tasks=[{task}]", "eval.device=cpu", *extra])
     assert res.exit_code == 0, res.output
-    [f] = out.glob("results_*.json")
+    [f] = (out / "_lm_eval").glob("results_*.json")
     return json.loads((out / "_results.json").read_text()), json.loads((out / "_manifest.json").read_text()), f
 
 
@@ -69,7 +69,7 @@ def test_lm_eval_reads_the_results_file(task, tmp_path):
     data = json.loads(f.read_text())
     m = ours["tasks"]["tiny_defs"]["metrics"]
     # lm-eval finds it among the output's files, and its name carries the manifest's start time
-    listing = [str(p) for p in sorted((tmp_path / "a").iterdir())]
+    listing = [str(p) for p in sorted((tmp_path / "a").rglob("*")) if p.is_file()]
     assert get_results_filenames(listing) == [str(f)]
     day, clock = get_file_datetime(f.name).removesuffix(".json").split("T")
     started = datetime.fromisoformat(f"{day}T{clock.replace('-', ':')}").timestamp()

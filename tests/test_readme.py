@@ -36,6 +36,12 @@ TOY_MAKE = {
                   "train.eval_docs=2 train.eval_max_tokens=64",
     "EVAL_ARGS": "eval.tasks=[gcide_defs] eval.limit=8 eval.shots=0 eval.ppl.group_by=domain eval.ppl.max_length=64 "
                  "eval.ppl.max_tokens=64 eval.ppl.max_docs_per_group=4",
+    "CPT_TASK": "gcide_defs",  # as EVAL_ARGS (wordnet_defs fetches dict-gcide to build itself)
+    "B0_MIX": "mix=b0 mix.budget_tokens=4096 mix.seq_len=64 mix.eval_docs=4 mix.max_docs=400",
+    "B0_ARGS": "train.micro_batch=2 train.lr=1e-4 train.threads=1 train.precision=fp32 train.eval_every=1 "
+               "train.eval_docs=2 train.eval_max_tokens=64 train.max_steps=3 seed=0",
+    "PROBE_DOCS": "4",
+    "PROBE_TOKENS": "16",
 }
 
 
@@ -58,6 +64,8 @@ def toy_overrides(c: Command) -> list[str]:
         extra = ["topics.sample=2", "topics.few_shot_chars=100", "topics.max_page_tokens=48"]  # prompts ~3x shorter
     elif step == "build-mix" and "mix=demo_cpt" in args:
         extra = ["mix.budget_tokens=16384", "mix.seq_len=64", "mix.eval_docs=4"]
+    elif step == "build-mix" and "mix=upsample_tail" in args:  # its epochs need ~350k tokens of the slice
+        extra = ["mix.budget_tokens=5e5", "mix.seq_len=64", "mix.eval_docs=4"]
     elif step == "train":
         extra = ["train.micro_batch=2", "train.threads=1", "train.eval_docs=4"]
         if "model=hf" not in args:

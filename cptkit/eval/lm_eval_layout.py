@@ -1,4 +1,4 @@
-"""``evaluate``'s task scores in lm-evaluation-harness's results layout (``OUT/results_<date>.json``), so
+"""``evaluate``'s task scores in lm-evaluation-harness's results layout (``OUT/_lm_eval/results_<date>.json``), so
 tools that read lm-eval results (``lm_eval.utils.make_table``, its results-file helpers, loggers, leaderboard
 scripts) read cptkit's.
 
@@ -21,6 +21,9 @@ from typing import Any
 COUNTS = {"n", "n_executable", "num_fewshot", "seconds"}  # numbers in cptkit's metrics that are not scores
 KEYS = ("results", "configs", "versions", "n-shot", "higher_is_better", "n-samples")  # per task, lm-eval's order
 LOWER_IS_BETTER = ("perplexity", "bits_per_byte", "loss")  # metric names where less is better
+
+
+LM_EVAL_DIR = "_lm_eval"  # under a step's output: skipped when the output is read as data
 
 
 def results_name(started: float) -> str:

@@ -8,7 +8,7 @@ controllers); ``eval.tasks=[...]`` runs benchmark tasks (``conf/eval/tasks/*.yam
 runs lm-evaluation-harness tasks by name on the same loaded model instead. With
 ``eval.contamination=DIR`` (an ``evaluate-contamination`` output) every task is also scored on
 its clean and its contaminated items separately. Output: ``OUT/_results.json`` (every number,
-with standard errors, model, task versions and hashes, config), ``OUT/results_<date>.json`` (the task
+with standard errors, model, task versions and hashes, config), ``OUT/_lm_eval/results_<date>.json`` (the task
 scores in lm-evaluation-harness's results layout: :mod:`cptkit.eval.lm_eval_layout`),
 ``OUT/part-*.jsonl.gz`` (one record per benchmark item: prediction, gold, score).
 """
@@ -29,7 +29,7 @@ from cptkit.core.progress import console, log
 from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_json
 from cptkit.core.step import IN, OUT, QUIET, SKIP_BAD, Option, step
-from cptkit.eval.lm_eval_layout import results_name, to_lm_eval
+from cptkit.eval.lm_eval_layout import LM_EVAL_DIR, results_name, to_lm_eval
 
 RESULTS = "_results.json"
 ENGINES = ("cptkit", "lm_eval")
@@ -253,15 +253,19 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
 
 
 def write_lm_eval_results(job: Job) -> None:
-    """The task scores again in lm-evaluation-harness's layout, ``OUT/results_<date_id>.json``, named by
-    the run's start as ``_manifest.json`` records it (``timings.started``); nothing when no task ran."""
+    """The task scores again in lm-evaluation-harness's layout, ``OUT/_lm_eval/results_<date_id>.json``,
+    named by the run's start as ``_manifest.json`` records it (``timings.started``); nothing when no task
+    ran. The folder starts with ``_`` so that the output read as data (``--in OUT``) skips it, and the
+    name keeps ``/results_``, which lm-eval's helpers look for."""
     f = job.out / RESULTS
     results = json.loads(f.read_text()) if f.exists() else {}
     if not results.get("tasks"):
         return
-    for old in job.out.glob("results_*.json"):  # an earlier, unfinished run's
+    folder = job.out / LM_EVAL_DIR
+    folder.mkdir(exist_ok=True)
+    for old in folder.glob("results_*.json"):  # an earlier, unfinished run's
         old.unlink()
-    atomic_write_json(job.out / results_name(job.t0), to_lm_eval(results))
+    atomic_write_json(folder / results_name(job.t0), to_lm_eval(results))
 
 
 def load_suite(name: str) -> dict[str, Any]:

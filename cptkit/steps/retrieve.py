@@ -122,9 +122,18 @@ def _same_sources(meta: dict, corpus: list[InputFile]) -> bool:
 
 
 def id_rule(rc: RetrieveConfig) -> bool | str:
-    """How ids must look to be a ``_run.tsv`` column: no tab, line break or control character; for
-    TREC's space-separated columns, no whitespace either."""
-    return "trec" if rc.run_format == "trec" else True
+    """How ids must look to be a ``_run.tsv`` column: no tab, line break or control character (a space
+    is a character like any other there; TREC's space-separated columns escape it: :func:`trec_id`)."""
+    return True
+
+
+_TREC_UNSAFE = re.compile(r"[\s%]")
+
+
+def trec_id(rid: str) -> str:
+    """An id as one column of a space-separated TREC run: whitespace and ``%`` percent-encoded (UTF-8),
+    so ``gcide/A 1`` is ``gcide/A%201``; an id without either is written as it is."""
+    return _TREC_UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), rid)
 
 
 def _corpus_records(job: Job, corpus: list[InputFile], skip_bad: bool, rc: RetrieveConfig) -> Iterator[Record]:
@@ -258,8 +267,7 @@ def _search_and_write(job: Job, task: Task, idx: Any, rc: RetrieveConfig, params
                 j += 1
             rec = idx.docs.record(d)
             doc_ids[d] = str(rec["id"])
-            why = plain_id_problem(doc_ids[d], spaces=rc.run_format != "trec")  # an index built before ids were
-            # checked, or by another tool, or for the tab-separated format
+            why = plain_id_problem(doc_ids[d])  # an index built before ids were checked, or by another tool
             if why is not None:
                 raise CptkitError(f"{idx.dir}: document {d}: {why}; rebuild the index from corrected records")
             rec["hits"] = [{"query_id": qids[int(hq[o])], "rank": int(hr[o]) + 1, "score": round(float(hs[o]), 6)}
@@ -273,7 +281,7 @@ def _search_and_write(job: Job, task: Task, idx: Any, rc: RetrieveConfig, params
             trec, tag = rc.run_format == "trec", rc.run_tag
             for q, r, d, s in zip(hq.tolist(), hr.tolist(), hd.tolist(), hs.tolist(), strict=True):
                 if trec:
-                    fh.write(f"{qids[q]} Q0 {doc_ids[d]} {r + 1} {s:.6f} {tag}\n")
+                    fh.write(f"{trec_id(qids[q])} Q0 {trec_id(doc_ids[d])} {r + 1} {s:.6f} {tag}\n")
                 else:
                     fh.write(f"{qids[q]}\t{doc_ids[d]}\t{r + 1}\t{s:.6f}\n")
         os.replace(tmp, run_path)
