@@ -188,9 +188,9 @@ B0          := $(XP)/b0/model
 TRAIN       := $(CPTKIT) train model=hf model.path=$(B0) $(TRAIN_ARGS)
 
 $(B0_TEXT)/_SUCCESS: | $(VENV)/.installed
-	$(BIN)/python -m cptkit.demo.outside b0 --out $(@D)
+	$(CPTKIT) demo-corpus --out $(@D) 'corpus.sources=[fortunes-en]' -q  # cptkit/demo/outside.py
 $(OUTSIDE)/_SUCCESS: | $(VENV)/.installed
-	$(BIN)/python -m cptkit.demo.outside outside --out $(@D)
+	$(CPTKIT) demo-corpus --out $(@D) 'corpus.sources=[anarchism]' -q
 $(XP)/b0_stream/_SUCCESS: $(B0_TEXT)/_SUCCESS
 	$(CPTKIT) build-mix --in $(B0_TEXT) --out $(@D) $(B0_MIX) tokenizer=$(TOKENIZER) seed=0 -q
 $(XP)/b0.json: $(XP)/b0_stream/_SUCCESS

@@ -24,6 +24,27 @@ CORPUS_SLICE = 150
 TEST_CACHE = Path(os.environ.get("CPTKIT_TEST_CACHE", os.path.expanduser("~/.cache/cptkit/test-corpus")))
 
 
+def run_main(argv: list, stdin: str | None = None) -> int:
+    """``cptkit ARGV`` in-process through the console entry point (``stdin``: what a prompt would read);
+    its exit code. Tests read what it printed with ``capsys``."""
+    import io
+    import sys
+
+    from cptkit.cli import main
+
+    old_argv, old_stdin = sys.argv, sys.stdin
+    sys.argv = ["cptkit", *map(str, argv)]
+    if stdin is not None:
+        sys.stdin = io.StringIO(stdin)
+    try:
+        main()
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv, sys.stdin = old_argv, old_stdin
+    return 0
+
+
 def write_jsonl(path: str | Path, records) -> Path:
     """Write ``records`` (dicts) as JSON lines to ``path`` (gzip when it ends in ``.gz``)."""
     path = Path(path)

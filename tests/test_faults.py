@@ -17,24 +17,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import read_jsonl_dir, write_jsonl
-
-from cptkit.cli import main
+from conftest import read_jsonl_dir, run_main, write_jsonl
 
 CLI = [sys.executable, "-c", "from cptkit.cli import main; main()"]
 
 
 def cli(argv: list, capsys) -> tuple[int, str, str]:
-    """``cptkit ARGV`` in-process through the console entry point: (exit code, stdout, stderr)."""
-    old = sys.argv
-    sys.argv = ["cptkit", *map(str, argv)]
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = old
+    """``cptkit ARGV`` in-process: (exit code, stdout, stderr)."""
+    code = run_main(argv)
     cap = capsys.readouterr()
     return code, cap.out, cap.err
 

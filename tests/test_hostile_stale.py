@@ -14,10 +14,8 @@ from pathlib import Path
 
 import pytest
 from classify_realtext import fortunes_en, maxima_docs, python_docs
-from conftest import read_jsonl_dir, write_jsonl
+from conftest import read_jsonl_dir, run_main, write_jsonl
 from mixdata import TWO_DOMAINS, make_tokenizer
-
-from cptkit.cli import main
 
 
 @pytest.fixture(autouse=True)
@@ -31,14 +29,7 @@ def cli(argv: list, capsys=None) -> tuple[int, str]:
     """``cptkit ARGV`` in-process through the console entry point: (exit code, stderr)."""
     if capsys is not None:
         capsys.readouterr()
-    old, sys.argv = sys.argv, ["cptkit", *map(str, argv)]
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = old
+    code = run_main(argv)
     return code, capsys.readouterr().err if capsys is not None else ""
 
 

@@ -4,17 +4,14 @@ written. Real parts throughout: a tiny Llama and BPE tokenizer saved to disk, th
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_jsonl
+from conftest import run_main, write_jsonl
 
-from cptkit.cli import main
 from cptkit.core.config import compose_step
 from cptkit.core.errors import CptkitError
 from cptkit.eval import tasks as T
@@ -42,15 +39,7 @@ class EvilTokenizer(PreTrainedTokenizerFast):
 def cli(argv: list, capsys, stdin: str = "y\ny\ny\n") -> tuple[int, str]:
     """``cptkit ARGV`` in-process, answering ``stdin`` to any prompt: (exit code, stderr)."""
     capsys.readouterr()
-    old_argv, old_stdin = sys.argv, sys.stdin
-    sys.argv, sys.stdin = ["cptkit", *map(str, argv)], io.StringIO(stdin)
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv, sys.stdin = old_argv, old_stdin
+    code = run_main(argv, stdin)
     return code, capsys.readouterr().err
 
 

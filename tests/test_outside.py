@@ -8,7 +8,6 @@ import gzip
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -119,14 +118,6 @@ def test_demo_corpus_builds_the_outside_sources_deterministically(tmp_path):
     recs = [json.loads(line) for name in names for line in gzip.open(tmp_path / "a" / name)]
     assert len({r["id"] for r in recs}) == len(recs) == 5
     assert {r.get("domain") for r in recs} == {None, "outside"}
-    # the same run under the role's name, as the Makefile calls it
-    subprocess.run([sys.executable, "-m", "cptkit.demo.outside", "outside", "--out", str(tmp_path / "c"), "-q",
-                    f"corpus.cache_dir={cache}"], check=True)
-    assert (tmp_path / "c/_SUCCESS").exists() and [p.name for p in (tmp_path / "c").glob("part-*")] == [names[1]]
-    assert (tmp_path / "c" / names[1]).read_bytes() == (tmp_path / "a" / names[1]).read_bytes()
-    with pytest.raises(SystemExit) as bad:
-        O.main(["b0", "--out", str(tmp_path / "d"), "-q", f"corpus.cache_dir={cache}", "corpus.limit_per_source=-1"])
-    assert bad.value.code == 2 and not (tmp_path / "d").exists()
 
 
 def test_outside_sources_are_not_in_the_demo_corpus():

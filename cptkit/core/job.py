@@ -633,7 +633,7 @@ class Job:
         self._bar = self.progress.add_task(self.step, total=total or None)
         return todo
 
-    def read(self, task: Task, stats: ReadStats | None = None, plain_ids: bool | str = False) -> Iterator[Record]:
+    def read(self, task: Task, stats: ReadStats | None = None, plain_ids: bool = False) -> Iterator[Record]:
         """Read a task's input records, advancing the progress bar and the task's counters.
 
         With ``io.unique_ids`` (default) an id read twice in this run is an error naming its

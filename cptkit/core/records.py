@@ -34,21 +34,18 @@ def validate(obj: Any) -> str | None:
     return None
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # tab, newlines and every other control character
-_SPACE_OR_CONTROL = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")  # and any whitespace (Unicode's too)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # tab, line breaks and every other control character
 
 
-def plain_id_problem(rid: str, spaces: bool = True) -> str | None:
+def plain_id_problem(rid: str) -> str | None:
     """Why ``rid`` cannot be a column of a tab-separated file (``retrieve``'s ``_run.tsv``): it holds a
-    tab, a line break or another control character; with ``spaces=False`` (TREC's space-separated
-    columns) any whitespace too. None when it can."""
-    m = (_CONTROL if spaces else _SPACE_OR_CONTROL).search(rid)
+    tab, a line break or another control character. None when it can."""
+    m = _CONTROL.search(rid)
     if m is None:
         return None
     shown = rid if len(rid) <= 80 else rid[:80] + "..."
-    what = "tab-separated files must have no tab, line break or control character" if spaces else \
-        "space-separated (TREC) files must have no whitespace or control character"
-    return f"id {shown!r} holds {m.group()!r} (character {m.start() + 1}): ids written to {what}"
+    return (f"id {shown!r} holds {m.group()!r} (character {m.start() + 1}): ids written to tab-separated files "
+            "must have no tab, line break or control character")
 
 
 # json.dumps(rec, ensure_ascii=False, separators=(",", ":")) builds an encoder per call; one shared

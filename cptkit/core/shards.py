@@ -233,11 +233,11 @@ class ReadStats:
 
 
 def _check_record(obj: object, raw: bytes | None, max_chars: int, oversize: str,
-                  plain_ids: bool | str = False) -> tuple[str | None, bool]:
+                  plain_ids: bool = False) -> tuple[str | None, bool]:
     """(why ``obj`` is not a usable record, whether it was truncated)."""
     err = validate(obj)
-    if err is None and plain_ids:  # True: a tab-separated column; "trec": a space-separated one
-        err = plain_id_problem(obj["id"], spaces=plain_ids != "trec")  # type: ignore[index]
+    if err is None and plain_ids:
+        err = plain_id_problem(obj["id"])  # type: ignore[index]
     if err is not None:
         return err, False
     assert isinstance(obj, dict)
@@ -277,14 +277,14 @@ def read_records(
     validate_records: bool = True,
     max_chars: int = 0,
     oversize: str = "error",
-    plain_ids: bool | str = False,
+    plain_ids: bool = False,
 ) -> Iterator[Record]:
     """Yield the records of one shard.
 
     A malformed line (invalid UTF-8, bad JSON, missing ``id``/``text``, a lone surrogate, a text
     over ``max_chars``) raises :class:`BadInput` naming the file and line, or is counted in
     ``stats.bad`` and skipped when ``skip_bad`` (``oversize=skip`` skips long texts,
-    ``truncate`` cuts them). With ``plain_ids``, an id holding whitespace or a control character is
+    ``truncate`` cuts them). With ``plain_ids``, an id holding a tab, line break or control character is
     such a line too (for steps that write ids into tab- or space-separated files). An empty shard is an
     error: it almost always means an upstream step failed.
     """
@@ -367,7 +367,7 @@ def _json_types(schema) -> bool:
 
 
 def _read_table(inp: InputFile, skip_bad: bool, stats: ReadStats, validate_records: bool, max_chars: int,
-                oversize: str, plain_ids: bool | str = False) -> Iterator[Record]:
+                oversize: str, plain_ids: bool = False) -> Iterator[Record]:
     """Records of a Parquet file or a ``save_to_disk`` Arrow file, row by row in batches."""
     import pyarrow as pa
     import pyarrow.parquet as pq

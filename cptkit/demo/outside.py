@@ -14,9 +14,6 @@ anarchism         fortune-anarchism  held-out English outside every training poo
                                      with ``domain: outside`` for ``evaluate``
 ================  =================  ===================================================
 
-``python -m cptkit.demo.outside {b0,outside} --out DIR [-q] [KEY=VALUE...]`` is the same run under
-the names of the roles (:func:`main`).
-
 Both are strfile text files (``%`` lines between entries, :func:`~cptkit.demo.corpus.split_fortunes`).
 An entry's hard-wrapped lines are joined into paragraphs and its attribution (``\\t\\t-- Name``)
 loses its tabs (:func:`fortune_text`); entries that are mostly not letters (ASCII art) are dropped.
@@ -24,17 +21,13 @@ loses its tabs (:func:`fortune_text`); entries that are mostly not letters (ASCI
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from cptkit.core.config import compose_step
-from cptkit.core.errors import CptkitError, print_error
+from cptkit.core.errors import CptkitError
 from cptkit.core.records import Record
 from cptkit.demo.corpus import Source, clean_text, content_hash, meta, split_fortunes, unwrap
-from cptkit.steps import execute, step_module
 
 FORTUNE_DIR = "usr/share/games/fortunes"
 MIN_LETTER_SHARE = 0.6  # of an entry's non-space characters; ASCII art and tables fall below
@@ -127,27 +120,3 @@ OUTSIDE_SOURCES: dict[str, Source] = {s.name: s for s in [
     Source("fortunes-en", "fortunes", "en", fortunes_en_records, min_chars=20, merges=False),
     Source("anarchism", "fortune-anarchism", "en", anarchism_records, min_chars=OUTSIDE_MIN_CHARS, merges=False),
 ]}
-ROLES = {"b0": "fortunes-en", "outside": "anarchism"}  # the role each source plays in docs/cpt.md
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m cptkit.demo.outside ROLE --out DIR``: ``cptkit demo-corpus --out DIR
-    corpus.sources=[SOURCE]`` for the role's source (one code path: the step)."""
-    ap = argparse.ArgumentParser(prog="python -m cptkit.demo.outside", description=__doc__.split("\n\n")[0])
-    ap.add_argument("role", choices=sorted(ROLES), help="b0: fortunes-en; outside: anarchism")
-    ap.add_argument("-o", "--out", required=True, help="output directory (JSONL shards, manifest, _SUCCESS)")
-    ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary table")
-    ap.add_argument("overrides", nargs="*", help="demo-corpus config overrides, e.g. corpus.cache_dir=DIR")
-    args = ap.parse_intermixed_args(argv)  # KEY=VALUE words may follow the options
-    overrides = [f"io.output={args.out}", f"corpus.sources=[{ROLES[args.role]}]",
-                 *(["quiet=true"] if args.quiet else []), *args.overrides]
-    try:
-        step_module("demo-corpus")  # registers the step's config schema, as the cptkit command does
-        execute("demo-corpus", compose_step("demo-corpus", overrides))
-    except CptkitError as e:
-        print_error(e)
-        sys.exit(e.exit_code)
-
-
-if __name__ == "__main__":
-    main()

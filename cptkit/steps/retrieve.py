@@ -121,12 +121,6 @@ def _same_sources(meta: dict, corpus: list[InputFile]) -> bool:
     return [{"path": s["path"], "size": s["size"]} for s in meta.get("sources", [])] == _sources(corpus)
 
 
-def id_rule(rc: RetrieveConfig) -> bool | str:
-    """How ids must look to be a ``_run.tsv`` column: no tab, line break or control character (a space
-    is a character like any other there; TREC's space-separated columns escape it: :func:`trec_id`)."""
-    return True
-
-
 _TREC_UNSAFE = re.compile(r"[\s%]")
 
 
@@ -136,9 +130,9 @@ def trec_id(rid: str) -> str:
     return _TREC_UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), rid)
 
 
-def _corpus_records(job: Job, corpus: list[InputFile], skip_bad: bool, rc: RetrieveConfig) -> Iterator[Record]:
+def _corpus_records(job: Job, corpus: list[InputFile], skip_bad: bool) -> Iterator[Record]:
     """The corpus records to index; an id that could not be a ``_run.tsv`` column is a bad line."""
-    return iter_records(corpus, skip_bad=skip_bad, plain_ids=id_rule(rc), **job.ctx.io.limits())
+    return iter_records(corpus, skip_bad=skip_bad, plain_ids=True, **job.ctx.io.limits())
 
 
 def _open_or_build(job: Job, rc: RetrieveConfig, corpus: list[InputFile], skip_bad: bool) -> tuple[Any, float]:
@@ -168,7 +162,7 @@ def _open_or_build(job: Job, rc: RetrieveConfig, corpus: list[InputFile], skip_b
         log.info("building the index from %d corpus file(s) into %s", len(corpus), index_dir)
         advance = job.add_bar("index build (docs)", None)
         t0 = time.time()
-        build_index(_corpus_records(job, corpus, skip_bad, rc), index_dir, tokenizer, params,
+        build_index(_corpus_records(job, corpus, skip_bad), index_dir, tokenizer, params,
                     dtype=rc.dtype, text_field=rc.text_field, sources=_sources(corpus), on_record=advance)
         build_s = time.time() - t0
         idx = OpenIndex(index_dir)
@@ -191,7 +185,7 @@ def _open_es(job: Job, rc: RetrieveConfig, corpus: list[InputFile], skip_bad: bo
                           "to build one from")
     log.info("bulk-indexing %d corpus file(s) into %s/%s", len(corpus), idx.cfg.url, idx.cfg.index)
     advance = job.add_bar("index build (docs)", None)
-    idx.build(_corpus_records(job, corpus, skip_bad, rc), _sources(corpus), on_record=advance)
+    idx.build(_corpus_records(job, corpus, skip_bad), _sources(corpus), on_record=advance)
     return idx, time.time() - t0
 
 
@@ -217,7 +211,7 @@ def run(conf: RetrieveJob, ctx: Run) -> dict:
         for task in job.pending():
             qfield = rc.query_field
             qids, qtexts = [], []
-            for rec in job.read(task, plain_ids=id_rule(rc)):  # query ids go to _run.tsv
+            for rec in job.read(task, plain_ids=True):  # query ids go to _run.tsv
                 text = rec.get(qfield)
                 if not isinstance(text, str):
                     raise CptkitError(f"query {rec['id']!r}: field {qfield!r} is missing or not a string")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +141,7 @@ def decide_claims(runs: dict[str, list[Seed]], claims: dict[str, Any]) -> list[t
     out = []
     for c, (_, seeds), per_doc, e in zip(claims["claims"], family, docs, decide(family, alpha), strict=True):
         if per_doc and all(per_doc):
-            e = Effect(**{**e.__dict__, "doc_se": doc_se(per_doc)})
+            e = replace(e, doc_se=doc_se(per_doc))
         margin = c.get("equivalence_margin")
         second = tost(seeds, float(margin), alpha) if margin and e.verdict not in (HOLDS, NOT_TESTABLE) else None
         out.append((c, e, second))
