@@ -220,8 +220,13 @@ $(XP)/runs/neutral_s%/_SUCCESS: $(XP)/stream_gen_s%/_SUCCESS $(XP)/b0.json
 # every model on the same documents of a seed: its held-out sample, the probe, the outside text
 eval_in      = --in $(XP)/stream_r0_$(1)/_eval.jsonl.gz --in $(XP)/probe.jsonl --in $(OUTSIDE)
 EVAL_DEPS    = $(XP)/probe.jsonl $(OUTSIDE)/_SUCCESS
-$(XP)/eval/b0_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS $(XP)/b0.json $(EVAL_DEPS)
-	$(CPTKIT) evaluate --model $(B0) $(call eval_in,s$*) --out $(@D) $(EVAL_ARGS) -q
+# B0 is scored once on what no seed changes (probe, outside text, task) and per seed on its held-out
+# sample only; the report merges the two parts (b0_sN+b0_fixed)
+$(XP)/eval/b0_fixed/_SUCCESS: $(XP)/b0.json $(EVAL_DEPS)
+	$(CPTKIT) evaluate --model $(B0) --in $(XP)/probe.jsonl --in $(OUTSIDE) --out $(@D) $(EVAL_ARGS) -q
+$(XP)/eval/b0_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS $(XP)/b0.json
+	$(CPTKIT) evaluate --model $(B0) --in $(XP)/stream_r0_s$*/_eval.jsonl.gz --out $(@D) $(EVAL_ARGS) \
+	    eval.tasks=[] -q
 $(XP)/eval/shipped_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS $(EVAL_DEPS)
 	$(CPTKIT) evaluate --model $(BASE_MODEL) $(call eval_in,s$*) --out $(@D) $(EVAL_ARGS) -q
 $(XP)/eval/%/_SUCCESS: $(XP)/runs/%/_SUCCESS $(EVAL_DEPS)
@@ -232,11 +237,13 @@ $(XP)/eval/%/_SUCCESS: $(XP)/runs/%/_SUCCESS $(EVAL_DEPS)
 comma       := ,
 csv          = $(subst $(eval) ,$(comma),$(strip $(1)))
 xp_evals     = $(foreach s,$(2),$(XP)/eval/$(1)_s$(s))
-xp_report    = $(BIN)/python -m cptkit.training.report $(foreach a,b0 $(ARMS),$(a)=$(call csv,$(call xp_evals,$(a),$(1)))) \
+b0_evals     = $(foreach s,$(1),$(XP)/eval/b0_s$(s)+$(XP)/eval/b0_fixed)
+xp_report    = $(BIN)/python -m cptkit.training.report b0=$(call csv,$(call b0_evals,$(1))) \
+               $(foreach a,$(ARMS),$(a)=$(call csv,$(call xp_evals,$(a),$(1)))) \
                --shipped $(XP)/eval/shipped_s$(firstword $(1)) --claims conf/cpt/claims.yaml --task=$(CPT_TASK) \
                --out $@ --curves $(basename $@)-curves.png > /dev/null
 xp_deps      = $(foreach a,b0 $(ARMS),$(addsuffix /_SUCCESS,$(call xp_evals,$(a),$(1)))) \
-               $(XP)/eval/shipped_s$(firstword $(1))/_SUCCESS
+               $(XP)/eval/shipped_s$(firstword $(1))/_SUCCESS $(XP)/eval/b0_fixed/_SUCCESS
 
 $(XP)/demo.md: $(call xp_deps,$(DEMO_SEEDS))
 	$(call xp_report,$(DEMO_SEEDS))

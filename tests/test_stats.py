@@ -196,3 +196,30 @@ def test_curves_over_seeds_are_mean_and_shaded_error(tmp_path):
     arms["replay"].append(run("b9", [3.0, 2.7], tokens=(0, 150)))
     with pytest.raises(CptkitError, match="different token counts"):
         overlay_curves(arms, tmp_path / "bad.png")
+
+
+def test_b0_parts_merge_into_one_evaluation_and_overlaps_are_refused(tmp_path):
+    """B0 is scored per seed on its held-out sample and once on the probe, the outside text and the
+    task: ``DIR+DIR`` joins the parts, and a group scored in both parts is an error."""
+    import json
+
+    from cptkit.core.errors import CptkitError
+    from cptkit.training.report import _load_named, seed_numbers
+
+    def out(name, groups, tasks):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "_results.json").write_text(json.dumps({
+            "perplexity": {"groups": {g: {"loss": v, "doc_nll": [[v * 10, 10]]} for g, v in groups.items()}},
+            "tasks": {t: {"metrics": {"acc_norm": a}} for t, a in tasks.items()}}))
+        return str(d)
+
+    s0, s1 = out("s0", {"domain": 2.0}, {}), out("s1", {"domain": 2.5}, {})
+    fixed = out("fixed", {"probe": 3.0, "outside": 3.5}, {"wordnet_defs": 0.44})
+    named = _load_named([f"b0={s0}+{fixed},{s1}+{fixed}"])
+    seeds = [seed_numbers(r, ["domain", "probe", "outside"], "wordnet_defs") for r in named["b0"]]
+    assert [(s["domain"], s["probe"], s["outside"], s["task"]) for s in seeds] == [(2.0, 3.0, 3.5, 44.0), (2.5, 3.0, 3.5, 44.0)]
+    assert seeds[1]["docs"] == {"domain": [2.5], "probe": [3.0], "outside": [3.5]}
+    both = out("both", {"probe": 3.1}, {})
+    with pytest.raises(CptkitError, match="perplexity group 'probe' is also in"):
+        _load_named([f"b0={fixed}+{both}"])

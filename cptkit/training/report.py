@@ -169,13 +169,33 @@ def claims_reading(runs: dict[str, list[Seed]], claims: dict[str, Any], source: 
     return "\n".join(lines) + "\n"
 
 
+def merge_results(parts: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """One model's evaluate outputs over disjoint documents and tasks, as one: B0 is scored once on
+    what no seed changes (the probe, the outside text, the task) and per seed on its held-out sample."""
+    out = dict(parts[0])
+    ppl = dict(((out.get("perplexity") or {}).get("groups")) or {})
+    tasks = dict(out.get("tasks") or {})
+    for part, name in zip(parts[1:], names[1:], strict=True):
+        for kind, have, new in (("perplexity group", ppl, ((part.get("perplexity") or {}).get("groups")) or {}),
+                                ("task", tasks, part.get("tasks") or {})):
+            twice = sorted(set(have) & set(new))
+            if twice:
+                raise CptkitError(f"{name}: {kind} {twice[0]!r} is also in {names[0]} (each part must score other documents)")
+            have.update(new)
+    out["perplexity"] = dict(out.get("perplexity") or {}, groups=ppl)
+    out["tasks"] = tasks
+    return out
+
+
 def _load_named(specs: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """``NAME=DIR[+DIR...][,DIR[+DIR...]...]``: one entry per seed, each the merge of its parts."""
     named = {}
     for r in specs:
         name, sep, paths = r.partition("=")
         if not sep:
-            raise CptkitError(f"{r}: write NAME=EVALDIR (or NAME=DIR1,DIR2,... one per seed)")
-        named[name] = [load_results(x) for x in paths.split(",") if x]
+            raise CptkitError(f"{r}: write NAME=EVALDIR (or NAME=DIR1,DIR2,... one per seed; DIR+DIR merges parts)")
+        named[name] = [merge_results([load_results(y) for y in x.split("+")], x.split("+"))
+                       for x in paths.split(",") if x]
     return named
 
 
@@ -191,7 +211,7 @@ def _curves(named: dict[str, list[dict[str, Any]]], out: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cptkit.training.report", description=__doc__.splitlines()[0])
-    p.add_argument("runs", nargs="+", help="NAME=EVALDIR or NAME=DIR1,DIR2,... (one per seed), B0 first")
+    p.add_argument("runs", nargs="+", help="NAME=EVALDIR or NAME=DIR1,DIR2,... (one per seed; DIR+DIR: parts of one evaluation), B0 first")
     p.add_argument("--claims", default="conf/cpt/claims.yaml", help="the pre-registered claims")
     p.add_argument("--groups", default="domain,zh,general,outside,probe", help="perplexity groups, in column order")
     p.add_argument("--task", default=None, help="task whose score is shown (default: the claims file's; '' none)")
