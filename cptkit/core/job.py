@@ -242,13 +242,15 @@ class Job:
         self._bar = self.progress.add_task(self.step, total=total or None)
         return todo
 
-    def read(self, task: Task, stats: ReadStats | None = None, plain_ids: bool = False) -> Iterator[Record]:
-        """Read a task's input records, advancing the progress bar and the task's counters.
+    def read(self, task: Task, stats: ReadStats | None = None, plain_ids: bool = False,
+             count: bool = True) -> Iterator[Record]:
+        """Read a task's input records, advancing the progress bar and the task's counters
+        (``count=False``: neither, for a pass of an earlier phase of a multi-phase step).
 
         With ``io.unique_ids`` (default) an id read twice in this run is an error naming its
         file and line (a task read again is not checked twice); so is, with ``plain_ids``, an id
         holding whitespace or a control character (a step writing ids into a tabular file)."""
-        res = self.results.setdefault(task.name, TaskResult())
+        res = self.results.setdefault(task.name, TaskResult()) if count else TaskResult()
         io_cfg = self.ctx.io
         skip = io_cfg.skip_bad_lines
         key = (task.name, *(f.path for f in task.inputs))
@@ -267,11 +269,11 @@ class Job:
                     ids.add(h)
                 res.records_in += 1
                 yield rec
-                if res.records_in % 256 == 0 and self._bar is not None:
+                if res.records_in % 256 == 0 and self._bar is not None and count:
                     self.progress.update(self._bar, advance=st.bytes - seen)
                     seen = st.bytes
             res.bad += st.bad
-            if self._bar is not None:
+            if self._bar is not None and count:
                 self.progress.update(self._bar, advance=max(inp.size - seen, 0))
 
     def advance_read(self, task: Task) -> None:
