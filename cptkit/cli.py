@@ -18,7 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from typer.core import TyperCommand, TyperGroup
 
 from cptkit.core.errors import CptkitError
-from cptkit.steps import execute, ordered, step_help, step_module, step_names
+from cptkit.steps import declaration, execute, ordered, step_help, step_module, step_names
 
 __all__ = ["app", "execute", "main", "step_module"]
 
@@ -84,8 +84,6 @@ def step_command(name: str) -> Any:
     """The command of step ``name``, generated from its declaration (:func:`cptkit.core.step.step`):
     each declared option sets its config key, ``--cfg`` prints the config, trailing words are
     Hydra overrides."""
-    from cptkit.steps import declaration
-
     decl = declaration(name)
     kw = inspect.Parameter.KEYWORD_ONLY
     params = [inspect.Parameter("ctx", kw, annotation=typer.Context)]
@@ -136,10 +134,10 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
         sys.stdout.write(show_config(step, overrides + extra, show_cfg, resolve))
         return
     cfg = compose_step(step, overrides + extra)
-    if executor.kind == "ray":
-        from cptkit.core.executor import run_ray
+    if executor.kind != "local" or executor.workers:
+        from cptkit.core.executor import run_executor
 
-        run_ray(step, overrides + extra, cfg, executor)
+        run_executor(declaration(step), overrides + extra, cfg, executor)
         return
     execute(step, cfg)
 
@@ -263,8 +261,8 @@ def main() -> None:
 
 def _interrupted() -> int:
     """Say what an interrupted run kept; its exit status (130 for Ctrl-C, 143 for SIGTERM)."""
-    from cptkit.core.job import interrupted_exit_code, interrupted_message
     from cptkit.core.progress import console
+    from cptkit.core.signals import interrupted_exit_code, interrupted_message
 
     console.print(interrupted_message(), soft_wrap=True, markup=False, highlight=False)
     return interrupted_exit_code()

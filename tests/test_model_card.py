@@ -14,7 +14,7 @@ from huggingface_hub import ModelCard
 from mixdata import TWO_DOMAINS, build_stream, make_tokenizer
 
 from cptkit.core.config import compose_step
-from cptkit.core.job import fingerprint_path
+from cptkit.core.fingerprint import fingerprint_path
 from cptkit.training.card import base_model
 from cptkit.training.config import ModelConfig
 

@@ -16,7 +16,8 @@ from conftest import write_jsonl
 from mixdata import build_stream, make_tokenizer
 
 from cptkit.core.config import compose_step, to_dict
-from cptkit.core.job import Job, config_hash
+from cptkit.core.fingerprint import config_hash
+from cptkit.core.job import Job
 from cptkit.core.redact import redact
 from cptkit.core.run import Run
 from cptkit.steps import execute, step_module

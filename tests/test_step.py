@@ -4,12 +4,15 @@ batching, per-task stats merged across tasks and runs, resume, summary."""
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
-from conftest import read_jsonl_dir, write_jsonl
+import pytest
+from conftest import read_jsonl_dir, run_main, write_jsonl
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from typer.testing import CliRunner
@@ -200,3 +203,69 @@ def test_cli_order_comes_from_the_step_declarations(tmp_path, monkeypatch):
     listed = [ln.split()[0] for ln in r.output.splitlines() if ln.startswith("  ") and ln.split()]
     assert listed.index("retrieve-index") < listed.index("retrieve") < listed.index("evaluate") \
         < listed.index("evaluate-compare") < listed.index("serve-llm") < listed.index("aaa-plugin")
+
+
+RARE = (Path(__file__).parent / "fixtures" / "plugins" / "rare_words.py").read_text()  # docs/architecture.md
+RARE_TEXTS = ["z", "q", "w", ""]  # x is in 4 documents, y in 2: with rare.max_docs=1 both go
+
+
+@pytest.fixture
+def rare_words(tmp_path, monkeypatch):
+    """The two-phase plugin step on the steps path, and two input files (two tasks)."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "rare_words.py").write_text(RARE)
+    monkeypatch.setattr(cptkit.steps, "__path__", [*cptkit.steps.__path__, str(plugins)])
+    write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": "a0", "text": "x y z"}, {"id": "a1", "text": "x q"}])
+    write_jsonl(tmp_path / "in" / "b.jsonl", [{"id": "b0", "text": "x y w"}, {"id": "b1", "text": "x"}])
+    yield ["rare-words", "--in", str(tmp_path / "in"), "shard.task_bytes=0"]
+    STEPS.pop("rare-words", None)
+    sys.modules.pop("cptkit.steps.rare_words", None)
+
+
+def shards_of(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("part-*"))}
+
+
+def test_a_multi_phase_step_runs_its_phases_as_waves_of_local_workers(tmp_path, rare_words):
+    """executor.workers=2 runs the declared phases as two waves of two forked slices (every slice
+    counts before any writes); the output is the one-process run's, byte for byte."""
+    runner = CliRunner()
+    r = runner.invoke(app, [*rare_words, "--out", str(tmp_path / "one"), "-q"])
+    assert r.exit_code == 0, r.output
+    assert [x["text"] for x in read_jsonl_dir(tmp_path / "one")] == RARE_TEXTS
+    r = runner.invoke(app, [*rare_words, "--out", str(tmp_path / "two"), "-q", "executor.workers=2"])
+    assert r.exit_code == 0, r.output
+    assert shards_of(tmp_path / "two") == shards_of(tmp_path / "one") and len(shards_of(tmp_path / "one")) == 2
+    man = json.loads((tmp_path / "two" / "_manifest.json").read_text())
+    assert man["config"]["shard"]["count"] == 2 and man["config"]["rare"]["phase"] == "all"
+    assert man["counts"]["records_in"] == 4
+
+
+def test_a_multi_phase_step_on_slurm_is_one_dependent_job_array_per_phase(tmp_path, rare_words, monkeypatch):
+    """executor=slurm submits a job array per phase, each after the previous (afterok); running
+    the submitted commands slice by slice gives the one-process run's output."""
+    log = tmp_path / "sbatch"
+    log.mkdir()
+    fake = tmp_path / "bin" / "sbatch"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nn=$(( $(ls "$SBATCH_LOG" | wc -l) + 1 ))\n'
+                    'for a in "$@"; do printf "%s\\0" "$a"; done > "$SBATCH_LOG/$n"\necho "$((100 + n))"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("SBATCH_LOG", str(log))
+    out = tmp_path / "slurm"
+    r = CliRunner().invoke(app, [*rare_words, "--out", str(out), "-q", "executor=slurm", "executor.workers=2"])
+    assert r.exit_code == 0, r.output
+    calls = [(log / str(k)).read_text().split("\0")[:-1] for k in (1, 2)]
+    assert not (log / "3").exists() and not out.exists()  # submitted, not run here
+    assert "--array=0-1" in calls[0] and not any(a.startswith("--dependency") for a in calls[0])
+    assert "--array=0-1" in calls[1] and "--dependency=afterok:101" in calls[1]
+    for call, phase in zip(calls, ("count", "write"), strict=True):
+        words = shlex.split(call[call.index("--wrap") + 1])
+        assert words[1:4] == ["-m", "cptkit", "rare-words"] and f"rare.phase={phase}" in words
+        for i in range(2):  # what each array member runs
+            args = [w.replace("$SLURM_ARRAY_TASK_ID", str(i)) for w in words[3:]]
+            assert run_main(args) == 0
+    r = CliRunner().invoke(app, [*rare_words, "--out", str(tmp_path / "one"), "-q"])
+    assert shards_of(out) == shards_of(tmp_path / "one") and (out / "_SUCCESS").is_file()

@@ -1,19 +1,22 @@
-"""Run a step's shard tasks on a Ray cluster: ``cptkit STEP ... executor=ray executor.workers=N``.
+"""Run a step's slices as waves: ``executor.workers=N`` (local processes), ``executor=ray``, ``executor=slurm``.
 
 A step already splits its work into tasks and runs the slice ``shard.index`` of ``shard.count``
-(docs/scaleout.md); a SLURM job array launches one process per slice. The Ray executor launches
-the same slices as Ray tasks instead, in *waves*: every member of a wave runs at once, and a wave
-starts when the previous one has finished. Most steps are one wave of ``N`` slices; dedup's
-phases are several (map, reduce, then the final phase with slice 0 first, so that it computes the
-clustering once and the other slices reuse it). Each member composes the same config with its
-``shard.*`` overrides and calls the same step function as a local run, so the output is the
-local run's, byte for byte (``tests/test_ray.py``).
+(docs/scaleout.md). An executor launches ``N`` slices in *waves*: every member of a wave runs at
+once, and a wave starts when the previous one has finished. Most steps are one wave of ``N``
+slices; a multi-phase step declares its phases (``@step(..., phases=...)``,
+:class:`cptkit.core.step.Phase`), one wave each, a leader phase as two (slice 0, then the
+others). Each member composes the same config with its ``shard.*`` (and phase) overrides and
+calls the same step function as a local run, so the output is the local run's, byte for byte
+(``tests/test_ray.py``, ``tests/test_step.py``). Locally the members are forked processes
+(:mod:`cptkit.core.workers`); on Ray, Ray tasks; on SLURM, one job array per wave, each
+depending on the previous one (``sbatch --dependency=afterok``), submitted and not waited for.
 
 Executor settings are words of the command line, not config keys (like ``hydra/launcher=``):
 they are not part of a run's identity, its config hash or its manifest.
 
-* ``executor=local`` (default) or ``executor=ray``
-* ``executor.workers=N``: slices per wave (default: the cluster's CPU count)
+* ``executor=local`` (default), ``executor=ray`` or ``executor=slurm``
+* ``executor.workers=N``: slices per wave (local default: 1, the step in this process; Ray: the
+  cluster's CPU count; SLURM: needed)
 * ``executor.address=HOST:PORT`` or ``auto``: an existing cluster (default: ``$RAY_ADDRESS``,
   else a local cluster started for this run and stopped at its end)
 * ``executor.num_cpus=C``: CPUs each member reserves (default 1)
@@ -26,14 +29,21 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError, print_error
 from cptkit.core.net import reachable
+from cptkit.core.progress import log, print_summary, setup_logging
+from cptkit.core.step import Step
+from cptkit.core.workers import in_workers
 
 KEYS = ("workers", "address", "num_cpus")
 GCS_GRACE = 10.0  # seconds a cluster's control store may stay unreachable before the run fails
@@ -57,8 +67,8 @@ def split_executor_args(words: list[str]) -> tuple[ExecutorSpec, list[str]]:
             rest.append(word)
             continue
         if key == "executor":
-            if value not in ("local", "ray"):
-                raise CptkitError(f"executor={value!r}: must be local or ray")
+            if value not in ("local", "ray", "slurm"):
+                raise CptkitError(f"executor={value!r}: must be local, ray or slurm")
             spec.kind = value
             continue
         name = key.removeprefix("executor.")
@@ -80,24 +90,8 @@ def split_executor_args(words: list[str]) -> tuple[ExecutorSpec, list[str]]:
     return spec, rest
 
 
-def waves(step: str, cfg: Any, n: int) -> list[list[list[str]]]:
-    """The members (their extra overrides) of each wave, in order."""
-    def slices(extra: list[str], indices: range) -> list[list[str]]:
-        return [[f"shard.index={i}", f"shard.count={n}", *extra] for i in indices]
-
-    if step == "dedup":
-        plan = [slices(["dedup.phase=map"], range(n))]
-        if str(cfg.dedup.cluster) != "memory":
-            plan.append(slices(["dedup.phase=reduce"], range(n)))
-        plan.append(slices(["dedup.phase=final"], range(1)))
-        if n > 1:
-            plan.append(slices(["dedup.phase=final"], range(1, n)))
-        return plan
-    return [slices([], range(n))]
-
-
 def _member(step: str, overrides: list[str]) -> dict[str, Any]:
-    """One slice, in a Ray worker: the same code path as ``cptkit STEP`` (errors come back as text)."""
+    """One slice, in a worker process or a Ray worker: the same code path as ``cptkit STEP`` (errors come back as text)."""
     from cptkit.core.config import compose_step
     from cptkit.steps import execute, step_module
 
@@ -142,18 +136,85 @@ class ClusterWatch(threading.Thread):
         self.stopped.set()
 
 
-def run_ray(step: str, overrides: list[str], cfg: Any, spec: ExecutorSpec) -> dict[str, Any]:
-    """Run ``step`` as waves of Ray tasks; returns the last member's result."""
+def _need_out(cfg: Any, kind: str) -> None:
+    if str(cfg.io.output) in ("-", "", "None"):
+        raise CptkitError(f"executor={kind} needs --out DIR (the members share one output directory)")
+
+
+def run_waves(decl: Step, overrides: list[str], cfg: Any, n: int, where: str,
+              launch: Callable[[int, list[list[str]]], list[dict[str, Any]]]) -> dict[str, Any]:
+    """Run ``decl``'s waves over ``n`` slices, ``launch(wave, members)`` running each wave's
+    members (their full overrides) at once; check the output is finished, print the summary, and
+    return the last member's result."""
+    plan = decl.plan(cfg, n)
+    t0, last = time.time(), {}
+    for w, members in enumerate(plan):
+        log.info("%s: wave %d/%d, %d members", where, w + 1, len(plan), len(members))
+        outcomes = launch(w, [overrides + ["quiet=true"] + m for m in members])
+        for m, o in zip(members, outcomes, strict=True):
+            if "error" in o:
+                raise CptkitError(f"{where} member {' '.join(m)}: {o['error']}")
+        last = outcomes[-1]["result"]
+    if not (Path(str(cfg.io.output)) / "_SUCCESS").exists() and "{" not in str(cfg.io.output):
+        raise CptkitError(f"{where}: every wave ran but {cfg.io.output} has no _SUCCESS")
+    rows: dict[str, Any] = {"executor": where, "members per wave": n, "waves": len(plan)}
+    manifest = Path(str(cfg.io.output)) / "_manifest.json"
+    if manifest.exists():
+        rows |= {k.replace("_", " "): v for k, v in json.loads(manifest.read_text())["counts"].items()}
+    rows["seconds"] = time.time() - t0
+    print_summary(f"cptkit {decl.name} on {where}", rows, bool(cfg.get("quiet", False)))
+    return last
+
+
+def run_executor(decl: Step, overrides: list[str], cfg: Any, spec: ExecutorSpec) -> dict[str, Any]:
+    """Run ``decl`` with ``spec``: local worker processes, Ray, or SLURM job arrays."""
+    setup_logging(bool(cfg.get("quiet", False)))
+    _need_out(cfg, spec.kind)
+    if spec.kind == "ray":
+        return run_ray(decl, overrides, cfg, spec)
+    if spec.kind == "slurm":
+        return submit_slurm(decl, overrides, cfg, spec)
+    n = spec.workers or 1
+
+    def launch(w: int, members: list[list[str]]) -> list[dict[str, Any]]:
+        got = dict(in_workers(n, range(len(members)), lambda k: _member(decl.name, members[k])))
+        return [got[k] for k in range(len(members))]
+
+    return run_waves(decl, overrides, cfg, n, "local", launch)
+
+
+def submit_slurm(decl: Step, overrides: list[str], cfg: Any, spec: ExecutorSpec) -> dict[str, Any]:
+    """Submit ``decl``'s waves as SLURM job arrays, each depending on the previous one
+    (``--dependency=afterok``); returns the job ids. Set sbatch's options (partition, time, ...)
+    by its ``SBATCH_*`` environment variables; the jobs run in this directory with this environment."""
+    if not spec.workers:
+        raise CptkitError("executor=slurm needs executor.workers=N: the slices of each job array")
+    n, ids = spec.workers, []
+    for w, members in enumerate(decl.plan(cfg, n)):
+        first, last = (int(m[0].partition("=")[2]) for m in (members[0], members[-1]))
+        words = [sys.executable, "-m", "cptkit", decl.name, *overrides, "quiet=true", *members[0][1:]]
+        cmd = f"{shlex.join(words)} shard.index=$SLURM_ARRAY_TASK_ID"
+        argv = ["sbatch", "--parsable", f"--array={first}-{last}", f"--job-name=cptkit-{decl.name}-{w + 1}"]
+        argv += [f"--dependency=afterok:{ids[-1]}"] if ids else []
+        try:
+            done = subprocess.run([*argv, "--wrap", cmd], capture_output=True, text=True, check=False)
+        except FileNotFoundError:
+            raise CptkitError("executor=slurm needs sbatch on PATH (a SLURM login node)") from None
+        if done.returncode != 0:
+            raise CptkitError(f"sbatch (wave {w + 1}) failed: {(done.stderr or done.stdout).strip()[:300]}")
+        ids.append(done.stdout.strip().split(";")[0])
+        log.info("slurm: wave %d submitted as job array %s (slices %d-%d)", w + 1, ids[-1], first, last)
+    print_summary(f"cptkit {decl.name} on slurm", {"executor": "slurm", "members per wave": n, "waves": len(ids),
+                                                    "jobs": " ".join(ids)}, bool(cfg.get("quiet", False)))
+    return {"jobs": ids}
+
+
+def run_ray(decl: Step, overrides: list[str], cfg: Any, spec: ExecutorSpec) -> dict[str, Any]:
+    """Run ``decl`` as waves of Ray tasks; returns the last member's result."""
     try:
-        import ray
+        import ray  # heavy, and optional: only for executor=ray
     except ImportError:
         raise CptkitError("executor=ray needs Ray: pip install 'ray>=2.9'") from None
-    from cptkit.core.progress import log, print_summary, setup_logging
-
-    setup_logging(bool(cfg.get("quiet", False)))
-
-    if str(cfg.io.output) in ("-", "", "None"):
-        raise CptkitError("executor=ray needs --out DIR (the members share one output directory)")
     address = spec.address or os.environ.get("RAY_ADDRESS")
     if address and address != "auto" and not address.startswith("ray://") and not answers(address):
         raise CptkitError(f"executor.address={address}: no Ray cluster answers there")
@@ -168,28 +229,15 @@ def run_ray(step: str, overrides: list[str], cfg: Any, spec: ExecutorSpec) -> di
     try:
         n = spec.workers or max(1, int(ray.cluster_resources().get("CPU", 1) // spec.num_cpus))
         remote = ray.remote(num_cpus=spec.num_cpus, max_retries=0)(_member)
-        plan = waves(step, cfg, n)
-        t0, last = time.time(), {}
-        for w, members in enumerate(plan):
-            log.info("ray: wave %d/%d, %d members", w + 1, len(plan), len(members))
+
+        def launch(w: int, members: list[list[str]]) -> list[dict[str, Any]]:
             try:
-                outcomes = ray.get([remote.remote(step, overrides + ["quiet=true"] + m) for m in members])
+                return ray.get([remote.remote(decl.name, m) for m in members])
             except ray.exceptions.RayError as e:  # a member's exception, a dead node or worker
                 cause = e.cause if getattr(e, "cause", None) is not None else e
                 raise CptkitError(f"ray wave {w + 1} on {watch.name}: {type(cause).__name__}: {str(cause).splitlines()[0]}") from None
-            for m, o in zip(members, outcomes, strict=True):
-                if "error" in o:
-                    raise CptkitError(f"ray member {' '.join(m)}: {o['error']}")
-            last = outcomes[-1]["result"]
-        if not (Path(str(cfg.io.output)) / "_SUCCESS").exists() and "{" not in str(cfg.io.output):
-            raise CptkitError(f"ray: every wave ran but {cfg.io.output} has no _SUCCESS")
-        rows: dict[str, Any] = {"executor": "ray", "members per wave": n, "waves": len(plan)}
-        manifest = Path(str(cfg.io.output)) / "_manifest.json"
-        if manifest.exists():
-            rows |= {k.replace("_", " "): v for k, v in json.loads(manifest.read_text())["counts"].items()}
-        rows["seconds"] = time.time() - t0
-        print_summary(f"cptkit {step} on ray", rows, bool(cfg.get("quiet", False)))
-        return last
+
+        return run_waves(decl, overrides, cfg, n, "ray", launch)
     finally:
         watch.stop()
         if started:

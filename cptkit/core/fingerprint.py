@@ -1,6 +1,8 @@
 """Content fingerprints of what a run reads: the sha256 of a file, or of every file under a
 directory (a model, a tokenizer, a stream), so that an input edited in place, even to the same
-size with its mtime restored, is seen as changed.
+size with its mtime restored, is seen as changed. With the config hash they make a run's
+identity (:func:`config_hash`, :func:`fingerprint`, :func:`input_changes`), which an output
+directory compares with its earlier run's (:mod:`cptkit.core.output`).
 
 Each file is hashed once: the digest is cached by absolute path with the file's inode, size,
 mtime and ctime (ctime changes on every write, even when mtime is set back), in
@@ -14,11 +16,13 @@ import hashlib
 import json
 import os
 import re
+import stat
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from cptkit.core.shards import open_new
+from cptkit.core.config import IOConfig
+from cptkit.core.shards import STDIO, InputFile, open_new
 
 CACHE_FILE = "hashes.json"
 BOOKKEEPING = frozenset({"_manifest.json", "_SUCCESS"})  # a cptkit output's run records (timings), not its data
@@ -154,3 +158,81 @@ def content_hash(path: str | Path) -> tuple[str, int] | None:
             h.update(f"{f.relative_to(p).as_posix()}\0{c.file_sha256(f)}\n".encode())
             total += f.stat().st_size
     return h.hexdigest(), total
+
+
+# -- what a run is: its config hash and the fingerprints of what it reads ----------------------
+
+IO_DEFAULTS = {"max_record_chars": IOConfig().max_record_chars, "oversize": IOConfig().oversize}
+
+
+def config_hash(cfg: dict) -> str:
+    """Hash of the config that determines the output (not I/O locations or verbosity)."""
+    keep = {k: v for k, v in cfg.items() if k not in ("io", "quiet", "overrides")}
+    keep["shard"] = {k: v for k, v in cfg.get("shard", {}).items() if k not in ("index", "count")}
+    io = cfg.get("io", {})
+    for key in ("max_record_chars", "oversize"):  # they change what is read
+        if key in io and io[key] != IO_DEFAULTS.get(key):
+            keep[f"io.{key}"] = io[key]
+    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def fingerprint(inp: InputFile) -> dict[str, Any]:
+    """What a task read from one input: absolute path, size, modification time (ns) and the
+    sha256 of its contents (cached: :func:`cache`)."""
+    if inp.path == STDIO:
+        return {"path": STDIO}
+    return fingerprint_path(inp.path, inp.real)
+
+
+def fingerprint_path(path: str | Path, real: str = "") -> dict[str, Any]:
+    """:func:`fingerprint` of any file or directory (a model, a tokenizer): a directory's size is
+    its files' bytes and its digest covers every file's name and contents. ``real``: the path
+    with its links resolved, when known."""
+    real = real or os.path.realpath(path)
+    try:
+        st = os.stat(real)
+        if stat.S_ISREG(st.st_mode):  # a file: one stat (inputs can be many small files)
+            return {"path": real, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                    "sha256": cache().file_sha256(Path(real))}
+        found = content_hash(real)
+    except OSError:
+        found = None
+    if found is None:
+        return {"path": real, "size": None, "mtime_ns": None}
+    sha, size = found
+    return {"path": real, "size": size, "mtime_ns": None, "sha256": sha}
+
+
+def same_read(old: dict, new: dict) -> bool:
+    """Whether two fingerprints of a path read the same bytes: by content when both have a digest
+    (an edit that keeps the size and restores the mtime is a change; a touch is not), else by size and mtime."""
+    if old.get("path") == STDIO or new.get("path") == STDIO:
+        return False
+    keys = ("size", "sha256") if "sha256" in old and "sha256" in new else ("size", "mtime_ns")
+    return all(old.get(k) == new.get(k) for k in keys)
+
+
+def short(path: str) -> str:
+    """``path`` relative to the working directory where it can be (for messages)."""
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return path
+
+
+def input_changes(old: list[dict], new: list[dict]) -> tuple[list[str], list[str]]:
+    """(why the input SET differs, which same-path files changed) between two fingerprint lists."""
+    o, n = {f["path"]: f for f in old}, {f["path"]: f for f in new}
+    set_diff = [f"{short(p)} is a new input" for p in n if p not in o]
+    set_diff += [f"{short(p)} is no longer an input" for p in o if p not in n]
+    changed = [p for p in n if p in o and not same_read(o[p], n[p])]
+    return set_diff, changed
+
+
+def describe_change(path: str, old: dict | None, new: dict) -> str:
+    """One phrase saying how the file at ``path`` changed since the fingerprint ``old``."""
+    if path == STDIO:
+        return "stdin (-) cannot be compared with what an earlier run read"
+    if old is not None and old.get("size") != new.get("size"):
+        return f"{short(path)} changed (size {old.get('size')} -> {new.get('size')} bytes)"
+    return f"{short(path)} changed (its contents differ from what the earlier run read)"

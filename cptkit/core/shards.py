@@ -486,6 +486,8 @@ class ShardWriter:
     Lines are gathered into chunks of ``CHUNK`` bytes, and each chunk is compressed and written
     by a background thread while the caller produces the next (zlib and zstd release the GIL):
     compression overlaps the step's own work. The bytes are those of writing line by line.
+    Known secrets are masked in every line (``mask=False``: run state that a masking writer copies
+    later); ``max_bytes=0``: one shard; ``zstd_level``: speed against size of ``zst`` shards.
     """
 
     CHUNK = 256 * 2**10
@@ -498,6 +500,8 @@ class ShardWriter:
         compression: str = "gz",
         max_bytes: int = 256 * 2**20,
         max_records: int = 0,
+        zstd_level: int = 3,
+        mask: bool = True,
     ):
         if compression not in ("gz", "zst", "none"):
             raise CptkitError(f"shard.compression must be gz, zst or none, got {compression!r}")
@@ -505,6 +509,7 @@ class ShardWriter:
         self.directory = Path(directory)
         self.prefix, self.compression = prefix, compression
         self.max_bytes, self.max_records = max_bytes, max_records
+        self.zstd_level, self.mask = zstd_level, mask
         self.files: list[str] = []
         self.records = 0
         self._fh: IO[bytes] | None = None
@@ -532,7 +537,7 @@ class ShardWriter:
         elif self.compression == "zst":
             import zstandard
 
-            self._fh = zstandard.ZstdCompressor(level=3).stream_writer(self._raw, closefd=False)  # type: ignore[assignment]
+            self._fh = zstandard.ZstdCompressor(level=self.zstd_level).stream_writer(self._raw, closefd=False)  # type: ignore[assignment]
         else:
             self._fh = self._raw
         self._bytes = self._in_shard = 0
@@ -578,7 +583,7 @@ class ShardWriter:
     def write_line(self, line: str) -> None:
         """Write a record serialised by :func:`cptkit.core.records.dumps` (no newline): the bytes
         of ``write`` of that record."""
-        data = (mask_known(line) + "\n").encode("utf-8")
+        data = ((mask_known(line) if self.mask else line) + "\n").encode("utf-8")
         self.records += 1
         if self.stdout:
             sys.stdout.buffer.write(data)

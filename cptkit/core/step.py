@@ -164,6 +164,33 @@ DATA = (IN, OUT, QUIET, SKIP_BAD, ALLOW_PARTIAL)  # the options of a step that m
 
 
 @dataclass(frozen=True)
+class Phase:
+    """One phase of a multi-phase step, run as a wave: every slice (``shard.index`` of
+    ``shard.count``) runs it with ``overrides`` added, and the next phase starts once all have
+    finished. ``leader``: slice 0 runs it first, alone (it computes what the others then reuse)."""
+
+    name: str
+    overrides: tuple[str, ...] = ()
+    leader: bool = False
+
+
+def waves(phases: list[Phase], n: int) -> list[list[list[str]]]:
+    """The members (their extra overrides) of each wave of ``phases`` over ``n`` slices, in order."""
+    def slices(extra: tuple[str, ...], indices: range) -> list[list[str]]:
+        return [[f"shard.index={i}", f"shard.count={n}", *extra] for i in indices]
+
+    plan = []
+    for ph in phases:
+        if ph.leader:
+            plan.append(slices(ph.overrides, range(1)))
+            if n > 1:
+                plan.append(slices(ph.overrides, range(1, n)))
+        else:
+            plan.append(slices(ph.overrides, range(n)))
+    return plan
+
+
+@dataclass(frozen=True)
 class Step:
     """A step as declared by :func:`step`: everything the CLI, Hydra and sweeps need. Calling it
     with a composed config runs it (the one code path of single runs, sweeps, arrays and Ray)."""
@@ -173,6 +200,11 @@ class Step:
     body: Callable[[Any, Run], Any]  # the work, on the typed config and the run's infrastructure
     options: tuple[Option, ...] = DATA  # command-line options (``--cfg`` and ``--help`` are added)
     order: float | None = None  # place in ``cptkit --help`` (None: after the ordered steps, by name)
+    phases: Callable[[Any], list[Phase]] | None = None  # the phases of a scaled-out run (None: one)
+
+    def plan(self, cfg: Any, n: int) -> list[list[list[str]]]:
+        """The waves of a run over ``n`` slices (its members' extra overrides), from the composed ``cfg``."""
+        return waves(self.phases(cfg) if self.phases is not None else [Phase(self.name)], n)
 
     def __call__(self, cfg: DictConfig) -> Any:
         """Fill ``--out``/``--in`` placeholders, convert the composed ``cfg`` once, run the body."""
@@ -188,21 +220,24 @@ class Step:
 STEPS: dict[str, Step] = {}  # filled as step modules are imported (cptkit.steps.step_module)
 
 
-def step(name: str, schema: type, options: tuple[Option, ...] = DATA,
-         order: float | None = None) -> Callable[[Callable[[Any, Run], Any]], Step]:
+def step(name: str, schema: type, options: tuple[Option, ...] = DATA, order: float | None = None,
+         phases: Callable[[Any], list[Phase]] | None = None) -> Callable[[Callable[[Any, Run], Any]], Step]:
     """Declare the decorated ``run(conf, ctx)`` as step ``name``: its config schema (registered for
     ``conf/<name>.yaml`` to extend) and its command-line options. The Typer command, its
     ``--help`` (the module docstring's first paragraph, then every config key), multiruns and
     the runner are generated from this one declaration. A name declared by two modules is an
     error at import. ``order`` places the command in ``cptkit --help`` (pipeline order; a literal
-    number, read from the source without importing the module: :func:`cptkit.steps.step_order`)."""
+    number, read from the source without importing the module: :func:`cptkit.steps.step_order`).
+    ``phases(cfg)``: a multi-phase step's :class:`Phase` list, which executors run as waves
+    (``executor.workers=N`` locally, ``executor=ray``, ``executor=slurm``); a plain run (one
+    process) runs its body once, and the body handles every phase it can."""
 
     def declare(body: Callable[[Any, Run], Any]) -> Step:
         old = STEPS.get(name)
         if old is not None and old.body.__module__ != body.__module__:
             raise CptkitError(f"step {name!r} is declared twice: in {old.body.__module__} and in {body.__module__}")
         register_step(name, schema)
-        STEPS[name] = Step(name, schema, body, tuple(options), order)
+        STEPS[name] = Step(name, schema, body, tuple(options), order, phases)
         return STEPS[name]
 
     return declare

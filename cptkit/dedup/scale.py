@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from cptkit.core.errors import CptkitError
-from cptkit.core.job import STATE_DIR, Job, Task
+from cptkit.core.job import Job, Task
+from cptkit.core.output import STATE_DIR
 from cptkit.core.progress import log
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json
 from cptkit.dedup import minhash as mh
@@ -245,7 +246,7 @@ class RedisBackend(Backend):
         self.batch: int = d.redis_batch
         ns = d.redis_namespace
         if ns is None:
-            h = hashlib.sha256(job.hash.encode())
+            h = hashlib.sha256(job.identity.encode())
             h.update(str(job.out.resolve()).encode())
             for f in job.inputs:
                 h.update(f"\0{Path(f.path).resolve()}\0{f.size}".encode())

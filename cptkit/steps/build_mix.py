@@ -22,7 +22,7 @@ from typing import Any
 
 from cptkit.core.config import JobConfig
 from cptkit.core.errors import CptkitError
-from cptkit.core.job import Hooks, Job, Task
+from cptkit.core.job import Hooks, Job, Task, TaskResult
 from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json, resolve_inputs
 from cptkit.core.step import step
@@ -146,10 +146,9 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
         stream = stream_info(s, conf.tokenizer, tok, dtype, stream_domains, plan, read)
         atomic_write_json(job.out / STREAM, stream)
         tmp_dir.rmdir()
-        res = job.results[task.name]
-        res.records_out = sum(sd["docs"] for sd in stream_domains)
-        res.files += [sd["file"] for sd in stream_domains] + ["plan.npy", STREAM, EVAL]
-        job.complete(task, seconds=time.time() - t0)
+        wrote = TaskResult(records_out=sum(sd["docs"] for sd in stream_domains),
+                           files=[sd["file"] for sd in stream_domains] + ["plan.npy", STREAM, EVAL])
+        job.complete(task, result=wrote, seconds=time.time() - t0)
         streamed.update({k: v for k, v in stream.items() if k != "domains"} | {"domains": stream_domains})
         result = job.finish(extra=summary(stream, read, files.tokenize_s, read_s))
         return result | {"stream": stream}

@@ -119,7 +119,7 @@ def run(conf: EvaluateContaminationJob, ctx: Run) -> dict:
                          items_hit={k: sorted(v) for k, v in items_hit.items()})
         results = job.all_results()
         extra: dict = {}
-        if len(results) == len(job.tasks) and not job.already_done:
+        if len(results) == len(job.tasks) and not job.is_finished:
             total = sum(r["extra"]["docs"] for r in results.values())
             dh = {k: sum(r["extra"]["docs_hit"].get(k, 0) for r in results.values()) for k in indexes}
             ih = {k: set().union(*(r["extra"]["items_hit"].get(k, []) for r in results.values())) for k in indexes}

@@ -191,7 +191,7 @@ def run(conf: ExpandQueriesJob, ctx: Run) -> dict[str, Any]:
                     w.write(rec)
             job.complete(t, w, seconds=time.time() - t0, **stats)
         done = job.all_results().get(task.name, {}).get("extra", {}) if not job.stdout else stats
-        if not job.stdout and done and not job.already_done:
+        if not job.stdout and done and not job.is_finished:
             atomic_write_json(job.out / "_expand_stats.json", done)
         job.finish(extra=summary_rows(done))
         return {"output": str(job.out), **done}

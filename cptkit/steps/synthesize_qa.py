@@ -185,7 +185,7 @@ def run(conf: SynthesizeQAJob, ctx: Run) -> dict[str, Any]:
             gen.close()
         results = job.all_results() if not job.stdout else {k: {"extra": v} for k, v in task_stats.items()}
         total = aggregate([r.get("extra", {}) for r in results.values()])
-        if not job.stdout and results and not job.already_done:
+        if not job.stdout and results and not job.is_finished:
             atomic_write_json(job.out / "_synth_stats.json", total)
         rows = summary_rows(total, gen.model_id if gen is not None else None)
         check_kept(total, sy.min_records)

@@ -78,11 +78,10 @@ def run(conf: TrainJob, ctx: Run) -> dict:
                  tcfg.velocitune.targets_file]  # the stream, the model, the tokenizer: they key the run
         data = {"data": stream_record(conf.io.inputs[0], stream.meta)}  # the model card shows the same
         job = Job(ctx, tasks=[Task(0, [], name="train")], needs_inputs=False, reads=reads,
-                  hooks=Hooks(manifest_extra=lambda: data))
-        job.hash = run_identity(job.config)
+                  hooks=Hooks(manifest_extra=lambda: data), identity=run_identity(ctx.record))
         extend = reopen_finished(out, ckdir, tcfg.max_steps, resume)
     with job if job is not None else nullcontext():
-        if job is not None:
-            job.already_done = job.already_done and not extend
+        if job is not None and extend:
+            job.reopen()
         torch.distributed.barrier()
         return train(RunSpec(conf, stream, proxy, resume, rank, world, out, job))

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from cptkit import __version__
-from cptkit.core.job import fingerprint_path
+from cptkit.core.fingerprint import fingerprint_path
 from cptkit.core.shards import atomic_write_bytes
 
 CARD = "README.md"

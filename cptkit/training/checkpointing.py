@@ -16,7 +16,7 @@ from cptkit.training.state import RunSpec, TrainState
 def run_identity(config: dict) -> str:
     """The hash that names a run in its output: its config without ``train.resume`` and ``train.max_steps``
     (a finished run can be extended to more steps: same run, longer)."""
-    from cptkit.core.job import config_hash
+    from cptkit.core.fingerprint import config_hash
 
     train = {k: v for k, v in config.get("train", {}).items() if k not in ("resume", "max_steps")}
     return config_hash({**config, "train": train})
@@ -27,7 +27,7 @@ def reopen_finished(out: Path, ckdir: Path, max_steps: int, resume: bool) -> boo
 
     Returns True when the run is to be extended: it resumes from its final checkpoint, and its
     ``_SUCCESS`` is removed once that checkpoint has loaded."""
-    from cptkit.core.job import MANIFEST, SUCCESS
+    from cptkit.core.output import MANIFEST, SUCCESS
     from cptkit.training.checkpoint import latest_tag, tag_step
 
     if not (out / SUCCESS).exists() or max_steps <= 0 or not (out / MANIFEST).exists():

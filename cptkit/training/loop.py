@@ -155,15 +155,14 @@ def train(spec: RunSpec) -> dict:
     from cptkit.core.job import TaskResult
 
     job = spec.job
-    if job is not None and job.already_done:
+    if job is not None and job.is_finished:
         return job.finish()
     trainer = Trainer(spec, prepare_checkpoints(spec))
     extra = trainer.run()
     torch.distributed.barrier()
     if job is not None:
-        job.results.setdefault(job.tasks[0].name, TaskResult()).files += [
-            "model", "metrics.jsonl", "weights.jsonl", "avg_weights.json"]
-        job.complete(job.tasks[0], seconds=trainer.state.elapsed)
+        files = ["model", "metrics.jsonl", "weights.jsonl", "avg_weights.json"]
+        job.complete(job.tasks[0], result=TaskResult(files=files), seconds=trainer.state.elapsed)
         return job.finish(extra=extra) | {"losses": trainer.losses}
     return {"losses": trainer.losses, **extra}
 

@@ -1,0 +1,483 @@
+"""A step's output directory: its lock, its identity, task markers, manifest, data card and ``_SUCCESS``.
+
+The output protocol (docs/records.md):
+
+* ``OUT/part-TTTTT-KKKK.jsonl.gz``: data shards; task ``T`` writes shards ``K = 0, 1, ...``.
+* ``OUT/.cptkit/done/TTTTT.json``: a task's completion marker (counts, files, seconds, and what the
+  task read: each input's path, size, mtime_ns and sha256); ``OUT/.cptkit/tasks.json`` keeps the
+  task groups of the output's first run.
+* ``OUT/.cptkit/inputs.json``: every input of the run and every other file it reads (models,
+  tokenizers), each with path, size, mtime_ns and sha256; ``OUT/.cptkit/config_hash``.
+* ``OUT/.cptkit/lock-IIIII-of-NNNNN``: the lock of the run writing slice ``I`` (pid, host).
+* ``OUT/_manifest.json``, ``OUT/README.md`` (a data card) and ``OUT/_SUCCESS``: written once
+  every task is done (:meth:`OutputDir.finish`).
+* Other ``OUT/_*`` files are a step's side outputs (removed ids, run files, indexes).
+
+:meth:`OutputDir.open` takes the lock and compares the run's identity (its config hash and the
+fingerprints of what it reads, :mod:`cptkit.core.fingerprint`) with the earlier run's: the same
+→ resume; another config or input set → refuse, naming what changed; a changed input of an
+unfinished output → the caller redoes what read it (:class:`Earlier`). If a run fails on bad
+input and created ``OUT`` (or found it empty), :meth:`OutputDir.close` empties it again.
+
+Nothing is written through a link: every file is written under a new temporary name
+(``O_EXCL|O_NOFOLLOW``) and renamed over its final name; opening an output removes the
+temporary files of writers that are gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cptkit import __version__
+from cptkit.core.errors import CptkitError
+from cptkit.core.fingerprint import (
+    describe_change,
+    fingerprint,
+    input_changes,
+    remove_dead_tmps,
+    same_read,
+)
+from cptkit.core.progress import log
+from cptkit.core.shards import STDIO, InputFile, atomic_write_bytes, atomic_write_json, open_new
+
+STATE_DIR = ".cptkit"
+SUCCESS = "_SUCCESS"
+MANIFEST = "_manifest.json"
+INPUTS = "inputs.json"
+TASKS = "tasks.json"
+CARD = "README.md"
+
+
+@dataclass
+class Task:
+    """A unit of resumable work: by default a group of consecutive input files (``shard.task_bytes``)."""
+
+    index: int
+    inputs: list[InputFile]
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or f"{self.index:05d}"
+
+
+@dataclass
+class TaskResult:
+    """What a task did, as its marker records it."""
+
+    records_in: int = 0
+    records_out: int = 0
+    bad: int = 0
+    files: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, other: TaskResult) -> None:
+        """Count ``other`` in too (its extra entries replace this one's)."""
+        self.records_in += other.records_in
+        self.records_out += other.records_out
+        self.bad += other.bad
+        self.files += other.files
+        self.extra.update(other.extra)
+
+
+@dataclass
+class Earlier:
+    """What :meth:`OutputDir.open` found of an earlier run of the same identity."""
+
+    changed: list[str] = field(default_factory=list)  # paths of inputs whose contents changed (unfinished output)
+    why: str = ""  # how the first of them changed
+    layout: list[list[str]] | None = None  # the input paths of each task of the output's first run
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class OutputLock:
+    """``OUT/.cptkit/lock-IIIII-of-NNNNN``: one writer per output slice (pid and host inside).
+
+    Created atomically (a hard link of a complete temporary file). A lock whose process is dead
+    on this host is stale and taken over; a live one makes the second run wait (``wait_s``) or
+    refuse naming the holder. Runs with another ``shard.count`` conflict with every slice."""
+
+    def __init__(self, out: Path, index: int, count: int, wait_s: float = 0.0):
+        self.out, self.index, self.count, self.wait_s = out, index, count, wait_s
+        self.dir = out / STATE_DIR
+        self.path = self.dir / f"lock-{index:05d}-of-{count:05d}"
+        self.host = socket.gethostname()
+        self.held = False
+
+    def _read(self, path: Path) -> dict | None:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _stale(self, info: dict) -> bool:
+        return info.get("host") == self.host and (info.get("pid") == os.getpid() or not _alive(int(info.get("pid", 0))))
+
+    def _holder(self) -> dict | None:
+        """The live holder blocking us, or None once the lock is ours."""
+        for other in self.dir.glob("lock-*"):
+            if other == self.path or other.name.endswith(".tmp"):
+                continue
+            info = self._read(other)
+            if info is None:
+                continue
+            if self._stale(info):
+                other.unlink(missing_ok=True)
+            elif int(info.get("count", 0)) != self.count:
+                return info
+        me = {"pid": os.getpid(), "host": self.host, "started": time.time(), "index": self.index,
+              "count": self.count}
+        tmp = self.dir / f".{self.path.name}.{self.host}.{os.getpid()}.tmp"
+        with open_new(tmp) as f:
+            f.write(json.dumps(me).encode())
+        try:
+            for _ in range(3):
+                try:
+                    os.link(tmp, self.path)
+                    self.held = True
+                    return None
+                except FileExistsError:
+                    info = self._read(self.path)
+                    if info is None:  # being written this instant: let the writer finish
+                        time.sleep(0.05)
+                        info = self._read(self.path)
+                    if info is not None and not self._stale(info):
+                        return info
+                    self.path.unlink(missing_ok=True)  # stale: its process is gone
+            return self._read(self.path) or {"pid": "?", "host": "?"}
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def acquire(self) -> None:
+        deadline = time.monotonic() + self.wait_s
+        announced = False
+        while True:
+            holder = self._holder()
+            if holder is None:
+                return
+            if time.monotonic() >= deadline:
+                since = time.strftime("%H:%M:%S", time.localtime(float(holder.get("started", 0))))
+                raise CptkitError(f"{self.out}: another cptkit run is writing this output (pid {holder.get('pid')} "
+                                  f"on {holder.get('host')}, since {since}); wait for it to end, or pass "
+                                  "io.lock_wait_s=SECONDS to wait")
+            if not announced:
+                log.warning("%s: waiting for pid %s on %s to release the output", self.out, holder.get("pid"),
+                            holder.get("host"))
+                announced = True
+            time.sleep(min(0.2, max(deadline - time.monotonic(), 0.01)))
+
+    def holders(self) -> set[int]:
+        """The pids of the processes holding a lock of this output (on any host): its live writers."""
+        pids = set()
+        for p in self.dir.glob("lock-*"):
+            info = self._read(p)
+            if info is not None and str(info.get("pid", "")).isdigit():
+                pids.add(int(info["pid"]))
+        return pids
+
+    def release(self) -> None:
+        if self.held:
+            info = self._read(self.path)
+            if info is not None and info.get("pid") == os.getpid() and info.get("host") == self.host:
+                self.path.unlink(missing_ok=True)
+            self.held = False
+
+
+class OutputDir:
+    """The output of one run (``-``: stdout, which keeps no state). ``identity``: the config hash
+    that names what the output holds (:func:`cptkit.core.fingerprint.config_hash` of the recorded
+    config, or a step's own, e.g. a training run's without ``train.max_steps``).
+
+    Verbs: :meth:`open` (lock, compare identities), :meth:`reopen` (extend a finished output),
+    :meth:`is_complete` / :meth:`complete` (task markers), :meth:`results`, :meth:`finish`
+    (manifest, data card, ``_SUCCESS``) and :meth:`close`."""
+
+    def __init__(self, path: Any, *, step: str, config: dict, identity: str, index: int = 0, count: int = 1,
+                 overwrite: bool = False, lock_wait_s: float = 0.0):
+        if path is None:
+            raise CptkitError("no output given: pass --out PATH (a directory, or - for stdout)")
+        self.stdout = str(path) == STDIO
+        self.path = Path(str(path))
+        self.step, self.config, self.identity = step, config, identity
+        self.index, self.count = index, count
+        if not 0 <= index < count:
+            raise CptkitError(f"shard.index={index} must be in [0, shard.count={count})")
+        self.overwrite, self.lock_wait_s = overwrite, lock_wait_s
+        self.created = False  # this run made OUT (or found it empty): bad input empties it again
+        self._made_dir = False
+        self.finished = False  # a finished output of the same identity: nothing to do (see reopen)
+        self.lock: OutputLock | None = None
+        self._fp_of: dict[str, dict] = {}  # each input's fingerprint as this run found it, by its path
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether :meth:`open` found the output finished (same identity and inputs): nothing to do."""
+        return self.finished
+
+    def fp(self, inp: InputFile) -> dict:
+        """:func:`fingerprint` of an input, taken once per run (markers record what the run started from)."""
+        if inp.path not in self._fp_of:
+            self._fp_of[inp.path] = fingerprint(inp)
+        return self._fp_of[inp.path]
+
+    def state(self) -> Path:
+        return self.path / STATE_DIR
+
+    # -- opening ---------------------------------------------------------------------------
+    def open(self, fingerprints: list[dict]) -> Earlier:
+        """Make or check OUT, take this slice's lock, remove dead writers' temporary files, start
+        over with ``io.overwrite``, and compare ``fingerprints`` and the identity with the earlier
+        run's (refusing another config or input set, or a finished output whose inputs changed)."""
+        out, state = self.path, self.state()
+        if out.exists() and not out.is_dir():
+            raise CptkitError(f"--out {out}: is an existing file, not a directory; pass a directory (or - for stdout)")
+        try:
+            out.mkdir(parents=True)
+            self.created = self._made_dir = True
+        except FileExistsError:
+            if not state.exists() and not (out / SUCCESS).exists():
+                if any(out.iterdir()):
+                    raise CptkitError(f"{out}: exists and is not a cptkit output; refusing to write into it "
+                                      "(pass another --out)") from None
+                self.created = True  # an empty directory: ours to fill
+        _real_dir(state)
+        self.lock = OutputLock(out, self.index, self.count, self.lock_wait_s)
+        self.lock.acquire()
+        self.remove_dead_tmps()
+        if self.overwrite and self.count > 1 and not self.created:
+            raise CptkitError("io.overwrite=true with shard.count > 1 would delete the other slices' work: "
+                              f"delete {out} once before starting the array")
+        if self.overwrite and not self.created:
+            log.info("%s: io.overwrite=true: starting over", out)
+            self.clear()
+        return self._compare(fingerprints)
+
+    def _old_identity(self) -> tuple[str | None, list[dict] | None]:
+        state = self.state()
+        hash_file, inputs_file = state / "config_hash", state / INPUTS
+        old_hash = hash_file.read_text() if hash_file.exists() else None
+        try:
+            old_fps = json.loads(inputs_file.read_text()) if inputs_file.exists() else None
+        except ValueError:  # unreadable run state: nothing to compare with, the markers still are
+            old_fps = None
+        if self.finished and old_hash is None and (self.path / MANIFEST).exists():
+            old_hash = json.loads((self.path / MANIFEST).read_text()).get("config_hash")
+        return old_hash, old_fps
+
+    def _compare(self, fps: list[dict]) -> Earlier:
+        """Compare the config and the inputs with those of the output's earlier run (if any)."""
+        out = self.path
+        self.finished = is_finished(out)
+        old_hash, old_fps = self._old_identity()
+        what = "a finished output" if self.finished else "an unfinished run"
+        if old_hash is not None and old_hash != self.identity:
+            raise CptkitError(f"{out}: holds {what} of another config; pass io.overwrite=true to start over, "
+                              "or choose another --out")
+        self._fps, self._old_fps = fps, old_fps
+        earlier = Earlier()
+        if old_fps is None:
+            return earlier
+        set_diff, changed = input_changes(old_fps, fps)
+        if set_diff:
+            raise CptkitError(f"{out}: holds {what} of another input set ({set_diff[0]}); "
+                              "pass io.overwrite=true to start over, or choose another --out")
+        earlier.layout = self._layout()
+        if changed:
+            old_by = {f["path"]: f for f in old_fps}
+            earlier.changed = changed
+            earlier.why = describe_change(changed[0], old_by.get(changed[0]), {f["path"]: f for f in fps}[changed[0]])
+            if self.finished:
+                raise CptkitError(f"{out}: is a finished output of inputs that changed since ({earlier.why}); "
+                                  "pass io.overwrite=true to redo it, or choose another --out")
+        return earlier
+
+    def _layout(self) -> list[list[str]] | None:
+        try:
+            groups = json.loads((self.state() / TASKS).read_text())
+        except (OSError, ValueError):
+            return None
+        ok = isinstance(groups, list) and all(isinstance(g, list) and g for g in groups)
+        return groups if ok else None
+
+    def start(self, layout: list[list[str]] | None = None) -> None:
+        """Record the run's identity (once: array members read it concurrently), its fingerprints
+        and, given, its task ``layout`` (``tasks.json``); a finished output is left as it is."""
+        state = self.state()
+        if self.finished:
+            log.info("%s: already complete (same config and inputs): nothing to do", self.path)
+        else:
+            hash_file, inputs_file = state / "config_hash", state / INPUTS
+            if not hash_file.exists():  # never rewritten in place: array members read it concurrently
+                atomic_write_bytes(hash_file, self.identity.encode())
+            if self._old_fps != self._fps or not inputs_file.exists():
+                atomic_write_json(inputs_file, self._fps, indent=None)
+            if layout is not None:
+                atomic_write_json(state / TASKS, layout, indent=None)
+        _real_dir(state / "done")
+
+    def reopen(self) -> None:
+        """A finished output is to be extended (a training run given more steps): its work runs
+        again and :meth:`finish` writes it anew (the step removes ``_SUCCESS`` once it may)."""
+        self.finished = False
+
+    # -- clearing and closing --------------------------------------------------------------
+    def remove_dead_tmps(self, gone: int | None = None) -> None:
+        """Remove the temporary files (``.NAME.tmp-PID``) in OUT and OUT/.cptkit of writers that are
+        gone: PID holds no lock of this output (every live writer does, and its forked workers name
+        it); ``gone``: a pid to count as gone too (this process, failing)."""
+        def live() -> set[int]:
+            return (self.lock.holders() if self.lock is not None else set()) - {gone}
+
+        remove_dead_tmps(self.path, ".*.tmp-*", live=live)
+        remove_dead_tmps(self.state(), "**/.*.tmp-*", live=live)
+
+    def clear(self) -> None:
+        """Empty OUT, keeping the directory and the live locks in ``.cptkit``."""
+        if not self.path.is_dir():
+            return
+        for p in self.path.iterdir():
+            if p.name == STATE_DIR:
+                for q in p.iterdir():
+                    if not q.name.startswith("lock-"):
+                        shutil.rmtree(q) if q.is_dir() and not q.is_symlink() else q.unlink(missing_ok=True)
+            elif p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+
+    def forget(self, task: Task) -> None:
+        """Drop a task's marker and shards: it runs again."""
+        self.marker(task).unlink(missing_ok=True)
+        for stale in self.path.glob(f"*-{task.name}-*"):
+            if stale.is_file() and not stale.name.startswith(("_", ".")):
+                stale.unlink()
+
+    def close(self, exc_type: type[BaseException] | None) -> None:
+        """Release the lock; a run that failed leaves no temporary files, and one that failed on bad
+        input (a :class:`CptkitError`) in an output it created leaves it as it found it."""
+        try:
+            if exc_type is None or self.stdout:
+                return
+            self.remove_dead_tmps(gone=os.getpid())
+            if issubclass(exc_type, CptkitError) and self.created and self.count == 1:
+                self.release()
+                if self._made_dir:
+                    shutil.rmtree(self.path, ignore_errors=True)
+                else:  # it was empty: leave it empty
+                    self.clear()
+                    shutil.rmtree(self.state(), ignore_errors=True)
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+    # -- task markers ----------------------------------------------------------------------
+    def marker(self, task: Task) -> Path:
+        return self.state() / "done" / f"{task.name}.json"
+
+    def is_complete(self, task: Task) -> bool:
+        """Whether ``task`` has a marker of a run that read what this run reads."""
+        if self.stdout or not self.marker(task).exists():
+            return False
+        try:
+            read = json.loads(self.marker(task).read_text()).get("read")
+        except ValueError:
+            return False
+        if read is None:
+            return True
+        now = [self.fp(f) for f in task.inputs]
+        return len(read) == len(now) and all(o.get("path") == n["path"] and same_read(o, n)
+                                              for o, n in zip(read, now, strict=True))
+
+    def complete(self, task: Task, result: TaskResult) -> None:
+        """Write ``task``'s marker: ``result`` and what the task read (nothing to stdout)."""
+        if self.stdout:
+            return
+        atomic_write_json(self.marker(task), {"task": task.name, "inputs": [f.path for f in task.inputs],
+                                              "read": [self.fp(f) for f in task.inputs],
+                                              "config_hash": self.identity, **result.__dict__}, indent=None)
+
+    def results(self) -> dict[str, dict]:
+        """Every task marker of the output (this run's, earlier runs' and other slices'), by task name."""
+        done = {}
+        for p in sorted((self.state() / "done").glob("*.json")):
+            done[p.stem] = json.loads(p.read_text())
+        return done
+
+    def done_count(self) -> int | None:
+        """How many task markers the output holds (None: it keeps none)."""
+        if self.stdout or not (self.state() / "done").is_dir():
+            return None
+        return len(list((self.state() / "done").glob("*.json")))
+
+    # -- the end ---------------------------------------------------------------------------
+    def manifest(self) -> dict[str, Any]:
+        """The finished output's ``_manifest.json``."""
+        return json.loads((self.path / MANIFEST).read_text())
+
+    def finish(self, inputs: list[InputFile], results: dict[str, dict], counts: dict[str, int], extra: dict,
+               started: float, seconds: float, manifest_extra: Callable[[], dict[str, Any]] | None = None) -> None:
+        """Write ``_manifest.json``, the data card and, last of all, ``_SUCCESS``."""
+        files = sorted(f for r in results.values() for f in r["files"])
+        manifest = {
+            "step": self.step,
+            "version": __version__,
+            "config": self.config,
+            "config_hash": self.identity,
+            "inputs": [{"path": f.path, "size": f.size} for f in inputs],
+            "counts": counts,
+            "files": files,
+            "extra": extra,
+            "timings": {"started": started, "finished": time.time(), "seconds_last_run": seconds,
+                        "seconds_tasks": {k: r.get("extra", {}).get("seconds") for k, r in results.items()}},
+        }
+        if manifest_extra is not None:
+            manifest |= manifest_extra()
+        atomic_write_json(self.path / MANIFEST, manifest)
+        write_card(self.path, self.step, files)
+        atomic_write_bytes(self.path / SUCCESS, b"")  # last; never through a link planted there
+
+
+def is_finished(out: Path) -> bool:
+    """Whether ``out`` is a finished output: its ``_SUCCESS`` is a file (a link is never one cptkit wrote)."""
+    return (out / SUCCESS).is_file() and not (out / SUCCESS).is_symlink()
+
+
+def _real_dir(path: Path) -> None:
+    """Make the directory ``path`` (run state) unless it exists; a link there is refused, never written through."""
+    if path.is_symlink():
+        raise CptkitError(f"{path}: is a symbolic link; cptkit writes its run state only into a real directory "
+                          "(remove the link, or choose another --out)")
+    path.mkdir(exist_ok=True)
+
+
+def write_card(out: Path, step: str, files: list[str]) -> None:
+    """``OUT/README.md``: a data card whose ``configs: data_files`` makes
+    ``datasets.load_dataset(OUT)`` load the data shards (and nothing else) as the train split."""
+    suffixes = sorted({f[f.index("."):] for f in files if f.startswith("part-") and "." in f})
+    if not suffixes:
+        return
+    patterns = "".join(f"          - \"part-*{s}\"\n" for s in suffixes)
+    card = ("---\nconfigs:\n  - config_name: default\n    data_files:\n      - split: train\n        path:\n"
+            f"{patterns}---\n\n# cptkit {step} output\n\nJSON Lines records (`id`, `text`, ...) in `part-*` shards; "
+            "`_manifest.json` holds the config, inputs and counts (docs/records.md).\n\n"
+            "```python\nimport datasets\nds = datasets.load_dataset(\"path/to/this/dir\", split=\"train\")\n```\n")
+    atomic_write_bytes(out / CARD, card.encode())
