@@ -2,7 +2,7 @@
 
 A step's command maps its declared options onto config keys (:class:`cptkit.core.step.Option`),
 composes ``conf/<step>.yaml`` with the trailing Hydra overrides (``key=value``, ``+key=value``)
-and runs the step (:func:`cptkit.steps.execute`). With ``-m`` the same step runs under
+and runs the step (:func:`cptkit.core.discovery.execute`). With ``-m`` the same step runs under
 ``@hydra.main`` as a multirun (sweeps, SLURM).
 """
 
@@ -17,8 +17,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from typer.core import TyperCommand, TyperGroup
 
-from cptkit.core.errors import CptkitError
-from cptkit.steps import execute, ordered, step_help, step_module, step_names
+from cptkit import __version__
+from cptkit.core.errors import CptkitError, print_error
+from cptkit.core.discovery import declaration, execute, ordered, step_help, step_module, step_names
 
 __all__ = ["app", "execute", "main", "step_module"]
 
@@ -29,7 +30,7 @@ class StepCommand(TyperCommand):
 
     def format_epilog(self, ctx: Any, formatter: Any) -> None:
         super().format_epilog(ctx, formatter)
-        from cptkit.core.help import config_help
+        from cptkit.core.help import config_help  # deferred: hydra, omegaconf (not for `cptkit --help`)
 
         formatter.write("\n" + config_help(self.name))
 
@@ -84,8 +85,6 @@ def step_command(name: str) -> Any:
     """The command of step ``name``, generated from its declaration (:func:`cptkit.core.step.step`):
     each declared option sets its config key, ``--cfg`` prints the config, trailing words are
     Hydra overrides."""
-    from cptkit.steps import declaration
-
     decl = declaration(name)
     kw = inspect.Parameter.KEYWORD_ONLY
     params = [inspect.Parameter("ctx", kw, annotation=typer.Context)]
@@ -119,15 +118,15 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
     unknown = [a for a in extra if a.startswith("--") and "=" not in a]
     if unknown:
         raise CptkitError(f"unknown option {unknown[0]} for 'cptkit {step}' (see cptkit {step} --help)")
-    from cptkit.core.executor import split_executor_args
+    from cptkit.core.executor import split_executor_args  # deferred: hydra (not for `cptkit --help`)
 
     executor, extra = split_executor_args(extra)
     if "-m" in extra or "--multirun" in extra:
-        from cptkit.core.sweep import multirun
+        from cptkit.core.sweep import multirun  # deferred: hydra
 
         multirun(step, overrides + [a for a in extra if a not in ("-m", "--multirun")])
         return
-    from cptkit.core.config import compose_step
+    from cptkit.core.config import compose_step  # deferred: hydra
 
     if info:
         sys.stdout.write(hydra_info(step, overrides + extra))
@@ -137,7 +136,7 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
         return
     cfg = compose_step(step, overrides + extra)
     if executor.kind == "ray":
-        from cptkit.core.executor import run_ray
+        from cptkit.core.executor import run_ray  # deferred: hydra
 
         run_ray(step, overrides + extra, cfg, executor)
         return
@@ -146,7 +145,7 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
 
 def show_config(step: str, overrides: list[str], which: str, resolve: bool) -> str:
     """``--cfg job|hydra|all`` as YAML, secrets redacted (``--resolve``: interpolations resolved)."""
-    from cptkit.core.config import compose_step
+    from cptkit.core.config import compose_step  # deferred: hydra (these two: not for `cptkit --help`)
     from cptkit.core.redact import redact
 
     if which not in ("job", "hydra", "all"):
@@ -167,7 +166,7 @@ def show_config(step: str, overrides: list[str], which: str, resolve: bool) -> s
 
 def hydra_info(step: str, overrides: list[str]) -> str:
     """``--info``: where the config comes from (search path, defaults list, overrides)."""
-    from cptkit.core.config import CONF_DIR, compose_step
+    from cptkit.core.config import CONF_DIR, compose_step  # deferred: hydra (these two: not for `cptkit --help`)
     from cptkit.core.redact import redact_text
 
     cfg = compose_step(step, overrides, hydra_node=True, resolve=False)
@@ -186,8 +185,6 @@ def hydra_info(step: str, overrides: list[str]) -> str:
 
 def _print_version(value: bool) -> None:
     if value:
-        from cptkit import __version__
-
         typer.echo(f"cptkit {__version__}")
         raise typer.Exit()
 
@@ -210,6 +207,7 @@ def evaluate_compare(
     import json
     from pathlib import Path
 
+    # deferred: json and the shard writer, only for this command (not for `cptkit --help`)
     from cptkit.core.shards import atomic_write_bytes
     from cptkit.eval.compare import compare_table, load_results, print_compare, to_markdown
 
@@ -220,7 +218,7 @@ def evaluate_compare(
     header, rows = compare_table(loaded, metric)
     print_compare(header, rows)
     if curves:
-        from cptkit.training.metrics import overlay_curves, run_dir_of
+        from cptkit.training.metrics import overlay_curves, run_dir_of  # deferred: only for --curves
 
         dirs = {n: d for n, r in loaded.items() if (d := run_dir_of(r)) is not None}
         if not dirs:
@@ -242,8 +240,6 @@ def main() -> None:
     try:
         app()
     except CptkitError as e:
-        from cptkit.core.errors import print_error
-
         print_error(e)
         sys.exit(e.exit_code)
     except SystemExit as e:
@@ -255,7 +251,7 @@ def main() -> None:
     except Exception:  # a crash: its traceback, secrets masked (a message may quote a header or a URL)
         import traceback
 
-        from cptkit.core.redact import redact_text
+        from cptkit.core.redact import redact_text  # deferred: logging (not for `cptkit --help`)
 
         sys.stderr.write(redact_text(traceback.format_exc()))
         sys.exit(1)
@@ -263,7 +259,7 @@ def main() -> None:
 
 def _interrupted() -> int:
     """Say what an interrupted run kept; its exit status (130 for Ctrl-C, 143 for SIGTERM)."""
-    from cptkit.core.job import interrupted_exit_code, interrupted_message
+    from cptkit.core.job import interrupted_exit_code, interrupted_message  # deferred: hydra, rich
     from cptkit.core.progress import console
 
     console.print(interrupted_message(), soft_wrap=True, markup=False, highlight=False)

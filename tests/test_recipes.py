@@ -273,7 +273,7 @@ def test_epochs_base_mix_in_build_mix(corpus_dir, tok, tmp_path):
 def test_sweeps_reproduce_the_papers_numbers():
     import yaml
 
-    from cptkit.cli import step_module
+    from cptkit.core.discovery import step_module
     from cptkit.core.config import CONF_DIR
 
     step_module("build-mix"), step_module("train")  # register the steps' config schemas

@@ -19,7 +19,7 @@ from cptkit.core.config import compose_step, to_dict
 from cptkit.core.job import Job, config_hash
 from cptkit.core.redact import redact
 from cptkit.core.run import Run
-from cptkit.steps import execute, step_module
+from cptkit.core.discovery import execute, step_module
 
 STEPS_DIR = Path(__file__).resolve().parent.parent / "cptkit" / "steps"
 

@@ -32,8 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cptkit.core.config import compose_step
+from cptkit.core.discovery import execute, step_module
 from cptkit.core.errors import CptkitError, print_error
 from cptkit.core.net import reachable
+from cptkit.core.progress import log, print_summary, setup_logging
 
 KEYS = ("workers", "address", "num_cpus")
 GCS_GRACE = 10.0  # seconds a cluster's control store may stay unreachable before the run fails
@@ -98,9 +101,6 @@ def waves(step: str, cfg: Any, n: int) -> list[list[list[str]]]:
 
 def _member(step: str, overrides: list[str]) -> dict[str, Any]:
     """One slice, in a Ray worker: the same code path as ``cptkit STEP`` (errors come back as text)."""
-    from cptkit.core.config import compose_step
-    from cptkit.steps import execute, step_module
-
     step_module(step)
     try:
         result = execute(step, compose_step(step, overrides))
@@ -148,8 +148,6 @@ def run_ray(step: str, overrides: list[str], cfg: Any, spec: ExecutorSpec) -> di
         import ray
     except ImportError:
         raise CptkitError("executor=ray needs Ray: pip install 'ray>=2.9'") from None
-    from cptkit.core.progress import log, print_summary, setup_logging
-
     setup_logging(bool(cfg.get("quiet", False)))
 
     if str(cfg.io.output) in ("-", "", "None"):
