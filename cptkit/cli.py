@@ -18,8 +18,8 @@ from omegaconf.errors import OmegaConfBaseException
 from typer.core import TyperCommand, TyperGroup
 
 from cptkit import __version__
-from cptkit.core.errors import CptkitError, print_error
 from cptkit.core.discovery import declaration, execute, ordered, step_help, step_module, step_names
+from cptkit.core.errors import CptkitError, print_error
 
 __all__ = ["app", "execute", "main", "step_module"]
 
@@ -30,7 +30,8 @@ class StepCommand(TyperCommand):
 
     def format_epilog(self, ctx: Any, formatter: Any) -> None:
         super().format_epilog(ctx, formatter)
-        from cptkit.core.help import config_help  # deferred: hydra, omegaconf (not for `cptkit --help`)
+        # deferred: hydra, omegaconf (not for `cptkit --help`)
+        from cptkit.core.help import config_help
 
         formatter.write("\n" + config_help(self.name))
 
@@ -118,15 +119,18 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
     unknown = [a for a in extra if a.startswith("--") and "=" not in a]
     if unknown:
         raise CptkitError(f"unknown option {unknown[0]} for 'cptkit {step}' (see cptkit {step} --help)")
-    from cptkit.core.executor import split_executor_args  # deferred: hydra (not for `cptkit --help`)
+    # deferred: hydra (not for `cptkit --help`)
+    from cptkit.core.executor import split_executor_args
 
     executor, extra = split_executor_args(extra)
     if "-m" in extra or "--multirun" in extra:
-        from cptkit.core.sweep import multirun  # deferred: hydra
+        # deferred: hydra
+        from cptkit.core.sweep import multirun
 
         multirun(step, overrides + [a for a in extra if a not in ("-m", "--multirun")])
         return
-    from cptkit.core.config import compose_step  # deferred: hydra
+    # deferred: hydra
+    from cptkit.core.config import compose_step
 
     if info:
         sys.stdout.write(hydra_info(step, overrides + extra))
@@ -136,7 +140,8 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
         return
     cfg = compose_step(step, overrides + extra)
     if executor.kind == "ray":
-        from cptkit.core.executor import run_ray  # deferred: hydra
+        # deferred: hydra
+        from cptkit.core.executor import run_ray
 
         run_ray(step, overrides + extra, cfg, executor)
         return
@@ -145,7 +150,8 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
 
 def show_config(step: str, overrides: list[str], which: str, resolve: bool) -> str:
     """``--cfg job|hydra|all`` as YAML, secrets redacted (``--resolve``: interpolations resolved)."""
-    from cptkit.core.config import compose_step  # deferred: hydra (these two: not for `cptkit --help`)
+    # deferred: hydra (these two: not for `cptkit --help`)
+    from cptkit.core.config import compose_step
     from cptkit.core.redact import redact
 
     if which not in ("job", "hydra", "all"):
@@ -166,7 +172,8 @@ def show_config(step: str, overrides: list[str], which: str, resolve: bool) -> s
 
 def hydra_info(step: str, overrides: list[str]) -> str:
     """``--info``: where the config comes from (search path, defaults list, overrides)."""
-    from cptkit.core.config import CONF_DIR, compose_step  # deferred: hydra (these two: not for `cptkit --help`)
+    # deferred: hydra (these two: not for `cptkit --help`)
+    from cptkit.core.config import CONF_DIR, compose_step
     from cptkit.core.redact import redact_text
 
     cfg = compose_step(step, overrides, hydra_node=True, resolve=False)
@@ -218,7 +225,8 @@ def evaluate_compare(
     header, rows = compare_table(loaded, metric)
     print_compare(header, rows)
     if curves:
-        from cptkit.training.metrics import overlay_curves, run_dir_of  # deferred: only for --curves
+        # deferred: only for --curves
+        from cptkit.training.metrics import overlay_curves, run_dir_of
 
         dirs = {n: d for n, r in loaded.items() if (d := run_dir_of(r)) is not None}
         if not dirs:
@@ -251,7 +259,8 @@ def main() -> None:
     except Exception:  # a crash: its traceback, secrets masked (a message may quote a header or a URL)
         import traceback
 
-        from cptkit.core.redact import redact_text  # deferred: logging (not for `cptkit --help`)
+        # deferred: logging (not for `cptkit --help`)
+        from cptkit.core.redact import redact_text
 
         sys.stderr.write(redact_text(traceback.format_exc()))
         sys.exit(1)
@@ -259,7 +268,8 @@ def main() -> None:
 
 def _interrupted() -> int:
     """Say what an interrupted run kept; its exit status (130 for Ctrl-C, 143 for SIGTERM)."""
-    from cptkit.core.job import interrupted_exit_code, interrupted_message  # deferred: hydra, rich
+    # deferred: hydra, rich
+    from cptkit.core.job import interrupted_exit_code, interrupted_message
     from cptkit.core.progress import console
 
     console.print(interrupted_message(), soft_wrap=True, markup=False, highlight=False)

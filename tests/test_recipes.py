@@ -273,8 +273,8 @@ def test_epochs_base_mix_in_build_mix(corpus_dir, tok, tmp_path):
 def test_sweeps_reproduce_the_papers_numbers():
     import yaml
 
-    from cptkit.core.discovery import step_module
     from cptkit.core.config import CONF_DIR
+    from cptkit.core.discovery import step_module
 
     step_module("build-mix"), step_module("train")  # register the steps' config schemas
 

@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 import cptkit.steps
 from cptkit.cli import app
 from cptkit.core.config import compose_step, schema_of
+from cptkit.core.discovery import declaration, step_help, step_module, step_names
 from cptkit.core.run import Run
 from cptkit.core.step import STEPS, MapStep, map_batches
-from cptkit.core.discovery import declaration, step_help, step_module, step_names
 
 
 def test_map_batches_cuts_batches_of_the_given_size_and_a_shorter_last_one():

@@ -88,7 +88,8 @@ def step_module(step: str) -> ModuleType:
 
 def declaration(step: str) -> Step:
     """The :class:`cptkit.core.step.Step` that the module of ``step`` declares."""
-    from cptkit.core.step import STEPS  # deferred: hydra and omegaconf, which `cptkit --help` does without
+    # deferred: hydra and omegaconf, which `cptkit --help` does without
+    from cptkit.core.step import STEPS
 
     step_module(step)
     decl = STEPS.find(step)

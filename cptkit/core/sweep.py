@@ -16,7 +16,14 @@ import hydra
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.core.config import CONF_DIR, compose_step, config_group, finalize, primary_config, schema_of
+from cptkit.core.config import (
+    CONF_DIR,
+    compose_step,
+    config_group,
+    finalize,
+    primary_config,
+    schema_of,
+)
 from cptkit.core.discovery import execute
 from cptkit.core.errors import CptkitError
 from cptkit.core.redact import install_log_redaction, redact_text
