@@ -62,7 +62,6 @@ from cptkit.core.shards import (
     group_inputs,
     open_new,
     read_records,
-    resolve_inputs,
 )
 
 STATE_DIR = ".cptkit"
@@ -364,7 +363,7 @@ class Job:
         self.config = ctx.record  # what the manifest and results record: never a secret
         out = ctx.io.output
         if inputs is None and needs_inputs:
-            inputs = resolve_inputs(list(ctx.io.inputs))
+            inputs = ctx.resolve_inputs()
             if out is not None and str(out) != STDIO:  # --out inside an --in directory: never read our own shards
                 own = os.path.realpath(str(out)) + os.sep
                 inputs = [f for f in inputs if f.path == STDIO or not (f.real or os.path.realpath(f.path)).startswith(own)]

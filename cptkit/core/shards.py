@@ -20,14 +20,13 @@ import stat
 import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from cptkit.core.errors import BadInput, CptkitError
 from cptkit.core.records import Record, dumps, plain_id_problem, validate
-from cptkit.core.redact import mask_known
+from cptkit.core.redact import mask_known, redact
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")
 TABLE_SUFFIXES = (".parquet", ".arrow")
@@ -35,8 +34,6 @@ DATA_SUFFIXES = JSONL_SUFFIXES + (".parquet",)
 # a JSON \uD800-\uDFFF escape: json.loads accepts a lone surrogate that UTF-8 cannot encode
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
 STDIO = "-"
-# io.allow_partial of the running step: read a step's output directory that has no _SUCCESS
-ALLOW_PARTIAL: ContextVar[bool] = ContextVar("allow_partial", default=False)
 
 
 class NotJSON(ValueError):
@@ -122,15 +119,15 @@ def saved_dataset_files(p: Path) -> list[Path] | None:
     return files
 
 
-def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
+def resolve_inputs(specs: list[str] | str, allow_partial: bool = False) -> list[InputFile]:
     """Expand files, directories (their data files, recursively) and globs into input shards.
 
     The order is sorted and therefore stable; a file named twice is read once. A spec that
     matches nothing is an error, except
     a step's finished output that holds no records (``_SUCCESS`` and no shards): it is empty.
     A ``save_to_disk`` folder gives its Arrow files, in their order. A step's output directory
-    without ``_SUCCESS`` (a run still going, or one that died) is refused unless
-    ``io.allow_partial`` (:data:`ALLOW_PARTIAL`).
+    without ``_SUCCESS`` (a run still going, or one that died) is refused unless ``allow_partial``
+    (a step's ``io.allow_partial``: :meth:`cptkit.core.run.Run.resolve_inputs` passes it).
     """
     if isinstance(specs, str):
         specs = [specs]
@@ -146,7 +143,7 @@ def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
         if p.is_dir():
             arrow = saved_dataset_files(p)
             files = _data_files(p) if arrow is None else [_input_file(f) for f in arrow]
-            if (p / ".cptkit").is_dir() and not (p / "_SUCCESS").exists() and not ALLOW_PARTIAL.get():
+            if (p / ".cptkit").is_dir() and not (p / "_SUCCESS").exists() and not allow_partial:
                 raise CptkitError(f"{spec}: a step's output without _SUCCESS (still running, or it died): its "
                                   "shards may be partial; rerun that step to finish it, or pass --allow-partial")
             if not files and (p / "_SUCCESS").exists():
@@ -467,8 +464,6 @@ def finite(obj: Any) -> Any:
 def atomic_write_json(path: Path, obj, indent: int | None = 2) -> None:
     """Write ``obj`` as JSON atomically: secrets masked (manifests, markers, stats: cptkit.core.redact),
     non-finite numbers as ``null``. ``indent=None``: one line (run state: quick to write when long)."""
-    from cptkit.core.redact import redact
-
     obj = redact(obj)
     try:
         text = json.dumps(obj, indent=indent, ensure_ascii=False, default=str, allow_nan=False)
