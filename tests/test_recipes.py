@@ -13,7 +13,7 @@ from mixdata import build_stream, make_tokenizer
 
 from cptkit.core.config import compose_step
 from cptkit.core.errors import CptkitError
-from cptkit.training.stages import RunStage, StageMixture, run_stages, segments
+from cptkit.mixtures.stages import RunStage, StageMixture, run_stages, segments
 
 COMMON = ["model.hidden=32", "model.layers=2", "model.heads=2", "train.micro_batch=8", "train.threads=1",
           "quiet=true"]
