@@ -380,8 +380,6 @@ class Job:
         self.stdout = str(out) == STDIO
         self.out = Path(str(out))
         self.shard_index, self.shard_count = ctx.shard.index, ctx.shard.count
-        if not 0 <= self.shard_index < self.shard_count:
-            raise CptkitError(f"shard.index={self.shard_index} must be in [0, shard.count={self.shard_count})")
         self.independent = independent_tasks
         self.hash = config_hash(self.config)
         self.created = False  # this run made OUT (or found it empty): bad input empties it again

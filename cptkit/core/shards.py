@@ -253,6 +253,22 @@ def _check_record(obj: object, raw: bytes | None, max_chars: int, oversize: str,
     return None, False
 
 
+def _accept(err: str | None, truncated: bool, name: str, line: int, stats: ReadStats, skip_bad: bool,
+            oversize: str) -> bool:
+    """Whether a checked record is read: counted in ``stats`` when it is; a bad one (``err``) is
+    skipped and counted when ``skip_bad`` (or a long text under ``oversize=skip``), else it is
+    :class:`BadInput` naming ``name:line``."""
+    if err is None:
+        stats.records += 1
+        stats.truncated += truncated
+        stats.line = line
+        return True
+    if not skip_bad and not (oversize == "skip" and "io.max_record_chars" in err):
+        raise BadInput(name, line, err)
+    stats.bad += 1
+    return False
+
+
 def _read_line(fh: IO[bytes], cap: int) -> tuple[bytes, bool]:
     """One line, reading at most ``cap`` bytes of it into memory (0: no cap). (line, too_long)."""
     if not cap:
@@ -309,9 +325,7 @@ def read_records(
             if too_long:
                 n_lines += 1
                 err = f"line is over {cap:,} bytes, so its text is over io.max_record_chars={max_chars:,}"
-                if not skip_bad and oversize != "skip":
-                    raise BadInput(inp.name, lineno, err)
-                stats.bad += 1
+                _accept(err, False, inp.name, lineno, stats, skip_bad, oversize)  # skipped and counted, or raises
                 continue
             if not raw.strip():
                 continue
@@ -332,15 +346,8 @@ def read_records(
             else:
                 err, truncated = (_check_record(obj, raw, max_chars, oversize, plain_ids) if validate_records
                                   else (None, False))
-                if err is None:
-                    stats.records += 1
-                    stats.truncated += truncated
-                    stats.line = lineno
-                    yield obj
-                    continue
-            if not skip_bad and not (oversize == "skip" and "io.max_record_chars" in err):
-                raise BadInput(inp.name, lineno, err)
-            stats.bad += 1
+            if _accept(err, truncated, inp.name, lineno, stats, skip_bad, oversize):
+                yield obj
     finally:
         if inp.path != STDIO:
             fh.close()
@@ -390,15 +397,8 @@ def _read_table(inp: InputFile, skip_bad: bool, stats: ReadStats, validate_recor
                 row += 1
                 err, truncated = (_check_record(obj, None, max_chars, oversize, plain_ids) if validate_records
                                   else (None, False))
-                if err is None:
-                    stats.records += 1
-                    stats.truncated += truncated
-                    stats.line = row
+                if _accept(err, truncated, inp.name, row, stats, skip_bad, oversize):
                     yield obj
-                    continue
-                if not skip_bad and not (oversize == "skip" and "io.max_record_chars" in err):
-                    raise BadInput(inp.name, row, err)
-                stats.bad += 1
             stats.bytes = inp.size * row // total if total else 0
     except (pa.ArrowException, OSError) as e:
         raise BadInput(inp.name, None, f"cannot read as {'Parquet' if inp.path.endswith('.parquet') else 'Arrow'}: "
@@ -494,8 +494,6 @@ class ShardWriter:
         max_bytes: int = 256 * 2**20,
         max_records: int = 0,
     ):
-        if compression not in ("gz", "zst", "none"):
-            raise CptkitError(f"shard.compression must be gz, zst or none, got {compression!r}")
         self.stdout = str(directory) == STDIO
         self.directory = Path(directory)
         self.prefix, self.compression = prefix, compression
