@@ -163,9 +163,9 @@ def build_stream(src: Path, out: Path, tok_dir: Path, seq: int, budget: int, env
 
 def step_records(out: Path) -> list[dict]:
     """A cptkit train run's per-step records (metrics.jsonl lines that time a step)."""
-    from cptkit.training.metrics import read_jsonl
+    from cptkit.core.records import read_jsonl
 
-    return [x for x in read_jsonl(out / "metrics.jsonl") if "seconds" in x]
+    return [x for x in read_jsonl(out / "metrics.jsonl", missing_ok=True) if "seconds" in x]
 
 
 def _median_step(seconds: list[float]) -> float:

@@ -2,7 +2,7 @@
 
 A step's command maps its declared options onto config keys (:class:`cptkit.core.step.Option`),
 composes ``conf/<step>.yaml`` with the trailing Hydra overrides (``key=value``, ``+key=value``)
-and runs the step (:func:`cptkit.steps.execute`). With ``-m`` the same step runs under
+and runs the step (:func:`cptkit.core.discovery.execute`). With ``-m`` the same step runs under
 ``@hydra.main`` as a multirun (sweeps, SLURM).
 """
 
@@ -17,8 +17,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from typer.core import TyperCommand, TyperGroup
 
-from cptkit.core.errors import CptkitError
-from cptkit.steps import declaration, execute, ordered, step_help, step_module, step_names
+from cptkit import __version__
+from cptkit.core.discovery import declaration, execute, ordered, step_help, step_module, step_names
+from cptkit.core.errors import CptkitError, print_error
 
 __all__ = ["app", "execute", "main", "step_module"]
 
@@ -29,6 +30,7 @@ class StepCommand(TyperCommand):
 
     def format_epilog(self, ctx: Any, formatter: Any) -> None:
         super().format_epilog(ctx, formatter)
+        # deferred: hydra, omegaconf (not for `cptkit --help`)
         from cptkit.core.help import config_help
 
         formatter.write("\n" + config_help(self.name))
@@ -117,14 +119,17 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
     unknown = [a for a in extra if a.startswith("--") and "=" not in a]
     if unknown:
         raise CptkitError(f"unknown option {unknown[0]} for 'cptkit {step}' (see cptkit {step} --help)")
+    # deferred: hydra (not for `cptkit --help`)
     from cptkit.core.executor import split_executor_args
 
     executor, extra = split_executor_args(extra)
     if "-m" in extra or "--multirun" in extra:
+        # deferred: hydra
         from cptkit.core.sweep import multirun
 
         multirun(step, overrides + [a for a in extra if a not in ("-m", "--multirun")])
         return
+    # deferred: hydra
     from cptkit.core.config import compose_step
 
     if info:
@@ -135,6 +140,7 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
         return
     cfg = compose_step(step, overrides + extra)
     if executor.kind != "local" or executor.workers:
+        # deferred: hydra
         from cptkit.core.executor import run_executor
 
         run_executor(declaration(step), overrides + extra, cfg, executor)
@@ -144,6 +150,7 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
 
 def show_config(step: str, overrides: list[str], which: str, resolve: bool) -> str:
     """``--cfg job|hydra|all`` as YAML, secrets redacted (``--resolve``: interpolations resolved)."""
+    # deferred: hydra (these two: not for `cptkit --help`)
     from cptkit.core.config import compose_step
     from cptkit.core.redact import redact
 
@@ -165,6 +172,7 @@ def show_config(step: str, overrides: list[str], which: str, resolve: bool) -> s
 
 def hydra_info(step: str, overrides: list[str]) -> str:
     """``--info``: where the config comes from (search path, defaults list, overrides)."""
+    # deferred: hydra (these two: not for `cptkit --help`)
     from cptkit.core.config import CONF_DIR, compose_step
     from cptkit.core.redact import redact_text
 
@@ -184,8 +192,6 @@ def hydra_info(step: str, overrides: list[str]) -> str:
 
 def _print_version(value: bool) -> None:
     if value:
-        from cptkit import __version__
-
         typer.echo(f"cptkit {__version__}")
         raise typer.Exit()
 
@@ -208,6 +214,7 @@ def evaluate_compare(
     import json
     from pathlib import Path
 
+    # deferred: json and the shard writer, only for this command (not for `cptkit --help`)
     from cptkit.core.shards import atomic_write_bytes
     from cptkit.eval.compare import compare_table, load_results, print_compare, to_markdown
 
@@ -218,6 +225,7 @@ def evaluate_compare(
     header, rows = compare_table(loaded, metric)
     print_compare(header, rows)
     if curves:
+        # deferred: only for --curves
         from cptkit.training.metrics import overlay_curves, run_dir_of
 
         dirs = {n: d for n, r in loaded.items() if (d := run_dir_of(r)) is not None}
@@ -240,8 +248,6 @@ def main() -> None:
     try:
         app()
     except CptkitError as e:
-        from cptkit.core.errors import print_error
-
         print_error(e)
         sys.exit(e.exit_code)
     except SystemExit as e:
@@ -253,6 +259,7 @@ def main() -> None:
     except Exception:  # a crash: its traceback, secrets masked (a message may quote a header or a URL)
         import traceback
 
+        # deferred: logging (not for `cptkit --help`)
         from cptkit.core.redact import redact_text
 
         sys.stderr.write(redact_text(traceback.format_exc()))
@@ -261,6 +268,7 @@ def main() -> None:
 
 def _interrupted() -> int:
     """Say what an interrupted run kept; its exit status (130 for Ctrl-C, 143 for SIGTERM)."""
+    # deferred: rich
     from cptkit.core.progress import console
     from cptkit.core.signals import interrupted_exit_code, interrupted_message
 

@@ -27,7 +27,7 @@ git -C "$ROOT" worktree add --detach "$WORK/ref" "$REF" >/dev/null
 NOT_RUN="demo-corpus serve-llm export-gguf"  # demo-corpus made $DATA (make demo); serve-llm is a server;
                                              # export-gguf: not compared here yet (tests/test_export.py)
 covered=$(grep -oE '[$]c [a-z][a-z-]*' "$0" | awk '{print $2}' | sort -u)
-missing=$(PYTHONPATH=$ROOT "$PY" -c 'from cptkit.steps import step_names; print("\n".join(step_names()))' \
+missing=$(PYTHONPATH=$ROOT "$PY" -c 'from cptkit.core.discovery import step_names; print("\n".join(step_names()))' \
   | grep -vxF -f <(printf '%s\n' $covered $NOT_RUN) || true)
 if [ -n "$missing" ]; then
   echo "compare_outputs.sh: step(s) neither run nor in NOT_RUN: $(echo $missing)" >&2

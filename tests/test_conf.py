@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from cptkit.core.config import CONF_DIR, compose_step
+from cptkit.core.discovery import step_module, step_names
 from cptkit.core.errors import CptkitError
-from cptkit.steps import step_module, step_names
 
 SWEEPS = {  # sweep -> (step, extra overrides it is meant to be used with)
     "corrupt_ratio": ("corrupt", []),

@@ -130,7 +130,8 @@ def test_cpt_chain_gains_the_domain_and_replay_limits_forgetting(cpt_streams, tm
     assert forget["noreplay"] > 0.1, (loss, seed)  # the domain shift makes the base forget general text
     assert forget["replay"] < 0.6 * forget["noreplay"], (loss, seed)  # replay keeps most of it
     # the curves in metrics.jsonl start at the base (tokens 0) and end at the evaluated model
-    from cptkit.training.metrics import eval_curves, read_jsonl
+    from cptkit.core.records import read_jsonl
+    from cptkit.training.metrics import eval_curves
 
     tokens, curves, _ = eval_curves(read_jsonl(tmp_path / "noreplay" / "metrics.jsonl"))
     assert tokens[0] == 0 and tokens[-1] == 30720 and len(tokens) == 4  # steps 0, 20, 40 and the end (60)
@@ -146,8 +147,9 @@ def test_eval_tasks_at_every_eval_point(corpus_dir, corpus_records, tok, tmp_pat
     from conftest import write_jsonl
 
     from cptkit.core.config import compose_step
+    from cptkit.core.records import read_jsonl
     from cptkit.steps.train import run
-    from cptkit.training.metrics import eval_curves, read_jsonl
+    from cptkit.training.metrics import eval_curves
 
     docs = [r for r in corpus_records if r["lang"] == "en"][:8]
     items = [{"id": str(i), "q": d["text"][:60], "choices": [x["text"][60:90] for x in docs[i:i + 4]], "label": 0}

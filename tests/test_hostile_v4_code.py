@@ -13,11 +13,11 @@ import pytest
 from conftest import run_main, write_jsonl
 
 from cptkit.core.config import compose_step
+from cptkit.core.discovery import step_module
 from cptkit.core.errors import CptkitError
 from cptkit.eval import tasks as T
 from cptkit.models import lm
 from cptkit.models.remote_code import needs_remote_code
-from cptkit.steps import step_module
 
 TEXTS = ["the cell makes proteins and the proteins fold into shapes. What is 1+1? 2. What is 2+2? 4."] * 20
 DOMAIN = ["mix.domains=[{name:all,filter:{}}]", "mix.stages=[{name:main,weights:{all:1}}]", "mix.fill=null",

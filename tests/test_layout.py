@@ -8,7 +8,6 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "cptkit"
-DISPATCH = {"cptkit.steps"}  # the package itself: execute() / step_module(), the one way to run a step
 
 
 def imports(path: Path) -> list[tuple[str, list[str], int]]:
@@ -39,7 +38,7 @@ def test_infrastructure_and_algorithms_import_no_step_and_no_cli():
             continue
         for mod, names, line in imports(p):
             targets = [mod] + [f"{mod}.{n}" for n in names]
-            if any(t == "cptkit.cli" or (t.startswith("cptkit.steps.") and mod not in DISPATCH) for t in targets):
+            if any(t in ("cptkit.cli", "cptkit.steps") or t.startswith("cptkit.steps.") for t in targets):
                 bad.append(f"{p.relative_to(PKG.parent)}:{line} imports {mod} {names}")
     assert not bad, "\n".join(bad)
 
@@ -138,3 +137,84 @@ def test_no_function_over_80_lines():
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 80:
                 long.append(f"{rel}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
     assert not long, "\n".join(long)
+
+
+# The floors, lowest first (docs/architecture.md, "The floors"): a module imports only from its own
+# floor or below, at module top and inside functions alike. Imports under ``if TYPE_CHECKING:``
+# (annotations only, never run) are exempt. The package ``cptkit`` itself (``__version__``) is on no floor.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("core",),
+    ("text",),
+    ("models",),
+    ("index", "dedup", "labels", "llm", "synthetic", "mixtures", "demo"),
+    ("eval",),
+    ("training",),
+    ("steps",),
+    ("cli", "__main__"),
+)
+
+
+def floor_of(module: str) -> int | None:
+    """The floor of ``cptkit.X...`` (None: the package ``cptkit`` itself, or not cptkit)."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[0] != "cptkit":
+        return None
+    return next((i for i, names in enumerate(FLOORS) if parts[1] in names), None)
+
+
+def runtime_imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """:func:`imports` without those under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {n.lineno for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
+                   for stmt in node.body for n in ast.walk(stmt) if isinstance(n, ast.Import | ast.ImportFrom)}
+    return [imp for imp in imports(path) if imp[2] not in typing_only]
+
+
+def climbing_imports(paths: list[Path]) -> list[str]:
+    """``file:line: A (floor a) imports B (floor b)`` for every import of a higher floor."""
+    bad = []
+    for p in paths:
+        me = module_name(p)
+        mine = floor_of(me)
+        for mod, names, line in runtime_imports(p):
+            targets = [mod] + ([f"{mod}.{n}" for n in names] if mod == "cptkit" else [])
+            for t in targets:
+                theirs = floor_of(t)
+                if mine is not None and theirs is not None and theirs > mine:
+                    bad.append(f"{p.relative_to(PKG.parent)}:{line}: {me} (floor {mine}) imports {t} (floor {theirs})")
+    return bad
+
+
+def test_every_package_is_on_a_floor():
+    packages = sorted({module_name(p).split(".")[1] for p in files() if module_name(p).count(".") >= 1})
+    assert [p for p in packages if floor_of(f"cptkit.{p}") is None] == []
+
+
+def test_no_import_climbs_a_floor():
+    """core never imports steps (step discovery is core's, by name), mixtures never imports training, ..."""
+    assert climbing_imports(files()) == [], "\n".join(climbing_imports(files()))
+
+
+def test_the_floor_check_finds_a_climbing_import(tmp_path):
+    pkg = tmp_path / "cptkit" / "core"
+    pkg.mkdir(parents=True)
+    (pkg / "x.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from cptkit.training import loop\n"
+                              "def f():\n    from cptkit.steps import dedup\n    import cptkit.core.records\n")
+    global PKG
+    saved, PKG = PKG, tmp_path / "cptkit"
+    try:
+        found = climbing_imports([pkg / "x.py"])
+    finally:
+        PKG = saved
+    assert found == ["cptkit/core/x.py:5: cptkit.core.x (floor 0) imports cptkit.steps (floor 6)"]
+
+
+def test_docs_list_the_floors_of_the_test():
+    """docs/architecture.md's "The floors" names the same floors, in the same order."""
+    import re
+
+    text = (PKG.parent / "docs" / "architecture.md").read_text()
+    section = text.split("### The floors", 1)[1].split("###", 1)[0]
+    listed = [tuple(re.findall(r"`([^`]+)`", line)) for line in section.splitlines() if re.match(r"\d+\. ", line)]
+    assert listed == list(FLOORS)

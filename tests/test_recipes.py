@@ -13,7 +13,7 @@ from mixdata import build_stream, make_tokenizer
 
 from cptkit.core.config import compose_step
 from cptkit.core.errors import CptkitError
-from cptkit.training.stages import RunStage, StageMixture, run_stages, segments
+from cptkit.mixtures.stages import RunStage, StageMixture, run_stages, segments
 
 COMMON = ["model.hidden=32", "model.layers=2", "model.heads=2", "train.micro_batch=8", "train.threads=1",
           "quiet=true"]
@@ -273,8 +273,8 @@ def test_epochs_base_mix_in_build_mix(corpus_dir, tok, tmp_path):
 def test_sweeps_reproduce_the_papers_numbers():
     import yaml
 
-    from cptkit.cli import step_module
     from cptkit.core.config import CONF_DIR
+    from cptkit.core.discovery import step_module
 
     step_module("build-mix"), step_module("train")  # register the steps' config schemas
 

@@ -16,11 +16,11 @@ from conftest import write_jsonl
 from mixdata import build_stream, make_tokenizer
 
 from cptkit.core.config import compose_step, to_dict
+from cptkit.core.discovery import execute, step_module
 from cptkit.core.fingerprint import config_hash
 from cptkit.core.job import Job
 from cptkit.core.redact import redact
 from cptkit.core.run import Run
-from cptkit.steps import execute, step_module
 
 STEPS_DIR = Path(__file__).resolve().parent.parent / "cptkit" / "steps"
 

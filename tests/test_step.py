@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 import cptkit.steps
 from cptkit.cli import app
 from cptkit.core.config import compose_step, schema_of
+from cptkit.core.discovery import declaration, step_help, step_module, step_names
 from cptkit.core.run import Run
 from cptkit.core.step import STEPS, MapStep, map_batches
-from cptkit.steps import declaration, step_help, step_module, step_names
 
 
 def test_map_batches_cuts_batches_of_the_given_size_and_a_shorter_last_one():
@@ -137,7 +137,7 @@ def test_a_step_name_declared_twice_is_an_error():
         assert "step 'corrupt' is declared twice: in cptkit.steps.corrupt and in plugins.my_corrupt" in str(e)
     else:
         raise AssertionError("a duplicate step name was accepted")
-    assert STEPS["corrupt"].body.__module__ == "cptkit.steps.corrupt"
+    assert STEPS.get("corrupt").body.__module__ == "cptkit.steps.corrupt"
 
 
 def test_cptkit_help_lists_every_step_without_importing_any():
@@ -182,14 +182,14 @@ def test_a_new_step_is_one_file(tmp_path, monkeypatch):
                                 "shout.suffix=abcd"])
         assert r.exit_code != 0 and "shout.suffix=abcd: at most 3 characters" in str(r.exception or r.output)
     finally:
-        STEPS.pop("shout-words", None)
+        STEPS.unregister("shout-words")
         sys.modules.pop("cptkit.steps.shout_words", None)
 
 
 def test_cli_order_comes_from_the_step_declarations(tmp_path, monkeypatch):
     """`cptkit --help` lists steps by their declared ``order`` (read from the source, nothing
     imported); a step without one comes last, by name."""
-    from cptkit.steps import ordered, step_order
+    from cptkit.core.discovery import ordered, step_order
 
     assert step_order("demo-corpus") < step_order("retrieve") < step_order("build-mix") < step_order("evaluate")
     assert all(step_order(n) is not None for n in step_names())  # every built-in step is placed
@@ -219,7 +219,7 @@ def rare_words(tmp_path, monkeypatch):
     write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": "a0", "text": "x y z"}, {"id": "a1", "text": "x q"}])
     write_jsonl(tmp_path / "in" / "b.jsonl", [{"id": "b0", "text": "x y w"}, {"id": "b1", "text": "x"}])
     yield ["rare-words", "--in", str(tmp_path / "in"), "shard.task_bytes=0"]
-    STEPS.pop("rare-words", None)
+    STEPS.unregister("rare-words")
     sys.modules.pop("cptkit.steps.rare_words", None)
 
 

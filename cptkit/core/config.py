@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.redact import redact, redact_text
+from cptkit.core.registry import Registry
 
 __all__ = ["redact", "redact_text", "check", "compose_step", "finalize", "register_step", "validate"]
 
@@ -110,12 +111,12 @@ class JobConfig:
     shard: ShardConfig = field(default_factory=ShardConfig)
 
 
-_SCHEMAS: dict[str, type] = {}
+SCHEMAS: Registry[type] = Registry("schema")  # step name -> its root config dataclass (register_step)
 
 
 def register_step(name: str, schema: type) -> None:
     """Register a step's root schema as ``_schema_<name>`` for ``conf/<name>.yaml`` to extend."""
-    _SCHEMAS[name] = schema
+    SCHEMAS.register(name, schema)
     ConfigStore.instance().store(name=f"_schema_{name.replace('-', '_')}", node=schema)
 
 
@@ -125,7 +126,7 @@ def primary_config(name: str) -> str:
     stem = name.replace("-", "_")
     if (CONF_DIR / f"{stem}.yaml").exists():
         return stem
-    if name not in _SCHEMAS:
+    if name not in SCHEMAS:
         raise CptkitError(f"no config for step {name!r}: neither a declared schema nor {CONF_DIR / (stem + '.yaml')}")
     return f"_schema_{stem}"
 
@@ -165,7 +166,7 @@ def yaml_problem(e: yaml.YAMLError) -> str:
 
 def schema_of(name: str) -> type | None:
     """The root dataclass a step registered (None before its module is imported)."""
-    return _SCHEMAS.get(name)
+    return SCHEMAS.find(name)
 
 
 def config_group(key: str) -> bool:
@@ -176,7 +177,7 @@ def config_group(key: str) -> bool:
 def check_additions(name: str, overrides: list[str]) -> None:
     """``+key=value`` may only add a key the step's schema declares (or one under an open ``dict``
     field): a mistyped key is an error instead of a silently ignored setting."""
-    schema = _SCHEMAS.get(name)
+    schema = SCHEMAS.find(name)
     if schema is None:
         return
     root = OmegaConf.structured(schema)
@@ -216,7 +217,7 @@ def explain(e: BaseException, step: str) -> str:
     if m:
         key = m.group(1)
         siblings: list[str] = []
-        schema = _SCHEMAS.get(step)
+        schema = SCHEMAS.find(step)
         if schema is not None:
             parent = key.rsplit(".", 1)[0] if "." in key else ""
             root = OmegaConf.structured(schema)

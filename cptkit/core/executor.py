@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cptkit.core.config import compose_step
+from cptkit.core.discovery import execute, step_module
 from cptkit.core.errors import CptkitError, print_error
 from cptkit.core.net import reachable
 from cptkit.core.progress import log, print_summary, setup_logging
@@ -92,9 +94,6 @@ def split_executor_args(words: list[str]) -> tuple[ExecutorSpec, list[str]]:
 
 def _member(step: str, overrides: list[str]) -> dict[str, Any]:
     """One slice, in a worker process or a Ray worker: the same code path as ``cptkit STEP`` (errors come back as text)."""
-    from cptkit.core.config import compose_step
-    from cptkit.steps import execute, step_module
-
     step_module(step)
     try:
         result = execute(step, compose_step(step, overrides))

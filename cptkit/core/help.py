@@ -17,6 +17,9 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from cptkit.core.config import compose_step
+from cptkit.core.discovery import step_module
+
 HIDDEN = {"step", "overrides"}  # filled in by cptkit itself
 
 
@@ -80,9 +83,6 @@ def config_rows(cfg: DictConfig) -> list[tuple[str, str, str]]:
 
 def config_help(step: str) -> str:
     """The text block listing ``step``'s config keys (for ``cptkit STEP --help``)."""
-    from cptkit.core.config import compose_step
-    from cptkit.steps import step_module
-
     step_module(step)
     cfg = compose_step(step)
     rows = config_rows(cfg)

@@ -40,7 +40,6 @@ from cptkit.core.shards import (
     ShardWriter,
     group_inputs,
     read_records,
-    resolve_inputs,
 )
 from cptkit.core.workers import in_workers
 
@@ -63,7 +62,7 @@ class Hooks:
 
 def step_inputs(ctx: Run) -> list[InputFile]:
     """The run's ``--in`` files, less any inside its ``--out`` (never read our own shards)."""
-    inputs = resolve_inputs(list(ctx.io.inputs))
+    inputs = ctx.resolve_inputs()
     out = ctx.io.output
     if out is not None and str(out) != STDIO:
         own = os.path.realpath(str(out)) + os.sep

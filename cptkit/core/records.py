@@ -7,9 +7,14 @@ See docs/records.md.
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+from cptkit.core.errors import BadInput
 
 Record = dict[str, Any]
 
@@ -83,3 +88,28 @@ def field_value(rec: Record, key: str) -> Any:
     if cur is None and len(parts) == 1 and key == parts[0]:
         cur = meta(rec).get(key)
     return cur
+
+
+def jsonl_lines(path: Path | str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(line, object)`` for every non-blank line of a JSONL file (``.gz`` too), the line without its
+    line break. A malformed line, or one that is not a JSON object, is :class:`BadInput` naming it."""
+    path = Path(path)
+    with gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise BadInput(str(path), n, f"malformed JSON: {e.msg}") from None
+            if not isinstance(obj, dict):
+                raise BadInput(str(path), n, "expected a JSON object")
+            yield line.rstrip("\r\n"), obj
+
+
+def read_jsonl(path: Path | str, missing_ok: bool = False) -> list[dict[str, Any]]:
+    """The objects of a JSONL file (metrics and weight logs, benchmark files); blank lines skipped.
+    ``missing_ok``: a file that does not exist reads as no rows (a log not written yet)."""
+    if missing_ok and not Path(path).exists():
+        return []
+    return [obj for _, obj in jsonl_lines(path)]

@@ -17,7 +17,8 @@ config and loaded by :meth:`Registry.get`, which checks it against the registry'
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from cptkit.core.errors import CptkitError
@@ -36,16 +37,29 @@ def load_plugin(spec: str, key: str, base: type | None = None) -> Any:
     except (ImportError, AttributeError) as e:
         raise CptkitError(f"{key}={spec}: cannot import {name} from {mod} ({e})") from None
     if base is not None and not (isinstance(obj, type) and issubclass(obj, base)):
-        raise CptkitError(f"{key}={spec}: {name} is not a {base.__module__}.{base.__qualname__} subclass")
+        raise CptkitError(f"{key}={spec}: {name} is not a {public_name(base)} subclass")
     return obj
+
+
+def public_name(cls: type) -> str:
+    """``cls``'s dotted name as users import it: the shortest loaded package path that exports it
+    (``cptkit.llm.Generator``, defined in ``cptkit.llm.base``)."""
+    parts = cls.__module__.split(".")
+    for i in range(1, len(parts) + 1):
+        mod = sys.modules.get(".".join(parts[:i]))
+        if mod is not None and getattr(mod, cls.__qualname__, None) is cls:
+            return f"{'.'.join(parts[:i])}.{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 class Registry(Generic[T]):
     """Names to objects of one kind. ``key`` is the setting that names them (for error lines);
-    ``base``, when given, is the class a plugin must subclass."""
+    ``base``, when given, is the class a plugin must subclass. ``origin``, when given, says where an
+    entry was declared (a step: its module): a name declared again from the same origin (the module
+    imported again) replaces the entry, from another origin is an error naming both."""
 
-    def __init__(self, key: str, base: type | None = None):
-        self.key, self.base = key, base
+    def __init__(self, key: str, base: type | None = None, *, origin: Callable[[Any], str] | None = None):
+        self.key, self.base, self.origin = key, base, origin
         self._entries: dict[str, T] = {}
 
     def register(self, name: str, obj: T | None = None) -> Any:
@@ -53,7 +67,11 @@ class Registry(Generic[T]):
         a name twice with a different object is an error (two plugins would shadow each other)."""
         def add(o: T) -> T:
             old = self._entries.get(name)
-            if old is not None and old is not o and getattr(old, "__qualname__", None) != getattr(o, "__qualname__", 0):
+            if old is not None and self.origin is not None:
+                if self.origin(old) != self.origin(o):
+                    raise CptkitError(f"{self.key} {name!r} is declared twice: in {self.origin(old)} and in "
+                                      f"{self.origin(o)}")
+            elif old is not None and old is not o and getattr(old, "__qualname__", None) != getattr(o, "__qualname__", 0):
                 raise CptkitError(f"{self.key}: {name!r} is registered twice ({old!r} and {o!r})")
             self._entries[name] = o
             return o
@@ -68,6 +86,10 @@ class Registry(Generic[T]):
         known = ", ".join(sorted(self._entries)) or "none"
         raise CptkitError(f"{self.key}={name}: unknown (known: {known}; or package.module:Name)")
 
+    def unregister(self, name: str) -> None:
+        """Forget ``name`` (a plugin whose directory is gone again); no error when it is unknown."""
+        self._entries.pop(name, None)
+
     def find(self, name: str) -> T | None:
         """The registered entry called ``name``, or None (plugins are not loaded)."""
         return self._entries.get(name)
@@ -78,6 +100,10 @@ class Registry(Generic[T]):
 
     def items(self) -> Iterator[tuple[str, T]]:
         return iter(list(self._entries.items()))
+
+    def __iter__(self) -> Iterator[str]:
+        """The registered names, in registration order (``", ".join(REG)`` for an error line)."""
+        return iter(list(self._entries))
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cptkit.core.config import IOConfig, ShardConfig, format_path, to_dict
 from cptkit.core.redact import redact
+from cptkit.core.shards import InputFile, resolve_inputs
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,12 @@ class Run:
         node[leaf] = value
         io = dataclasses.replace(self.io, **{leaf: value}) if parents == ["io"] else self.io
         return dataclasses.replace(self, io=io, record=redact(record))
+
+    def resolve_inputs(self, specs: list[str] | str | None = None) -> list[InputFile]:
+        """The input shards of ``specs`` (default: ``--in``) under this run's settings: a step's
+        output without ``_SUCCESS`` is read only with ``io.allow_partial``."""
+        specs = list(self.io.inputs) if specs is None else specs
+        return resolve_inputs(specs, allow_partial=self.io.allow_partial)
 
 
 def with_paths(cfg: DictConfig) -> DictConfig:

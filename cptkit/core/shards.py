@@ -20,14 +20,13 @@ import stat
 import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from cptkit.core.errors import BadInput, CptkitError
 from cptkit.core.records import Record, dumps, plain_id_problem, validate
-from cptkit.core.redact import mask_known
+from cptkit.core.redact import mask_known, redact
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")
 TABLE_SUFFIXES = (".parquet", ".arrow")
@@ -35,8 +34,6 @@ DATA_SUFFIXES = JSONL_SUFFIXES + (".parquet",)
 # a JSON \uD800-\uDFFF escape: json.loads accepts a lone surrogate that UTF-8 cannot encode
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
 STDIO = "-"
-# io.allow_partial of the running step: read a step's output directory that has no _SUCCESS
-ALLOW_PARTIAL: ContextVar[bool] = ContextVar("allow_partial", default=False)
 
 
 class NotJSON(ValueError):
@@ -122,15 +119,15 @@ def saved_dataset_files(p: Path) -> list[Path] | None:
     return files
 
 
-def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
+def resolve_inputs(specs: list[str] | str, allow_partial: bool = False) -> list[InputFile]:
     """Expand files, directories (their data files, recursively) and globs into input shards.
 
     The order is sorted and therefore stable; a file named twice is read once. A spec that
     matches nothing is an error, except
     a step's finished output that holds no records (``_SUCCESS`` and no shards): it is empty.
     A ``save_to_disk`` folder gives its Arrow files, in their order. A step's output directory
-    without ``_SUCCESS`` (a run still going, or one that died) is refused unless
-    ``io.allow_partial`` (:data:`ALLOW_PARTIAL`).
+    without ``_SUCCESS`` (a run still going, or one that died) is refused unless ``allow_partial``
+    (a step's ``io.allow_partial``: :meth:`cptkit.core.run.Run.resolve_inputs` passes it).
     """
     if isinstance(specs, str):
         specs = [specs]
@@ -146,7 +143,7 @@ def resolve_inputs(specs: list[str] | str) -> list[InputFile]:
         if p.is_dir():
             arrow = saved_dataset_files(p)
             files = _data_files(p) if arrow is None else [_input_file(f) for f in arrow]
-            if (p / ".cptkit").is_dir() and not (p / "_SUCCESS").exists() and not ALLOW_PARTIAL.get():
+            if (p / ".cptkit").is_dir() and not (p / "_SUCCESS").exists() and not allow_partial:
                 raise CptkitError(f"{spec}: a step's output without _SUCCESS (still running, or it died): its "
                                   "shards may be partial; rerun that step to finish it, or pass --allow-partial")
             if not files and (p / "_SUCCESS").exists():
@@ -256,6 +253,22 @@ def _check_record(obj: object, raw: bytes | None, max_chars: int, oversize: str,
     return None, False
 
 
+def _accept(err: str | None, truncated: bool, name: str, line: int, stats: ReadStats, skip_bad: bool,
+            oversize: str) -> bool:
+    """Whether a checked record is read: counted in ``stats`` when it is; a bad one (``err``) is
+    skipped and counted when ``skip_bad`` (or a long text under ``oversize=skip``), else it is
+    :class:`BadInput` naming ``name:line``."""
+    if err is None:
+        stats.records += 1
+        stats.truncated += truncated
+        stats.line = line
+        return True
+    if not skip_bad and not (oversize == "skip" and "io.max_record_chars" in err):
+        raise BadInput(name, line, err)
+    stats.bad += 1
+    return False
+
+
 def _read_line(fh: IO[bytes], cap: int) -> tuple[bytes, bool]:
     """One line, reading at most ``cap`` bytes of it into memory (0: no cap). (line, too_long)."""
     if not cap:
@@ -312,9 +325,7 @@ def read_records(
             if too_long:
                 n_lines += 1
                 err = f"line is over {cap:,} bytes, so its text is over io.max_record_chars={max_chars:,}"
-                if not skip_bad and oversize != "skip":
-                    raise BadInput(inp.name, lineno, err)
-                stats.bad += 1
+                _accept(err, False, inp.name, lineno, stats, skip_bad, oversize)  # skipped and counted, or raises
                 continue
             if not raw.strip():
                 continue
@@ -335,15 +346,8 @@ def read_records(
             else:
                 err, truncated = (_check_record(obj, raw, max_chars, oversize, plain_ids) if validate_records
                                   else (None, False))
-                if err is None:
-                    stats.records += 1
-                    stats.truncated += truncated
-                    stats.line = lineno
-                    yield obj
-                    continue
-            if not skip_bad and not (oversize == "skip" and "io.max_record_chars" in err):
-                raise BadInput(inp.name, lineno, err)
-            stats.bad += 1
+            if _accept(err, truncated, inp.name, lineno, stats, skip_bad, oversize):
+                yield obj
     finally:
         if inp.path != STDIO:
             fh.close()
@@ -393,15 +397,8 @@ def _read_table(inp: InputFile, skip_bad: bool, stats: ReadStats, validate_recor
                 row += 1
                 err, truncated = (_check_record(obj, None, max_chars, oversize, plain_ids) if validate_records
                                   else (None, False))
-                if err is None:
-                    stats.records += 1
-                    stats.truncated += truncated
-                    stats.line = row
+                if _accept(err, truncated, inp.name, row, stats, skip_bad, oversize):
                     yield obj
-                    continue
-                if not skip_bad and not (oversize == "skip" and "io.max_record_chars" in err):
-                    raise BadInput(inp.name, row, err)
-                stats.bad += 1
             stats.bytes = inp.size * row // total if total else 0
     except (pa.ArrowException, OSError) as e:
         raise BadInput(inp.name, None, f"cannot read as {'Parquet' if inp.path.endswith('.parquet') else 'Arrow'}: "
@@ -467,8 +464,6 @@ def finite(obj: Any) -> Any:
 def atomic_write_json(path: Path, obj, indent: int | None = 2) -> None:
     """Write ``obj`` as JSON atomically: secrets masked (manifests, markers, stats: cptkit.core.redact),
     non-finite numbers as ``null``. ``indent=None``: one line (run state: quick to write when long)."""
-    from cptkit.core.redact import redact
-
     obj = redact(obj)
     try:
         text = json.dumps(obj, indent=indent, ensure_ascii=False, default=str, allow_nan=False)
@@ -503,8 +498,6 @@ class ShardWriter:
         zstd_level: int = 3,
         mask: bool = True,
     ):
-        if compression not in ("gz", "zst", "none"):
-            raise CptkitError(f"shard.compression must be gz, zst or none, got {compression!r}")
         self.stdout = str(directory) == STDIO
         self.directory = Path(directory)
         self.prefix, self.compression = prefix, compression

@@ -17,7 +17,7 @@ it with a composed config runs the step (``run(compose_step("score-quality", ove
 From that declaration come the Typer command ``cptkit score-quality`` (options mapped onto config
 keys, ``--cfg``, ``--help`` listing every config key), the Hydra schema ``_schema_score_quality``
 that ``conf/score_quality.yaml`` extends, and the runner used by single runs, multiruns and job
-arrays (:func:`cptkit.steps.execute`). Adding a step takes one file; ``order`` places it in
+arrays (:func:`cptkit.core.discovery.execute`). Adding a step takes one file; ``order`` places it in
 ``cptkit --help`` (pipeline order; a step without one is listed last, by name).
 
 Most steps map records to records (score, label, corrupt, filter). Their work is one subclass of
@@ -55,11 +55,10 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.core import shards
 from cptkit.core.config import register_step
-from cptkit.core.errors import CptkitError
 from cptkit.core.job import Hooks, Job
 from cptkit.core.records import Record
+from cptkit.core.registry import Registry
 from cptkit.core.run import Run, with_paths
 
 Stats = Counter  # str -> int counters of one task; merged by addition
@@ -209,15 +208,12 @@ class Step:
     def __call__(self, cfg: DictConfig) -> Any:
         """Fill ``--out``/``--in`` placeholders, convert the composed ``cfg`` once, run the body."""
         cfg = with_paths(cfg)
-        allow = bool(OmegaConf.select(cfg, "io.allow_partial", default=False))
-        token = shards.ALLOW_PARTIAL.set(allow)
-        try:
-            return self.body(OmegaConf.to_object(cfg), Run.of(cfg))
-        finally:
-            shards.ALLOW_PARTIAL.reset(token)
+        return self.body(OmegaConf.to_object(cfg), Run.of(cfg))
 
 
-STEPS: dict[str, Step] = {}  # filled as step modules are imported (cptkit.steps.step_module)
+# every declared step by name, filled as step modules are imported (cptkit.core.discovery.step_module);
+# a name declared by two modules is an error naming both
+STEPS: Registry[Step] = Registry("step", origin=lambda s: s.body.__module__)
 
 
 def step(name: str, schema: type, options: tuple[Option, ...] = DATA, order: float | None = None,
@@ -227,17 +223,14 @@ def step(name: str, schema: type, options: tuple[Option, ...] = DATA, order: flo
     ``--help`` (the module docstring's first paragraph, then every config key), multiruns and
     the runner are generated from this one declaration. A name declared by two modules is an
     error at import. ``order`` places the command in ``cptkit --help`` (pipeline order; a literal
-    number, read from the source without importing the module: :func:`cptkit.steps.step_order`).
+    number, read from the source without importing the module: :func:`cptkit.core.discovery.step_order`).
     ``phases(cfg)``: a multi-phase step's :class:`Phase` list, which executors run as waves
     (``executor.workers=N`` locally, ``executor=ray``, ``executor=slurm``); a plain run (one
     process) runs its body once, and the body handles every phase it can."""
 
     def declare(body: Callable[[Any, Run], Any]) -> Step:
-        old = STEPS.get(name)
-        if old is not None and old.body.__module__ != body.__module__:
-            raise CptkitError(f"step {name!r} is declared twice: in {old.body.__module__} and in {body.__module__}")
+        decl = STEPS.register(name, Step(name, schema, body, tuple(options), order, phases))
         register_step(name, schema)
-        STEPS[name] = Step(name, schema, body, tuple(options), order, phases)
-        return STEPS[name]
+        return decl
 
     return declare

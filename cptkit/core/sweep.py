@@ -16,8 +16,17 @@ import hydra
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
-from cptkit.core.config import CONF_DIR, compose_step, config_group, finalize, primary_config
-from cptkit.steps import execute
+from cptkit.core.config import (
+    CONF_DIR,
+    compose_step,
+    config_group,
+    finalize,
+    primary_config,
+    schema_of,
+)
+from cptkit.core.discovery import execute
+from cptkit.core.errors import CptkitError
+from cptkit.core.redact import install_log_redaction, redact_text
 
 # Keys that never name a member's output: where data lives, and job-array slices.
 # shard.index is left out too: the members of a job array over input shards share one output.
@@ -85,9 +94,6 @@ def check_config_files(step: str, overrides: list[str]) -> None:
 
 def multirun(step: str, overrides: list[str]) -> None:
     """Run ``step`` as a Hydra multirun over ``overrides`` (sweeps like ``a=1,2,3``)."""
-    from cptkit.core.errors import CptkitError
-    from cptkit.core.redact import install_log_redaction, redact_text
-
     for ov in overrides:
         if redact_text(ov) != ov:
             raise CptkitError(f"-m: {redact_text(ov)} carries a secret, and Hydra writes a sweep's overrides to "
@@ -100,8 +106,6 @@ def multirun(step: str, overrides: list[str]) -> None:
     @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name=config_name)
     def _main(cfg: DictConfig) -> None:
         from hydra.core.hydra_config import HydraConfig
-
-        from cptkit.core.config import schema_of
 
         hc = HydraConfig.get()
         try:

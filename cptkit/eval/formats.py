@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import BadInput, CptkitError
+from cptkit.core.records import read_jsonl
 
 MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
                  "prealgebra", "precalculus")
@@ -72,22 +73,6 @@ class MissingData(CptkitError):
 
 def _open_text(p: Path):
     return gzip.open(p, "rt", encoding="utf-8") if p.suffix == ".gz" else open(p, encoding="utf-8")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    docs = []
-    with _open_text(path) as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BadInput(str(path), n, f"malformed JSON: {e.msg}") from None
-            if not isinstance(obj, dict):
-                raise BadInput(str(path), n, "expected a JSON object")
-            docs.append(obj)
-    return docs
 
 
 def load_json(path: Path) -> Any:
@@ -164,48 +149,51 @@ def _csv_rows(f: Path, header: bool) -> list[list[str]] | list[dict]:
         return list(csv.DictReader(fh)) if header else list(csv.reader(fh))
 
 
-def mmlu_csv(path: Path, split: str, opts: dict) -> list[dict]:
-    """MMLU's ``data/<split>/<subject>_<split>.csv``: question, A, B, C, D, answer letter (no header)."""
-    _need(path, "MMLU split folder")
-    suffix = f"_{split}.csv"
+def subject_csvs(path: Path, opts: dict, what: str, suffix: str, header: bool, ok: Callable[[Any], bool],
+                 why: str, doc: Callable[[Any, str], dict]) -> list[dict]:
+    """The rows of one CSV per subject, ``<subject><suffix>`` in the folder ``path`` (``subjects``
+    option: which ones, else all): MMLU, C-Eval and CMMLU differ only in the file names, the header,
+    the check of a row (``ok``, else ``why`` names its line) and the document a row becomes (``doc``)."""
+    _need(path, what)
     found = sorted(f.name[: -len(suffix)] for f in path.glob(f"*{suffix}"))
     docs = []
     for s in _names(opts, "subjects", found, path):
         f = path / f"{s}{suffix}"
-        for n, row in enumerate(_csv_rows(f, header=False), 1):
-            if len(row) != 6 or row[5].strip() not in "ABCD" or not row[5].strip():
-                raise BadInput(str(f), n, "expected question,A,B,C,D,answer-letter")
-            docs.append({"question": row[0], "subject": s, "choices": row[1:5], "answer": "ABCD".index(row[5].strip())})
+        for n, row in enumerate(_csv_rows(f, header=header), 2 if header else 1):
+            if not ok(row):
+                raise BadInput(str(f), n, why)
+            docs.append(doc(row, s))
     return docs
+
+
+def _has(*columns: str) -> Callable[[dict], bool]:
+    """A row check: every one of ``columns`` is present and not empty."""
+    return lambda row: all(row.get(k) not in (None, "") for k in columns)
+
+
+def mmlu_csv(path: Path, split: str, opts: dict) -> list[dict]:
+    """MMLU's ``data/<split>/<subject>_<split>.csv``: question, A, B, C, D, answer letter (no header)."""
+    return subject_csvs(path, opts, "MMLU split folder", f"_{split}.csv", header=False,
+                        ok=lambda r: len(r) == 6 and r[5].strip() in "ABCD" and bool(r[5].strip()),
+                        why="expected question,A,B,C,D,answer-letter",
+                        doc=lambda r, s: {"question": r[0], "subject": s, "choices": r[1:5],
+                                          "answer": "ABCD".index(r[5].strip())})
 
 
 def ceval_csv(path: Path, split: str, opts: dict) -> list[dict]:
     """C-Eval's ``<split>/<subject>_<split>.csv`` (header id,question,A,B,C,D,answer[,explanation])."""
-    _need(path, "C-Eval split folder")
-    suffix = f"_{split}.csv"
-    found = sorted(f.name[: -len(suffix)] for f in path.glob(f"*{suffix}"))
-    docs = []
-    for s in _names(opts, "subjects", found, path):
-        f = path / f"{s}{suffix}"
-        for n, row in enumerate(_csv_rows(f, header=True), 2):
-            if any(row.get(k) in (None, "") for k in ("question", "A", "B", "C", "D", "answer")):
-                raise BadInput(str(f), n, "expected columns id,question,A,B,C,D,answer")
-            docs.append({**row, "subject": s, "explanation": row.get("explanation") or ""})
-    return docs
+    return subject_csvs(path, opts, "C-Eval split folder", f"_{split}.csv", header=True,
+                        ok=_has("question", "A", "B", "C", "D", "answer"),
+                        why="expected columns id,question,A,B,C,D,answer",
+                        doc=lambda r, s: {**r, "subject": s, "explanation": r.get("explanation") or ""})
 
 
 def cmmlu_csv(path: Path, split: str, opts: dict) -> list[dict]:
     """CMMLU's ``<split>/<subject>.csv`` (header ``,Question,A,B,C,D,Answer``)."""
-    _need(path, "CMMLU split folder")
-    found = sorted(f.stem for f in path.glob("*.csv"))
-    docs = []
-    for s in _names(opts, "subjects", found, path):
-        f = path / f"{s}.csv"
-        for n, row in enumerate(_csv_rows(f, header=True), 2):
-            if any(row.get(k) in (None, "") for k in ("Question", "A", "B", "C", "D", "Answer")):
-                raise BadInput(str(f), n, "expected columns Question,A,B,C,D,Answer")
-            docs.append({k: v for k, v in row.items() if k} | {"subject": s})
-    return docs
+    return subject_csvs(path, opts, "CMMLU split folder", ".csv", header=True,
+                        ok=_has("Question", "A", "B", "C", "D", "Answer"),
+                        why="expected columns Question,A,B,C,D,Answer",
+                        doc=lambda r, s: {k: v for k, v in r.items() if k} | {"subject": s})
 
 
 _OPT = re.compile(r"^\s*\(?([A-J])\)\s*")

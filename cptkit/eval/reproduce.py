@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.records import read_jsonl
 from cptkit.eval.stats import (
     NOT_TESTABLE,
     Comparison,
@@ -141,8 +142,6 @@ def has(obj: Any, path: str | Sequence[str]) -> bool:
 
 def load(path: Path, files: dict[Path, Any]) -> Any:
     """``path`` parsed (JSON, or a list of JSON lines), once per ``files`` cache."""
-    from cptkit.training.metrics import read_jsonl
-
     if path not in files:
         if not path.exists():
             raise FileNotFoundError(2, "No such file", str(path))

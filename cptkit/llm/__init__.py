@@ -19,13 +19,18 @@ from collections.abc import Callable
 from typing import Any
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.progress import log
+from cptkit.core.registry import Registry
 from cptkit.llm.base import Completion, Generator, GenParams, GenStats, Request
 from cptkit.llm.config import LLMConfig
+from cptkit.llm.llamacpp import gguf_path, llamacpp_available
 
 __all__ = ["Completion", "GenParams", "GenStats", "Generator", "LLMConfig", "Request", "load_generator", "BACKENDS",
-           "choose_local_backend"]
+           "GENERATORS", "choose_local_backend"]
 
-BACKENDS = ("auto", "llamacpp", "transformers", "openai", "vllm")
+# llm.backend name -> factory(llm config) -> Generator; each factory imports its engine only when
+# chosen. A plugin ``package.module:Class`` is a Generator subclass, built the same way: Class(llm).
+GENERATORS: Registry[Callable[[Any], Generator]] = Registry("llm.backend", base=Generator)
 
 
 def choose_local_backend(llm: Any, llamacpp_installed: bool, cuda: bool) -> tuple[str, str]:
@@ -34,8 +39,6 @@ def choose_local_backend(llm: Any, llamacpp_installed: bool, cuda: bool) -> tupl
     llama.cpp when it is installed, the model is a GGUF file (the embedded SmolLM2 is one) and
     generation runs on CPU; transformers otherwise (a model directory, a GPU, no llama-cpp-python).
     """
-    from cptkit.llm.llamacpp import gguf_path
-
     device = str(getattr(llm, "device", "auto"))
     if gguf_path(str(llm.model), getattr(llm, "gguf_file", None)) is None:
         return "transformers", f"llm.model={llm.model} is not a GGUF file"
@@ -46,65 +49,49 @@ def choose_local_backend(llm: Any, llamacpp_installed: bool, cuda: bool) -> tupl
     return "llamacpp", "GGUF model on CPU and llama-cpp-python is installed"
 
 
+# the factories defer their engines' imports (llama_cpp, transformers, vllm, ...): chosen at run time
+@GENERATORS.register("llamacpp")
 def _llamacpp(llm: Any) -> Generator:
     from cptkit.llm.llamacpp import LlamaCppGenerator
 
     return LlamaCppGenerator(llm)
 
 
+@GENERATORS.register("transformers")
 def _transformers(llm: Any) -> Generator:
     from cptkit.llm.hf import TransformersGenerator
 
     return TransformersGenerator(llm)
 
 
+@GENERATORS.register("openai")
 def _openai(llm: Any) -> Generator:
     from cptkit.llm.openai_http import OpenAIGenerator
 
     return OpenAIGenerator(llm)
 
 
+@GENERATORS.register("vllm")
 def _vllm(llm: Any) -> Generator:
     from cptkit.llm.vllm_engine import VLLMGenerator
 
     return VLLMGenerator(llm)
 
 
-# backend name -> factory(llm config) -> Generator; each imports its engine only when chosen
-FACTORIES: dict[str, Callable[[Any], Generator]] = {
-    "llamacpp": _llamacpp, "transformers": _transformers, "openai": _openai, "vllm": _vllm}
-
-
-def plugin_factory(backend: str) -> Callable[[Any], Generator]:
-    """``llm.backend=package.module:Class``: a :class:`Generator` subclass from your own code."""
-    import importlib
-
-    mod, _, name = backend.partition(":")
-    try:
-        factory = getattr(importlib.import_module(mod), name)
-    except (ImportError, AttributeError) as e:
-        raise CptkitError(f"llm.backend={backend}: cannot import {name} from {mod} ({e})") from None
-    if not (isinstance(factory, type) and issubclass(factory, Generator)):
-        raise CptkitError(f"llm.backend={backend}: {name} is not a cptkit.llm.Generator subclass")
-    return factory
+BACKENDS = ("auto", *GENERATORS.names())  # every llm.backend name (or package.module:Class)
 
 
 def load_generator(llm: Any) -> Generator:
     """Build the generator that ``llm`` (an :class:`LLMConfig`, or a config node of it) describes."""
     backend = str(llm.backend)
     if backend == "auto":
-        from cptkit.core.progress import log
-        from cptkit.llm.llamacpp import llamacpp_available
-
         cuda = False
         if str(getattr(llm, "device", "auto")) == "auto":
-            import torch
+            import torch  # deferred: torch, only to ask for a GPU
 
             cuda = torch.cuda.is_available()
         backend, why = choose_local_backend(llm, llamacpp_available(), cuda)
         log.info("llm.backend=auto: %s (%s)", backend, why)
-    if ":" in backend:
-        return plugin_factory(backend)(llm)
-    if backend not in FACTORIES:
+    if ":" not in backend and backend not in GENERATORS:
         raise CptkitError(f"llm.backend={backend}: expected one of {', '.join(BACKENDS)} or package.module:Class")
-    return FACTORIES[backend](llm)
+    return GENERATORS.get(backend)(llm)

@@ -12,7 +12,10 @@ eval losses at its interval and updates the weights with the pure functions of
   step 0 on the full held-out set and ℓ_t on a subset (§2.1).
 * ``dbl``: every ``interval_steps``, ``dbl_update`` against the target losses.
 
-A dynamic controller acts within a stage (:mod:`cptkit.training.stages`): ``enter_stage``
+The rules are registered by name in :data:`CONTROLLERS` (``train.mixture``), which also loads a
+rule of your own, ``package.module:Class``.
+
+A dynamic controller acts within a stage (:mod:`cptkit.mixtures.stages`): ``enter_stage``
 restricts it to the stage's domains (``active``) and its start weights; updates touch only
 those domains, the others keep weight 0.
 """
@@ -23,9 +26,8 @@ import math
 from typing import Any
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.registry import Registry
 from cptkit.mixtures import rules as mixing
-
-MIXTURES = ("static", "staged", "topic_ppl", "velocitune", "dbl")  # or package.module:Class (plugin_controller)
 
 
 class Controller:
@@ -71,6 +73,12 @@ class Controller:
         self.active = list(state.get("active") or self.domains)
 
 
+# the dynamic rules by ``train.mixture`` name; ``package.module:Class`` loads a Controller subclass of
+# your own, built as ``Class(domains, weights)`` (its settings are its own defaults: subclass to change them)
+CONTROLLERS: Registry[type[Controller]] = Registry("train.mixture", base=Controller)
+
+
+@CONTROLLERS.register("topic_ppl")
 class TopicPPL(Controller):
     name = "topic_ppl"
     dynamic = True
@@ -120,6 +128,7 @@ class TopicPPL(Controller):
         self.prev, self.next_round = state["prev"], float(state["next_round"])
 
 
+@CONTROLLERS.register("velocitune")
 class Velocitune(Controller):
     name = "velocitune"
     dynamic = True
@@ -178,6 +187,7 @@ class Velocitune(Controller):
         self.init = state["init"]
 
 
+@CONTROLLERS.register("dbl")
 class DBL(Controller):
     name = "dbl"
     dynamic = True
@@ -233,16 +243,5 @@ def domain_losses(model, tokenizer, records: list[dict], max_docs: int, max_toke
     return domain_eval(model, tokenizer, records, max_docs, max_tokens, seq_len)[0]
 
 
-def plugin_controller(spec: str) -> type[Controller]:
-    """``train.mixture=package.module:Class``: a :class:`Controller` subclass of your own, built as
-    ``Class(domains, weights)`` (its settings are its own defaults: subclass to change them)."""
-    import importlib
-
-    mod, _, name = spec.partition(":")
-    try:
-        cls = getattr(importlib.import_module(mod), name)
-    except (ImportError, AttributeError) as e:
-        raise CptkitError(f"train.mixture={spec}: cannot import {name} from {mod} ({e})") from None
-    if not (isinstance(cls, type) and issubclass(cls, Controller)):
-        raise CptkitError(f"train.mixture={spec}: {name} is not a cptkit.mixtures.controller.Controller subclass")
-    return cls
+# every train.mixture name: the static schedules, then the dynamic rules (or package.module:Class)
+MIXTURES = ("static", "staged", *CONTROLLERS.names())

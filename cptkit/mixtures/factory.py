@@ -7,6 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cptkit.core.errors import CptkitError
+from cptkit.mixtures.controller import CONTROLLERS, DBL, TopicPPL, Velocitune
+from cptkit.mixtures.stages import RunStage, StageMixture, run_stages
+from cptkit.mixtures.velocitune import load_targets_file
 
 if TYPE_CHECKING:
     from cptkit.training.config import TrainOptions, VelocituneConfig
@@ -15,7 +18,7 @@ if TYPE_CHECKING:
 def resolve_weights(spec: Any, stream, default: str, stage: Any = None) -> dict[str, float]:
     """Weights from config: a mapping, or uniform / tokens / stage (``stream``: the same).
 
-    With a ``stage`` (a :class:`~cptkit.training.stages.RunStage`), ``uniform`` and ``tokens``
+    With a ``stage`` (a :class:`~cptkit.mixtures.stages.RunStage`), ``uniform`` and ``tokens``
     are over the stage's domains and ``stage`` is its weights; without one, over all domains
     and ``stage`` is the stream's first stage.
     """
@@ -39,8 +42,6 @@ def resolve_weights(spec: Any, stream, default: str, stage: Any = None) -> dict[
 
 def load_targets(vcfg: VelocituneConfig, budget_tokens: float = 0.0, domains: list[str] | None = None) -> dict[str, float]:
     """Velocitune/DBL targets: ``targets`` over a proxy's ``targets_file`` (checked against this run)."""
-    from cptkit.mixtures.velocitune import load_targets_file
-
     targets = {str(k): float(v) for k, v in (vcfg.targets or {}).items()}  # targets: Any, as written
     if vcfg.targets_file:
         from_file = load_targets_file(vcfg.targets_file, budget_tokens, [] if targets else list(domains or []),
@@ -59,10 +60,7 @@ def make_controller(tcfg: TrainOptions, stream, proxy: bool, run_sequences: int 
     restarting in each from ``train.init_weights`` over the stage's domains. The proxy of
     Velocitune trains with token-share weights (``init_weights``) throughout.
     """
-    from cptkit.mixtures import controller as mx
-    from cptkit.training.stages import RunStage, StageMixture, run_stages
-
-    kind = "static" if proxy else tcfg.mixture  # one of mx.MIXTURES (TrainOptions)
+    kind = "static" if proxy else tcfg.mixture  # one of MIXTURES or package.module:Class (TrainOptions)
     total = int(stream.meta["total_sequences"])
     n_run = run_sequences or total
     doms = list(stream.domains)
@@ -88,19 +86,18 @@ def make_controller(tcfg: TrainOptions, stream, proxy: bool, run_sequences: int 
     cs = [str(x) for x in tcfg.controller_stages] if tcfg.controller_stages is not None else None  # Any: as written
     default_init = "uniform" if kind == "velocitune" else "stage"
     first = dict.fromkeys(doms, 1.0)  # placeholder: entering a stage it acts in sets the start weights
-    if ":" in kind:
-        ctl: Any = mx.plugin_controller(kind)(doms, first)
-    elif kind == "topic_ppl":
+    rule = CONTROLLERS.get(kind)  # a registered rule, or a plugin package.module:Class
+    if rule is TopicPPL:
         tp = tcfg.topic_ppl
         round_tokens = tp.round_fraction * budget_tokens if tp.round_fraction is not None else tp.round_tokens
-        ctl = mx.TopicPPL(doms, first, stream.parents, round_tokens, tp.alpha, tp.within_parent)
-    else:
+        ctl: Any = TopicPPL(doms, first, stream.parents, round_tokens, tp.alpha, tp.within_parent)
+    elif rule is Velocitune:
         vcfg = tcfg.velocitune
-        targets = load_targets(vcfg, budget_tokens, doms)
-        if kind == "velocitune":
-            ctl = mx.Velocitune(doms, first, targets, vcfg.interval_steps, vcfg.use_target, vcfg.learnt_guard,
-                                vcfg.init_eval_docs, vcfg.eval_docs)
-        else:
-            ctl = mx.DBL(doms, first, targets, tcfg.dbl.interval_steps, tcfg.dbl.eta, tcfg.dbl.smoothing,
-                         tcfg.dbl.clip)
+        ctl = Velocitune(doms, first, load_targets(vcfg, budget_tokens, doms), vcfg.interval_steps, vcfg.use_target,
+                         vcfg.learnt_guard, vcfg.init_eval_docs, vcfg.eval_docs)
+    elif rule is DBL:
+        ctl = DBL(doms, first, load_targets(tcfg.velocitune, budget_tokens, doms), tcfg.dbl.interval_steps,
+                  tcfg.dbl.eta, tcfg.dbl.smoothing, tcfg.dbl.clip)
+    else:
+        ctl = rule(doms, first)
     return StageMixture(stages, ctl, cs, lambda st: resolve_weights(tcfg.init_weights, stream, default_init, st))

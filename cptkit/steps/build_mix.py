@@ -24,7 +24,7 @@ from cptkit.core.config import JobConfig
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Hooks, Job, Task, TaskResult
 from cptkit.core.run import Run
-from cptkit.core.shards import atomic_write_bytes, atomic_write_json, resolve_inputs
+from cptkit.core.shards import atomic_write_bytes, atomic_write_json
 from cptkit.core.step import step
 from cptkit.mixtures.recipe import MixConfig, Router, stage_fractions
 from cptkit.mixtures.stream import (
@@ -103,7 +103,7 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
     specs_in = conf.io.inputs or s.mix.sources
     if not specs_in:
         raise CptkitError("build-mix: no input: pass --in PATH or list mix.sources in the recipe")
-    inputs = resolve_inputs(specs_in)
+    inputs = ctx.resolve_inputs(specs_in)
     tok = _load_tokenizer(conf.tokenizer, conf.trust_remote_code)
     dtype = token_dtype(conf.build_mix.dtype, len(tok))
     scorer = None

@@ -181,7 +181,6 @@ MODEL = Option(("--model",), "eval.model", "HF model dir, .gguf file, or smollm2
 @step("evaluate", EvaluateJob, options=(MODEL, IN, OUT, QUIET, SKIP_BAD), order=150)
 def run(conf: EvaluateJob, ctx: Run) -> dict:
     """Perplexity per group (when inputs are given) and benchmark tasks (when ``eval.tasks``)."""
-    from cptkit.core.shards import resolve_inputs
     from cptkit.eval import tasks as T
     from cptkit.models import lm
 
@@ -190,7 +189,7 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
         raise CptkitError("no model given: pass --model DIR (a HF model dir, a .gguf file, or smollm2)")
     model_spec = ec.model
     lm.check_model(model_spec, conf.trust_remote_code)  # remote code, a bad GGUF: before any output is touched
-    inputs = resolve_inputs(conf.io.inputs) if conf.io.inputs else []
+    inputs = ctx.resolve_inputs() if conf.io.inputs else []
     suite = load_suite(ec.suite) if ec.suite else None
     task_names = ec.tasks or (list(suite["tasks"]) if suite else [])
     shots_for = dict(suite["tasks"]) if suite else {}

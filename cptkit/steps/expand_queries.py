@@ -35,7 +35,7 @@ from cptkit.core.job import Job, Task
 from cptkit.core.progress import log
 from cptkit.core.records import Record
 from cptkit.core.run import Run
-from cptkit.core.shards import atomic_write_json, resolve_inputs
+from cptkit.core.shards import atomic_write_json
 from cptkit.core.step import step
 from cptkit.llm.config import LLMConfig
 from cptkit.llm.prompts import PromptConfig, check_prompt, max_new_tokens, render
@@ -180,7 +180,7 @@ class QueryPool:
 
 @step("expand-queries", ExpandQueriesJob, order=20)
 def run(conf: ExpandQueriesJob, ctx: Run) -> dict[str, Any]:
-    inputs = resolve_inputs(conf.io.inputs)
+    inputs = ctx.resolve_inputs()
     task = Task(0, inputs)
     with Job(ctx, inputs=inputs, tasks=[task]) as job:
         for t in job.pending():

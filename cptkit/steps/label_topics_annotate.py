@@ -30,7 +30,7 @@ from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.records import Record
 from cptkit.core.run import Run
-from cptkit.core.shards import atomic_write_bytes, resolve_inputs
+from cptkit.core.shards import atomic_write_bytes, read_records
 from cptkit.core.step import step
 from cptkit.labels.topics import (
     NORMS,
@@ -152,16 +152,15 @@ def topic_loglikelihoods(model, tokenizer, context: str, topics: list[str], batc
     return [(ll, len(c)) for ll, c in zip(lls, conts, strict=True)]
 
 
-def load_demos(conf: LabelTopicsAnnotateJob, taxes: dict) -> dict[str, list[tuple[str, str]]]:
-    """Few-shot demonstrations per language (``topics.few_shot`` per topic from ``topics.few_shot_file``)."""
+def load_demos(conf: LabelTopicsAnnotateJob, taxes: dict, ctx: Run) -> dict[str, list[tuple[str, str]]]:
+    """Few-shot demonstrations per language (``topics.few_shot`` per topic from ``topics.few_shot_file``,
+    read under the run's settings ``ctx``)."""
     a = conf.topics
     k = a.few_shot
     if k <= 0 or not a.few_shot_file:  # few_shot > 0 without a file is refused by AnnotateConfig
         return {}
-    from cptkit.core.shards import read_records
-
     examples: dict[str, list[tuple[str, str, str]]] = {}
-    recs = [r for inp in resolve_inputs([a.few_shot_file]) for r in read_records(inp)]
+    recs = [r for inp in ctx.resolve_inputs([a.few_shot_file]) for r in read_records(inp)]
     langs = record_languages(recs, a.lang_field, a.redetect)
     for rec, lang in zip(recs, langs, strict=True):
         if lang not in taxes:
@@ -202,7 +201,7 @@ def annotate_generate(gen, todo: list[tuple[Record, str]], taxes: dict, conf: La
                       stats: Counter) -> tuple[list[Record], list[dict]]:
     """Generate an answer per page and map it onto the taxonomy: (labelled records, rejected answers)."""
     a = conf.topics
-    demos = load_demos(conf, taxes)
+    demos = load_demos(conf, taxes, job.ctx)
     prompts = [fewshot_messages(taxes[lang], demos[lang], rec["text"], a.max_chars, a.few_shot_chars)
                if demos.get(lang) else build_prompt(taxes[lang], rec["text"], a.max_chars) for rec, lang in todo]
     advance = job.add_bar("annotate", len(prompts))
@@ -226,7 +225,7 @@ def annotate_loglikelihood(gen, todo: list[tuple[Record, str]], taxes: dict, con
     """Score every topic of the page's taxonomy as the prompt's continuation; argmax (normalised)."""
     a = conf.topics
     bs = a.topic_batch_size
-    demos = load_demos(conf, taxes)
+    demos = load_demos(conf, taxes, job.ctx)
 
     def request(lang: str, page: str):
         if demos.get(lang):
@@ -261,7 +260,7 @@ def run(conf: LabelTopicsAnnotateJob, ctx: Run) -> dict:
     a = conf.topics
     mode = a.annotate_mode  # with an llm backend that supports it (LabelTopicsAnnotateJob)
     taxes = taxonomies(conf)
-    inputs = resolve_inputs(conf.io.inputs)
+    inputs = ctx.resolve_inputs()
     with Job(ctx, inputs=inputs, tasks=[Task(0, inputs)]) as job:
         extra: dict = {}
         for task in job.pending():

@@ -19,7 +19,6 @@ from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.progress import log
 from cptkit.core.run import Run
-from cptkit.core.shards import resolve_inputs
 from cptkit.core.step import step
 from cptkit.labels.classifiers import TrainParams, save_classifier, train_classifier
 from cptkit.labels.report import check_quality, params_of, report, tuning_rows
@@ -44,7 +43,7 @@ MIN_EXAMPLES = 10  # fewer labelled records in a language: no classifier for it 
 def run(conf: LabelTopicsTrainJob, ctx: Run) -> dict:
     taxes = taxonomies(conf)
     label_field = conf.train.label_field
-    inputs = resolve_inputs(conf.io.inputs)
+    inputs = ctx.resolve_inputs()
     with Job(ctx, inputs=inputs, tasks=[Task(0, inputs)]) as job:
         extra: dict = {}
         for task in job.pending():

@@ -28,7 +28,7 @@ from cptkit.core.job import Job, Task
 from cptkit.core.progress import log
 from cptkit.core.records import Record, plain_id_problem
 from cptkit.core.run import Run
-from cptkit.core.shards import InputFile, iter_records, resolve_inputs
+from cptkit.core.shards import InputFile, iter_records
 from cptkit.core.step import OUT, QUIET, SKIP_BAD, Option, step
 from cptkit.index.base import IDF_VARIANTS, BM25Params, bm25_params, bm25_tokenizer
 from cptkit.index.elasticsearch import EsConfig, EsIndex
@@ -203,8 +203,8 @@ def run(conf: RetrieveJob, ctx: Run) -> dict:
     q_specs = _specs(rc.queries)
     if not q_specs:
         raise CptkitError("no queries given: pass --queries FILE (or retrieve.queries=FILE)")
-    q_inputs = resolve_inputs(q_specs)
-    corpus = resolve_inputs(conf.io.inputs) if conf.io.inputs else []
+    q_inputs = ctx.resolve_inputs(q_specs)
+    corpus = ctx.resolve_inputs() if conf.io.inputs else []
     params = bm25_params(rc)
     with Job(ctx, inputs=q_inputs + corpus, tasks=[Task(0, q_inputs)]) as job:
         extra: dict[str, Any] = {}

@@ -19,7 +19,6 @@ from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.records import Record
 from cptkit.core.run import Run
-from cptkit.core.shards import resolve_inputs
 from cptkit.core.step import OUT, QUIET, SKIP_BAD, step
 from cptkit.index.base import bm25_params, bm25_tokenizer
 from cptkit.index.sharded import shard_dir, shard_files
@@ -33,7 +32,7 @@ def run(conf: RetrieveJob, ctx: Run) -> dict:
     rc = conf.retrieve
     if not conf.io.inputs:
         raise CptkitError("no corpus given: pass --corpus DIR (files, directories or globs)")
-    corpus = resolve_inputs(conf.io.inputs)
+    corpus = ctx.resolve_inputs()
     n_shards = rc.shards or conf.shard.count  # both validated: shards >= 0, shard.count >= 1
     if n_shards > len(corpus):
         raise CptkitError(f"{len(corpus)} corpus file(s) cannot make {n_shards} index shards; "

@@ -41,7 +41,7 @@ from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
 from cptkit.core.records import Record
 from cptkit.core.run import Run
-from cptkit.core.shards import STDIO, iter_records, resolve_inputs
+from cptkit.core.shards import STDIO, iter_records
 from cptkit.core.step import MapStep, step
 from cptkit.labels.classifiers import expected_value, load_classifier, numeric_labels
 from cptkit.text.langid import detect, model_path, norm_lang
@@ -212,7 +212,7 @@ class ScoreQuality(MapStep):
     def calibrate(self, scorers: list[Scorer]) -> None:
         """Set each scorer's ``min_score`` from its ``keep_fraction`` on a sample of every input."""
         c: ScoreQualityJob = self.conf
-        inputs = resolve_inputs(list(self.ctx.io.inputs))
+        inputs = self.ctx.resolve_inputs()
         if any(f.path == STDIO for f in inputs):
             raise CptkitError("keep_fraction reads the input twice (a sample, then everything): give files, not stdin (-)")
         sample = calibration_sample(inputs, c.calibration_docs, c.seed, skip_bad=c.io.skip_bad_lines,

@@ -22,7 +22,7 @@ from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.progress import log
 from cptkit.core.run import Run
-from cptkit.core.shards import InputFile, resolve_inputs
+from cptkit.core.shards import InputFile
 from cptkit.core.step import IN, OUT, QUIET, SKIP_BAD, Option, step
 from cptkit.labels.classifiers import (
     TrainParams,
@@ -61,12 +61,12 @@ def run(conf: ScoreQualityTrainJob, ctx: Run) -> dict:
         if conf.io.inputs:
             raise CptkitError("--in is for train.label_field mode; with --positives/--negatives leave it out")
         groups: list[tuple[InputFile, str | None]] = (
-            [(f, t.positive_label) for f in resolve_inputs(t.positives)]
-            + [(f, t.negative_label) for f in resolve_inputs(t.negatives)])
+            [(f, t.positive_label) for f in ctx.resolve_inputs(t.positives)]
+            + [(f, t.negative_label) for f in ctx.resolve_inputs(t.negatives)])
     else:
         if not t.label_field:
             raise CptkitError("score-quality-train needs --positives/--negatives, or --in with train.label_field=FIELD")
-        groups = [(f, None) for f in resolve_inputs(conf.io.inputs)]
+        groups = [(f, None) for f in ctx.resolve_inputs()]
     label_field = t.label_field or ""
     inputs = [f for f, _ in groups]
     with Job(ctx, inputs=inputs, tasks=[Task(0, inputs)]) as job:

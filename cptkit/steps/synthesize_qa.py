@@ -33,7 +33,7 @@ from cptkit.core.job import Job, Task
 from cptkit.core.progress import log
 from cptkit.core.records import Record
 from cptkit.core.run import Run
-from cptkit.core.shards import atomic_write_json, resolve_inputs
+from cptkit.core.shards import atomic_write_json
 from cptkit.core.step import step
 from cptkit.llm.config import LLMConfig
 from cptkit.llm.prompts import PromptConfig, check_prompt, max_new_tokens, render
@@ -155,7 +155,7 @@ def length_band(lo: int, hi: int, tolerance: float) -> tuple[int, int]:
 def run(conf: SynthesizeQAJob, ctx: Run) -> dict[str, Any]:
     sy = conf.synth
     mode = sy.mode
-    inputs = resolve_inputs(conf.io.inputs)
+    inputs = ctx.resolve_inputs()
     if mode == "scientific":
         domains = {norm_discipline(k): list(v) for k, v in sy.domains.items()}
         active = [norm_discipline(d) for d in sy.disciplines] or list(domains)

@@ -29,8 +29,9 @@ from typing import Any
 from cptkit import __version__
 from cptkit.core.errors import CptkitError
 from cptkit.core.fingerprint import cache_path, content_hash
+from cptkit.core.records import read_jsonl
 from cptkit.core.shards import atomic_write_json
-from cptkit.training.metrics import eval_curves, read_jsonl
+from cptkit.training.metrics import eval_curves
 
 
 def b0_key(base_files: str, stream: Path, overrides: list[str]) -> str:
@@ -61,7 +62,7 @@ def levelled(tokens: list[float], losses: list[float], flat: float) -> dict[str,
 
 
 def curve(run: Path, group: str) -> tuple[list[float], list[float]]:
-    tokens, losses, _ = eval_curves(read_jsonl(run / "metrics.jsonl"))
+    tokens, losses, _ = eval_curves(read_jsonl(run / "metrics.jsonl", missing_ok=True))
     if group not in losses:
         raise CptkitError(f"{run}/metrics.jsonl has no held-out group {group!r} (have {', '.join(losses)})")
     pts = losses[group]

@@ -15,6 +15,7 @@ import yaml
 
 from cptkit import __version__
 from cptkit.core.fingerprint import fingerprint_path
+from cptkit.core.records import read_jsonl
 from cptkit.core.shards import atomic_write_bytes
 
 CARD = "README.md"
@@ -53,7 +54,7 @@ def eval_points(metrics_file: Path) -> list[dict[str, Any]]:
     with ``eval_tokens``, the training tokens seen when it was measured."""
     if not metrics_file.exists():
         return []
-    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(metrics_file)
     return [r for r in rows if r.get("eval_loss")]
 
 

@@ -183,8 +183,6 @@ def use_deepspeed(engine: str, world: int, user_config: bool, zero_stage: int) -
             raise CptkitError("train.engine=torch ignores DeepSpeed settings: drop train.deepspeed_config "
                               "or use train.engine=deepspeed")
         return False
-    if engine != "auto":
-        raise CptkitError(f"train.engine={engine!r}: use auto, deepspeed or torch")
     return on_gpu() or world > 1 or user_config or zero_stage >= 3
 
 
@@ -309,8 +307,6 @@ def checkpointing_wanted(setting: Any, model: torch.nn.Module, gpu: bool | None 
         return setting
     if str(setting).lower() in ("true", "false"):
         return str(setting).lower() == "true"
-    if str(setting) != "auto":
-        raise CptkitError(f"train.gradient_checkpointing={setting!r}: use auto, true or false")
     gpu = on_gpu() if gpu is None else gpu
     return sum(p.numel() for p in model.parameters()) >= (100_000_000 if gpu else 1_000_000_000)
 

@@ -89,7 +89,7 @@ class Trainer:
 
     def step(self) -> None:
         """One optimizer step: the step's eval (if due), a batch by the mixture, metrics, a checkpoint."""
-        from cptkit.training.stages import draw_batch
+        from cptkit.mixtures.stages import draw_batch
 
         spec, state, controller, mlog, stream = self.spec, self.state, self.controller, self.mlog, self.spec.stream
         step_tokens = self.global_seqs * spec.seq_len

@@ -11,13 +11,13 @@ weight trajectory. :func:`overlay_curves` draws several runs in one figure
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.records import read_jsonl
 
 
 def load_eval_tasks(names: list[str], task_dir: str | None = None, data_dir: str = "~/.cache/cptkit/eval") -> list:
@@ -71,12 +71,6 @@ def headline_score(metrics: dict[str, Any]) -> float:
     raise CptkitError(f"task metrics without acc_norm/exact_match: {sorted(metrics)}")
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def eval_curves(rows: list[dict]) -> tuple[list[int], dict[str, list[float]], dict[str, list[float]]]:
     """From ``metrics.jsonl`` rows: eval token positions, loss per domain and score per task, aligned."""
     pts = [r for r in rows if "eval_loss" in r]
@@ -121,7 +115,7 @@ def plot_curves(run_dir: Path, out: Path) -> str | None:
     plt = _pyplot()
     if plt is None:
         return "matplotlib is not installed: curves.png skipped (pip install matplotlib)"
-    rows = read_jsonl(run_dir / "metrics.jsonl")
+    rows = read_jsonl(run_dir / "metrics.jsonl", missing_ok=True)
     tokens, losses, scores = eval_curves(rows)
     if not tokens:
         return None
@@ -163,7 +157,7 @@ def overlay_curves(runs: dict[str, Path | list[Path]], out: Path) -> str | None:
     for name, dirs in runs.items():
         seeds = []
         for d in dirs if isinstance(dirs, list) else [dirs]:
-            tokens, losses, _ = eval_curves(read_jsonl(Path(d) / "metrics.jsonl"))
+            tokens, losses, _ = eval_curves(read_jsonl(Path(d) / "metrics.jsonl", missing_ok=True))
             if not tokens:
                 raise CptkitError(f"{d}: no eval losses in metrics.jsonl (train with train.eval_every > 0)")
             seeds.append((tokens, losses))

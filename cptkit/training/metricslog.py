@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from cptkit.core.records import jsonl_lines
 from cptkit.core.shards import atomic_write_bytes
 from cptkit.training.state import RunSpec, TrainState
 
@@ -14,7 +15,7 @@ from cptkit.training.state import RunSpec, TrainState
 def truncate_jsonl(path: Path, max_step: int) -> None:
     if not path.exists():
         return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= max_step]
+    keep = [line for line, row in jsonl_lines(path) if row["step"] <= max_step]
     atomic_write_bytes(path, ("\n".join(keep) + "\n").encode() if keep else b"")
 
 

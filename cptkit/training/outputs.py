@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from cptkit.core.progress import log
+from cptkit.core.records import read_jsonl
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json
 from cptkit.training.card import base_model, stream_record, write_model_card
 from cptkit.training.state import RunSpec, TrainState
@@ -27,7 +28,7 @@ def plot_weights(path: Path, out: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed: weights.png skipped (pip install matplotlib)"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(path)
     rows = [r for r in rows if r.get("weights")]  # a staged run follows its plan: its stage events carry none
     if not rows:
         return None

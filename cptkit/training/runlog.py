@@ -12,13 +12,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import console, log
+from cptkit.core.records import read_jsonl
 
 WANDB_ENV = ("WANDB_PROJECT", "WANDB_MODE", "WANDB_API_KEY")
 
@@ -121,7 +121,7 @@ def plot_loss(metrics: Path, out: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed: loss.png skipped (pip install matplotlib)"
-    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.exists() else []
+    rows = read_jsonl(metrics, missing_ok=True)
     train = [r for r in rows if "loss" in r and r.get("event") != "eval"]
     if not train:
         return None
