@@ -165,7 +165,7 @@ def test_run_visibility_tensorboard_log_lines_and_plots(stream, tmp_path):
 
 def test_wandb_is_optional():
     from cptkit.core.errors import CptkitError
-    from cptkit.training.runlog import flatten, wandb_wanted
+    from cptkit.training.monitor import flatten, wandb_wanted
 
     try:
         import wandb  # noqa: F401

@@ -47,6 +47,17 @@ class Run:
         io = dataclasses.replace(self.io, **{leaf: value}) if parents == ["io"] else self.io
         return dataclasses.replace(self, io=io, record=redact(record))
 
+    def without(self, key: str) -> Run:
+        """A copy whose recorded config leaves ``key`` (dotted) out: a setting at its default that the
+        manifest, the resume keys and the model card have never shown."""
+        record = copy.deepcopy(self.record)
+        *parents, leaf = key.split(".")
+        node = record
+        for p in parents:
+            node = node[p]
+        node.pop(leaf, None)
+        return dataclasses.replace(self, record=record)
+
 
 def with_paths(cfg: DictConfig) -> DictConfig:
     """A copy of ``cfg`` whose ``--out`` and ``--in`` have their ``{key}`` placeholders filled from the
