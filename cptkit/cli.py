@@ -225,8 +225,9 @@ def evaluate_compare(
     header, rows = compare_table(loaded, metric)
     print_compare(header, rows)
     if curves:
-        # deferred: only for --curves
-        from cptkit.training.metrics import overlay_curves, run_dir_of
+        # deferred: matplotlib, only for --curves
+        from cptkit.training.metrics import run_dir_of
+        from cptkit.training.plots import overlay_curves
 
         dirs = {n: d for n, r in loaded.items() if (d := run_dir_of(r)) is not None}
         if not dirs:

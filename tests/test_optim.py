@@ -108,3 +108,27 @@ def test_deepspeed_config_leaves_the_optimizer_to_lion():
     assert deepspeed_config({}, **kw)["optimizer"]["type"] == "AdamW"
     with pytest.raises(CptkitError, match="contradicts train.optimizer=lion"):
         deepspeed_config({}, optimizer="lion", user={"optimizer": {"type": "AdamW"}}, **kw)
+
+
+def test_the_schedule_is_the_one_source_of_the_learning_rate():
+    """train.lr reaches the optimizer only through the schedule; a DeepSpeed file that sets another
+    peak is refused in one line naming the file and key; a file's own scheduler takes over."""
+    from cptkit.core.errors import CptkitError
+    from cptkit.training.engine import TorchEngine, lr_source, param_groups
+
+    sched = make_schedule(3e-3, 10, warmup=2, init_lr=1e-7)
+    assert lr_source({}, None, sched) == "cptkit"
+    assert lr_source({"optimizer": {"params": {"lr": 3e-3}}}, "ds.json", sched) == "cptkit"  # agrees: fine
+    with pytest.raises(CptkitError, match=r"^ds.json: optimizer.params.lr=0.002 disagrees with train.lr=0.003"):
+        lr_source({"optimizer": {"type": "AdamW", "params": {"lr": 2e-3}}}, "ds.json", sched)
+    assert lr_source({"optimizer": {"params": {"lr": 2e-3}}, "scheduler": {"type": "WarmupLR"}}, "ds.json",
+                     sched) == "deepspeed (user file)"
+    model = torch.nn.Linear(4, 4)
+    eng = TorchEngine(model, param_groups(model, 0.1), schedule=sched, betas=(0.9, 0.95), eps=1e-8,
+                      grad_clip=1.0, precision="fp32", grad_accum=1)
+    lrs = []
+    for _ in range(3):
+        lrs.append(eng.get_lr()[0])
+        eng(input=torch.ones(1, 4)).sum().backward()
+        eng.step()
+    assert lrs == pytest.approx([sched.lr(0), sched.lr(1), sched.lr(2)]) and lrs[0] == pytest.approx(1e-7)

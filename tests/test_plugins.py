@@ -70,3 +70,40 @@ def test_a_mixture_rule_of_your_own_reweights_training(tmp_path, corpus_dir, cor
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "cannot import Nope from worst_first" in lines[0], r.stderr
     assert not (tmp_path / "bad").exists()  # nothing half-written
+
+
+def test_a_training_callback_of_your_own_survives_resume(tmp_path, corpus_dir, corpus_records):
+    """train.callbacks=[loss_recorder:LossRecorder] (tests/fixtures/plugins/loss_recorder.py): a run
+    stopped at step 4 and resumed to step 8 ends with the same recorded losses as an unbroken 8-step
+    run: its state came back from the checkpoint (without it, the resumed run would hold steps 6, 8)."""
+    from mixdata import TWO_DOMAINS, build_stream, make_tokenizer
+
+    from cptkit.training.checkpoint import safe_load
+
+    tok = make_tokenizer(corpus_records, tmp_path / "tok")
+    build_stream(corpus_dir, tok, tmp_path / "s", [*TWO_DOMAINS, "mix.budget_tokens=8000", "mix.seq_len=32"])
+
+    def train(out: str, *args: str) -> dict:
+        r = cptkit("train", "--in", str(tmp_path / "s"), "--out", str(tmp_path / out), "-q", "model.hidden=32",
+                   "model.layers=1", "model.heads=2", "train.micro_batch=2", "train.threads=1", "train.warmup=0",
+                   "train.engine=torch", "train.precision=fp32", "train.callbacks=[loss_recorder:LossRecorder]", *args)
+        assert r.returncode == 0, r.stderr[-2000:]
+        ck = safe_load(tmp_path / out / "checkpoints" / "step00000008" / "cptkit_state.pt")
+        return ck["client_state"]["callbacks"]
+
+    whole = train("whole", "train.max_steps=8")
+    r = cptkit("train", "--in", str(tmp_path / "s"), "--out", str(tmp_path / "cut"), "-q", "train.max_steps=4",
+               "model.hidden=32", "model.layers=1", "model.heads=2", "train.micro_batch=2", "train.threads=1",
+               "train.warmup=0", "train.engine=torch", "train.precision=fp32",
+               "train.callbacks=[loss_recorder:LossRecorder]")
+    assert r.returncode == 0, r.stderr[-2000:]
+    resumed = train("cut", "train.max_steps=8", "train.resume=true")
+    got = resumed["loss_recorder:LossRecorder"]["losses"]
+    assert [s for s, _ in got] == [2, 4, 6, 8]
+    assert got == whole["loss_recorder:LossRecorder"]["losses"]
+    assert set(resumed) == {"mixture", "evaluator", "metrics", "checkpointer", "loss_recorder:LossRecorder"}
+    # a class that is not a Callback: one line naming the setting, nothing written
+    r = cptkit("train", "--in", str(tmp_path / "s"), "--out", str(tmp_path / "bad"), "-q",
+               "train.callbacks=[loss_recorder:Any]")
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "train.callbacks=loss_recorder:Any" in lines[0], r.stderr

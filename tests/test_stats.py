@@ -178,7 +178,7 @@ def test_curves_over_seeds_are_mean_and_shaded_error(tmp_path):
     from pathlib import Path
 
     from cptkit.core.errors import CptkitError
-    from cptkit.training.metrics import overlay_curves
+    from cptkit.training.plots import overlay_curves
 
     def run(name: str, losses: list[float], tokens: tuple[int, ...] = (0, 100, 200)) -> Path:
         d = tmp_path / name

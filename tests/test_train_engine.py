@@ -165,7 +165,7 @@ def test_run_visibility_tensorboard_log_lines_and_plots(stream, tmp_path):
 
 def test_wandb_is_optional():
     from cptkit.core.errors import CptkitError
-    from cptkit.training.runlog import flatten, wandb_wanted
+    from cptkit.training.monitor import flatten, wandb_wanted
 
     try:
         import wandb  # noqa: F401
@@ -411,3 +411,29 @@ def test_gradient_checkpointing_auto_depends_on_size_and_device():
     assert checkpointing_wanted("auto", big, gpu=True) and not checkpointing_wanted("auto", big, gpu=False)
     assert not checkpointing_wanted("auto", small, gpu=True)
     assert checkpointing_wanted(True, small, gpu=False) and not checkpointing_wanted("false", big, gpu=True)
+
+
+def test_checkpoints_restore_every_callback_and_read_older_ones():
+    """A checkpoint's client state holds every callback's state by key; resume restores each one (a
+    callback the checkpoint does not know keeps its own); a checkpoint from before callbacks still loads."""
+    from cptkit.training.state import TrainState, client_state, restore
+
+    class Part:
+        def __init__(self, v: int):
+            self.v = v
+
+        def state_dict(self) -> dict:
+            return {"v": self.v}
+
+        def load_state_dict(self, s: dict) -> None:
+            self.v = s["v"]
+
+    saved = client_state(TrainState(step=3, tokens=96, elapsed=1.0, weight_sum={"a": 1.0}), Part(7),
+                         {"mixture": Part(1), "mine": Part(2)})
+    state, sampler, cbs = TrainState(), Part(0), {"mixture": Part(0), "mine": Part(0), "new": Part(5)}
+    restore(saved, state, sampler, cbs)
+    assert (state.step, state.tokens, sampler.v) == (3, 96, 7)
+    assert {k: c.v for k, c in cbs.items()} == {"mixture": 1, "mine": 2, "new": 5}
+    old = {k: v for k, v in saved.items() if k != "callbacks"} | {"controller": {"v": 9}, "proxy_log": []}
+    restore(old, state, sampler, cbs)
+    assert cbs["mixture"].v == 9 and cbs["mine"].v == 2

@@ -54,6 +54,17 @@ class Run:
         specs = list(self.io.inputs) if specs is None else specs
         return resolve_inputs(specs, allow_partial=self.io.allow_partial)
 
+    def without(self, key: str) -> Run:
+        """A copy whose recorded config leaves ``key`` (dotted) out: a setting at its default that the
+        manifest, the resume keys and the model card have never shown."""
+        record = copy.deepcopy(self.record)
+        *parents, leaf = key.split(".")
+        node = record
+        for p in parents:
+            node = node[p]
+        node.pop(leaf, None)
+        return dataclasses.replace(self, record=record)
+
 
 def with_paths(cfg: DictConfig) -> DictConfig:
     """A copy of ``cfg`` whose ``--out`` and ``--in`` have their ``{key}`` placeholders filled from the

@@ -17,35 +17,23 @@ model and tokenizer, ``from_pretrained``-loadable, and its model card ``README.m
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from cptkit.core.config import JobConfig
 from cptkit.core.errors import CptkitError
 from cptkit.core.run import Run
 from cptkit.core.step import IN, OUT, QUIET, step
 from cptkit.models.lm import check_model
 from cptkit.training.card import stream_record
-from cptkit.training.config import ModelConfig, TrainOptions
-
-
-@dataclass
-class TrainJob(JobConfig):
-    tokenizer: str | None = None  # default: the stream's tokenizer
-    trust_remote_code: bool = False  # let model.path / tokenizer folders run their own Python code (auto_map)
-    model: ModelConfig = field(default_factory=ModelConfig)  # cptkit/training/config.py
-    train: TrainOptions = field(default_factory=TrainOptions)  # cptkit/training/config.py
-    deepspeed: Any = field(default_factory=dict)
+from cptkit.training.config import TrainJob
 
 
 @step("train", TrainJob, options=(IN, OUT, QUIET), order=140)
 def run(conf: TrainJob, ctx: Run) -> dict:
     from cptkit.core.job import Hooks, Job, Task
     from cptkit.mixtures.stream import Stream
-    from cptkit.training.checkpointing import reopen_finished, run_identity
+    from cptkit.training.checkpoint import reopen_finished, run_identity
     from cptkit.training.engine import init_distributed
     from cptkit.training.kernels import check_kernels
     from cptkit.training.loop import train
@@ -64,6 +52,8 @@ def run(conf: TrainJob, ctx: Run) -> dict:
     proxy = tcfg.velocitune.proxy
     resume = tcfg.resume
     ctx = ctx.recording("train.resume", False)  # resuming does not change what the run computes
+    if not tcfg.callbacks:  # none of yours: the recorded config (hash, manifest, model card) as before the key
+        ctx = ctx.without("train.callbacks")
     if tcfg.threads > 0:
         torch.set_num_threads(tcfg.threads)
 

@@ -1,4 +1,6 @@
-"""Training checkpoints: safe loading, the ``latest`` tag, and the plain-torch engine's files.
+"""Training checkpoints: the files (safe loading, the ``latest`` tag, the plain-torch engine's files)
+and the resume protocol (a run's identity, reopening a finished run to extend it, refusing to mix a
+new run into an old one's checkpoints, saving and resuming).
 
 Every checkpoint file is read with ``torch.load(weights_only=True)``: tensors, containers and
 numbers only, plus the three DeepSpeed classes its ZeRO optimizer state holds (allow-listed in
@@ -10,6 +12,7 @@ inside the checkpoint folder.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
@@ -20,6 +23,10 @@ from typing import Any
 import torch
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.fingerprint import config_hash
+from cptkit.core.output import MANIFEST, SUCCESS
+from cptkit.core.progress import log
+from cptkit.training.state import Engine, RunSpec, Stateful, TrainState, client_state, restore
 
 TAG_RE = re.compile(r"step\d{8}")
 TORCH_STATE = "cptkit_state.pt"  # the plain-torch engine's file inside a tag directory
@@ -138,3 +145,75 @@ def check_resumable(ckdir: Path, engine_kind: str) -> str:
     if engine_kind == "torch" and not is_torch and any((ckdir / tag).glob("*model_states.pt")):
         raise CptkitError(f"{ckdir / tag}: a DeepSpeed checkpoint; resume it with train.engine=deepspeed")
     return tag
+
+
+# --- the resume protocol ----------------------------------------------------------------------
+def run_identity(config: dict) -> str:
+    """The hash that names a run in its output: its config without ``train.resume`` and ``train.max_steps``
+    (a finished run can be extended to more steps: same run, longer)."""
+    train = {k: v for k, v in config.get("train", {}).items() if k not in ("resume", "max_steps")}
+    return config_hash({**config, "train": train})
+
+
+def reopen_finished(out: Path, ckdir: Path, max_steps: int, resume: bool) -> bool:
+    """A finished run asked for another ``max_steps``: reopen it to extend (resume, more steps) or refuse.
+
+    Returns True when the run is to be extended: it resumes from its final checkpoint, and its
+    ``_SUCCESS`` is removed once that checkpoint has loaded."""
+    if not (out / SUCCESS).exists() or max_steps <= 0 or not (out / MANIFEST).exists():
+        return False
+    try:
+        done = int(json.loads((out / MANIFEST).read_text())["extra"]["steps"])
+    except (ValueError, KeyError, TypeError):
+        return False
+    if max_steps == done:
+        return False
+    if max_steps < done:
+        raise CptkitError(f"{out}: finished at step {done}; train.max_steps={max_steps} would shorten it "
+                          "(io.overwrite=true starts over)")
+    if not resume:
+        raise CptkitError(f"{out}: finished at step {done}; pass train.resume=true to extend it to "
+                          f"train.max_steps={max_steps}, or io.overwrite=true to start over")
+    tag = latest_tag(ckdir)
+    if tag is None or tag_step(tag) != done:
+        raise CptkitError(f"{out}: finished at step {done} but {ckdir} holds no checkpoint of that step to extend")
+    log.info("extending %s from step %d to %d", out, done, max_steps)
+    return True
+
+
+def prepare_checkpoints(spec: RunSpec) -> bool:
+    """Whether there is a checkpoint to resume from; refuses to mix a new run into an old one."""
+    has_ckpt = (spec.ckdir / "latest").exists()
+    if has_ckpt and not spec.resume and spec.conf.io.overwrite:  # start over, as the error below suggests
+        if spec.rank == 0:
+            shutil.rmtree(spec.ckdir)
+        has_ckpt = False
+    if has_ckpt and not spec.resume:
+        raise CptkitError(f"{spec.out}: holds checkpoints of an unfinished run; pass train.resume=true to continue "
+                          "it or io.overwrite=true to start over")
+    if spec.resume and not has_ckpt:
+        log.warning("train.resume=true but %s has no checkpoint: starting from step 0", spec.ckdir)
+    return has_ckpt
+
+
+def save(spec: RunSpec, engine: Engine, state: TrainState, sampler: Stateful, callbacks: dict[str, Stateful]) -> None:
+    """The engine's checkpoint of this step under ``OUT/checkpoints`` (the last ``train.keep_last`` kept),
+    holding the run's state, the sampler's and every callback's (:func:`~cptkit.training.state.client_state`)."""
+    engine.save_checkpoint(str(spec.ckdir), tag=tag_for(state.step), client_state=client_state(state, sampler, callbacks))
+    if spec.rank == 0:
+        prune(spec.ckdir, spec.tcfg.keep_last)
+
+
+def resume(spec: RunSpec, engine: Engine, engine_name: str, state: TrainState, sampler: Stateful,
+           callbacks: dict[str, Stateful]) -> int:
+    """Load the latest checkpoint (after checking it fits this engine) into ``state``, the sampler and
+    the callbacks; returns its step."""
+    check_resumable(spec.ckdir, engine_name)
+    path, saved = engine.load_checkpoint(str(spec.ckdir))
+    if path is None or saved is None:
+        raise CptkitError(f"{spec.ckdir}: cannot load the latest checkpoint")
+    restore(saved, state, sampler, callbacks)
+    if spec.rank == 0:
+        (spec.out / SUCCESS).unlink(missing_ok=True)  # extending a finished run: unfinished until it ends
+        log.info("resumed from %s at step %d (%d tokens)", path, state.step, state.tokens)
+    return state.step

@@ -1,5 +1,6 @@
-"""The ``train`` step's typed config: the model (``model.*``) and the training options (``train.*``),
-each value checked at compose time (a bad one is refused with one line naming its key)."""
+"""The ``train`` step's typed config (:class:`TrainJob`): the model (``model.*``) and the training
+options (``train.*``), each value checked at compose time (a bad one is refused with one line naming
+its key). These checks are the one place: the engine and the loop take the values as given."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from cptkit.core.config import check
+from cptkit.core.config import JobConfig, check
 
 
 @dataclass
@@ -120,6 +121,7 @@ class TrainOptions:
     wandb: Any = "auto"  # auto: log to W&B when wandb is installed and WANDB_PROJECT/WANDB_MODE/WANDB_API_KEY is set
     log_every: int = 0  # progress lines when stderr is not a terminal (0: every ~10% of the steps)
     backend: str = "auto"  # gloo on CPU, nccl on GPU
+    callbacks: list[str] = field(default_factory=list)  # your training callbacks: [package.module:Class, ...]
     topic_ppl: TopicPPLConfig = field(default_factory=TopicPPLConfig)
     velocitune: VelocituneConfig = field(default_factory=VelocituneConfig)
     dbl: DBLConfig = field(default_factory=DBLConfig)
@@ -156,3 +158,14 @@ class TrainOptions:
               "use 0, 1, 2 or 3 (or null: the deepspeed group's)")
         check(str(self.gradient_checkpointing).lower() in ("auto", "true", "false"), "gradient_checkpointing",
               self.gradient_checkpointing, "use auto, true or false")  # Any: a bool or auto
+        for cb in self.callbacks:
+            check(":" in str(cb), "callbacks", cb, "name each callback as package.module:Class")
+
+
+@dataclass
+class TrainJob(JobConfig):
+    tokenizer: str | None = None  # default: the stream's tokenizer
+    trust_remote_code: bool = False  # let model.path / tokenizer folders run their own Python code (auto_map)
+    model: ModelConfig = field(default_factory=ModelConfig)  # cptkit/training/config.py
+    train: TrainOptions = field(default_factory=TrainOptions)  # cptkit/training/config.py
+    deepspeed: Any = field(default_factory=dict)

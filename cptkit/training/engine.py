@@ -9,7 +9,7 @@ replacing ``build_shm_op`` in the module ``deepspeed.comm.torch`` (reached throu
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import os
 import socket
 import sys
@@ -17,10 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.net import free_port
 from cptkit.core.progress import log
+from cptkit.training.checkpoint import guard_deepspeed, latest_tag, load_torch, save_torch
+from cptkit.training.config import TrainOptions
+from cptkit.training.kernels import apply_kernels
+from cptkit.training.optim import make_optimizer
+from cptkit.training.schedule import Schedule, torch_scheduler
+from cptkit.training.state import Engine
 
 
 def on_gpu() -> bool:
@@ -173,7 +180,8 @@ def deepspeed_config(base: dict[str, Any], *, micro_batch: int, grad_accum: int,
 
 def use_deepspeed(engine: str, world: int, user_config: bool, zero_stage: int) -> bool:
     """``train.engine=auto``: DeepSpeed on GPU, with several processes, a user DeepSpeed file or ZeRO-3;
-    one CPU process otherwise runs :class:`TorchEngine` (ZeRO has nothing to shard across one process)."""
+    one CPU process otherwise runs :class:`TorchEngine` (ZeRO has nothing to shard across one process).
+    ``engine`` is one of auto, deepspeed, torch (checked by ``TrainOptions``)."""
     if engine == "deepspeed":
         return True
     if engine == "torch":
@@ -186,24 +194,23 @@ def use_deepspeed(engine: str, world: int, user_config: bool, zero_stage: int) -
     return on_gpu() or world > 1 or user_config or zero_stage >= 3
 
 
-class TorchEngine:
+class TorchEngine(Engine):
     """One process, plain PyTorch: the loop a user would write, behind DeepSpeed's engine interface.
 
     AdamW (``torch.optim``, fused) or LionW (``train.optimizer``), gradient clipping, gradient accumulation (``backward``
     scales by 1/accum; ``step`` updates at the boundary), bf16 through ``torch.autocast`` over
     fp32 weights, and checkpoints read with ``weights_only=True`` (:mod:`cptkit.training.checkpoint`).
+    The learning rate is ``schedule``'s: the optimizer is built with its peak and follows it step by step.
     """
 
-    def __init__(self, model: torch.nn.Module, groups: list[dict[str, Any]], *, lr: float,
+    def __init__(self, model: torch.nn.Module, groups: list[dict[str, Any]], *, schedule: Schedule,
                  betas: tuple[float, float], eps: float, grad_clip: float, precision: str, grad_accum: int,
-                 lr_scheduler: Any = None, optimizer: str = "adamw", compile_forward: bool = False):
-        from cptkit.training.optim import make_optimizer
-
+                 optimizer: str = "adamw", compile_forward: bool = False):
         device = "cuda" if on_gpu() else "cpu"
         self.module = model.to(device)  # before the optimizer: fused AdamW takes the parameters where they live
         self.device = device
-        self.optimizer = make_optimizer(optimizer, groups, lr=lr, betas=betas, eps=eps)
-        self.lr_scheduler = lr_scheduler(self.optimizer) if callable(lr_scheduler) else None
+        self.optimizer = make_optimizer(optimizer, groups, lr=schedule.peak_lr, betas=betas, eps=eps)
+        self.lr_scheduler = torch_scheduler(self.optimizer, schedule)
         self.grad_clip = float(grad_clip)
         self.precision = precision
         self.accum = int(grad_accum)
@@ -243,16 +250,12 @@ class TorchEngine:
         return [float(g["lr"]) for g in self.optimizer.param_groups]
 
     def save_checkpoint(self, save_dir: str, tag: str, client_state: dict[str, Any]) -> None:
-        from cptkit.training.checkpoint import save_torch
-
         save_torch(Path(save_dir), tag, {
             "module": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+            "lr_scheduler": self.lr_scheduler.state_dict(),
             "global_steps": self.global_steps, "micro_steps": self.micro_steps, "client_state": client_state})
 
     def load_checkpoint(self, load_dir: str) -> tuple[str | None, dict[str, Any] | None]:
-        from cptkit.training.checkpoint import latest_tag, load_torch
-
         ckdir = Path(load_dir)
         tag = latest_tag(ckdir)
         if tag is None:
@@ -260,7 +263,7 @@ class TorchEngine:
         state = load_torch(ckdir, tag)
         self.module.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
-        if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+        if state.get("lr_scheduler") is not None:
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         self.global_steps = int(state.get("global_steps", 0))
         self.micro_steps = int(state.get("micro_steps", 0))
@@ -285,12 +288,8 @@ def load_user_deepspeed(path: str | None) -> dict[str, Any]:
         raise CptkitError(f"train.deepspeed_config={p}: no such file")
     try:
         if p.suffix == ".json":
-            import json
-
             data = json.loads(p.read_text())
         else:
-            from omegaconf import OmegaConf
-
             data = OmegaConf.to_container(OmegaConf.load(p), resolve=True)
     except Exception as e:  # noqa: BLE001 - any parse error is the user's file
         raise CptkitError(f"{p}: not a valid DeepSpeed config: {str(e).splitlines()[0] if str(e) else e}") from None
@@ -299,12 +298,11 @@ def load_user_deepspeed(path: str | None) -> dict[str, Any]:
     return data
 
 
-def checkpointing_wanted(setting: Any, model: torch.nn.Module, gpu: bool | None = None) -> bool:
-    """``train.gradient_checkpointing``: true/false, or auto = on for models of ≥ 1e8 parameters on a
-    GPU (whose memory is the limit) and of ≥ 1e9 on CPU, where RAM holds the activations of a 135M
-    model many times over and recomputing the forward would cost a third more compute per step."""
-    if isinstance(setting, bool):
-        return setting
+def checkpointing_wanted(setting: bool | str, model: torch.nn.Module, gpu: bool | None = None) -> bool:
+    """``train.gradient_checkpointing`` (true, false or auto; checked by ``TrainOptions``): auto = on for
+    models of ≥ 1e8 parameters on a GPU (whose memory is the limit) and of ≥ 1e9 on CPU, where RAM holds
+    the activations of a 135M model many times over and recomputing the forward would cost a third more
+    compute per step."""
     if str(setting).lower() in ("true", "false"):
         return str(setting).lower() == "true"
     gpu = on_gpu() if gpu is None else gpu
@@ -318,75 +316,92 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def make_engine(model: torch.nn.Module, tcfg: Any, *, deepspeed_base: dict[str, Any], world: int,
-                schedule: Any) -> tuple[Any, dict[str, Any]]:
-    """The engine for ``train.*``: :class:`TorchEngine` or a DeepSpeed engine (checkpoint loads guarded).
+def lr_source(user: dict[str, Any], user_name: str | None, schedule: Schedule) -> str:
+    """Who sets the learning rate: ``cptkit`` (the schedule, from ``train.lr``: the one source) or
+    ``deepspeed (user file)`` (a DeepSpeed file's own ``scheduler``, said in one log line).
 
-    Returns the engine and what was chosen (engine, ZeRO stage, precision, gradient checkpointing, kernels).
-    ``train.kernels`` patches the model (:mod:`cptkit.training.kernels`) before the engine wraps it.
-    """
-    from cptkit.training.checkpoint import guard_deepspeed
-    from cptkit.training.kernels import apply_kernels
-    from cptkit.training.schedule import torch_scheduler
+    A file's ``optimizer.params.lr`` without a scheduler of its own must equal ``train.lr``: a peak
+    that differs is refused with one line naming the file and the key, never taken silently."""
+    if "scheduler" in user:
+        log.info("%s: its scheduler (%s) sets the learning rate; train.lr, train.schedule, train.warmup and "
+                 "train.decay are not used", user_name, (user["scheduler"] or {}).get("type"))
+        return "deepspeed (user file)"
+    user_lr = ((user.get("optimizer") or {}).get("params") or {}).get("lr")
+    if user_lr is not None and float(user_lr) != schedule.peak_lr:
+        raise CptkitError(f"{user_name}: optimizer.params.lr={user_lr} disagrees with train.lr={schedule.peak_lr}, "
+                          "the schedule's peak and the one source of the learning rate; drop the key from the "
+                          f"file or set train.lr={user_lr}")
+    return "cptkit"
 
-    user = load_user_deepspeed(tcfg.deepspeed_config)
-    opt_name = str(getattr(tcfg, "optimizer", "adamw"))
-    micro, accum = int(tcfg.micro_batch), int(tcfg.grad_accum)
-    betas = (float(tcfg.betas[0]), float(tcfg.betas[1]))
-    ds_cfg = deepspeed_config(deepspeed_base, micro_batch=micro, grad_accum=accum, world=world, lr=float(tcfg.lr),
-                              betas=betas, eps=float(tcfg.eps), weight_decay=float(tcfg.weight_decay),
-                              grad_clip=float(tcfg.grad_clip), precision=str(tcfg.precision),
-                              zero_stage=None if tcfg.zero_stage is None else int(tcfg.zero_stage), user=user,
-                              user_name=str(tcfg.deepspeed_config), optimizer=opt_name)
+
+def _engine_config(tcfg: TrainOptions, deepspeed_base: dict[str, Any], world: int,
+                   user: dict[str, Any], schedule: Schedule) -> tuple[dict[str, Any], str, bool]:
+    """The DeepSpeed config, the precision it resolves to and whether DeepSpeed runs (refusals first,
+    before anything touches the model)."""
+    ds_cfg = deepspeed_config(deepspeed_base, micro_batch=tcfg.micro_batch, grad_accum=tcfg.grad_accum, world=world,
+                              lr=schedule.peak_lr, betas=(tcfg.betas[0], tcfg.betas[1]), eps=tcfg.eps,
+                              weight_decay=tcfg.weight_decay, grad_clip=tcfg.grad_clip, precision=tcfg.precision,
+                              zero_stage=tcfg.zero_stage, user=user, user_name=str(tcfg.deepspeed_config),
+                              optimizer=tcfg.optimizer)
     stage = int(ds_cfg["zero_optimization"]["stage"])
     precision = "bf16" if ds_cfg["bf16"]["enabled"] else "fp16" if ds_cfg["fp16"]["enabled"] else "fp32"
     if precision == "fp16" and not on_gpu():
         raise CptkitError("train.precision=fp16 needs a GPU; use bf16 or fp32 on CPU")
-    kernels = str(getattr(tcfg, "kernels", "none"))
-    if kernels != "none" and stage >= 3 and use_deepspeed(str(tcfg.engine), world, bool(user), stage):
+    kernels = tcfg.kernels
+    if kernels != "none" and stage >= 3 and use_deepspeed(tcfg.engine, world, bool(user), stage):
         # the fused loss reads lm_head.weight without calling lm_head: ZeRO-3 would hand it an empty shard
         raise CptkitError(f"train.kernels={kernels} is refused under ZeRO-3: its fused loss reads the LM head's "
                           "weight outside that module, where ZeRO-3 holds only a shard; use deepspeed=zero2 or "
                           "train.kernels=none")
-    kernels = apply_kernels(model, kernels)
+    return ds_cfg, precision, use_deepspeed(tcfg.engine, world, bool(user), stage)
+
+
+def make_engine(model: torch.nn.Module, tcfg: TrainOptions, *, deepspeed_base: dict[str, Any], world: int,
+                schedule: Schedule) -> tuple[Engine, dict[str, Any]]:
+    """The engine for ``train.*`` (values as ``TrainOptions`` checked them): :class:`TorchEngine` or a
+    DeepSpeed engine (checkpoint loads guarded), its learning rate following ``schedule``.
+
+    Returns the engine and what was chosen (engine, ZeRO stage, precision, gradient checkpointing, kernels).
+    ``train.kernels`` patches the model (:mod:`cptkit.training.kernels`) before the engine wraps it.
+    """
+    user = load_user_deepspeed(tcfg.deepspeed_config)
+    ds_cfg, precision, on_deepspeed = _engine_config(tcfg, deepspeed_base, world, user, schedule)
+    lr_by = lr_source(user, tcfg.deepspeed_config, schedule)
+    stage = int(ds_cfg["zero_optimization"]["stage"])
+    kernels = apply_kernels(model, tcfg.kernels)
     ckpt = checkpointing_wanted(tcfg.gradient_checkpointing, model)
     if ckpt:
         enable_checkpointing(model)
     model.train()
-    groups = param_groups(model, float(tcfg.weight_decay))
-    user_lr = ((user.get("optimizer") or {}).get("params") or {}).get("lr")
-    if user_lr is not None and "scheduler" not in user:  # the user's optimizer LR is the schedule's peak
-        schedule = dataclasses.replace(schedule, peak_lr=float(user_lr))
-    sched = (lambda opt: torch_scheduler(opt, schedule))  # noqa: E731
-    compiled = bool(getattr(tcfg, "compile", False))
-    if use_deepspeed(str(tcfg.engine), world, bool(user), stage):
-        import deepspeed
+    groups = param_groups(model, tcfg.weight_decay)
+    betas = (tcfg.betas[0], tcfg.betas[1])
+    compiled = tcfg.compile
+    engine: Engine
+    if on_deepspeed:
+        import deepspeed  # deferred: heavy, and only this engine needs it
 
         if compiled:
             log.warning("train.compile applies to the torch engine; the DeepSpeed engine runs the model uncompiled")
             compiled = False
-
         client = None
         if "optimizer" not in ds_cfg:  # train.optimizer=lion: DeepSpeed takes the torch optimizer as a client
-            from cptkit.training.optim import make_optimizer
-
-            client = make_optimizer(opt_name, groups, lr=schedule.peak_lr, betas=betas, eps=float(tcfg.eps))
-        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=None if client else groups,
-                                               optimizer=client, config=ds_cfg,
-                                               lr_scheduler=None if "scheduler" in ds_cfg else sched)
+            client = make_optimizer(tcfg.optimizer, groups, lr=schedule.peak_lr, betas=betas, eps=tcfg.eps)
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, model_parameters=None if client else groups, optimizer=client, config=ds_cfg,
+            lr_scheduler=None if "scheduler" in ds_cfg else (lambda opt: torch_scheduler(opt, schedule)))
         guard_deepspeed(engine)
         got = int(engine.zero_optimization_stage())
         if got != stage:  # pragma: no cover - a DeepSpeed that ignores the config
             raise CptkitError(f"DeepSpeed runs ZeRO stage {got}, not the configured {stage}")
         kind, stage = "deepspeed", got
     else:
-        engine = TorchEngine(model, groups, lr=float(tcfg.lr), betas=betas, eps=float(tcfg.eps),
-                             grad_clip=float(tcfg.grad_clip), precision=precision, grad_accum=accum,
-                             lr_scheduler=sched, optimizer=opt_name, compile_forward=compiled)
+        engine = TorchEngine(model, groups, schedule=schedule, betas=betas, eps=tcfg.eps, grad_clip=tcfg.grad_clip,
+                             precision=precision, grad_accum=tcfg.grad_accum, optimizer=tcfg.optimizer,
+                             compile_forward=compiled)
         kind, stage = "torch", 0
-    info = {"engine": kind, "optimizer": str((user.get("optimizer") or {}).get("type") or opt_name), "zero stage": stage, "precision": precision,
-            "gradient checkpointing": "on" if ckpt else "off", "kernels": kernels, "compile": "on" if compiled else "off",
-            "lr scheduler": "deepspeed (user file)" if "scheduler" in ds_cfg and kind == "deepspeed" else "cptkit"}
+    info = {"engine": kind, "optimizer": str((user.get("optimizer") or {}).get("type") or tcfg.optimizer),
+            "zero stage": stage, "precision": precision, "gradient checkpointing": "on" if ckpt else "off",
+            "kernels": kernels, "compile": "on" if compiled else "off", "lr scheduler": lr_by}
     return engine, info
 
 

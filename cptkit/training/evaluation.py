@@ -1,18 +1,26 @@
 """Held-out evaluation during training: a dynamic mixture's eval-and-update points, the
-``train.eval_every`` points (per-domain losses and few-shot tasks, before step 1 and after the
-last), and the Velocitune proxy's checkpoints."""
+``train.eval_every`` points of the forgetting curves (per-domain losses and few-shot tasks, before
+step 1 and after the last: :func:`evaluate_point`; each lands in ``metrics.jsonl`` as ``eval_loss``,
+nats per token, and ``eval_tasks``, ``acc_norm`` / ``exact_match`` in [0, 1], with ``eval_tokens``,
+the training tokens seen when it was measured), and the Velocitune proxy's checkpoints."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import time
+from pathlib import Path
 from typing import Any
 
+from cptkit.core.config import CONF_DIR
 from cptkit.core.errors import CptkitError
+from cptkit.core.fingerprint import cache_path, content_hash
 from cptkit.core.progress import log
-from cptkit.training.state import RunSpec, TrainState
+from cptkit.core.shards import atomic_write_bytes
+from cptkit.eval import tasks as T
+from cptkit.mixtures.controller import domain_eval
+from cptkit.models.lm import group_losses, spec_file
+from cptkit.training.state import RunSpec
 
 
 def init_eval_key(spec: RunSpec, records: list[dict]) -> str | None:
@@ -22,9 +30,6 @@ def init_eval_key(spec: RunSpec, records: list[dict]) -> str | None:
     ``CPTKIT_INIT_EVAL_CACHE=0``."""
     import torch
     import transformers
-
-    from cptkit.core.fingerprint import content_hash
-    from cptkit.models.lm import spec_file
 
     conf = spec.conf
     if conf.model.name != "hf" or spec.world != 1 or os.environ.get("CPTKIT_INIT_EVAL_CACHE", "1") == "0":
@@ -40,22 +45,63 @@ def init_eval_key(spec: RunSpec, records: list[dict]) -> str | None:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 
 
+def load_eval_tasks(names: list[str], task_dir: str | None = None, data_dir: str = "~/.cache/cptkit/eval") -> list:
+    """The ``cptkit evaluate`` task definitions named in ``train.eval_tasks`` (data loaded now: fails fast)."""
+    d = task_dir or str(Path(CONF_DIR) / "eval" / "tasks")
+    out = []
+    for n in names:
+        t = T.load_task(str(n), d, os.path.expanduser(data_dir))
+        T.load_docs(t, t.spec["test_split"])
+        out.append(t)
+    return out
+
+
+def evaluate_point(model, tokenizer, records: list[dict], tcfg: Any, seq_len: int, tasks: list,
+                   cache: Any = None) -> dict[str, Any]:
+    """``{"eval_loss": {domain: loss}, "eval_tasks": {task: score}}`` of the model now (eval mode, no grad;
+    ``cache``: an :class:`~cptkit.training.evaluation.InitEvalCache`, for the untrained model only)."""
+    was_training = model.training
+    model.eval()
+    try:
+        def compute() -> dict[str, dict[str, float]]:
+            return group_losses(model, tokenizer, records, group_by="domain",
+                                max_docs_per_group=int(tcfg.eval_docs) or None,  # 0: all, as domain_eval
+                                max_length=seq_len, max_tokens=int(tcfg.eval_max_tokens))
+
+        res = cache.group_losses(compute, int(tcfg.eval_docs) or None) if cache is not None else compute()
+        out: dict[str, Any] = {"eval_loss": {d: float(v["loss"]) for d, v in res.items()}}
+        if tasks:
+            scores = {}
+            for t in tasks:
+                m, _ = T.run_task(model, tokenizer, t, num_fewshot=tcfg.eval_tasks_shots,
+                                  limit=int(tcfg.eval_tasks_limit) or None, max_length=seq_len)
+                scores[t.name] = float(headline_score(m))
+            out["eval_tasks"] = scores
+    finally:
+        model.train(was_training)
+    return out
+
+
+def headline_score(metrics: dict[str, Any]) -> float:
+    """A task's headline score: acc_norm (multiple choice) or exact_match (generative)."""
+    for k in ("acc_norm", "exact_match", "acc"):
+        if k in metrics:
+            return float(metrics[k])
+    raise CptkitError(f"task metrics without acc_norm/exact_match: {sorted(metrics)}")
+
+
 class InitEvalCache:
     """The untrained model's per-domain held-out losses, computed once for every run that starts from
     the same model on the same held-out records (the arms of an experiment, a sweep): at step 0 each
     arm would compute the same numbers again. ``$CPTKIT_CACHE/init_eval/<key>-<docs>.json``."""
 
     def __init__(self, key: str | None):
-        from cptkit.core.fingerprint import cache_path
-
         self.dir = cache_path().parent / "init_eval" if key else None
         self.key = key
 
     def group_losses(self, compute: Any, max_docs: int | None) -> dict[str, dict[str, float]]:
         """``compute()`` (:func:`cptkit.models.lm.group_losses` of the untrained model on
         ``max_docs`` per domain), or its saved result."""
-        from cptkit.core.shards import atomic_write_bytes
-
         if self.dir is None:
             return compute()
         f = self.dir / f"{self.key}-{max_docs or 0}.json"
@@ -74,16 +120,14 @@ class InitEvalCache:
 
 
 class EvalPoints:
-    """The eval documents and tasks of a run and when to use them (``mix_s``: time spent on the mixture)."""
+    """The eval documents and tasks of a run, shared by the callbacks that evaluate: the mixture's
+    updates, the ``train.eval_every`` points and the Velocitune proxy's checkpoints."""
 
     def __init__(self, spec: RunSpec, controller: Any):
-        from cptkit.training.metrics import load_eval_tasks
-
         tcfg, stream = spec.tcfg, spec.stream
         self.tcfg, self.seq_len = tcfg, spec.seq_len
         self.records = stream.eval_records()
         self.tasks = load_eval_tasks(tcfg.eval_tasks) if tcfg.eval_every and tcfg.eval_tasks else []
-        self.mix_s = 0.0
         self.init_cache = InitEvalCache(init_eval_key(spec, self.records) if self.records else None)
         if controller.dynamic or spec.proxy or tcfg.eval_every > 0:
             have = {r["domain"] for r in self.records}
@@ -96,40 +140,10 @@ class EvalPoints:
                initial: bool = False) -> tuple[dict[str, float], dict[str, float]]:
         """Per-domain held-out loss and its standard error over documents (``initial``: of the
         untrained model, reused from :class:`InitEvalCache`)."""
-        from cptkit.mixtures.controller import domain_eval
-
         cache = self.init_cache if initial else None
         return domain_eval(model, tokenizer, self.records, docs, self.tcfg.eval_max_tokens, self.seq_len, cache=cache)
 
     def point(self, model: Any, tokenizer: Any, initial: bool = False) -> dict[str, Any]:
         """An ``eval_every`` point: per-domain losses and the few-shot tasks."""
-        from cptkit.training.metrics import evaluate_point
-
         return evaluate_point(model, tokenizer, self.records, self.tcfg, self.seq_len, self.tasks,
                               cache=self.init_cache if initial else None)
-
-    def before_step(self, model: Any, tokenizer: Any, controller: Any, state: TrainState,
-                    on_update: Any) -> dict[str, Any]:
-        """The eval of this step, if any: the controller's update (``on_update(info)``) or an
-        ``eval_every`` point. Returns what the step's metrics line records of it."""
-        tcfg = self.tcfg
-        if controller.dynamic and controller.wants_eval(state.step, state.tokens):
-            te = time.time()
-            losses, ses = self.losses(model, tokenizer, controller.eval_docs(state.step, tcfg.eval_docs),
-                                      initial=state.step == 0)
-            info = {"eval_loss": losses, "eval_loss_se": ses, "eval_tokens": state.tokens,
-                    **controller.update(state.step, state.tokens, losses)}
-            on_update(info)
-            self.mix_s += time.time() - te
-            return info
-        if tcfg.eval_every and state.step % tcfg.eval_every == 0:
-            return {**self.point(model, tokenizer, initial=state.step == 0), "eval_tokens": state.tokens}
-        return {}
-
-    def proxy_checkpoint(self, model: Any, tokenizer: Any, proxy_run: Any, state: TrainState) -> bool:
-        """A Velocitune proxy checkpoint after this step, if due; True once its targets settled."""
-        if proxy_run is None or not proxy_run.is_checkpoint(state.step):
-            return False
-        losses, _ = self.losses(model, tokenizer, proxy_run.eval_docs)
-        state.proxy_log.append((float(state.tokens), losses))
-        return bool(proxy_run.add(state.tokens, losses))

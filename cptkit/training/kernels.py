@@ -22,10 +22,8 @@ KERNELS = ("none", "liger")
 
 def check_kernels(kernels: str) -> None:
     """Refuse, in one line, a ``train.kernels`` this process cannot run (before anything is written)."""
-    if kernels == "none":
+    if kernels == "none":  # else liger: TrainOptions refused any other name
         return
-    if kernels != "liger":
-        raise CptkitError(f"train.kernels={kernels}: use none or liger")
     if not torch.cuda.is_available():
         raise CptkitError("train.kernels=liger needs a CUDA GPU (Liger-Kernel's kernels are Triton); "
                           "use train.kernels=none here")

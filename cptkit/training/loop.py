@@ -1,6 +1,8 @@
-"""The training loop: set a run up (tokenizer, schedule, mixture, model, engine, resume), step it
-to its end (draw a batch by the mixture, one optimizer step, metrics, checkpoints) and write its
-outputs. Every random choice is seeded: a resumed run continues to byte-identical files."""
+"""The training loop: set a run up (tokenizer, schedule, mixture, model, engine, callbacks, resume),
+step it to its end (draw a batch by the mixture, one optimizer step) and write its outputs. What
+happens around each step (evaluations, weight events, metrics, the proxy's stop, checkpoints) is
+done by callbacks (:mod:`cptkit.training.callbacks`). Every random choice is seeded: a resumed run
+continues to byte-identical files."""
 
 from __future__ import annotations
 
@@ -12,17 +14,32 @@ import numpy as np
 import torch
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.output import TaskResult
 from cptkit.core.redact import redact
-from cptkit.training.checkpointing import Checkpointer, prepare_checkpoints, resume
+from cptkit.mixtures.factory import make_controller
+from cptkit.mixtures.stages import draw_batch
+from cptkit.mixtures.stream import Sampler
+from cptkit.mixtures.velocitune import ProxyRun
+from cptkit.training.callbacks import Callback, load_callbacks
+from cptkit.training.callbacks.checkpointer import CheckpointerCallback
+from cptkit.training.callbacks.evaluator import EvaluatorCallback
+from cptkit.training.callbacks.metrics import MetricsCallback
+from cptkit.training.callbacks.mixture import MixtureCallback
+from cptkit.training.callbacks.proxy import ProxyStopCallback
+from cptkit.training.checkpoint import prepare_checkpoints, resume
+from cptkit.training.engine import make_engine
 from cptkit.training.evaluation import EvalPoints
-from cptkit.training.metricslog import MetricsLog
-from cptkit.training.state import RunSpec, TrainState
+from cptkit.training.metrics import MetricsLog
+from cptkit.training.model import build_model, check_vocab, load_run_tokenizer, save_initial
+from cptkit.training.monitor import Monitor
+from cptkit.training.outputs import write_outputs
+from cptkit.training.schedule import Schedule, make_schedule
+from cptkit.training.state import Engine, RunSpec, TrainState
 
 
-def plan_steps(spec: RunSpec) -> tuple[int, int, int, Any]:
-    """(sequences per optimizer step, steps, the run's tokens, the LR schedule)."""
-    from cptkit.training.schedule import make_schedule
-
+def plan_steps(spec: RunSpec) -> tuple[int, int, int, Schedule]:
+    """(sequences per optimizer step, steps, the run's tokens, the LR schedule: the one source of the
+    learning rate, from ``train.lr``)."""
     tcfg, stream, seq_len = spec.tcfg, spec.stream, spec.seq_len
     global_seqs = tcfg.micro_batch * tcfg.grad_accum * spec.world
     budget = tcfg.budget_tokens or float(stream.meta["total_sequences"] * seq_len)
@@ -36,73 +53,69 @@ def plan_steps(spec: RunSpec) -> tuple[int, int, int, Any]:
 
 
 class Trainer:
-    """One process's share of a run, set up by the constructor and stepped by :meth:`run`."""
+    """One process's share of a run, set up by the constructor and stepped by :meth:`run`; what
+    :class:`~cptkit.training.callbacks.Callback` s see of it is :class:`~cptkit.training.callbacks.Loop`."""
 
     def __init__(self, spec: RunSpec, has_ckpt: bool):
-        from cptkit.mixtures.factory import make_controller
-        from cptkit.mixtures.stream import Sampler
-        from cptkit.training.engine import make_engine
-        from cptkit.training.model import build_model, check_vocab, load_run_tokenizer, save_initial
-
         conf, tcfg, stream = spec.conf, spec.tcfg, spec.stream
+        user_callbacks = load_callbacks(tcfg.callbacks)  # a bad name fails before any work
         self.spec = spec
         self.tokenizer = load_run_tokenizer(spec)
         self.global_seqs, self.total_steps, full_budget, schedule = plan_steps(spec)
-        self.controller = make_controller(tcfg, stream, spec.proxy, self.total_steps * self.global_seqs, full_budget)
-        self.proxy_run = None
+        self.mixture = make_controller(tcfg, stream, spec.proxy, self.total_steps * self.global_seqs, full_budget)
+        self.proxy_run: ProxyRun | None = None
         if spec.proxy:  # the proxy follows the real run's schedule and stops early (Velocitune App. B)
-            from cptkit.mixtures.velocitune import ProxyRun
-
             self.proxy_run = ProxyRun(tcfg.velocitune, self.total_steps, self.global_seqs * spec.seq_len)
             self.total_steps = self.proxy_run.max_steps
-        self.evals = EvalPoints(spec, self.controller)
+        self.evals = EvalPoints(spec, self.mixture)
         torch.manual_seed(conf.seed)
         model = build_model(conf.model, self.tokenizer, spec.seq_len, conf.trust_remote_code)
         check_vocab(model, stream)
         save_initial(spec, model, self.tokenizer)
+        self.engine: Engine
         self.engine, self.engine_info = make_engine(model, tcfg, deepspeed_base=conf.deepspeed or {},
                                                     world=spec.world, schedule=schedule)
         self.sampler = Sampler(stream, conf.seed)
-        self.checkpointer = Checkpointer(self.engine, spec)
         self.state = TrainState(weight_sum=dict.fromkeys(stream.domains, 0.0))
-        self.mlog = self._open_log(has_ckpt)
+        proxy = [ProxyStopCallback(self.proxy_run)] if self.proxy_run is not None else []
+        builtin: list[Callback] = [MixtureCallback(), EvaluatorCallback(), MetricsCallback(), *proxy,
+                                   CheckpointerCallback()]
+        self.callbacks = sorted([*builtin, *user_callbacks], key=lambda cb: -cb.priority)  # stable: ties keep order
+        for cb in self.callbacks:
+            cb.attach(self)
+        self.info: dict[str, Any] = {}
         self.losses: list[float] = []
         self.w_now: dict[str, float] | None = None
-        self.data_s = 0.0
+        self.data_s = self.mix_s = 0.0
+        self.log = self._open_log(has_ckpt)
 
     def _open_log(self, has_ckpt: bool) -> MetricsLog:
-        """Resume (when asked and possible), then open the metrics from the resumed step on."""
-        from cptkit.training.runlog import RunLog
-
-        spec, state, controller = self.spec, self.state, self.controller
+        """Resume (when asked and possible: every callback's state too), then open the metrics from the
+        resumed step on."""
+        spec, state = self.spec, self.state
         resumed_at = None
         if spec.resume and has_ckpt:
-            resumed_at = resume(spec, self.checkpointer, self.engine_info["engine"], state, self.sampler, controller)
-        for t_ck, l_ck in state.proxy_log if self.proxy_run is not None else []:
-            self.proxy_run.add(t_ck, l_ck)
+            resumed_at = resume(spec, self.engine, self.engine_info["engine"], state, self.sampler,
+                                {cb.key: cb for cb in self.callbacks})
         job = spec.job
-        mlog = MetricsLog(spec, RunLog(spec.out, spec.tcfg, job, self.total_steps, state.step,
-                                       redact(job.config) if job is not None else None), resumed_at)
-        if state.step == 0 and controller.weights is not None:
-            mlog.weights_event(state, controller.weights, {"event": "init"})
-        return mlog
+        return MetricsLog(spec, Monitor(spec.out, spec.tcfg, job, self.total_steps, state.step,
+                                        redact(job.config) if job is not None else None), resumed_at)
+
+    def _each(self, hook: str, *args: Any) -> None:
+        for cb in self.callbacks:
+            getattr(cb, hook)(*args)
 
     def step(self) -> None:
-        """One optimizer step: the step's eval (if due), a batch by the mixture, metrics, a checkpoint."""
-        from cptkit.mixtures.stages import draw_batch
-
-        spec, state, controller, mlog, stream = self.spec, self.state, self.controller, self.mlog, self.spec.stream
+        """One optimizer step: the callbacks' pre_step (stage, evaluations), a batch by the mixture, the
+        update, then their post_step (metrics, proxy stop, checkpoint)."""
+        spec, state, stream = self.spec, self.state, self.spec.stream
         step_tokens = self.global_seqs * spec.seq_len
         t0, c0 = time.time(), time.process_time()
-        entered = controller.begin_step(self.sampler.position)  # a stage starting with this step
-        if entered:
-            mlog.weights_event(state, controller.weights, {"event": "stage", "stage": entered})
-        info = self.evals.before_step(self.engine.module, self.tokenizer, controller, state,
-                                      lambda i: mlog.weights_event(state, controller.weights, {"event": "update", **i}))
+        self.info = {}
+        self._each("pre_step")
         td = time.time()
-        pairs, mix_info = draw_batch(controller, self.sampler, self.global_seqs, stream.domains,
-                                     lambda name: mlog.weights_event(state, controller.weights,
-                                                                     {"event": "stage", "stage": name}))
+        pairs, mix_info = draw_batch(self.mixture, self.sampler, self.global_seqs, stream.domains,
+                                     lambda name: self._each("on_stage", name))
         data = self.sampler.batch(pairs)
         self.data_s += time.time() - td
         lr_used = float(self.engine.get_lr()[0])  # this step's LR (cptkit's schedule or a user DeepSpeed scheduler)
@@ -115,30 +128,23 @@ class Trainer:
         dt, dc = time.time() - t0, time.process_time() - c0
         state.elapsed += dt
         self.losses.append(loss)
-        mlog.step(state.step, {"step": state.step, "tokens": state.tokens, "loss": loss, "lr": lr_used,
-                               "tokens_per_s": step_tokens / dt if dt > 0 else 0.0, "seconds": dt,
-                               "cpu_seconds": dc, "weights": {d: round(v, 6) for d, v in w_now.items()},
-                               **mix_info, **info})
-        if self.evals.proxy_checkpoint(self.engine.module, self.tokenizer, self.proxy_run, state):
-            self.total_steps = state.step  # the targets settled: stop the proxy here
-        save_every = spec.tcfg.save_every
-        if (save_every and state.step % save_every == 0) or state.step == self.total_steps:
-            self.checkpointer.save(state, self.sampler, controller)
+        self._each("post_step", {"step": state.step, "tokens": state.tokens, "loss": loss, "lr": lr_used,
+                                 "tokens_per_s": step_tokens / dt if dt > 0 else 0.0, "seconds": dt,
+                                 "cpu_seconds": dc, "weights": {d: round(v, 6) for d, v in w_now.items()},
+                                 **mix_info, **self.info})
 
     def run(self) -> dict[str, Any]:
         """Step to the end, write the outputs; the run's numbers for the manifest."""
-        from cptkit.training.outputs import write_outputs
-
         spec, state = self.spec, self.state
+        self._each("pre_train")
         t_run = time.time()
         while state.step < self.total_steps:
             self.step()
         run_s = time.time() - t_run
-        if self.mlog.metrics is not None and spec.tcfg.eval_every:  # the end point of the forgetting curves
-            self.mlog.eval_point(state, self.evals.point(self.engine.module, self.tokenizer))
-        self.mlog.close(state, self.w_now if self.losses else None)
+        self._each("post_train")
+        self.log.close(state, self.w_now if self.losses else None)
         step_tokens = self.global_seqs * spec.seq_len
-        mix_s = self.evals.mix_s
+        mix_s = self.mix_s
         extra: dict[str, Any] = {
             "steps": state.step, "tokens": state.tokens, "world size": spec.world,
             "final loss": self.losses[-1] if self.losses else float("nan"),
@@ -152,8 +158,6 @@ class Trainer:
 
 def train(spec: RunSpec) -> dict:
     """Train (or resume, or find finished) the run ``spec`` names; rank 0 completes its Job."""
-    from cptkit.core.job import TaskResult
-
     job = spec.job
     if job is not None and job.is_finished:
         return job.finish()
@@ -167,7 +171,7 @@ def train(spec: RunSpec) -> dict:
     return {"losses": trainer.losses, **extra}
 
 
-def optimizer_step(engine: Any, data: np.ndarray, micro: int, accum: int, rank: int, world: int) -> float:
+def optimizer_step(engine: Engine, data: np.ndarray, micro: int, accum: int, rank: int, world: int) -> float:
     """One optimizer step over ``accum`` micro-batches of this rank's rows; the loss averaged over
     micro-batches and ranks."""
     step_loss = 0.0

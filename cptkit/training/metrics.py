@@ -1,74 +1,76 @@
-"""Forgetting curves: per-domain held-out loss (and few-shot task scores) during training, plotted.
-
-``train`` calls :func:`evaluate_point` every ``train.eval_every`` steps, before the first step and
-after the last one; each point lands in ``metrics.jsonl`` as ``eval_loss`` (per domain, nats per
-token) and ``eval_tasks`` (``train.eval_tasks``: ``acc_norm`` / ``exact_match`` in [0, 1]) with
-``eval_tokens``, the training tokens seen when it was measured. :func:`plot_curves` draws
-``curves.png``: eval loss per domain against tokens, one line per domain, next to the mixture
-weight trajectory. :func:`overlay_curves` draws several runs in one figure
-(``cptkit evaluate-compare --curves``).
-"""
+"""The per-step metrics log of a training run: ``metrics.jsonl`` (a line per step and per eval
+point) and ``weights.jsonl`` (the mixture weights at each event), written by rank 0 as it goes
+(:class:`MetricsLog`; a resumed run first drops the lines after its checkpoint, so its files equal
+an unbroken run's), and reading them back (:func:`eval_curves`,
+:func:`run_dir_of`). The figures drawn from them are :mod:`cptkit.training.plots`."""
 
 from __future__ import annotations
 
-import math
-import os
+import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cptkit.core.errors import CptkitError
-from cptkit.core.records import read_jsonl
+from cptkit.core.records import jsonl_lines
+from cptkit.core.shards import atomic_write_bytes
 
-
-def load_eval_tasks(names: list[str], task_dir: str | None = None, data_dir: str = "~/.cache/cptkit/eval") -> list:
-    """The ``cptkit evaluate`` task definitions named in ``train.eval_tasks`` (data loaded now: fails fast)."""
-    from cptkit.core.config import CONF_DIR
-    from cptkit.eval import tasks as T
-
-    d = task_dir or str(Path(CONF_DIR) / "eval" / "tasks")
-    out = []
-    for n in names:
-        t = T.load_task(str(n), d, os.path.expanduser(data_dir))
-        T.load_docs(t, t.spec["test_split"])
-        out.append(t)
-    return out
+if TYPE_CHECKING:  # types only: reading a metrics log back needs neither torch nor a run
+    from cptkit.training.monitor import Monitor
+    from cptkit.training.state import RunSpec, TrainState
 
 
-def evaluate_point(model, tokenizer, records: list[dict], tcfg: Any, seq_len: int, tasks: list,
-                   cache: Any = None) -> dict[str, Any]:
-    """``{"eval_loss": {domain: loss}, "eval_tasks": {task: score}}`` of the model now (eval mode, no grad;
-    ``cache``: an :class:`~cptkit.training.evaluation.InitEvalCache`, for the untrained model only)."""
-    from cptkit.eval import tasks as T
-    from cptkit.models.lm import group_losses
-
-    was_training = model.training
-    model.eval()
-    try:
-        def compute() -> dict[str, dict[str, float]]:
-            return group_losses(model, tokenizer, records, group_by="domain",
-                                max_docs_per_group=int(tcfg.eval_docs) or None,  # 0: all, as domain_eval
-                                max_length=seq_len, max_tokens=int(tcfg.eval_max_tokens))
-
-        res = cache.group_losses(compute, int(tcfg.eval_docs) or None) if cache is not None else compute()
-        out: dict[str, Any] = {"eval_loss": {d: float(v["loss"]) for d, v in res.items()}}
-        if tasks:
-            scores = {}
-            for t in tasks:
-                m, _ = T.run_task(model, tokenizer, t, num_fewshot=tcfg.eval_tasks_shots,
-                                  limit=int(tcfg.eval_tasks_limit) or None, max_length=seq_len)
-                scores[t.name] = float(headline_score(m))
-            out["eval_tasks"] = scores
-    finally:
-        model.train(was_training)
-    return out
+def truncate_jsonl(path: Path, max_step: int) -> None:
+    if not path.exists():
+        return
+    keep = [line for line, row in jsonl_lines(path) if row["step"] <= max_step]
+    atomic_write_bytes(path, ("\n".join(keep) + "\n").encode() if keep else b"")
 
 
-def headline_score(metrics: dict[str, Any]) -> float:
-    """A task's headline score: acc_norm (multiple choice) or exact_match (generative)."""
-    for k in ("acc_norm", "exact_match", "acc"):
-        if k in metrics:
-            return float(metrics[k])
-    raise CptkitError(f"task metrics without acc_norm/exact_match: {sorted(metrics)}")
+class MetricsLog:
+    """``metrics.jsonl`` (a line per step and per eval point) and ``weights.jsonl`` (the mixture
+    weights at init, each stage and update, and the end), written by rank 0; each step's row also
+    goes to the :class:`~cptkit.training.monitor.Monitor` (progress, TensorBoard, W&B)."""
+
+    FILES = ("metrics.jsonl", "weights.jsonl")
+
+    def __init__(self, spec: RunSpec, monitor: Monitor, resumed_at: int | None):
+        self.monitor = monitor
+        self.metrics = self.weights = None
+        if spec.rank != 0:
+            return
+        for name in self.FILES:  # a resumed run drops what came after its checkpoint
+            if resumed_at is None:
+                (spec.out / name).unlink(missing_ok=True)
+            else:
+                truncate_jsonl(spec.out / name, resumed_at)
+        self.metrics = open(spec.out / "metrics.jsonl", "a")  # noqa: SIM115
+        self.weights = open(spec.out / "weights.jsonl", "a")  # noqa: SIM115
+
+    def weights_event(self, state: TrainState, weights: Any, info: dict[str, Any]) -> None:
+        if self.weights is not None:
+            self.weights.write(json.dumps({"step": state.step, "tokens": state.tokens, "weights": weights, **info}) + "\n")
+            self.weights.flush()
+
+    def step(self, step: int, rec: dict[str, Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.write(json.dumps(rec) + "\n")
+            self.metrics.flush()
+            self.monitor.step(step, rec)
+
+    def eval_point(self, state: TrainState, point: dict[str, Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.write(json.dumps({"step": state.step, "tokens": state.tokens, "event": "eval", **point,
+                                           "eval_tokens": state.tokens}) + "\n")
+            self.monitor.scalars(state.step, point)
+
+    def close(self, state: TrainState, last_weights: dict[str, float] | None) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.weights is not None:
+            if last_weights is not None:  # the weights in force at the end: a static run's trajectory is a line
+                self.weights.write(json.dumps({"step": state.step, "tokens": state.tokens, "event": "end",
+                                               "weights": {d: round(v, 6) for d, v in last_weights.items()}}) + "\n")
+            self.weights.close()
+        self.monitor.close()
 
 
 def eval_curves(rows: list[dict]) -> tuple[list[int], dict[str, list[float]], dict[str, list[float]]]:
@@ -84,109 +86,6 @@ def eval_curves(rows: list[dict]) -> tuple[list[int], dict[str, list[float]], di
     losses = {d: [float(r["eval_loss"].get(d, nan)) for r in pts] for d in domains}
     scores = {t: [float((r.get("eval_tasks") or {}).get(t, nan)) for r in pts] for t in tasks}
     return tokens, losses, scores
-
-
-def _save(fig, out: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    os.replace(tmp, out)
-
-
-def _pyplot():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
-
-
-def plot_curves(run_dir: Path, out: Path) -> str | None:
-    """``curves.png`` of a run: eval loss per domain vs tokens (left), mixture weights vs tokens (right).
-
-    Returns a note when there is nothing to plot or matplotlib is missing.
-    """
-    plt = _pyplot()
-    if plt is None:
-        return "matplotlib is not installed: curves.png skipped (pip install matplotlib)"
-    rows = read_jsonl(run_dir / "metrics.jsonl", missing_ok=True)
-    tokens, losses, scores = eval_curves(rows)
-    if not tokens:
-        return None
-    fig, (ax, aw) = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
-    for d, ys in losses.items():
-        ax.plot(tokens, ys, marker="o", markersize=3, label=d)
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("held-out loss (nats/token)")
-    ax.set_title("per-domain eval loss")
-    if scores:
-        at = ax.twinx()
-        for t, ys in scores.items():
-            at.plot(tokens, [100 * y for y in ys], linestyle="--", color="gray", label=f"{t} (right axis, %)")
-        at.set_ylabel("task score (%)")
-        at.legend(fontsize=7, loc="upper right")
-    ax.legend(fontsize=7, loc="upper left")
-    steps = [r for r in rows if "weights" in r and "loss" in r]
-    for d in (steps[0]["weights"] if steps else {}):
-        aw.plot([r["tokens"] for r in steps], [r["weights"][d] for r in steps], drawstyle="steps-post", label=d)
-    aw.set_xlabel("training tokens")
-    aw.set_ylabel("domain weight (share of sequences)")
-    aw.set_title("mixture")
-    aw.set_ylim(-0.02, 1.02)
-    if steps:
-        aw.legend(fontsize=7, loc="best")
-    _save(fig, out)
-    return None
-
-
-def overlay_curves(runs: dict[str, Path | list[Path]], out: Path) -> str | None:
-    """One panel per domain, one line per run: eval loss vs tokens from each run's ``metrics.jsonl``.
-    A run given as several directories (one per seed) is drawn as its mean, shaded ± standard error."""
-    from cptkit.eval.stats import mean_se
-
-    plt = _pyplot()
-    if plt is None:
-        return "matplotlib is not installed: no curves (pip install matplotlib)"
-    data: dict[str, tuple[list[float], dict[str, list[tuple[float, float]]], int]] = {}
-    for name, dirs in runs.items():
-        seeds = []
-        for d in dirs if isinstance(dirs, list) else [dirs]:
-            tokens, losses, _ = eval_curves(read_jsonl(Path(d) / "metrics.jsonl", missing_ok=True))
-            if not tokens:
-                raise CptkitError(f"{d}: no eval losses in metrics.jsonl (train with train.eval_every > 0)")
-            seeds.append((tokens, losses))
-        tokens = seeds[0][0]
-        if any(t != tokens for t, _ in seeds):
-            raise CptkitError(f"{name}: its seeds were evaluated at different token counts: cannot average them")
-        doms = [x for x in seeds[0][1] if all(x in ls for _, ls in seeds)]
-        data[name] = (tokens, {x: [mean_se([ls[x][i] for _, ls in seeds]) for i in range(len(tokens))]
-                               for x in doms}, len(seeds))
-    domains: list[str] = []
-    for _, losses, _ in data.values():
-        domains += [x for x in losses if x not in domains]
-    fig, axes = plt.subplots(1, len(domains), figsize=(4.5 * len(domains), 4), dpi=100, squeeze=False)
-    for ax, dom in zip(axes[0], domains, strict=True):
-        for name, (tokens, losses, n) in data.items():
-            if dom not in losses:
-                continue
-            mean = [m for m, _ in losses[dom]]
-            line = ax.plot(tokens, mean, marker="o", markersize=3, label=name if n == 1 else f"{name} ({n} seeds)")[0]
-            if n > 1:
-                se = [0.0 if math.isnan(e) else e for _, e in losses[dom]]
-                ax.fill_between(tokens, [m - e for m, e in zip(mean, se, strict=True)],
-                                [m + e for m, e in zip(mean, se, strict=True)], color=line.get_color(), alpha=0.2)
-        ax.set_title(f"{dom}: held-out loss")
-        ax.set_xlabel("training tokens")
-        ax.set_ylabel("nats/token" + (" (mean ± SE)" if any(n > 1 for *_, n in data.values()) else ""))
-        ax.legend(fontsize=7)
-    _save(fig, out)
-    return None
 
 
 def run_dir_of(results: dict[str, Any]) -> Path | None:

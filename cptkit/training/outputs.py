@@ -15,8 +15,12 @@ from omegaconf import OmegaConf
 from cptkit.core.progress import log
 from cptkit.core.records import read_jsonl
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json
+from cptkit.mixtures.rules import normalize
+from cptkit.mixtures.velocitune import ProxyRun
 from cptkit.training.card import base_model, stream_record, write_model_card
-from cptkit.training.state import RunSpec, TrainState
+from cptkit.training.engine import full_state_dict
+from cptkit.training.plots import plot_curves, plot_loss, save_figure
+from cptkit.training.state import Engine, RunSpec, TrainState
 
 
 def plot_weights(path: Path, out: Path) -> str | None:
@@ -32,8 +36,6 @@ def plot_weights(path: Path, out: Path) -> str | None:
     rows = [r for r in rows if r.get("weights")]  # a staged run follows its plan: its stage events carry none
     if not rows:
         return None
-    from cptkit.training.runlog import save_figure
-
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     for d in rows[0]["weights"]:
         ax.plot([r["tokens"] for r in rows], [r["weights"][d] for r in rows], drawstyle="steps-post", label=d)
@@ -44,14 +46,9 @@ def plot_weights(path: Path, out: Path) -> str | None:
 
 
 
-def write_outputs(spec: RunSpec, engine: Any, tokenizer: Any, state: TrainState, proxy_run: Any,
+def write_outputs(spec: RunSpec, engine: Engine, tokenizer: Any, state: TrainState, proxy_run: ProxyRun | None,
                   extra: dict[str, Any]) -> None:
     """Rank 0's end of run: time-averaged weights (and as a recipe), plots, the proxy's targets, the model."""
-    from cptkit.mixtures.rules import normalize
-    from cptkit.training.engine import full_state_dict
-    from cptkit.training.metrics import plot_curves
-    from cptkit.training.runlog import plot_loss
-
     out, tcfg = spec.out, spec.tcfg
     final_sd = full_state_dict(engine)  # ZeRO-3: gathered from every rank (collective); else None
     if spec.rank != 0:

@@ -24,6 +24,8 @@ from cptkit.core.errors import CptkitError
 from cptkit.core.shards import atomic_write_bytes
 from cptkit.eval.compare import load_results
 from cptkit.eval.stats import HOLDS, NOT_TESTABLE, Comparison, Effect, decide, doc_se, mean_se, tost
+from cptkit.training.metrics import run_dir_of
+from cptkit.training.plots import overlay_curves
 
 Seed = dict[str, Any]  # {group: loss, "task": points | None, "docs": {group: [per-document loss]}}
 
@@ -200,8 +202,6 @@ def _load_named(specs: list[str]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _curves(named: dict[str, list[dict[str, Any]]], out: str) -> None:
-    from cptkit.training.metrics import overlay_curves, run_dir_of  # deferred: matplotlib
-
     dirs = {n: ds for n in list(named)[1:]  # the arms: every seed's run, drawn as mean ± SE
             if (ds := [d for r in named[n] if (d := run_dir_of(r)) is not None])}
     note = overlay_curves(dirs, Path(out)) if dirs else "no run with eval curves"

@@ -106,7 +106,9 @@ def lr_at(step: int, **kw) -> float:
 
 
 def torch_scheduler(optimizer, schedule: Schedule):
-    """A ``torch.optim.lr_scheduler.LambdaLR`` following ``schedule`` (optimizer lr = peak)."""
+    """A ``torch.optim.lr_scheduler.LambdaLR`` following ``schedule``, which owns the learning rate: every
+    group's base LR is set to the schedule's peak (whatever the optimizer was built with) and step ``s``
+    runs at ``peak · lr(s) / peak``."""
     from torch.optim.lr_scheduler import LambdaLR
 
     for group in optimizer.param_groups:

@@ -1,4 +1,4 @@
-"""What a training run shows while it runs: progress bar, log lines, TensorBoard, W&B, loss curve.
+"""What a training run shows while it runs: progress bar, log lines, TensorBoard, W&B.
 
 * The progress bar carries the last loss and LR. When stderr is not a terminal (a batch job,
   a pipe) one log line is printed every ``train.log_every`` steps (default: every ~10%).
@@ -7,7 +7,6 @@
 * W&B (``train.wandb=auto``): only when ``wandb`` is installed and configured through its own
   environment (``WANDB_PROJECT``, ``WANDB_MODE``, ``WANDB_API_KEY``); never required. The key
   stays in the environment: nothing of it is written by cptkit.
-* :func:`plot_loss` draws ``loss.png`` (training loss and per-domain eval losses over tokens).
 """
 
 from __future__ import annotations
@@ -17,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.job import Job
 from cptkit.core.progress import console, log
-from cptkit.core.records import read_jsonl
+from cptkit.training.config import TrainOptions
 
 WANDB_ENV = ("WANDB_PROJECT", "WANDB_MODE", "WANDB_API_KEY")
 
@@ -53,10 +53,10 @@ def wandb_wanted(setting: Any) -> bool:
     return any(os.environ.get(k) for k in WANDB_ENV)
 
 
-class RunLog:
+class Monitor:
     """Per-step reporting of a training run on rank 0 (a no-op elsewhere)."""
 
-    def __init__(self, out: Path, tcfg: Any, job: Any, total_steps: int, start_step: int, config: dict | None):
+    def __init__(self, out: Path, tcfg: TrainOptions, job: Job | None, total_steps: int, start_step: int, config: dict | None):
         self.job = job
         self.total = total_steps
         self.active = job is not None
@@ -110,40 +110,3 @@ class RunLog:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
-
-
-def plot_loss(metrics: Path, out: Path) -> str | None:
-    """``loss.png``: training loss per step and per-domain eval losses, over tokens."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed: loss.png skipped (pip install matplotlib)"
-    rows = read_jsonl(metrics, missing_ok=True)
-    train = [r for r in rows if "loss" in r and r.get("event") != "eval"]
-    if not train:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    ax.plot([r["tokens"] for r in train], [r["loss"] for r in train], lw=1, label="train loss")
-    evals = [r for r in rows if isinstance(r.get("eval_loss"), dict)]
-    for d in sorted({d for r in evals for d in r["eval_loss"]}):
-        pts = [(r.get("eval_tokens", r["tokens"]), r["eval_loss"][d]) for r in evals if d in r["eval_loss"]]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, lw=1, label=f"eval {d}")
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("loss (nats/token)")
-    save_figure(fig, out)
-    return None
-
-
-def save_figure(fig: Any, out: Path) -> None:
-    """Legend, layout, and an atomic PNG write (a reader never sees half a file)."""
-    import matplotlib.pyplot as plt
-
-    fig.axes[0].legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    os.replace(tmp, out)

@@ -1,0 +1,21 @@
+"""Checkpoints as a callback: the engine's state, the run's, the sampler's and every callback's
+under ``OUT/checkpoints`` every ``train.save_every`` steps and at the end
+(:func:`cptkit.training.checkpoint.save`; resuming is :func:`cptkit.training.checkpoint.resume`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cptkit.training import checkpoint
+from cptkit.training.callbacks import Callback
+
+
+class CheckpointerCallback(Callback):
+    priority = -100  # last: it saves what every other callback did in this step
+    name = "checkpointer"
+
+    def post_step(self, row: dict[str, Any]) -> None:
+        t = self.trainer
+        every = t.spec.tcfg.save_every
+        if (every and t.state.step % every == 0) or t.state.step == t.total_steps:
+            checkpoint.save(t.spec, t.engine, t.state, t.sampler, {cb.key: cb for cb in t.callbacks})
