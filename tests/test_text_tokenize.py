@@ -15,7 +15,7 @@ from mixdata import make_tokenizer
 from cptkit.dedup import minhash as mh
 from cptkit.demo import corpus
 from cptkit.eval import contamination
-from cptkit.labels import classifiers as classify
+from cptkit.labels.backends import fasttext as classify
 from cptkit.synthetic import qa as synthesis
 from cptkit.text import tokenize as T
 from cptkit.text.rust_tokenizer import load_rust_tokenizer

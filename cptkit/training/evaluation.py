@@ -52,7 +52,7 @@ class InitEvalCache:
         self.key = key
 
     def group_losses(self, compute: Any, max_docs: int | None) -> dict[str, dict[str, float]]:
-        """``compute()`` (:func:`cptkit.models.lm.group_losses` of the untrained model on
+        """``compute()`` (:func:`cptkit.models.scoring.group_losses` of the untrained model on
         ``max_docs`` per domain), or its saved result."""
         from cptkit.core.shards import atomic_write_bytes
 

@@ -23,13 +23,13 @@ from cptkit.core.errors import CptkitError
 def load_eval_tasks(names: list[str], task_dir: str | None = None, data_dir: str = "~/.cache/cptkit/eval") -> list:
     """The ``cptkit evaluate`` task definitions named in ``train.eval_tasks`` (data loaded now: fails fast)."""
     from cptkit.core.config import CONF_DIR
-    from cptkit.eval import tasks as T
+    from cptkit.eval import task_data, tasks
 
     d = task_dir or str(Path(CONF_DIR) / "eval" / "tasks")
     out = []
     for n in names:
-        t = T.load_task(str(n), d, os.path.expanduser(data_dir))
-        T.load_docs(t, t.spec["test_split"])
+        t = tasks.load_task(str(n), d, os.path.expanduser(data_dir))
+        task_data.load_docs(t, t.spec["test_split"])
         out.append(t)
     return out
 
@@ -38,8 +38,8 @@ def evaluate_point(model, tokenizer, records: list[dict], tcfg: Any, seq_len: in
                    cache: Any = None) -> dict[str, Any]:
     """``{"eval_loss": {domain: loss}, "eval_tasks": {task: score}}`` of the model now (eval mode, no grad;
     ``cache``: an :class:`~cptkit.training.evaluation.InitEvalCache`, for the untrained model only)."""
-    from cptkit.eval import tasks as T
-    from cptkit.models.lm import group_losses
+    from cptkit.eval import runner
+    from cptkit.models.scoring import group_losses
 
     was_training = model.training
     model.eval()
@@ -54,8 +54,8 @@ def evaluate_point(model, tokenizer, records: list[dict], tcfg: Any, seq_len: in
         if tasks:
             scores = {}
             for t in tasks:
-                m, _ = T.run_task(model, tokenizer, t, num_fewshot=tcfg.eval_tasks_shots,
-                                  limit=int(tcfg.eval_tasks_limit) or None, max_length=seq_len)
+                m, _ = runner.run_task(model, tokenizer, t, num_fewshot=tcfg.eval_tasks_shots,
+                                       limit=int(tcfg.eval_tasks_limit) or None, max_length=seq_len)
                 scores[t.name] = float(headline_score(m))
             out["eval_tasks"] = scores
     finally:
