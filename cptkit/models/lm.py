@@ -20,6 +20,7 @@ import torch
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
+from cptkit.models import gguf_cache
 from cptkit.models.remote_code import remote_code_kwargs
 
 __all__ = [
@@ -78,8 +79,6 @@ def resolve_loadable(spec: str) -> tuple[str, str | None]:
     if gguf is None:
         return d, None
     check_gguf(Path(d) / gguf)
-    from cptkit.models import gguf_cache
-
     if gguf_cache.enabled():
         try:
             return gguf_cache.converted(d, gguf), None
@@ -129,7 +128,7 @@ def _check_gguf(path: str, size: int, mtime_ns: int) -> None:  # size, mtime: a 
 def load_tokenizer(spec: str, trust_remote_code: bool = False):
     """A tokenizer for a model spec (directory, ``.gguf`` file or ``smollm2``); pad = EOS if unset.
     A folder that ships its own code is refused unless ``trust_remote_code`` (:mod:`cptkit.models.remote_code`)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # deferred: heavy
 
     d, gguf = resolve_loadable(spec)
     kw: dict[str, Any] = ({"gguf_file": gguf, "trust_remote_code": False} if gguf
@@ -159,7 +158,7 @@ def load_causal_lm(spec: str, dtype: Any = "float32", device: str = "cpu", trust
     """A causal LM in eval mode for a model spec (directory, ``.gguf`` file or ``smollm2``) on
     ``device`` (``auto``: the GPU when there is one). A folder that ships its own code is refused
     unless ``trust_remote_code`` (:mod:`cptkit.models.remote_code`)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # deferred: heavy
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

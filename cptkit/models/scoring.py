@@ -363,7 +363,7 @@ def _score_shared(model, groups: Sequence[tuple[list[int], list[list[int]]]],
 
 def _run_contexts(model, contexts: Sequence[list[int]]):
     """Run ``contexts`` (right-padded, no mask): ``(KV cache, float32 logits at each context's last token)``."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # deferred: heavy
 
     device = _device(model)
     inp = torch.zeros((len(contexts), max(len(c) for c in contexts)), dtype=torch.long)

@@ -18,7 +18,7 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 512, out_dir: st
     Returns a ``PreTrainedTokenizerFast`` (no special tokens are added by ``encode``); saved to
     ``out_dir`` when given.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # deferred: heavy
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<unk>", "<s>", "</s>", "<pad>"]
@@ -38,7 +38,7 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 512, out_dir: st
 def tiny_llama(tokenizer, hidden: int = 64, layers: int = 2, heads: int = 4, intermediate: int | None = None,
                max_position: int = 512, seed: int = 0, kv_heads: int | None = None):
     """A randomly initialised ``LlamaForCausalLM`` sized for ``tokenizer`` (deterministic in ``seed``)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # deferred: heavy
 
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate or 4 * hidden,

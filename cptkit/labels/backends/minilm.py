@@ -43,7 +43,7 @@ class MiniLMClassifier(ClassifierBackend):
     @classmethod
     def train(cls, texts: list[str], labels: list[str], classes: list[str], p: MiniLMParams,
               seed: int, max_chars: int, progress: Any = None) -> MiniLMClassifier:
-        import torch  # deferred: heavy
+        import torch  # deferred: heavy (with transformers)
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         torch.manual_seed(seed)
