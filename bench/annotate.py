@@ -27,13 +27,9 @@ from _report import table, write_section  # noqa: E402
 from classify_realtext import GCIDE_TOPICS  # noqa: E402
 from topic_classifiers import gcide_split  # noqa: E402
 
-from cptkit.labels.classifiers import (  # noqa: E402
-    FastTextParams,
-    TrainParams,
-    TuneParams,
-    evaluate,
-    train_classifier,
-)
+from cptkit.labels.classifiers import train_classifier  # noqa: E402
+from cptkit.labels.config import FastTextParams, TrainParams, TuneParams  # noqa: E402
+from cptkit.labels.metrics import evaluate  # noqa: E402
 
 TOPICS = list(GCIDE_TOPICS)
 

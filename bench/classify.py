@@ -30,12 +30,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from _report import table, write_section  # noqa: E402
 from classify_realtext import fortunes_en, python_docs  # noqa: E402
 
-from cptkit.labels.classifiers import (  # noqa: E402
-    TrainParams,
-    load_classifier,
-    save_classifier,
-    train_classifier,
-)
+from cptkit.labels.classifiers import load_classifier, save_classifier, train_classifier  # noqa: E402
+from cptkit.labels.config import TrainParams  # noqa: E402
 
 
 def rate(fn, n: int, repeat: int = 3) -> float:
@@ -84,7 +80,7 @@ def end_to_end(n_docs: int, repeats: int) -> str:
     import shutil
 
     from cptkit.core.config import compose_step
-    from cptkit.labels.classifiers import fasttext_line
+    from cptkit.labels.backends.fasttext import fasttext_line
     from cptkit.labels.topics import load_taxonomy
     from cptkit.steps import label_topics, score_quality
 

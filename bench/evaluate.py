@@ -1,8 +1,8 @@
 """Benchmark `evaluate` against lm-evaluation-harness on CPU, same model, same data, same run.
 
-* perplexity: tokens/s of ``cptkit.models.lm.document_losses`` vs lm-eval ``HFLM.loglikelihood_rolling``
+* perplexity: tokens/s of ``cptkit.models.scoring.document_losses`` vs lm-eval ``HFLM.loglikelihood_rolling``
   on real documents (Debian copyright files), with the total NLL of both;
-* multiple choice: items/s of ``cptkit.eval.tasks.run_task`` vs ``lm_eval.simple_evaluate`` on
+* multiple choice: items/s of ``cptkit.eval.runner.run_task`` vs ``lm_eval.simple_evaluate`` on
   the real ``gcide_defs`` task (word -> definition, 4 choices, 5 shots), with acc/acc_norm of both.
 
 The model is a seeded random Llama (hidden 256, 4 layers) with a byte-level BPE tokenizer trained
@@ -97,15 +97,15 @@ def main() -> None:
     from lm_eval.tasks import TaskManager
 
     from bench._report import table, write_section
-    from cptkit.eval import tasks as T
+    from cptkit.eval import runner, tasks
     from cptkit.eval.build_tasks import build
-    from cptkit.models import lm
+    from cptkit.models import scoring, tiny
 
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="bench-evaluate-"))
     texts = real_texts(args.docs)
-    tok = lm.train_bpe_tokenizer(texts, vocab_size=2000)
-    model = lm.tiny_llama(tok, hidden=256, layers=4, heads=4, max_position=2048, seed=0)
+    tok = tiny.train_bpe_tokenizer(texts, vocab_size=2000)
+    model = tiny.tiny_llama(tok, hidden=256, layers=4, heads=4, max_position=2048, seed=0)
     mdir = tmp / "model"
     model.save_pretrained(mdir)
     tok.save_pretrained(mdir)
@@ -116,7 +116,7 @@ def main() -> None:
     hf = HFLM(pretrained=str(mdir), device="cpu", batch_size=args.batch_size, dtype="float32")
     reqs = [Instance(request_type="loglikelihood_rolling", doc={}, arguments=(x,), idx=i) for i, x in enumerate(texts)]
     (ours, t_ours, c_ours), (theirs, t_theirs, c_theirs) = alternate(
-        lambda: lm.document_losses(model, tok, texts, batch_size=args.batch_size, max_length=2048),
+        lambda: scoring.document_losses(model, tok, texts, batch_size=args.batch_size, max_length=2048),
         lambda: hf.loglikelihood_rolling(reqs, disable_tqdm=True), args.repeat)
     tokens = sum(n for _, n in ours)
     nll_ours, nll_theirs = sum(s for s, _ in ours), -sum(theirs)
@@ -137,9 +137,9 @@ def main() -> None:
         f"task: bench_gcide\noutput_type: multiple_choice\ndata_files: {{test: {test}, validation: {val}}}\n"
         f"test_split: test\nfewshot_split: validation\nnum_fewshot: {args.shots}\n"
         'doc_to_text: "Word: {{word}} ({{pos}})\\nDefinition:"\ndoc_to_choice: choices\ndoc_to_target: label\n')
-    task = T.load_task(str(own / "task.yaml"), own, own)
+    task = tasks.load_task(str(own / "task.yaml"), own, own)
     ((m_ours, _), mc_ours, mcc_ours), (res, mc_theirs, mcc_theirs) = alternate(
-        lambda: T.run_task(model, tok, task, seed=1234, batch_size=args.batch_size),
+        lambda: runner.run_task(model, tok, task, seed=1234, batch_size=args.batch_size),
         lambda: simple_evaluate(model=hf, tasks=["bench_gcide"], task_manager=TaskManager(include_path=str(tmp)),
                                 fewshot_random_seed=1234, batch_size=args.batch_size), args.repeat)
     r = res["results"]["bench_gcide"]
@@ -169,8 +169,8 @@ def main() -> None:
         few = texts[:min(len(texts), 2 * args.batch_size)]
         body += ("\n\nPerplexity under 2x: where cptkit's time goes (torch.profiler, `document_losses` on "
                  f"{len(few)} of the documents):\n\n"
-                 + profile_table(lambda: lm.document_losses(model, tok, few, batch_size=args.batch_size,
-                                                            max_length=2048))
+                 + profile_table(lambda: scoring.document_losses(model, tok, few, batch_size=args.batch_size,
+                                                                 max_length=2048))
                  + "\n\nThe scoring itself (logsumexp and gather at the scored positions) is the `exp`/`log`/`amax` "
                  "rows at most; the rest is the model's forward, token for token the forward lm-eval runs: the "
                  "matmuls (`mm`), the unfused elementwise ops of RMSNorm, RoPE and SiLU (`mul`, `cat`, `add`, `pow`, "
@@ -180,7 +180,7 @@ def main() -> None:
                  "lower precision, which changes the scores.")
     if mc_theirs / mc_ours < 2:
         body += ("\n\nMultiple choice under 2x: where cptkit's time goes (torch.profiler, `run_task` on 8 items):\n\n"
-                 + profile_table(lambda: T.run_task(model, tok, task, seed=1234, batch_size=args.batch_size, limit=8))
+                 + profile_table(lambda: runner.run_task(model, tok, task, seed=1234, batch_size=args.batch_size, limit=8))
                  + "\n\nEach item's context runs once and its choices run on its KV cache: the forward over "
                  "context + choices is what is left, the same operators as the perplexity forward.")
     print(body)

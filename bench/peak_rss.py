@@ -174,7 +174,7 @@ def setup(work: Path, pages: list[tuple[str, str]], zh: list[str], timeout: floa
     write_jsonl(s / "queries.jsonl", [{"id": f"q{i}", "text": q} for i, q in enumerate(
         ["how do I read a file line by line", "dictionary comprehension syntax", "asyncio event loop tasks",
          "unicode strings and bytes encoding"])])
-    from cptkit.models.lm import train_bpe_tokenizer
+    from cptkit.models.tiny import train_bpe_tokenizer
 
     train_bpe_tokenizer([d["text"] for d in docs + zh_docs], vocab_size=512, out_dir=s / "tok")
     from tests._tiny_llm import cached_tiny_model

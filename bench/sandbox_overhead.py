@@ -13,16 +13,16 @@ import statistics
 import time
 
 from cptkit.eval import code_exec as X
-from cptkit.eval import tasks as T
+from cptkit.eval import task_data, tasks, templates
 from tests._eval_model import FIXTURES, TASK_DIR
 
 
 def programs() -> list[str]:
     out = []
     for name, field in (("humaneval", "canonical_solution"), ("mbpp", "code")):
-        task = T.load_task(name, TASK_DIR, FIXTURES)
-        for d in T.load_docs(task, "test"):
-            out.append(str(T.render(task.spec["code_eval"]["program"], {**d, "completion": d[field]})))
+        task = tasks.load_task(name, TASK_DIR, FIXTURES)
+        for d in task_data.load_docs(task, "test"):
+            out.append(str(templates.render(task.spec["code_eval"]["program"], {**d, "completion": d[field]})))
     return out
 
 

@@ -30,7 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cptkit.demo.corpus import cache_dir, extract_deb, fetch_deb, strip_roff  # noqa: E402
+from cptkit.demo.sources.base import cache_dir, extract_deb, fetch_deb  # noqa: E402
+from cptkit.demo.sources.manpages_zh import strip_roff  # noqa: E402
 
 PACKAGES = [
     "python3.11-doc", "maxima-doc", "octave-doc", "r-doc-html", "perl-doc", "ruby3.1-doc", "rust-doc",

@@ -26,13 +26,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from _report import table, write_section  # noqa: E402
 from classify_realtext import GCIDE_TOPICS, gcide_topics, python_docs  # noqa: E402
 
-from cptkit.labels.classifiers import (  # noqa: E402
-    EmbedParams,
-    TrainParams,
-    evaluate,
-    majority_macro_f1,
-    train_classifier,
-)
+from cptkit.labels.classifiers import train_classifier  # noqa: E402
+from cptkit.labels.config import EmbedParams, TrainParams  # noqa: E402
+from cptkit.labels.metrics import evaluate, majority_macro_f1  # noqa: E402
 
 TOPICS = list(GCIDE_TOPICS)
 

@@ -22,7 +22,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 from classify_realtext import gcide_topics  # noqa: E402
 from topic_classifiers import gcide_split  # noqa: E402
 
-from cptkit.labels.classifiers import MiniLMParams, TrainParams, evaluate, train_classifier  # noqa: E402
+from cptkit.labels.classifiers import train_classifier  # noqa: E402
+from cptkit.labels.config import MiniLMParams, TrainParams  # noqa: E402
+from cptkit.labels.metrics import evaluate  # noqa: E402
 
 
 def main() -> None:

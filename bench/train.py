@@ -114,7 +114,8 @@ def plain_worker(args: argparse.Namespace) -> None:
     import numpy as np
     import torch
 
-    from cptkit.models.lm import load_tokenizer, tiny_llama
+    from cptkit.models.lm import load_tokenizer
+    from cptkit.models.tiny import tiny_llama
 
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)

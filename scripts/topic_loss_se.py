@@ -3,7 +3,7 @@
 Topic-PPL reweighting (Llama-3-SynE §4.1.1) compares per-topic losses between rounds; each loss
 is measured on ``train.eval_docs`` held-out docs of ``train.eval_max_tokens`` tokens. This prints,
 per topic and eval size, the loss and its standard error over documents
-(:func:`cptkit.models.lm.weighted_loss_se`), and the median gap between topics' losses.
+(:func:`cptkit.models.scoring.weighted_loss_se`), and the median gap between topics' losses.
 
     python scripts/topic_loss_se.py --corpus DIR --model smollm2 --docs 8,32,64 --max-tokens 256
 """
@@ -16,7 +16,8 @@ import json
 import statistics
 from pathlib import Path
 
-from cptkit.models.lm import document_losses, load_causal_lm, load_tokenizer, weighted_loss_se
+from cptkit.models.lm import load_causal_lm, load_tokenizer
+from cptkit.models.scoring import document_losses, weighted_loss_se
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import glob
 from pathlib import Path
 
-from cptkit.models import lm
+from cptkit.models import tiny
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
 TASK_DIR = Path(__file__).parent.parent / "conf" / "eval" / "tasks"
@@ -32,8 +32,8 @@ def training_texts(n: int = 160) -> list[str]:
 
 def make_tiny(directory: Path, seed: int = 11):
     """``(model dir, tokenizer, model)``, saved to ``directory``."""
-    tok = lm.train_bpe_tokenizer(training_texts(), vocab_size=800)
-    model = lm.tiny_llama(tok, hidden=64, layers=2, heads=4, max_position=2048, seed=seed)
+    tok = tiny.train_bpe_tokenizer(training_texts(), vocab_size=800)
+    model = tiny.tiny_llama(tok, hidden=64, layers=2, heads=4, max_position=2048, seed=seed)
     model.save_pretrained(directory)
     tok.save_pretrained(directory)
     return directory, tok, model

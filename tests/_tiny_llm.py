@@ -53,7 +53,7 @@ def build_tiny_model(directory: Path, train_steps: int = 600) -> Path:
     short prompts (questions, ###Answer###/###COT###, [Problem]/[Solution], ending with EOS), save."""
     import torch
 
-    from cptkit.models.lm import tiny_llama, train_bpe_tokenizer
+    from cptkit.models.tiny import tiny_llama, train_bpe_tokenizer
 
     torch.set_num_threads(1)  # tiny matrices: one thread is many times faster on a busy machine
     pairs = training_pairs()

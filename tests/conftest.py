@@ -65,8 +65,9 @@ def read_jsonl_dir(directory: str | Path) -> list[dict]:
 
 def _corpus_key(limit: int) -> str:
     h = hashlib.sha256(f"limit={limit}\n".encode())
-    for rel in ("cptkit/demo/corpus.py", "cptkit/steps/demo_corpus.py", "conf/demo_corpus.yaml"):
-        h.update((ROOT / rel).read_bytes())
+    parsers = sorted((ROOT / "cptkit/demo/sources").glob("*.py"))  # one module per source, and their base
+    for path in [ROOT / "cptkit/demo/corpus.py", *parsers, ROOT / "cptkit/steps/demo_corpus.py", ROOT / "conf/demo_corpus.yaml"]:
+        h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 

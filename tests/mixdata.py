@@ -12,7 +12,7 @@ TWO_DOMAINS = ["mix.domains=[{name:en,filter:{lang:en}},{name:zh,filter:{lang:zh
 
 def make_tokenizer(corpus_records: list[dict], out: Path, vocab_size: int = 512) -> Path:
     """Train a byte-level BPE tokenizer on the real corpus text (once per directory)."""
-    from cptkit.models.lm import train_bpe_tokenizer
+    from cptkit.models.tiny import train_bpe_tokenizer
 
     if not (out / "tokenizer.json").exists():
         train_bpe_tokenizer([r["text"] for r in corpus_records], vocab_size=vocab_size, out_dir=out)

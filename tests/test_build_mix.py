@@ -144,7 +144,7 @@ def test_upsampling_tail_and_caps(corpus_dir, tok, tmp_path):
 def test_ppl_curriculum(corpus_dir, tok, tmp_path):
     from transformers import AutoTokenizer
 
-    from cptkit.models.lm import tiny_llama
+    from cptkit.models.tiny import tiny_llama
 
     model_dir = tmp_path / "scorer"
     tiny_llama(AutoTokenizer.from_pretrained(str(tok)), hidden=32, layers=1, heads=2, seed=1).save_pretrained(model_dir)

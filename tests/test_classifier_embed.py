@@ -14,18 +14,10 @@ from typer.testing import CliRunner
 
 from cptkit.cli import app
 from cptkit.core.config import compose_step
-from cptkit.labels.classifiers import (
-    CLASSIFIER_JSON,
-    EmbedParams,
-    TrainParams,
-    fit_logreg,
-    load_classifier,
-    ngram_vocabulary,
-    save_classifier,
-    tfidf_matrix,
-    train_classifier,
-    word_ngrams,
-)
+from cptkit.labels.backends.base import CLASSIFIER_JSON
+from cptkit.labels.backends.embed import fit_logreg, ngram_vocabulary, tfidf_matrix, word_ngrams
+from cptkit.labels.classifiers import load_classifier, save_classifier, train_classifier
+from cptkit.labels.config import EmbedParams, TrainParams
 from cptkit.steps import label_topics
 
 runner = CliRunner()

@@ -23,7 +23,7 @@ from cptkit.core.errors import BadInput, CptkitError
 from cptkit.eval import cmdgen as C
 from cptkit.eval import code_exec as X
 from cptkit.eval import formats as F
-from cptkit.eval import tasks as T
+from cptkit.eval import runner, task_data, tasks, templates
 from cptkit.eval.compare import compare_table
 from tests._eval_model import TASK_DIR, make_tiny
 
@@ -136,24 +136,24 @@ def test_cmdgen_reader_jsonl_json_list_and_field_names(tmp_path):
 
 def test_missing_data_is_one_line_naming_what_and_where(tmp_path):
     for name, what in (("cmdgen_nvidia", "CmdGen-NVIDIA test set (205 items"), ("cmdgen_amd", "CmdGen-AMD test set (192 items")):
-        t = T.load_task(name, TASK_DIR, tmp_path)
+        t = tasks.load_task(name, TASK_DIR, tmp_path)
         with pytest.raises(CptkitError) as e:
-            T.load_docs(t, "test")
+            task_data.load_docs(t, "test")
         msg = str(e.value)
         assert "\n" not in msg and what in msg and str(tmp_path / "cmdgen" / name[7:] / "test.jsonl") in msg, msg
 
 
-def _score(t: T.EvalTask, docs: list[dict], outs: list[str]) -> list[dict]:
+def _score(t: tasks.EvalTask, docs: list[dict], outs: list[str]) -> list[dict]:
     """score_cmdgen on a task's documents, as evaluate calls it (target commands and ids from the task)."""
-    golds = [str(T.render(t.spec["doc_to_target"], d)).strip() for d in docs]
-    return C.score_cmdgen(golds, [T.item_id(t, d, i) for i, d in enumerate(docs)], outs, dict(t.spec["cmd_eval"]))
+    golds = [str(templates.render(t.spec["doc_to_target"], d)).strip() for d in docs]
+    return C.score_cmdgen(golds, [runner.item_id(t, d, i) for i, d in enumerate(docs)], outs, dict(t.spec["cmd_eval"]))
 
 
 @sandboxed
 def test_score_cmdgen_on_the_fixture_with_written_answers():
     """The task API on the fixture with hand-written generations (fenced, prompted, chatty)."""
-    t = T.load_task("cmdgen_nvidia", TASK_DIR, DATA)
-    docs = T.load_docs(t, "test")
+    t = tasks.load_task("cmdgen_nvidia", TASK_DIR, DATA)
+    docs = task_data.load_docs(t, "test")
     outs = [" echo hello", " ```bash\n$ seq 1 5\n```", " seq 10 | wc -l\nThis counts the lines.",
             " printf 'a,b'", " date +%Y", " nvidia-smi --list-gpus"]
     items = _score(t, docs, outs)
@@ -222,8 +222,8 @@ def test_generated_commands_cannot_reach_the_network_or_the_host(tmp_path):
     assert C.run_command("ls -A").output == ""  # an empty work dir: neither the wrapper nor its output file
     assert wrote.status == "ok" and wrote.output.endswith("done")  # the shell ran; its writes went nowhere
     # through the task: a model output that writes outside its directory
-    t = T.load_task("cmdgen_amd", TASK_DIR, DATA)
-    docs = T.load_docs(t, "test")
+    t = tasks.load_task("cmdgen_amd", TASK_DIR, DATA)
+    docs = task_data.load_docs(t, "test")
     items = _score(t, docs[:1], [f" echo GPU > {marker}"])
     assert items[0]["gen_status"] == "failed" and not marker.exists() and items[0]["sr"] == 0.0
 

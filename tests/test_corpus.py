@@ -14,14 +14,23 @@ from typer.testing import CliRunner
 from cptkit.cli import app
 from cptkit.core.config import compose_step
 from cptkit.core.errors import CptkitError
-from cptkit.demo import corpus as C
+from cptkit.demo import corpus
+from cptkit.demo.sources import (
+    base,
+    debian_reference_zh,
+    fortunes_zh,
+    gcide,
+    manpages_zh,
+    maxima_docs,
+    python_docs,
+)
 
 runner = CliRunner()
 
 
 def _root(source: str) -> Path:
-    cache = C.cache_dir()
-    return C.extract_deb(C.fetch_deb(C.SOURCES[source].package, cache), cache)
+    cache = base.cache_dir()
+    return base.extract_deb(base.fetch_deb(corpus.SOURCES[source].package, cache), cache)
 
 
 # --- the fixture slice ------------------------------------------------------------------------
@@ -30,7 +39,7 @@ def test_slice_has_every_source_with_unique_ids(corpus_records):
     by_source: dict[str, int] = {}
     for r in corpus_records:
         by_source[r["source"]] = by_source.get(r["source"], 0) + 1
-    assert by_source == {name: CORPUS_SLICE for name in C.SOURCES}
+    assert by_source == {name: CORPUS_SLICE for name in corpus.SOURCES}
     ids = [r["id"] for r in corpus_records]
     assert len(set(ids)) == len(ids) == 6 * CORPUS_SLICE
     assert all(r["id"].startswith(r["source"] + "/") for r in corpus_records)
@@ -50,7 +59,7 @@ def test_slice_languages_and_chinese_text(corpus_records):
             assert cjk >= 1, r["id"]
             rich += cjk >= 20
         elif r["source"] == "manpages-zh":
-            assert C.cjk_share(r["text"]) < 0.05, r["id"]  # untranslated sections
+            assert base.cjk_share(r["text"]) < 0.05, r["id"]  # untranslated sections
         else:
             assert cjk == 0 or r["source"] == "python-docs", r["id"]  # unicode howtos quote CJK
     assert rich >= 0.85 * 3 * CORPUS_SLICE
@@ -88,19 +97,19 @@ def test_shards_load_with_datasets(corpus_dir):
 # --- parsers: pure functions on real text -------------------------------------------------------
 
 def test_dictd_base64_numbers():
-    assert C.dictd_b64("A") == 0 and C.dictd_b64("/") == 63
-    assert C.dictd_b64("BA") == 64
-    assert C.dictd_b64("Bdh") == 1 * 64 * 64 + 29 * 64 + 33  # "100th" in gcide.index
+    assert gcide.dictd_b64("A") == 0 and gcide.dictd_b64("/") == 63
+    assert gcide.dictd_b64("BA") == 64
+    assert gcide.dictd_b64("Bdh") == 1 * 64 * 64 + 29 * 64 + 33  # "100th" in gcide.index
     with pytest.raises(ValueError):
-        C.dictd_b64("A*")
-    idx = C.parse_dictd_index(["00-database-info\tKj\tuk", "1\t+8\tCt", "100th\tBdh\tCC"])
+        gcide.dictd_b64("A*")
+    idx = gcide.parse_dictd_index(["00-database-info\tKj\tuk", "1\t+8\tCt", "100th\tBdh\tCC"])
     assert idx == [("1", 62 * 64 + 60, 2 * 64 + 45), ("100th", 5985, 2 * 64 + 2)]
     with pytest.raises(CptkitError, match=r"<index>:1"):
-        C.parse_dictd_index(["oops"])
+        gcide.parse_dictd_index(["oops"])
 
 
 def test_gcide_entries_real():
-    recs = list(C.gcide_records(_root("gcide")))
+    recs = list(gcide.gcide_records(_root("gcide")))
     assert 60_000 < len(recs) < 90_000
     ids = [r["id"] for r in recs]
     assert len(set(ids)) == len(ids)
@@ -113,8 +122,8 @@ def test_gcide_entries_real():
 
 def test_fortunes_split_and_ansi():
     text = "\x1b[32m《静夜思》\x1b[m\n[33m作者：李白[m\n床前明月光\n%\n\n%\n第二条\n"
-    assert C.split_fortunes(text) == ["《静夜思》\n作者：李白\n床前明月光", "第二条"]
-    recs = list(C.fortunes_zh_records(_root("fortunes-zh")))
+    assert fortunes_zh.split_fortunes(text) == ["《静夜思》\n作者：李白\n床前明月光", "第二条"]
+    recs = list(fortunes_zh.fortunes_zh_records(_root("fortunes-zh")))
     assert 5_500 < len(recs) < 5_800
     files = {r["meta"]["section"] for r in recs}
     assert files == {"chinese", "song100", "tang300"}  # .u8 links and .dat skipped
@@ -128,21 +137,21 @@ def test_unwrap_joins_chinese_without_space():
                "    来成为一个段落。\n"
                "\n"
                "    # apt-get install package_name\n")
-    out = C.unwrap(wrapped)
+    out = base.unwrap(wrapped)
     assert out.splitlines()[0].strip() == "这是一个很长的句子，它在七十二列的位置被硬换行了，因此需要重新连接起来成为一个段落。"
     assert out.splitlines()[2] == "    # apt-get install package_name"
 
 
 def test_join_cjk():
-    assert C.join_cjk("当然它也参与构造Windows的\"网 络邻居”查看 的浏览协议。 nmbd 是") == \
+    assert base.join_cjk("当然它也参与构造Windows的\"网 络邻居”查看 的浏览协议。 nmbd 是") == \
         "当然它也参与构造Windows的\"网络邻居”查看的浏览协议。 nmbd 是"
 
 
 def test_merge_short_and_split_long():
-    chunks = [C.Chunk("a", "A", "x" * 50), C.Chunk("b", "B", "y" * 300), C.Chunk("c", "C", "z" * 20)]
-    merged = C.merge_short(chunks, 200)
+    chunks = [base.Chunk("a", "A", "x" * 50), base.Chunk("b", "B", "y" * 300), base.Chunk("c", "C", "z" * 20)]
+    merged = base.merge_short(chunks, 200)
     assert [(c.anchor, len(c.text)) for c in merged] == [("a", 50 + 2 + 300 + 2 + 20)]
-    parts = C.split_long("\n\n".join(["p" * 400] * 5), 1000)
+    parts = base.split_long("\n\n".join(["p" * 400] * 5), 1000)
     assert [len(p) for p in parts] == [802, 802, 400]
 
 
@@ -153,7 +162,7 @@ def test_split_rst_sections_and_objects():
            ".. function:: walk(top, topdown=True)\n              walk(top)\n   :noindex:\n\n"
            "   Walk a tree.\n\n   .. versionadded:: 3.5\n      Something new.\n\n"
            "   .. index:: single: walk\n\n   Example::\n\n      for x in walk('.'):\n          pass\n")
-    chunks = C.split_rst(src, "library/os")
+    chunks = python_docs.split_rst(src, "library/os")
     assert [c.anchor for c in chunks] == ["", "files-and-directories", "os.walk"]
     assert chunks[0].text == "`os` --- OS interfaces\n\nIntro text with `join` and `literal`."
     walk = chunks[2].text
@@ -162,7 +171,7 @@ def test_split_rst_sections_and_objects():
 
 
 def test_python_docs_ids_match_sphinx_anchors():
-    recs = list(C.python_docs_records(_root("python-docs")))
+    recs = list(python_docs.python_docs_records(_root("python-docs")))
     assert 7_000 < len(recs) < 9_000
     by_id = {r["id"]: r for r in recs}
     walk = by_id["python-docs/library/os#os.walk"]
@@ -175,12 +184,12 @@ def test_python_docs_ids_match_sphinx_anchors():
 def test_strip_roff_matches_man_rendering():
     root = _root("manpages-zh")
     page = root / "usr/share/man/zh_CN/man1/ls.1.gz"
-    stripped = C.strip_roff(C.read_man_source(page))
+    stripped = manpages_zh.strip_roff(manpages_zh.read_man_source(page))
     assert stripped.splitlines()[0] == "名称"
     assert "ls - 列出目录内容" in stripped and "-a, --all" in stripped
     assert "\\f" not in stripped and ".TP" not in stripped
-    if C.man_available():
-        rendered = C.render_man(page)
+    if manpages_zh.man_available():
+        rendered = manpages_zh.render_man(page)
         assert rendered.splitlines()[0] == "名称"
         heads = [ln for ln in rendered.splitlines() if ln and not ln[0].isspace()]
         assert heads == [ln for ln in stripped.splitlines() if ln and not ln[0].isspace()]
@@ -190,7 +199,7 @@ def test_strip_roff_matches_man_rendering():
 
 
 def test_debian_reference_sections():
-    recs = list(C.debian_reference_zh_records(_root("debian-reference-zh")))
+    recs = list(debian_reference_zh.debian_reference_zh_records(_root("debian-reference-zh")))
     assert 300 < len(recs) < 500
     ids = [r["id"] for r in recs]
     assert len(set(ids)) == len(ids)
@@ -201,7 +210,7 @@ def test_debian_reference_sections():
 
 
 def test_maxima_sections():
-    recs = list(C.maxima_docs_records(_root("maxima-docs")))
+    recs = list(maxima_docs.maxima_docs_records(_root("maxima-docs")))
     assert 1_800 < len(recs) < 2_500
     by_id = {r["id"]: r for r in recs}
     r = by_id["maxima-docs/maxima_76#index-ratcoef"]
@@ -248,4 +257,4 @@ def test_step_errors(tmp_path):
 
         run(compose_step("demo-corpus", [f"io.output={tmp_path / 'y'}", "corpus.limit_per_source=-1"]))
     with pytest.raises(CptkitError, match="apt-get download no-such-package-cptkit failed|not available"):
-        C.fetch_deb("no-such-package-cptkit", tmp_path / "cache")
+        base.fetch_deb("no-such-package-cptkit", tmp_path / "cache")

@@ -19,9 +19,10 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from cptkit.cli import app
-from cptkit.eval import tasks as T
+from cptkit.eval import answers, fewshot, runner, task_data, tasks
 from cptkit.eval.contamination import BenchmarkIndex, ngram_hashes, words
-from cptkit.models import lm
+from cptkit.models import lm, scoring
+from cptkit.models.tiny import tiny_llama, train_bpe_tokenizer
 
 EVAL_CACHE = Path(os.environ.get("CPTKIT_TEST_CACHE", os.path.expanduser("~/.cache/cptkit/test-corpus"))) / "eval-data"
 
@@ -48,8 +49,8 @@ def texts() -> list[str]:
 def tiny(tmp_path_factory, texts):
     """(model dir, tokenizer, model): BPE on real text + a seeded tiny Llama, saved like a checkpoint."""
     d = tmp_path_factory.mktemp("tiny-llama")
-    tok = lm.train_bpe_tokenizer(texts, vocab_size=700)
-    model = lm.tiny_llama(tok, hidden=64, layers=2, heads=4, max_position=1024, seed=11)
+    tok = train_bpe_tokenizer(texts, vocab_size=700)
+    model = tiny_llama(tok, hidden=64, layers=2, heads=4, max_position=1024, seed=11)
     model.save_pretrained(d)
     tok.save_pretrained(d)
     return d, tok, model
@@ -82,11 +83,11 @@ def read_jsonl_dir(directory: Path) -> list[dict]:
     return [r for inp in resolve_inputs(str(directory)) for r in read_records(inp)]
 
 
-# --- cptkit.models.lm --------------------------------------------------------------------------------------
+# --- cptkit.models.scoring ---------------------------------------------------------------------------------
 def test_tiny_llama_is_seeded(tiny):
     _, tok, model = tiny
-    again = lm.tiny_llama(tok, hidden=64, layers=2, heads=4, max_position=1024, seed=11)
-    other = lm.tiny_llama(tok, hidden=64, layers=2, heads=4, max_position=1024, seed=12)
+    again = tiny_llama(tok, hidden=64, layers=2, heads=4, max_position=1024, seed=11)
+    other = tiny_llama(tok, hidden=64, layers=2, heads=4, max_position=1024, seed=12)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(), strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters(), strict=True))
     assert model.config.vocab_size == len(tok) and tok.encode("The GNU", add_special_tokens=False)
@@ -95,7 +96,7 @@ def test_tiny_llama_is_seeded(tiny):
 def test_document_losses_match_a_direct_computation(tiny, texts):
     _, tok, model = tiny
     docs = texts[:5]
-    batched = lm.document_losses(model, tok, docs, batch_size=3, max_length=10_000)
+    batched = scoring.document_losses(model, tok, docs, batch_size=3, max_length=10_000)
     for (s, n), text in zip(batched, docs, strict=True):
         ids = [tok.bos_token_id] + tok.encode(text, add_special_tokens=False)
         with torch.no_grad():
@@ -104,39 +105,39 @@ def test_document_losses_match_a_direct_computation(tiny, texts):
         assert n == len(ids) - 1
         assert s == pytest.approx(ref, rel=1e-4)
     # windows: every token scored exactly once whatever the window length
-    windowed = lm.document_losses(model, tok, docs, batch_size=4, max_length=64)
+    windowed = scoring.document_losses(model, tok, docs, batch_size=4, max_length=64)
     assert [n for _, n in windowed] == [n for _, n in batched]
-    assert lm.document_losses(model, tok, [""], max_length=64) == [(0.0, 0)]
+    assert scoring.document_losses(model, tok, [""], max_length=64) == [(0.0, 0)]
 
 
 def test_group_losses_are_token_weighted_with_a_doc_cap(tiny, texts):
     _, tok, model = tiny
     recs = [{"id": f"r{i}", "text": t, "g": "a" if i % 3 else "b"} for i, t in enumerate(texts[:12])]
-    out = lm.group_losses(model, tok, recs, "g", max_docs_per_group=3, batch_size=4, max_length=256)
+    out = scoring.group_losses(model, tok, recs, "g", max_docs_per_group=3, batch_size=4, max_length=256)
     assert list(out) == ["a", "b"] and out["a"]["docs"] == 3 and out["b"]["docs"] == 3
     first_a = [r["text"] for r in recs if r["g"] == "a"][:3]
-    per_doc = lm.document_losses(model, tok, first_a, max_length=256)
+    per_doc = scoring.document_losses(model, tok, first_a, max_length=256)
     assert out["a"]["tokens"] == sum(n for _, n in per_doc)
     assert out["a"]["loss"] == pytest.approx(sum(s for s, _ in per_doc) / sum(n for _, n in per_doc), rel=1e-6)
     assert out["a"]["ppl"] == pytest.approx(math.exp(out["a"]["loss"]))
     with pytest.raises(Exception, match="record r0: no field 'topic'"):
-        lm.group_losses(model, tok, recs, "topic")
+        scoring.group_losses(model, tok, recs, "topic")
 
 
 def test_encode_pair_moves_trailing_space_and_splits_the_whole_encoding(tiny):
     _, tok, _ = tiny
-    ctx, cont = lm.encode_pair(tok, "Copyright: ", "GPL")
+    ctx, cont = scoring.encode_pair(tok, "Copyright: ", "GPL")
     assert ctx == tok.encode("Copyright:") and ctx + cont == tok.encode("Copyright: GPL")
-    ctx0, cont0 = lm.encode_pair(tok, "", "license")
+    ctx0, cont0 = scoring.encode_pair(tok, "", "license")
     assert ctx0 == [tok.bos_token_id] and cont0 == tok.encode("license", add_special_tokens=False)
 
 
 def test_loglikelihood_is_the_sum_of_token_logprobs(tiny):
     _, tok, model = tiny
     reqs = [("Permission is hereby granted", " free of charge"), ("The", " software"), ("", "License")]
-    got = lm.loglikelihood(model, tok, reqs, batch_size=2)
+    got = scoring.loglikelihood(model, tok, reqs, batch_size=2)
     for (c, x), (ll, _) in zip(reqs, got, strict=True):
-        ctx, cont = lm.encode_pair(tok, c, x)
+        ctx, cont = scoring.encode_pair(tok, c, x)
         seq = ctx + cont
         with torch.no_grad():
             logp = F.log_softmax(model(torch.tensor([seq[:-1]])).logits[0].float(), -1)
@@ -147,25 +148,25 @@ def test_loglikelihood_is_the_sum_of_token_logprobs(tiny):
 # --- task pieces ----------------------------------------------------------------------------------
 def test_mc_predictions_acc_vs_acc_norm():
     # summed LL prefers the short choice; per character the long one wins (lm-eval's acc_norm)
-    assert T.mc_predictions([-10.0, -12.0], ["ab", "abcdefgh"]) == (0, 1)
-    assert T.mc_predictions([-3.0, -3.0, -1.0], ["x", "y", "zz"]) == (2, 2)
-    assert T.mc_predictions([-2.0, -2.0], ["aa", "bb"]) == (0, 0)  # ties: first, like numpy.argmax
+    assert answers.mc_predictions([-10.0, -12.0], ["ab", "abcdefgh"]) == (0, 1)
+    assert answers.mc_predictions([-3.0, -3.0, -1.0], ["x", "y", "zz"]) == (2, 2)
+    assert answers.mc_predictions([-2.0, -2.0], ["aa", "bb"]) == (0, 0)  # ties: first, like numpy.argmax
 
 
 def test_answer_extraction():
-    assert T.last_number("She pays 3 + 4 = 7 dollars, so #### 1,234.") == "1234"
-    assert T.last_number("no digits") is None
-    assert T.extract(r"so $\boxed{\frac{1}{2}}$ and \boxed{\dfrac{3}{4}}.", "boxed") == "3/4"
-    assert T.last_boxed(r"\boxed{x^{2}+1}") == "x^{2}+1"
-    assert T.answers_match("72.0", "72") and T.answers_match("0.5", "1/2") and not T.answers_match("7", "72")
-    assert T.extract("The answer is 42.", "regex:answer is (\\d+)") == "42"
+    assert answers.last_number("She pays 3 + 4 = 7 dollars, so #### 1,234.") == "1234"
+    assert answers.last_number("no digits") is None
+    assert answers.extract(r"so $\boxed{\frac{1}{2}}$ and \boxed{\dfrac{3}{4}}.", "boxed") == "3/4"
+    assert answers.last_boxed(r"\boxed{x^{2}+1}") == "x^{2}+1"
+    assert answers.answers_match("72.0", "72") and answers.answers_match("0.5", "1/2") and not answers.answers_match("7", "72")
+    assert answers.extract("The answer is 42.", "regex:answer is (\\d+)") == "42"
 
 
 def test_fewshot_context_layout(eval_data):
-    task = T.load_task("gcide_defs", T.Path(__file__).parent.parent / "conf/eval/tasks", eval_data)
-    docs = T.load_docs(task, "test")[:2]
-    ctx = T.contexts(task, docs, 2, seed=1234)
-    shots = T.load_docs(task, "validation")
+    task = tasks.load_task("gcide_defs", Path(__file__).parent.parent / "conf/eval/tasks", eval_data)
+    docs = task_data.load_docs(task, "test")[:2]
+    ctx = fewshot.contexts(task, docs, 2, seed=1234)
+    shots = task_data.load_docs(task, "validation")
     import random
 
     rnd = random.Random(1234)
@@ -285,9 +286,9 @@ def test_evaluate_ppl_and_tasks_end_to_end(tiny, heldout, eval_data, tmp_path):
     r = json.loads((out / "_results.json").read_text())
     groups = r["perplexity"]["groups"]
     assert set(groups) == {"gpl", "other"} and all(g["docs"] == 20 for g in groups.values())
-    # the very numbers of cptkit.models.lm.group_losses (the train controllers' code path)
+    # the very numbers of cptkit.models.scoring.group_losses (the train controllers' code path)
     recs = [json.loads(x) for x in (heldout / "part-00000.jsonl").read_text().splitlines()]
-    ref = lm.group_losses(model, tok, recs, "license", 20, batch_size=4, max_length=256)
+    ref = scoring.group_losses(model, tok, recs, "license", 20, batch_size=4, max_length=256)
     assert groups["gpl"]["loss"] == pytest.approx(ref["gpl"]["loss"], rel=1e-5)
     assert r["perplexity"]["all"]["tokens"] == ref["gpl"]["tokens"] + ref["other"]["tokens"]
     g = r["tasks"]["gcide_defs"]
@@ -365,9 +366,9 @@ def test_acc_and_acc_norm_identical_to_lm_eval(tiny, eval_data, tmp_path):
         f"data_files: {{test: {test}, validation: {val}}}\n"
         "test_split: test\nfewshot_split: validation\nnum_fewshot: 3\n"
         'doc_to_text: "Word: {{word}} ({{pos}})\\nDefinition:"\ndoc_to_choice: choices\ndoc_to_target: label\n')
-    task = T.load_task(str(tmp_path / "cptkit_task.yaml"), tmp_path, tmp_path)
+    task = tasks.load_task(str(tmp_path / "cptkit_task.yaml"), tmp_path, tmp_path)
     loaded = lm.load_causal_lm(str(model_dir))
-    metrics, items = T.run_task(loaded, lm.load_tokenizer(str(model_dir)), task, seed=1234, batch_size=8)
+    metrics, items = runner.run_task(loaded, lm.load_tokenizer(str(model_dir)), task, seed=1234, batch_size=8)
     assert metrics["n"] == n
     assert metrics["acc"] == ref["acc,none"] and metrics["acc_norm"] == ref["acc_norm,none"]
     samples = sorted(out["samples"]["cptkit_gcide_agree"], key=lambda s: s["doc_id"])
@@ -376,5 +377,5 @@ def test_acc_and_acc_norm_identical_to_lm_eval(tiny, eval_data, tmp_path):
         assert it["lls"] == pytest.approx(theirs, abs=1e-4)
         assert it["acc"] == s["acc"] and it["acc_norm"] == s["acc_norm"]
     # and the few-shot prompts are the same strings
-    ctxs = T.contexts(task, T.load_docs(task, "test"), 3, 1234)
+    ctxs = fewshot.contexts(task, task_data.load_docs(task, "test"), 3, 1234)
     assert [s["arguments"][0][0] for s in samples] == ctxs

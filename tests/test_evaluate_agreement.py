@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cptkit.cli import app
-from cptkit.eval import tasks as T
+from cptkit.eval import fewshot, runner, task_data, tasks
 from cptkit.eval.compare import compare_table, suite_table, to_markdown
 from cptkit.models import lm
 from tests._eval_model import FIXTURES, TASK_DIR, make_tiny
@@ -33,8 +33,8 @@ def tiny(tmp_path_factory):
     return d, lm.load_tokenizer(str(d)), lm.load_causal_lm(str(d))
 
 
-def task(name: str) -> T.EvalTask:
-    return T.load_task(name, TASK_DIR, FIXTURES)
+def task(name: str) -> tasks.EvalTask:
+    return tasks.load_task(name, TASK_DIR, FIXTURES)
 
 
 # --- batch size -------------------------------------------------------------------------------------
@@ -42,9 +42,9 @@ def test_scores_identical_for_batch_sizes_1_8_32(tiny):
     _, tok, model = tiny
     runs = {}
     for bs in (1, 8, 32):
-        mc, mc_items = T.run_task(model, tok, task("mmlu"), batch_size=bs)
-        sci, sci_items = T.run_task(model, tok, task("scieval"), batch_size=bs, num_fewshot=2)
-        gen, gen_items = T.run_task(model, tok, task("gsm8k"), batch_size=bs, num_fewshot=2, max_gen_toks=12)
+        mc, mc_items = runner.run_task(model, tok, task("mmlu"), batch_size=bs)
+        sci, sci_items = runner.run_task(model, tok, task("scieval"), batch_size=bs, num_fewshot=2)
+        gen, gen_items = runner.run_task(model, tok, task("gsm8k"), batch_size=bs, num_fewshot=2, max_gen_toks=12)
         runs[bs] = (mc, mc_items, sci, sci_items, gen, gen_items)
     (mc1, items1, sci1, sitems1, gen1, gitems1) = runs[1]
     assert len(items1) == 6 and len(gitems1) == 3
@@ -118,8 +118,8 @@ metric_list:
 def _mmlu_as_jsonl(tmp: Path) -> tuple[Path, Path]:
     """The MMLU fixture (published CSV) as HF-layout JSONL for lm-eval's `dataset_path: json`, one subject."""
     t = task("mmlu")
-    dev = [d for d in T.load_docs(t, "dev") if d["subject"] == "anatomy"]
-    test = [d for d in T.load_docs(t, "test") if d["subject"] == "anatomy"]
+    dev = [d for d in task_data.load_docs(t, "dev") if d["subject"] == "anatomy"]
+    test = [d for d in task_data.load_docs(t, "test") if d["subject"] == "anatomy"]
     for name, rows in (("dev", dev), ("test", test)):
         (tmp / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return tmp / "dev.jsonl", tmp / "test.jsonl"
@@ -167,8 +167,8 @@ def test_engines_agree_on_multiple_choice_and_gsm8k_exact_match(tiny, tmp_path):
         rs = (r for f in resolve_inputs(str(d)) for r in read_records(f) if r["task"] == name)
         return [r["text"] for r in sorted(rs, key=lambda r: r["doc"])]
 
-    mine = T.contexts(T.load_task(str(tmp_path / "mmlu_anatomy.yaml"), TASK_DIR, FIXTURES),
-                      T.load_docs(T.load_task(str(tmp_path / "mmlu_anatomy.yaml"), TASK_DIR, FIXTURES), "test"), 3, 1234)
+    mine = fewshot.contexts(tasks.load_task(str(tmp_path / "mmlu_anatomy.yaml"), TASK_DIR, FIXTURES),
+                            task_data.load_docs(tasks.load_task(str(tmp_path / "mmlu_anatomy.yaml"), TASK_DIR, FIXTURES), "test"), 3, 1234)
     assert texts(tmp_path / "lm", "cptkit_mmlu_agree") == mine
     g, h = ours["gsm8k"]["metrics"], theirs["cptkit_gsm8k_agree"]["metrics"]
     assert g["n"] == h["n"] == 3 and g["exact_match"] == h["exact_match/flexible-extract"]
@@ -186,7 +186,7 @@ def test_engines_agree_on_multiple_choice_and_gsm8k_exact_match(tiny, tmp_path):
 # --- clean / contaminated split ----------------------------------------------------------------------------
 def test_clean_and_contaminated_items_scored_separately(tiny, tmp_path):
     model_dir, _, _ = tiny
-    gsm = T.load_docs(task("gsm8k"), "test")
+    gsm = task_data.load_docs(task("gsm8k"), "test")
     stream = tmp_path / "stream.jsonl"
     stream.write_text(json.dumps({"id": "leak", "text": "forum post: " + gsm[1]["question"] + " " + gsm[1]["answer"]}) + "\n"
                       + json.dumps({"id": "clean", "text": "A paragraph about harbours and shipping containers."}) + "\n")
@@ -212,10 +212,10 @@ def test_clean_and_contaminated_items_scored_separately(tiny, tmp_path):
 
 def test_split_metrics_by_hand():
     items = [{"id": "a", "acc": 1.0}, {"id": "b", "acc": 0.0}, {"id": "c", "acc": 1.0}, {"id": "d", "acc": 1.0}]
-    sp = T.split_metrics(items, {"b", "d"})
+    sp = runner.split_metrics(items, {"b", "d"})
     assert sp["clean"] == {"acc": 1.0, "acc_stderr": 0.0, "n": 2}
     assert sp["contaminated"]["acc"] == 0.5 and sp["contaminated"]["acc_stderr"] == pytest.approx(0.5)  # sqrt(0.5/2)
-    assert T.split_metrics(items, set())["contaminated"] == {"acc": None, "acc_stderr": None, "n": 0}
+    assert runner.split_metrics(items, set())["contaminated"] == {"acc": None, "acc_stderr": None, "n": 0}
 
 
 # --- scorecards -------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cptkit.eval import tasks as T
+from cptkit.eval import runner, task_data, tasks
 from cptkit.eval.code_exec import pass_at_k, pass_at_k_exact, run_program
 from tests._eval_model import FIXTURES, TASK_DIR
 
@@ -52,24 +52,24 @@ def test_sandbox_runs_correct_wrong_looping_and_escaping_programs(tmp_path):
 
 
 def test_score_code_humaneval_and_mbpp_pass_at_k():
-    he = T.load_task("humaneval", TASK_DIR, FIXTURES)
-    docs = T.load_docs(he, "test")
+    he = tasks.load_task("humaneval", TASK_DIR, FIXTURES)
+    docs = task_data.load_docs(he, "test")
     ce = dict(he.spec["code_eval"]) | {"timeout": 3}
     add_ok, even_ok = docs[0]["canonical_solution"], docs[1]["canonical_solution"]
-    items = T.score_code(he, docs, [[add_ok], ["    return n % 2 == 1\n"]], ce)
+    items = runner.score_code(he, docs, [[add_ok], ["    return n % 2 == 1\n"]], ce)
     assert [it["pass@1"] for it in items] == [1.0, 0.0] and [it["id"] for it in items] == ["HumanEval/0", "HumanEval/1"]
     # 3 samples each: correct / wrong / infinite loop, and one that writes outside its directory
     escape = "    open('/tmp/cptkit-he-escape.txt', 'w').write('x')\n    return n % 2 == 0\n"
     samples = [[add_ok, "    return a - b\n", "    while True:\n        pass\n"],
                [even_ok, escape, even_ok]]
-    items = T.score_code(he, docs, samples, ce | {"k": [1, 2]})
+    items = runner.score_code(he, docs, samples, ce | {"k": [1, 2]})
     assert items[0]["status"] == ["passed", "failed", "timeout"] and items[1]["status"] == ["passed", "failed", "passed"]
     assert items[0]["pass@1"] == pytest.approx(1 / 3) and items[0]["pass@2"] == pytest.approx(2 / 3)
     assert items[1]["pass@1"] == pytest.approx(2 / 3) and items[1]["pass@2"] == 1.0
     assert not Path("/tmp/cptkit-he-escape.txt").exists()
-    mb = T.load_task("mbpp", TASK_DIR, FIXTURES)
-    mdocs = T.load_docs(mb, "test")
-    got = T.score_code(mb, mdocs, [[d["code"]] for d in mdocs] + [], dict(mb.spec["code_eval"]))
+    mb = tasks.load_task("mbpp", TASK_DIR, FIXTURES)
+    mdocs = task_data.load_docs(mb, "test")
+    got = runner.score_code(mb, mdocs, [[d["code"]] for d in mdocs] + [], dict(mb.spec["code_eval"]))
     assert [it["pass@1"] for it in got] == [1.0, 1.0]
-    got = T.score_code(mb, mdocs, [["def square(x):\n  return x + x"], ["def rev(s):\n  return s"]], dict(mb.spec["code_eval"]))
+    got = runner.score_code(mb, mdocs, [["def square(x):\n  return x + x"], ["def rev(s):\n  return s"]], dict(mb.spec["code_eval"]))
     assert [it["pass@1"] for it in got] == [0.0, 0.0]

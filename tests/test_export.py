@@ -15,7 +15,7 @@ import torch
 from mixdata import TWO_DOMAINS, build_stream, make_tokenizer
 
 from cptkit.core.config import compose_step
-from cptkit.models import lm
+from cptkit.models import lm, scoring
 from cptkit.models.gguf import permute_qk
 
 HAS_LLAMACPP = importlib.util.find_spec("llama_cpp") is not None
@@ -67,8 +67,8 @@ def test_saved_model_reloads_to_the_logged_loss(trained):
     last = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"eval_loss"' in x][-1]
     model = AutoModelForCausalLM.from_pretrained(run / "model")
     tok = AutoTokenizer.from_pretrained(run / "model")
-    res = lm.group_losses(model, tok, eval_records(stream), group_by="domain", max_docs_per_group=4,
-                          max_length=64, max_tokens=256)
+    res = scoring.group_losses(model, tok, eval_records(stream), group_by="domain", max_docs_per_group=4,
+                               max_length=64, max_tokens=256)
     got = {d: v["loss"] for d, v in res.items()}
     assert got.keys() == last["eval_loss"].keys()
     for d, loss in last["eval_loss"].items():
@@ -148,7 +148,7 @@ def test_smollm2_continued_learns_the_text_still_generates_and_exports(corpus_di
         before = init(ids, labels=ids).loss.item()
         after = model(ids, labels=ids).loss.item()
     assert after < before - 0.05, (before, after)  # it learned the text it was trained on
-    gen = lm.generate_until(model, tok, ["The capital of France is"], max_gen_toks=8, max_length=128)
+    gen = scoring.generate_until(model, tok, ["The capital of France is"], max_gen_toks=8, max_length=128)
     assert any(c.isalpha() for c in gen[0]), gen  # and still writes words
     gguf = tmp_path / "cpt.gguf"
     r = cli("export-gguf", "--model", str(out / "model"), "--out", str(gguf), "export.dtype=f16",

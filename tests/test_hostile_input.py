@@ -301,7 +301,7 @@ def test_long_text_is_tokenized_in_pieces_with_the_same_ids(tmp_path, pre):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from cptkit.models.lm import train_bpe_tokenizer
+    from cptkit.models.tiny import train_bpe_tokenizer
     from cptkit.text.encode import encode_long, encode_many
 
     text = _mixed_text(60_000)
@@ -325,7 +325,7 @@ def test_build_mix_memory_is_bounded_on_a_record_at_the_limit(tmp_path):
     its peak RSS stays under 1 GiB (one whole-text Encoding took 1.17 GB)."""
     import numpy as np
 
-    from cptkit.models.lm import train_bpe_tokenizer
+    from cptkit.models.tiny import train_bpe_tokenizer
 
     text = _mixed_text(5_000_000)
     tok = train_bpe_tokenizer([text[:50_000]], vocab_size=512, out_dir=tmp_path / "tok")

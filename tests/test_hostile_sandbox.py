@@ -14,7 +14,7 @@ import pytest
 
 from cptkit.core.errors import CptkitError
 from cptkit.eval import code_exec as X
-from cptkit.eval import tasks as T
+from cptkit.eval import runner, task_data, tasks
 from tests._eval_model import FIXTURES, TASK_DIR
 
 pytestmark = pytest.mark.skipif(X.sandbox_problem() is not None,
@@ -175,15 +175,15 @@ def test_memory_bomb_and_huge_file_bounded():
 
 
 def test_humaneval_mbpp_pass_at_k_unchanged():
-    he = T.load_task("humaneval", TASK_DIR, FIXTURES)
-    docs = T.load_docs(he, "test")
+    he = tasks.load_task("humaneval", TASK_DIR, FIXTURES)
+    docs = task_data.load_docs(he, "test")
     ce = dict(he.spec["code_eval"]) | {"timeout": 5, "k": [1, 2]}
     ok0, ok1 = docs[0]["canonical_solution"], docs[1]["canonical_solution"]
-    items = T.score_code(he, docs, [[ok0, "    return a - b\n"], [ok1, ok1]], ce)
+    items = runner.score_code(he, docs, [[ok0, "    return a - b\n"], [ok1, ok1]], ce)
     assert [it["correct"] for it in items] == [1, 2] and items[0]["pass@1"] == pytest.approx(0.5)
-    mb = T.load_task("mbpp", TASK_DIR, FIXTURES)
-    mdocs = T.load_docs(mb, "test")
-    got = T.score_code(mb, mdocs, [[d["code"]] for d in mdocs], dict(mb.spec["code_eval"]))
+    mb = tasks.load_task("mbpp", TASK_DIR, FIXTURES)
+    mdocs = task_data.load_docs(mb, "test")
+    got = runner.score_code(mb, mdocs, [[d["code"]] for d in mdocs], dict(mb.spec["code_eval"]))
     assert [it["pass@1"] for it in got] == [1.0, 1.0] and {it["network"] for it in got} == {"netns"}
 
 

@@ -153,7 +153,8 @@ def test_tokenizer_replaced_in_place(corpus_dir, corpus_records, tmp_path, capsy
 
 
 def tiny_model(tok: Path, out: Path, seed: int) -> Path:
-    from cptkit.models.lm import load_tokenizer, tiny_llama
+    from cptkit.models.lm import load_tokenizer
+    from cptkit.models.tiny import tiny_llama
 
     t = load_tokenizer(str(tok))
     tiny_llama(t, hidden=32, layers=1, heads=2, seed=seed).save_pretrained(out)

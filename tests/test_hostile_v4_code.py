@@ -15,9 +15,11 @@ from conftest import run_main, write_jsonl
 from cptkit.core.config import compose_step
 from cptkit.core.discovery import step_module
 from cptkit.core.errors import CptkitError
-from cptkit.eval import tasks as T
+from cptkit.eval import tasks, templates
+from cptkit.eval.task_data import load_docs
 from cptkit.models import lm
 from cptkit.models.remote_code import needs_remote_code
+from cptkit.models.tiny import tiny_llama, train_bpe_tokenizer
 
 TEXTS = ["the cell makes proteins and the proteins fold into shapes. What is 1+1? 2. What is 2+2? 4."] * 20
 DOMAIN = ["mix.domains=[{name:all,filter:{}}]", "mix.stages=[{name:main,weights:{all:1}}]", "mix.fill=null",
@@ -56,8 +58,8 @@ def one_line(code: int, err: str, *words: str) -> str:
 def tiny(tmp_path_factory) -> Path:
     """A tiny real Llama and its BPE tokenizer, saved as an HF folder."""
     d = tmp_path_factory.mktemp("tiny") / "model"
-    tok = lm.train_bpe_tokenizer(TEXTS, vocab_size=300)
-    lm.tiny_llama(tok, hidden=32, layers=1, heads=2, max_position=256).save_pretrained(d)
+    tok = train_bpe_tokenizer(TEXTS, vocab_size=300)
+    tiny_llama(tok, hidden=32, layers=1, heads=2, max_position=256).save_pretrained(d)
     tok.save_pretrained(d)
     return d
 
@@ -118,19 +120,19 @@ PAYLOADS = [
 @pytest.mark.parametrize("payload", PAYLOADS)
 def test_template_sandbox_refuses_python_internals(task_data, tmp_path, payload):
     marker = tmp_path / "x"
-    t = T.load_task(str(task_file(task_data, f"p{PAYLOADS.index(payload)}",
-                                  payload.replace("MARKER", str(marker)))), str(task_data), str(task_data))
+    t = tasks.load_task(str(task_file(task_data, f"p{PAYLOADS.index(payload)}",
+                                      payload.replace("MARKER", str(marker)))), str(task_data), str(task_data))
     with pytest.raises(CptkitError) as e:
-        T.check_templates(t)
+        templates.check_templates(t)
     assert str(t.path) in str(e.value) and "\n" not in str(e.value)
     assert not marker.exists()
 
 
 def test_plain_templates_still_render(task_data):
-    t = T.load_task(str(task_file(task_data, "plain", "Q: {{q.strip()|upper}} {{ '%s!'|format(a) }}\nA:")),
-                    str(task_data), str(task_data))
-    T.check_templates(t)
-    assert T.doc_to_text(t, T.load_docs(t, "test")[0]) == "Q: WHAT IS 1+1? 2!\nA:"
+    t = tasks.load_task(str(task_file(task_data, "plain", "Q: {{q.strip()|upper}} {{ '%s!'|format(a) }}\nA:")),
+                        str(task_data), str(task_data))
+    templates.check_templates(t)
+    assert templates.doc_to_text(t, load_docs(t, "test")[0]) == "Q: WHAT IS 1+1? 2!\nA:"
 
 
 def test_task_file_with_cycler_payload_runs_nothing(tiny, task_data, tmp_path, capsys):

@@ -146,7 +146,7 @@ def test_genuine_models_still_load(examples, quality_model, tmp_path):
 # --- fastText reproducibility at small sizes ------------------------------------------------
 _TWICE = """
 import json, sys
-from cptkit.labels.classifiers import _fasttext_worker
+from cptkit.labels.backends.fasttext import _fasttext_worker
 job = json.loads(sys.argv[2])
 for i in (1, 2):
     _fasttext_worker(f"{sys.argv[1]}.{i}", job)
@@ -182,7 +182,7 @@ def test_small_fasttext_training_is_reproducible(examples, tmp_path):
 # --- build-mix: a budget the input cannot reach ---------------------------------------------
 @pytest.fixture(scope="module")
 def mix_input(tmp_path_factory) -> tuple[Path, Path]:
-    from cptkit.models.lm import train_bpe_tokenizer  # deferred: imports torch (5 s)
+    from cptkit.models.tiny import train_bpe_tokenizer  # deferred: imports torch (5 s)
 
     d = tmp_path_factory.mktemp("mix")
     recs = docs("hq", 150, 8) + docs("lq", 150, 9)

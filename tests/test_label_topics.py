@@ -190,7 +190,7 @@ def test_pick_topic_norms_and_calibration():
 @pytest.fixture(scope="module")
 def tiny_chat_model(tmp_path_factory):
     """A real byte-level BPE tokenizer trained on real pages + a seeded random Llama, saved as a model dir."""
-    from cptkit.models.lm import tiny_llama, train_bpe_tokenizer
+    from cptkit.models.tiny import tiny_llama, train_bpe_tokenizer
 
     d = tmp_path_factory.mktemp("tiny-annotator")
     texts = [r["text"] for r in python_docs(80) + poems_zh(80)] + [build_prompt(EN, ""), build_prompt(ZH, "")]
@@ -205,7 +205,7 @@ def tiny_chat_model(tmp_path_factory):
 def test_shared_context_scores_equal_lm_loglikelihood(tiny_chat_model):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cptkit.models.lm import loglikelihood
+    from cptkit.models.scoring import loglikelihood
 
     tok = AutoTokenizer.from_pretrained(str(tiny_chat_model))
     model = AutoModelForCausalLM.from_pretrained(str(tiny_chat_model)).eval()

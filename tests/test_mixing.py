@@ -201,7 +201,7 @@ def test_schedule_phases_and_decay_types():
 
 
 def test_weighted_loss_se_hand_computed():
-    from cptkit.models.lm import weighted_loss_se
+    from cptkit.models.scoring import weighted_loss_se
 
     # docs (summed NLL, tokens) = (2, 1), (6, 2), (3, 1): L = 11/4 = 2.75; s − n·L = −0.75, 0.5, 0.25;
     # squares 0.5625 + 0.25 + 0.0625 = 0.875; × k/(k−1) = 1.5 → 1.3125; sqrt = 1.145644; / 4 tokens = 0.286411

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from cptkit.cli import app
 from cptkit.core.errors import CptkitError
 from cptkit.demo import outside as O
-from cptkit.demo.corpus import SOURCES, deb_version
+from cptkit.demo.corpus import SOURCES
+from cptkit.demo.sources.base import deb_version
 from cptkit.steps.demo_corpus import CorpusConfig
 
 runner = CliRunner()

@@ -107,3 +107,30 @@ def test_a_training_callback_of_your_own_survives_resume(tmp_path, corpus_dir, c
                "train.callbacks=[loss_recorder:Any]")
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "train.callbacks=loss_recorder:Any" in lines[0], r.stderr
+
+
+def test_a_classifier_backend_of_your_own_trains_saves_and_scores(tmp_path):
+    """train.backend=word_votes:WordVotes (tests/fixtures/plugins/word_votes.py): score-quality-train
+    trains and saves it, and score-quality loads it back by the name its classifier.json records."""
+    hq = [{"id": f"h{i}", "text": f"the theorem proof lemma number {i} follows"} for i in range(40)]
+    lq = [{"id": f"l{i}", "text": f"click here buy cheap deal number {i} now"} for i in range(40)]
+    for name, rows in (("hq", hq), ("lq", lq)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = tmp_path / "model"
+    r = cptkit("score-quality-train", "--positives", str(tmp_path / "hq.jsonl"), "--negatives",
+               str(tmp_path / "lq.jsonl"), "--out", str(model), "-q", "train.backend=word_votes:WordVotes")
+    assert r.returncode == 0, r.stderr[-2000:]
+    info = json.loads((model / "classifier.json").read_text())
+    assert info["backend"] == "word_votes:WordVotes" and info["labels"] == ["hq", "lq"] and info["words"] > 0
+    assert info["metrics"]["accuracy"] == 1.0 and (model / "votes.json").is_file()
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(json.dumps({"id": "d1", "text": "a lemma and its proof"}) + "\n"
+                    + json.dumps({"id": "d2", "text": "buy now, cheap"}) + "\n")
+    r = cptkit("score-quality", "--in", str(docs), "--out", str(tmp_path / "scored"), "-q", f"quality.model={model}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(x) for p in sorted((tmp_path / "scored").glob("part-*")) for x in gzip.open(p, "rt")]
+    assert rows[0]["quality"] > 0.5 > rows[1]["quality"]
+    r = cptkit("score-quality-train", "--positives", str(tmp_path / "hq.jsonl"), "--negatives",
+               str(tmp_path / "lq.jsonl"), "--out", str(tmp_path / "bad"), "-q", "train.backend=word_votes:Counter")
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "is not a cptkit.labels.backends.base.ClassifierBackend" in lines[0]

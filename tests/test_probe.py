@@ -9,7 +9,7 @@ import sys
 from _eval_model import make_tiny
 
 from cptkit.eval.probe import probe_records, sample_texts
-from cptkit.models import lm
+from cptkit.models import tiny
 
 
 def test_probe_is_seeded_and_follows_its_writer(tmp_path):
@@ -23,7 +23,7 @@ def test_probe_is_seeded_and_follows_its_writer(tmp_path):
     assert {r["domain"] for r in recs} == {"probe"} and len({r["id"] for r in recs}) == len(recs) >= 20
     # the samples follow the writer's distribution: make one token all but certain, and it fills the texts
     target = tok.convert_tokens_to_ids(tok.tokenize(" the"))[0]
-    biased = lm.tiny_llama(tok, hidden=64, layers=2, heads=4, max_position=2048, seed=11)
+    biased = tiny.tiny_llama(tok, hidden=64, layers=2, heads=4, max_position=2048, seed=11)
     with torch.no_grad():
         biased.lm_head.weight.zero_()
     logits_bias = torch.zeros(len(tok))

@@ -52,7 +52,7 @@ def scorer(tok, tmp_path_factory):
     """A tiny random Llama on the test tokenizer: the PPL-curriculum scoring model."""
     from transformers import AutoTokenizer
 
-    from cptkit.models.lm import tiny_llama
+    from cptkit.models.tiny import tiny_llama
 
     d = tmp_path_factory.mktemp("scorer")
     t = AutoTokenizer.from_pretrained(str(tok))

@@ -14,13 +14,9 @@ from typer.testing import CliRunner
 from cptkit.cli import app
 from cptkit.core.config import compose_step
 from cptkit.core.errors import CptkitError
-from cptkit.labels.classifiers import (
-    TrainParams,
-    evaluate,
-    expected_value,
-    load_classifier,
-    train_classifier,
-)
+from cptkit.labels.classifiers import load_classifier, train_classifier
+from cptkit.labels.config import TrainParams
+from cptkit.labels.metrics import evaluate, expected_value
 from cptkit.steps import score_quality, score_quality_train
 
 runner = CliRunner()
@@ -236,7 +232,7 @@ def test_minilm_backend(data, tmp_path):
 
 
 def test_roc_auc_by_hand():
-    from cptkit.labels.classifiers import roc_auc
+    from cptkit.labels.metrics import roc_auc
 
     # 2 positives (0.9, 0.4), 2 negatives (0.5, 0.1): pairs (0.9>0.5, 0.9>0.1, 0.4<0.5, 0.4>0.1) → 3/4
     assert roc_auc([0.9, 0.5, 0.4, 0.1], [True, False, True, False]) == 0.75
@@ -247,7 +243,7 @@ def test_roc_auc_by_hand():
 
 
 def test_majority_macro_f1_by_hand():
-    from cptkit.labels.classifiers import majority_macro_f1
+    from cptkit.labels.metrics import majority_macro_f1
 
     # shares 6/10 and 4/10: always "A" has precision 0.6, recall 1, F1 = 1.2/1.6 = 0.75; B scores 0
     assert abs(majority_macro_f1([6, 4]) - 0.375) < 1e-12
@@ -261,7 +257,7 @@ def test_bare_fasttext_file_scores_as_fasttext_reports(data, tmp_path):
     every other reader of the file keeps (datatrove's FastTextClassifierFilter: p >= threshold)."""
     import fasttext
 
-    from cptkit.labels.classifiers import raw_line
+    from cptkit.labels.backends.fasttext import raw_line
 
     recs = [json.loads(x) for f in ("hq", "lq") for x in data[f].read_text().splitlines()]
     train = tmp_path / "train.txt"

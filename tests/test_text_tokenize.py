@@ -13,9 +13,9 @@ import pytest
 from mixdata import make_tokenizer
 
 from cptkit.dedup import minhash as mh
-from cptkit.demo import corpus
+from cptkit.demo.sources import base
 from cptkit.eval import contamination
-from cptkit.labels import classifiers as classify
+from cptkit.labels.backends import fasttext as classify
 from cptkit.synthetic import qa as synthesis
 from cptkit.text import tokenize as T
 from cptkit.text.rust_tokenizer import load_rust_tokenizer
@@ -235,11 +235,11 @@ def test_bm25_terms(cfg):
 
 def test_demo_corpus_cjk_detection():
     for t in TEXTS:
-        assert corpus.has_cjk(t) == (OLD_DEMO_CJK.search(t) is not None)
+        assert base.has_cjk(t) == (OLD_DEMO_CJK.search(t) is not None)
         letters = sum(1 for c in t if c.isalpha())
-        assert corpus.cjk_share(t) == (len(OLD_DEMO_CJK.findall(t)) / letters if letters else 0.0)
+        assert base.cjk_share(t) == (len(OLD_DEMO_CJK.findall(t)) / letters if letters else 0.0)
         spaced = " ".join(t)
-        assert corpus.join_cjk(spaced) == OLD_DEMO_GAP.sub("", spaced)
+        assert base.join_cjk(spaced) == OLD_DEMO_GAP.sub("", spaced)
 
 
 def test_no_second_cjk_definition():

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from cptkit.cli import app
 from cptkit.core.config import compose_step
 from cptkit.core.errors import CptkitError
-from cptkit.labels.classifiers import FastTextParams, TrainParams, TuneParams, train_classifier
+from cptkit.labels.classifiers import train_classifier
+from cptkit.labels.config import FastTextParams, TrainParams, TuneParams
 
 SMALL_GRID = TuneParams(epoch=[5, 40], lr=[0.5], word_ngrams=[1], char_ngrams=[[0, 0], [3, 5]])
 
@@ -65,7 +66,7 @@ def test_train_step_writes_metrics_and_fails_below_min_f1(senses, tmp_path):
 
 def test_embedding_annotator_beats_chance(tmp_path):
     """Zero-shot, no LLM: 10 senses per topic; chance is 1/11 ≈ 0.09, the annotator must reach 0.3."""
-    from cptkit.labels.classifiers import evaluate
+    from cptkit.labels.metrics import evaluate
     from cptkit.steps.label_topics_annotate import run
 
     recs = gcide_topics(10)

@@ -201,7 +201,7 @@ def test_continue_pretraining_the_embedded_smollm2(corpus_dir, smollm2, tmp_path
     """model=hf model.path=smollm2: the GGUF is dequantized into a plain model that trains and saves."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cptkit.models import lm
+    from cptkit.models import scoring
 
     stream = tmp_path / "stream"
     build_stream(corpus_dir, "smollm2", stream, ["mix.domains=[{name:en,filter:{source:python-docs}}]",
@@ -219,10 +219,10 @@ def test_continue_pretraining_the_embedded_smollm2(corpus_dir, smollm2, tmp_path
     tok = AutoTokenizer.from_pretrained(out / "model")
     init = AutoModelForCausalLM.from_pretrained(out / "model_init")
     text = [r["text"] for r in eval_records(stream)][0]
-    (nll_i, n_i), = lm.document_losses(init, tok, [text], max_length=128, max_tokens=128)
-    (nll_t, n_t), = lm.document_losses(model, tok, [text], max_length=128, max_tokens=128)
+    (nll_i, n_i), = scoring.document_losses(init, tok, [text], max_length=128, max_tokens=128)
+    (nll_t, n_t), = scoring.document_losses(model, tok, [text], max_length=128, max_tokens=128)
     assert n_i == n_t > 50 and nll_i / n_i < 4.5 and nll_t != nll_i  # model_init is the start, model moved
-    gen = lm.generate_until(model, tok, ["The capital of France is"], max_gen_toks=6, max_length=128)
+    gen = scoring.generate_until(model, tok, ["The capital of France is"], max_gen_toks=6, max_length=128)
     assert gen[0].strip(), gen  # it generates text
 
 

@@ -283,7 +283,8 @@ def test_liger_kernels_without_cuda_is_one_line(stream, tmp_path):
 
 def test_liger_kernels_refuse_zero3_before_touching_the_model(stream):
     from cptkit.core.errors import CptkitError
-    from cptkit.models.lm import load_tokenizer, tiny_llama
+    from cptkit.models.lm import load_tokenizer
+    from cptkit.models.tiny import tiny_llama
     from cptkit.training.config import TrainOptions
     from cptkit.training.engine import make_engine
     from cptkit.training.schedule import make_schedule
@@ -301,7 +302,9 @@ def test_kernel_routing_keeps_loss_and_eval_logits(stream):
     """train.kernels=liger sends calls with labels (the training loss) to Liger's fused forward and all
     others (evaluation's boolean logits_to_keep, which that forward cannot take) to the class's forward.
     Here the "fused" forward is the class's own, observed: the loss and the eval logits stay bit-identical."""
-    from cptkit.models.lm import _logits_at, load_tokenizer, tiny_llama
+    from cptkit.models.lm import load_tokenizer
+    from cptkit.models.scoring import _logits_at
+    from cptkit.models.tiny import tiny_llama
     from cptkit.training.kernels import apply_kernels, route_labels
 
     tok = load_tokenizer(json.loads((stream / "_stream.json").read_text())["tokenizer"])
@@ -328,7 +331,8 @@ def test_kernel_routing_keeps_loss_and_eval_logits(stream):
 
 
 def test_truncated_safetensors_is_one_line(stream, corpus_records, tmp_path):
-    from cptkit.models.lm import load_tokenizer, tiny_llama
+    from cptkit.models.lm import load_tokenizer
+    from cptkit.models.tiny import tiny_llama
 
     tok = load_tokenizer(json.loads((stream / "_stream.json").read_text())["tokenizer"])
     model_dir = tmp_path / "m"

@@ -11,7 +11,7 @@ import pytest
 
 from cptkit.core.errors import BadInput
 from cptkit.eval import build_tasks as B
-from cptkit.eval import tasks as T
+from cptkit.eval import fewshot, task_data, tasks
 
 LICENCE = "  1 This software and database is being provided to you, the LICENSEE, by  \n"
 NOUNS = {  # offset: (words, gloss)
@@ -109,9 +109,9 @@ def test_build_excludes_gcide_glosses_never_offers_another_sense_and_is_determin
 def test_task_file_renders_the_prompt(wordnet, tmp_path):
     wn, gcide = wordnet
     B.build_wordnet_defs(tmp_path, n_test=4, n_fewshot=2, seed=1, wordnet=wn, gcide_data=gcide)
-    task = T.load_task("wordnet_defs", Path(__file__).parent.parent / "conf/eval/tasks", tmp_path)
-    doc = T.load_docs(task, "test")[0]
-    assert T.contexts(task, [doc], 0, seed=1)[0] == f"Word: {doc['word']} (noun)\nDefinition:"
+    task = tasks.load_task("wordnet_defs", Path(__file__).parent.parent / "conf/eval/tasks", tmp_path)
+    doc = task_data.load_docs(task, "test")[0]
+    assert fewshot.contexts(task, [doc], 0, seed=1)[0] == f"Word: {doc['word']} (noun)\nDefinition:"
 
 
 def test_bad_wordnet_line_names_file_and_line(wordnet):

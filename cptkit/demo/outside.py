@@ -14,7 +14,7 @@ anarchism         fortune-anarchism  held-out English outside every training poo
                                      with ``domain: outside`` for ``evaluate``
 ================  =================  ===================================================
 
-Both are strfile text files (``%`` lines between entries, :func:`~cptkit.demo.corpus.split_fortunes`).
+Both are strfile text files (``%`` lines between entries, :func:`~cptkit.demo.sources.fortunes_zh.split_fortunes`).
 An entry's hard-wrapped lines are joined into paragraphs and its attribution (``\\t\\t-- Name``)
 loses its tabs (:func:`fortune_text`); entries that are mostly not letters (ASCII art) are dropped.
 """
@@ -27,7 +27,8 @@ from pathlib import Path
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.records import Record
-from cptkit.demo.corpus import Source, clean_text, content_hash, meta, split_fortunes, unwrap
+from cptkit.demo.sources.base import Source, clean_text, content_hash, meta, unwrap
+from cptkit.demo.sources.fortunes_zh import split_fortunes
 
 FORTUNE_DIR = "usr/share/games/fortunes"
 MIN_LETTER_SHARE = 0.6  # of an entry's non-space characters; ASCII art and tables fall below

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from cptkit.core.errors import BadInput, CptkitError
 from cptkit.core.shards import atomic_write_bytes
-from cptkit.demo.corpus import deb_version, extract_deb, fetch_deb
+from cptkit.demo.sources.base import deb_version, extract_deb, fetch_deb
 from cptkit.eval.contamination import BenchmarkIndex, ngram_hashes
 
 GCIDE_DEB = "dict-gcide"

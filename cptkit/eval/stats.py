@@ -45,7 +45,7 @@ def mean_se(xs: Sequence[float]) -> tuple[float, float]:
 
 def mean_metrics(items: list[dict], names: list[str]) -> dict[str, float | None]:
     """Per metric name: the mean over ``items`` and its standard error (``NAME_stderr``; 0 for one item,
-    None for none): the task scores of :mod:`cptkit.eval.tasks`, lm-eval's ``mean`` and ``stderr``."""
+    None for none): the task scores of :mod:`cptkit.eval.runner`, lm-eval's ``mean`` and ``stderr``."""
     out: dict[str, float | None] = {}
     for m in names:
         if not items:

@@ -7,7 +7,8 @@ import copy
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import console, log
-from cptkit.labels.classifiers import TrainParams, confusion_text, no_better_than_majority
+from cptkit.labels.config import TrainParams
+from cptkit.labels.metrics import confusion_text, no_better_than_majority
 
 
 def params_of(train: TrainParams, cls: type = TrainParams) -> TrainParams:

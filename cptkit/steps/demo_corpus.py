@@ -20,16 +20,9 @@ from cptkit.core.job import Job, Task
 from cptkit.core.progress import log
 from cptkit.core.run import Run
 from cptkit.core.step import OUT, QUIET, step
-from cptkit.demo.corpus import (
-    DEFAULT_CACHE,
-    SOURCES,
-    cache_dir,
-    deb_version,
-    extract_deb,
-    fetch_deb,
-    source_records,
-)
+from cptkit.demo.corpus import SOURCES, source_records
 from cptkit.demo.outside import OUTSIDE_SOURCES
+from cptkit.demo.sources.base import DEFAULT_CACHE, cache_dir, deb_version, extract_deb, fetch_deb
 
 # the demo's sources first, so their task indexes (and shard names) never move
 ALL_SOURCES = SOURCES | OUTSIDE_SOURCES

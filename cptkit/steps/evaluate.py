@@ -2,7 +2,7 @@
 benchmarks (eval.tasks=[...], conf/eval/tasks/*.yaml) scored as lm-evaluation-harness does (SPEC §10).
 
 ``cptkit evaluate --model M --in heldout/ --out eval/ eval.ppl.group_by=topic`` scores loss and
-perplexity per group with :func:`cptkit.models.lm.group_losses` (the code path of ``train``'s mixture
+perplexity per group with :func:`cptkit.models.scoring.group_losses` (the code path of ``train``'s mixture
 controllers); ``eval.tasks=[...]`` runs benchmark tasks (``conf/eval/tasks/*.yaml``), or
 ``eval.suite=NAME`` a paper's table (``conf/eval/suites/NAME.yaml``). ``eval.engine=lm_eval``
 runs lm-evaluation-harness tasks by name on the same loaded model instead. With
@@ -115,12 +115,12 @@ def model_info(spec: str, model) -> dict[str, Any]:
 
 def perplexity(model: Any, tok: Any, records: Any, ec: Any) -> dict[str, Any]:
     """Per-group and overall loss / perplexity of ``model`` on ``records`` (``eval.ppl``)."""
-    from cptkit.models import lm
+    from cptkit.models import scoring
 
     pc = ec.ppl
-    groups = lm.group_losses(model, tok, records, pc.group_by, pc.max_docs_per_group, batch_size=ec.batch_size,
-                             max_length=pc.max_length, text_field=pc.text_field, max_tokens=pc.max_tokens,
-                             per_doc=True)
+    groups = scoring.group_losses(model, tok, records, pc.group_by, pc.max_docs_per_group, batch_size=ec.batch_size,
+                                  max_length=pc.max_length, text_field=pc.text_field, max_tokens=pc.max_tokens,
+                                  per_doc=True)
     tokens = sum(g["tokens"] for g in groups.values())
     nll = sum(g["loss"] * g["tokens"] for g in groups.values() if g["tokens"])
     overall = nll / tokens if tokens else float("nan")
@@ -149,18 +149,18 @@ def run_lm_eval_tasks(model: Any, tok: Any, task_names: list[str], ec: Any, resu
 def run_native_task(model: Any, tok: Any, et: Any, ec: Any, shots_for: dict, results: dict, contam: dict | None,
                     w: Any, job: Job) -> None:
     """One task of cptkit's own engine: its metrics into ``results``, its items to ``w``."""
-    from cptkit.eval import tasks as T
+    from cptkit.eval import runner, task_data, tasks, templates
 
-    n_docs = len(T.load_docs(et, et.spec["test_split"]))
+    n_docs = len(task_data.load_docs(et, et.spec["test_split"]))
     n_items = min(n_docs, ec.limit or n_docs)
-    advance = job.add_bar(et.name, n_items * (4 if et.output_type == T.MC else 1))
+    advance = job.add_bar(et.name, n_items * (4 if et.output_type == tasks.MC else 1))
     ts = time.time()
     shots = ec.shots if ec.shots is not None else shots_for.get(et.name, shots_for.get(str(et.path.stem)))
-    with T.naming_file(et):  # a template that fails on a later document: one line naming the task file
-        metrics, items = T.run_task(model, tok, et, num_fewshot=shots, limit=ec.limit, seed=ec.fewshot_seed,
-                                    batch_size=ec.batch_size, max_gen_toks=ec.max_gen_toks,
-                                    max_length=ec.max_length, on_batch=advance,
-                                    allow_unsandboxed=ec.code.allow_unsandboxed)
+    with templates.naming_file(et):  # a template that fails on a later document: one line naming the task file
+        metrics, items = runner.run_task(model, tok, et, num_fewshot=shots, limit=ec.limit, seed=ec.fewshot_seed,
+                                         batch_size=ec.batch_size, max_gen_toks=ec.max_gen_toks,
+                                         max_length=ec.max_length, on_batch=advance,
+                                         allow_unsandboxed=ec.code.allow_unsandboxed)
     metrics["seconds"] = time.time() - ts
     results["tasks"][et.name] = {"metrics": metrics, "version": et.version, "hash": et.hash(),
                                  "file": str(et.path), "output_type": et.output_type, "data": dict(et.sources),
@@ -181,7 +181,7 @@ MODEL = Option(("--model",), "eval.model", "HF model dir, .gguf file, or smollm2
 @step("evaluate", EvaluateJob, options=(MODEL, IN, OUT, QUIET, SKIP_BAD), order=150)
 def run(conf: EvaluateJob, ctx: Run) -> dict:
     """Perplexity per group (when inputs are given) and benchmark tasks (when ``eval.tasks``)."""
-    from cptkit.eval import tasks as T
+    from cptkit.eval import task_data, tasks, templates
     from cptkit.models import lm
 
     ec = conf.eval
@@ -197,10 +197,10 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
     if not inputs and not task_names:
         raise CptkitError("nothing to evaluate: pass --in HELDOUT for perplexity and/or eval.tasks=[...] / eval.suite=NAME")
     # Load task definitions (and data) before the model: bad task files and missing data fail fast.
-    etasks = [] if ec.engine == "lm_eval" else [T.load_task(n, T.task_dir(ec), ec.data_dir) for n in task_names]
+    etasks = [] if ec.engine == "lm_eval" else [tasks.load_task(n, tasks.task_dir(ec), ec.data_dir) for n in task_names]
     for t in etasks:
-        T.load_docs(t, t.spec["test_split"])
-        T.check_templates(t)  # sandboxed; a refused or broken template names its task file
+        task_data.load_docs(t, t.spec["test_split"])
+        templates.check_templates(t)  # sandboxed; a refused or broken template names its task file
     if any(t.spec.get("code_eval") for t in etasks):
         from cptkit.eval.code_exec import require_sandbox
 
@@ -305,12 +305,12 @@ def load_contamination(path: str, tasks: list[str]) -> dict[str, Any]:
 
 
 def _add_split(entry: dict, items: list[dict], contam: dict | None, name: str) -> None:
-    from cptkit.eval import tasks as T
+    from cptkit.eval import runner
 
     if contam is None:
         return
     hit = {str(x) for x in contam["benchmarks"][name]["test_items_hit_ids"]}
-    entry["split"] = T.split_metrics(items, hit)
+    entry["split"] = runner.split_metrics(items, hit)
 
 
 def summary_rows(results: dict) -> dict[str, Any]:

@@ -57,24 +57,24 @@ def item_texts(task, limit: int | None, mode: str) -> list[str]:
     boilerplate such as "Word:"/"Definition:" out of the n-grams), else the rendered question,
     plus the answer in ``question+answer`` mode.
     """
-    from cptkit.eval import tasks as T
+    from cptkit.eval import task_data, tasks, templates
 
-    docs = T.load_docs(task, task.spec["test_split"])[: limit or None]
+    docs = task_data.load_docs(task, task.spec["test_split"])[: limit or None]
     if task.spec.get("doc_to_decontamination_query"):
-        return [str(T.render(task.spec["doc_to_decontamination_query"], d)) for d in docs]
+        return [str(templates.render(task.spec["doc_to_decontamination_query"], d)) for d in docs]
     if mode == "question":
-        return [T.doc_to_text(task, d) for d in docs]
+        return [templates.doc_to_text(task, d) for d in docs]
     gold_t = task.spec.get("doc_to_gold")
     out = []
     for d in docs:
-        ans = str(T.render(gold_t, d)) if gold_t and task.output_type == T.GEN else T.answer_text(task, d)
-        out.append(T.doc_to_text(task, d) + " " + ans)
+        ans = str(templates.render(gold_t, d)) if gold_t and task.output_type == tasks.GEN else templates.answer_text(task, d)
+        out.append(templates.doc_to_text(task, d) + " " + ans)
     return out
 
 
 @step("evaluate-contamination", EvaluateContaminationJob, order=160)
 def run(conf: EvaluateContaminationJob, ctx: Run) -> dict:
-    from cptkit.eval import tasks as T
+    from cptkit.eval import runner, task_data, tasks, templates
     from cptkit.eval.contamination import REPORT, BenchmarkIndex, contamination_report, ngram_hashes
     from cptkit.eval.tasks import task_dir
 
@@ -85,11 +85,11 @@ def run(conf: EvaluateContaminationJob, ctx: Run) -> dict:
     indexes = {}
     ids: dict[str, list[str]] = {}
     for name in ec.tasks:
-        t = T.load_task(name, task_dir(ec), ec.data_dir)
-        with T.naming_file(t):
+        t = tasks.load_task(name, task_dir(ec), ec.data_dir)
+        with templates.naming_file(t):
             indexes[t.name] = BenchmarkIndex.build(t.name, item_texts(t, ec.limit, ec.item_text), n)
-        docs = T.load_docs(t, t.spec["test_split"])[: ec.limit or None]
-        ids[t.name] = [T.item_id(t, d, i) for i, d in enumerate(docs)]
+        docs = task_data.load_docs(t, t.spec["test_split"])[: ec.limit or None]
+        ids[t.name] = [runner.item_id(t, d, i) for i, d in enumerate(docs)]
     with Job(ctx) as job:
         for task in job.pending():
             t0 = time.time()

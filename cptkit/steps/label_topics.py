@@ -19,7 +19,8 @@ from cptkit.core.errors import CptkitError
 from cptkit.core.records import Record
 from cptkit.core.run import Run
 from cptkit.core.step import MapStep, step
-from cptkit.labels.classifiers import CLASSIFIER_JSON, load_classifier
+from cptkit.labels.backends.base import CLASSIFIER_JSON
+from cptkit.labels.classifiers import load_classifier
 from cptkit.labels.topics import Taxonomy, load_taxonomy, taxonomy_path
 from cptkit.text.langid import record_languages
 

@@ -7,7 +7,7 @@ taken from ``lang``); pages in a language with a taxonomy get the prompt "topic 
 (``prompt`` of ``conf/topics/<lang>.yaml``). Two modes (``topics.annotate_mode``):
 
 * ``loglikelihood`` (default): every topic name is scored as the continuation of the prompt
-  (lm-eval ``loglikelihood`` conventions, :func:`cptkit.models.lm.encode_pair`); the topic with the
+  (lm-eval ``loglikelihood`` conventions, :func:`cptkit.models.scoring.encode_pair`); the topic with the
   highest length-normalised log-likelihood wins (:func:`cptkit.labels.topics.pick_topic`), so every
   page maps onto the taxonomy. Needs a local model (``llm.backend=transformers``).
 * ``generate``: the answer is generated greedily through the ``llm`` config group (any
@@ -106,15 +106,15 @@ def topic_loglikelihoods(model, tokenizer, context: str, topics: list[str], batc
                          max_length: int | None = None) -> list[tuple[float, int]]:
     """``(sum log p(topic | context), topic tokens)`` for each topic, in order.
 
-    The numbers of :func:`cptkit.models.lm.loglikelihood` on ``[(context, t) for t in topics]``
-    (lm-eval tokenization via :func:`cptkit.models.lm.encode_pair`: the context is encoded alone, so it
+    The numbers of :func:`cptkit.models.scoring.loglikelihood` on ``[(context, t) for t in topics]``
+    (lm-eval tokenization via :func:`cptkit.models.scoring.encode_pair`: the context is encoded alone, so it
     is the same token sequence for every topic), but the shared context is run through the model
     once and its KV cache is reused by batches of ``batch_size`` continuations (right-padded).
     """
     import torch
     import torch.nn.functional as F
 
-    from cptkit.models.lm import encode_pair, model_max_length
+    from cptkit.models.scoring import encode_pair, model_max_length
 
     pairs = [encode_pair(tokenizer, context, t) for t in topics]
     ctx = pairs[0][0]
@@ -175,7 +175,7 @@ def load_demos(conf: LabelTopicsAnnotateJob, taxes: dict, ctx: Run) -> dict[str,
 def annotate_embedding(todo: list[tuple[Record, str]], taxes: dict, conf: LabelTopicsAnnotateJob, job: Job,
                        stats: Counter) -> list[Record]:
     """Embed pages and topic descriptions with a sentence encoder; each page gets the nearest topic."""
-    from cptkit.labels.classifiers import SentenceEncoder
+    from cptkit.labels.encoder import SentenceEncoder
 
     a = conf.topics
     enc = SentenceEncoder(a.embed_model, max_length=a.embed_max_tokens)

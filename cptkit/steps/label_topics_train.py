@@ -20,7 +20,8 @@ from cptkit.core.job import Job, Task
 from cptkit.core.progress import log
 from cptkit.core.run import Run
 from cptkit.core.step import step
-from cptkit.labels.classifiers import TrainParams, save_classifier, train_classifier
+from cptkit.labels.classifiers import save_classifier, train_classifier
+from cptkit.labels.config import TrainParams
 from cptkit.labels.report import check_quality, params_of, report, tuning_rows
 from cptkit.steps.label_topics import TopicsConfig, taxonomies
 from cptkit.text.langid import record_languages

@@ -43,7 +43,8 @@ from cptkit.core.records import Record
 from cptkit.core.run import Run
 from cptkit.core.shards import STDIO, iter_records
 from cptkit.core.step import MapStep, step
-from cptkit.labels.classifiers import expected_value, load_classifier, numeric_labels
+from cptkit.labels.classifiers import load_classifier
+from cptkit.labels.metrics import expected_value, numeric_labels
 from cptkit.text.langid import detect, model_path, norm_lang
 
 

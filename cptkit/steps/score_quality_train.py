@@ -24,11 +24,8 @@ from cptkit.core.progress import log
 from cptkit.core.run import Run
 from cptkit.core.shards import InputFile
 from cptkit.core.step import IN, OUT, QUIET, SKIP_BAD, Option, step
-from cptkit.labels.classifiers import (
-    TrainParams,
-    save_classifier,
-    train_classifier,
-)
+from cptkit.labels.classifiers import save_classifier, train_classifier
+from cptkit.labels.config import TrainParams
 from cptkit.labels.report import check_quality, params_of, report, tuning_rows
 
 

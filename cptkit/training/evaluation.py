@@ -17,9 +17,10 @@ from cptkit.core.errors import CptkitError
 from cptkit.core.fingerprint import cache_path, content_hash
 from cptkit.core.progress import log
 from cptkit.core.shards import atomic_write_bytes
-from cptkit.eval import tasks as T
+from cptkit.eval import runner, task_data, tasks
 from cptkit.mixtures.controller import domain_eval
-from cptkit.models.lm import group_losses, spec_file
+from cptkit.models.lm import spec_file
+from cptkit.models.scoring import group_losses
 from cptkit.training.state import RunSpec
 
 
@@ -50,8 +51,8 @@ def load_eval_tasks(names: list[str], task_dir: str | None = None, data_dir: str
     d = task_dir or str(Path(CONF_DIR) / "eval" / "tasks")
     out = []
     for n in names:
-        t = T.load_task(str(n), d, os.path.expanduser(data_dir))
-        T.load_docs(t, t.spec["test_split"])
+        t = tasks.load_task(str(n), d, os.path.expanduser(data_dir))
+        task_data.load_docs(t, t.spec["test_split"])
         out.append(t)
     return out
 
@@ -73,7 +74,7 @@ def evaluate_point(model, tokenizer, records: list[dict], tcfg: Any, seq_len: in
         if tasks:
             scores = {}
             for t in tasks:
-                m, _ = T.run_task(model, tokenizer, t, num_fewshot=tcfg.eval_tasks_shots,
+                m, _ = runner.run_task(model, tokenizer, t, num_fewshot=tcfg.eval_tasks_shots,
                                   limit=int(tcfg.eval_tasks_limit) or None, max_length=seq_len)
                 scores[t.name] = float(headline_score(m))
             out["eval_tasks"] = scores
@@ -100,7 +101,7 @@ class InitEvalCache:
         self.key = key
 
     def group_losses(self, compute: Any, max_docs: int | None) -> dict[str, dict[str, float]]:
-        """``compute()`` (:func:`cptkit.models.lm.group_losses` of the untrained model on
+        """``compute()`` (:func:`cptkit.models.scoring.group_losses` of the untrained model on
         ``max_docs`` per domain), or its saved result."""
         if self.dir is None:
             return compute()

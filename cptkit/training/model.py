@@ -18,12 +18,12 @@ if TYPE_CHECKING:
 def build_model(mcfg: ModelConfig, tokenizer: Any, seq_len: int, trust_remote_code: bool = False) -> Any:
     """The model ``model.name`` names: a seeded tiny Llama sized to the tokenizer, or ``model.path`` loaded
     (a folder that ships its own code only with ``trust_remote_code``)."""
-    from cptkit.models import lm
+    from cptkit.models import tiny
 
     if mcfg.name == "tiny_llama":
-        model = lm.tiny_llama(tokenizer, hidden=mcfg.hidden, layers=mcfg.layers, heads=mcfg.heads,
-                              intermediate=mcfg.intermediate, max_position=mcfg.max_position or seq_len,
-                              seed=mcfg.seed, kv_heads=mcfg.kv_heads)
+        model = tiny.tiny_llama(tokenizer, hidden=mcfg.hidden, layers=mcfg.layers, heads=mcfg.heads,
+                                intermediate=mcfg.intermediate, max_position=mcfg.max_position or seq_len,
+                                seed=mcfg.seed, kv_heads=mcfg.kv_heads)
     else:  # hf (ModelConfig allows no other name)
         if not mcfg.path:
             raise CptkitError("model=hf needs model.path (an HF directory, a .gguf file or smollm2)")
