@@ -170,7 +170,7 @@ MIX         ?= mix=demo_smollm2 mix.budget_tokens=4e4 mix.eval_docs=64
 # 2 CPU cores: SmolLM2 trains at ~105 tokens/s and scores ~260 tokens/s in fp32.
 CPT_STEPS   ?= 10
 TM_STEPS    ?= $(shell awk 'BEGIN { printf "%d", $(CPT_STEPS) * (1 - $(REPLAY)) + 0.5 }')
-B0_STEPS    ?= 24
+B0_STEPS    ?= 96  # 64 did not level off on 2 cores (fell 0.037 over its last third; docs/cpt.md)
 B0_TEXT     ?= $(DATA)/b0_text
 OUTSIDE     ?= $(DATA)/outside
 PROBE_DOCS  ?= 64
