@@ -138,3 +138,82 @@ def test_no_function_over_80_lines():
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 80:
                 long.append(f"{rel}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
     assert not long, "\n".join(long)
+
+
+# Files whose in-function imports of cptkit modules are not yet sorted out (issue #40, item 8): other
+# branches are rewriting them. This set must shrink to empty; the lead empties it after merging.
+NOT_YET = {
+    "cptkit/cli.py",
+    "cptkit/core/executor.py",
+    "cptkit/core/help.py",
+    "cptkit/core/progress.py",
+    "cptkit/core/shards.py",
+    "cptkit/core/sweep.py",
+    "cptkit/eval/reproduce.py",
+    "cptkit/eval/tasks.py",
+    "cptkit/labels/classifiers.py",
+    "cptkit/llm/__init__.py",
+    "cptkit/mixtures/controller.py",
+    "cptkit/mixtures/factory.py",
+    "cptkit/models/lm.py",
+    "cptkit/steps/__init__.py",
+    "cptkit/steps/train.py",
+    "cptkit/training/checkpointing.py",
+    "cptkit/training/config.py",
+    "cptkit/training/engine.py",
+    "cptkit/training/evaluation.py",
+    "cptkit/training/loop.py",
+    "cptkit/training/metrics.py",
+    "cptkit/training/model.py",
+    "cptkit/training/outputs.py",
+}
+DEFERRED = "# deferred: "  # the one form: "# deferred: torch" names the heavy thing the import keeps off --help
+
+
+def unexplained_in_function_imports(path: Path) -> list[int]:
+    """The lines of the imports of cptkit modules inside a function of ``path`` whose line carries no
+    ``# deferred: <heavy thing>`` comment (the first line of a parenthesised import)."""
+    text = path.read_text()
+    lines = text.splitlines()
+    found: set[int] = set()
+    for fn in ast.walk(ast.parse(text, str(path))):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.ImportFrom):
+                ours = node.level > 0 or (node.module or "").split(".")[0] == "cptkit"
+            else:
+                ours = isinstance(node, ast.Import) and any(a.name.split(".")[0] == "cptkit" for a in node.names)
+            comment = lines[node.lineno - 1].partition(DEFERRED)[2].strip() if ours else ""
+            if ours and not comment:
+                found.add(node.lineno)
+    return sorted(found)
+
+
+def test_an_import_inside_a_function_says_which_heavy_dependency_it_defers():
+    """Imports of cptkit modules sit at module top, so the graph is visible; one stays inside a function
+    only to keep a heavy dependency (torch, numpy, rich, ...) off ``cptkit --help`` and light modules,
+    and says so: ``# deferred: torch``."""
+    bad = []
+    for p in files():
+        rel = p.relative_to(PKG.parent).as_posix()
+        if rel not in NOT_YET:
+            bad += [f"{rel}:{line}: import inside a function without '{DEFERRED}<heavy thing>' (move it to the "
+                    f"module top)" for line in unexplained_in_function_imports(p)]
+    assert not bad, "\n".join(bad)
+
+
+def test_not_yet_only_names_files_that_still_need_it():
+    """A file leaves NOT_YET once its in-function imports are sorted out (so the set only shrinks)."""
+    paths = {f: PKG.parent / f for f in NOT_YET}
+    done = sorted(f for f, p in paths.items() if not p.is_file() or not unexplained_in_function_imports(p))
+    assert not done, f"remove from NOT_YET: {done}"
+
+
+def test_the_deferred_import_check_catches_an_unexplained_one(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text("import json\nfrom cptkit.core.errors import CptkitError\n\n\ndef f():\n"
+                 "    import torch\n    from cptkit.models.lm import spec_file  # deferred: torch\n"
+                 "    from cptkit.core.shards import (\n        resolve_inputs,\n    )\n"
+                 "    def g():\n        import cptkit.eval.stats\n        from . import sibling  # deferred:\n")
+    assert unexplained_in_function_imports(f) == [8, 12, 13]

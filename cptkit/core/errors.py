@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from cptkit.core.redact import redact_text
+
 
 class CptkitError(Exception):
     """Bad input or bad configuration: reported without a traceback."""
@@ -22,7 +24,6 @@ def print_error(e: CptkitError) -> None:
     """The one line the CLI prints for ``e`` on stderr (``error: ...``, secrets masked)."""
     from rich.text import Text
 
-    from cptkit.core.progress import console
-    from cptkit.core.redact import redact_text
+    from cptkit.core.progress import console  # deferred: rich
 
     console.print(Text.assemble(("error: ", "bold red"), redact_text(str(e).replace("\n", " "))), soft_wrap=True)

@@ -23,6 +23,8 @@ from cptkit.core.progress import console
 from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_json
 from cptkit.core.step import step
+from cptkit.eval import tasks as T
+from cptkit.eval.tasks import task_dir
 
 ACTIONS = ("none", "flag", "drop")
 ITEM_TEXTS = ("question", "question+answer")
@@ -57,8 +59,6 @@ def item_texts(task, limit: int | None, mode: str) -> list[str]:
     boilerplate such as "Word:"/"Definition:" out of the n-grams), else the rendered question,
     plus the answer in ``question+answer`` mode.
     """
-    from cptkit.eval import tasks as T
-
     docs = T.load_docs(task, task.spec["test_split"])[: limit or None]
     if task.spec.get("doc_to_decontamination_query"):
         return [str(T.render(task.spec["doc_to_decontamination_query"], d)) for d in docs]
@@ -74,9 +74,12 @@ def item_texts(task, limit: int | None, mode: str) -> list[str]:
 
 @step("evaluate-contamination", EvaluateContaminationJob, order=160)
 def run(conf: EvaluateContaminationJob, ctx: Run) -> dict:
-    from cptkit.eval import tasks as T
-    from cptkit.eval.contamination import REPORT, BenchmarkIndex, contamination_report, ngram_hashes
-    from cptkit.eval.tasks import task_dir
+    from cptkit.eval.contamination import (  # deferred: numpy
+        REPORT,
+        BenchmarkIndex,
+        contamination_report,
+        ngram_hashes,
+    )
 
     ec = conf.eval
     if not ec.tasks:

@@ -30,8 +30,9 @@ from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.records import Record
 from cptkit.core.run import Run
-from cptkit.core.shards import atomic_write_bytes, resolve_inputs
+from cptkit.core.shards import atomic_write_bytes, read_records, resolve_inputs
 from cptkit.core.step import step
+from cptkit.labels.classifiers import SentenceEncoder
 from cptkit.labels.topics import (
     NORMS,
     build_prompt,
@@ -42,6 +43,7 @@ from cptkit.labels.topics import (
     pick_topic,
     truncate_tokens,
 )
+from cptkit.llm import load_generator
 from cptkit.llm.config import LLMConfig
 from cptkit.steps.label_topics import TopicsConfig, taxonomies
 from cptkit.text.hashing import unit_hash
@@ -114,7 +116,7 @@ def topic_loglikelihoods(model, tokenizer, context: str, topics: list[str], batc
     import torch
     import torch.nn.functional as F
 
-    from cptkit.models.lm import encode_pair, model_max_length
+    from cptkit.models.lm import encode_pair, model_max_length  # deferred: torch
 
     pairs = [encode_pair(tokenizer, context, t) for t in topics]
     ctx = pairs[0][0]
@@ -158,7 +160,6 @@ def load_demos(conf: LabelTopicsAnnotateJob, taxes: dict) -> dict[str, list[tupl
     k = a.few_shot
     if k <= 0 or not a.few_shot_file:  # few_shot > 0 without a file is refused by AnnotateConfig
         return {}
-    from cptkit.core.shards import read_records
 
     examples: dict[str, list[tuple[str, str, str]]] = {}
     recs = [r for inp in resolve_inputs([a.few_shot_file]) for r in read_records(inp)]
@@ -176,8 +177,6 @@ def load_demos(conf: LabelTopicsAnnotateJob, taxes: dict) -> dict[str, list[tupl
 def annotate_embedding(todo: list[tuple[Record, str]], taxes: dict, conf: LabelTopicsAnnotateJob, job: Job,
                        stats: Counter) -> list[Record]:
     """Embed pages and topic descriptions with a sentence encoder; each page gets the nearest topic."""
-    from cptkit.labels.classifiers import SentenceEncoder
-
     a = conf.topics
     enc = SentenceEncoder(a.embed_model, max_length=a.embed_max_tokens)
     labelled = []
@@ -256,8 +255,6 @@ def annotate_loglikelihood(gen, todo: list[tuple[Record, str]], taxes: dict, con
 
 @step("label-topics-annotate", LabelTopicsAnnotateJob, order=80)
 def run(conf: LabelTopicsAnnotateJob, ctx: Run) -> dict:
-    from cptkit.llm import load_generator
-
     a = conf.topics
     mode = a.annotate_mode  # with an llm backend that supports it (LabelTopicsAnnotateJob)
     taxes = taxonomies(conf)
