@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from cptkit.core.redact import redact_text
-
 
 class CptkitError(Exception):
     """Bad input or bad configuration: reported without a traceback."""
@@ -25,5 +23,6 @@ def print_error(e: CptkitError) -> None:
     from rich.text import Text
 
     from cptkit.core.progress import console  # deferred: rich
+    from cptkit.core.redact import redact_text  # deferred: logging, regexes (--help)
 
     console.print(Text.assemble(("error: ", "bold red"), redact_text(str(e).replace("\n", " "))), soft_wrap=True)
