@@ -29,10 +29,6 @@ from cptkit.core.progress import console, log
 from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_json, resolve_inputs
 from cptkit.core.step import IN, OUT, QUIET, SKIP_BAD, Option, step
-from cptkit.eval import tasks as T
-from cptkit.eval.cmdgen import NOTE, THRESHOLD, preflight
-from cptkit.eval.code_exec import require_sandbox
-from cptkit.eval.compare import headline, print_suite
 from cptkit.eval.lm_eval_engine import run_lm_eval
 from cptkit.eval.lm_eval_layout import LM_EVAL_DIR, results_name, to_lm_eval
 
@@ -152,6 +148,8 @@ def run_lm_eval_tasks(model: Any, tok: Any, task_names: list[str], ec: Any, resu
 def run_native_task(model: Any, tok: Any, et: Any, ec: Any, shots_for: dict, results: dict, contam: dict | None,
                     w: Any, job: Job) -> None:
     """One task of cptkit's own engine: its metrics into ``results``, its items to ``w``."""
+    from cptkit.eval import tasks as T  # deferred: eval.tasks, ~30 ms
+
     n_docs = len(T.load_docs(et, et.spec["test_split"]))
     n_items = min(n_docs, ec.limit or n_docs)
     advance = job.add_bar(et.name, n_items * (4 if et.output_type == T.MC else 1))
@@ -167,6 +165,8 @@ def run_native_task(model: Any, tok: Any, et: Any, ec: Any, shots_for: dict, res
                                  "file": str(et.path), "output_type": et.output_type, "data": dict(et.sources),
                                  "n_docs": n_docs}
     if "n_executable" in metrics:
+        from cptkit.eval.cmdgen import NOTE, THRESHOLD  # deferred: eval.cmdgen, ~10 ms
+
         thr = (et.spec.get("cmd_eval") or {}).get("threshold", THRESHOLD)
         results["tasks"][et.name]["note"] = NOTE.format(thr=thr)
     _add_split(results["tasks"][et.name], items, contam, et.name)
@@ -180,6 +180,7 @@ MODEL = Option(("--model",), "eval.model", "HF model dir, .gguf file, or smollm2
 @step("evaluate", EvaluateJob, options=(MODEL, IN, OUT, QUIET, SKIP_BAD), order=150)
 def run(conf: EvaluateJob, ctx: Run) -> dict:
     """Perplexity per group (when inputs are given) and benchmark tasks (when ``eval.tasks``)."""
+    from cptkit.eval import tasks as T  # deferred: eval.tasks, ~30 ms
     from cptkit.models import lm  # deferred: torch
 
     ec = conf.eval
@@ -200,9 +201,13 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
         T.load_docs(t, t.spec["test_split"])
         T.check_templates(t)  # sandboxed; a refused or broken template names its task file
     if any(t.spec.get("code_eval") for t in etasks):
+        from cptkit.eval.code_exec import require_sandbox  # deferred: ctypes, ~8 ms
+
         require_sandbox(ec.code.allow_unsandboxed)  # refuse before loading the model, not after generating
     for t in etasks:
         if t.spec.get("cmd_eval") is not None:  # CmdGen: the sandbox (no fallback) and the embedding model
+            from cptkit.eval.cmdgen import preflight  # deferred: eval.cmdgen, ~10 ms
+
             preflight(dict(t.spec["cmd_eval"] or {}))
     contam = load_contamination(ec.contamination, [t.name for t in etasks] or task_names) if ec.contamination else None
     from cptkit.models.lm import spec_file  # deferred: torch
@@ -237,6 +242,8 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
         if results and not job.quiet:
             print_results(results)
             if suite:
+                from cptkit.eval.compare import print_suite  # deferred: eval.compare, ~5 ms
+
                 print_suite(suite, {"this run": results})
         rows = summary_rows(results)
         return job.finish(extra=rows)
@@ -297,6 +304,8 @@ def load_contamination(path: str, tasks: list[str]) -> dict[str, Any]:
 
 
 def _add_split(entry: dict, items: list[dict], contam: dict | None, name: str) -> None:
+    from cptkit.eval import tasks as T  # deferred: eval.tasks, ~30 ms
+
     if contam is None:
         return
     hit = {str(x) for x in contam["benchmarks"][name]["test_items_hit_ids"]}
@@ -309,6 +318,7 @@ def summary_rows(results: dict) -> dict[str, Any]:
     if ppl:
         rows["ppl (all)"] = ppl["all"]["ppl"]
         rows["tokens scored"] = ppl["all"]["tokens"]
+    from cptkit.eval.compare import headline  # deferred: eval.compare, ~5 ms
 
     for name, r in (results.get("tasks") or {}).items():
         key, v = headline(r["metrics"])

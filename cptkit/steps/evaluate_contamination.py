@@ -23,8 +23,6 @@ from cptkit.core.progress import console
 from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_json
 from cptkit.core.step import step
-from cptkit.eval import tasks as T
-from cptkit.eval.tasks import task_dir
 
 ACTIONS = ("none", "flag", "drop")
 ITEM_TEXTS = ("question", "question+answer")
@@ -59,6 +57,8 @@ def item_texts(task, limit: int | None, mode: str) -> list[str]:
     boilerplate such as "Word:"/"Definition:" out of the n-grams), else the rendered question,
     plus the answer in ``question+answer`` mode.
     """
+    from cptkit.eval import tasks as T  # deferred: eval.tasks, ~30 ms
+
     docs = T.load_docs(task, task.spec["test_split"])[: limit or None]
     if task.spec.get("doc_to_decontamination_query"):
         return [str(T.render(task.spec["doc_to_decontamination_query"], d)) for d in docs]
@@ -74,12 +74,14 @@ def item_texts(task, limit: int | None, mode: str) -> list[str]:
 
 @step("evaluate-contamination", EvaluateContaminationJob, order=160)
 def run(conf: EvaluateContaminationJob, ctx: Run) -> dict:
+    from cptkit.eval import tasks as T  # deferred: eval.tasks, ~30 ms
     from cptkit.eval.contamination import (  # deferred: numpy
         REPORT,
         BenchmarkIndex,
         contamination_report,
         ngram_hashes,
     )
+    from cptkit.eval.tasks import task_dir  # deferred: eval.tasks, ~30 ms
 
     ec = conf.eval
     if not ec.tasks:
