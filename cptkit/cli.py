@@ -20,6 +20,7 @@ from typer.core import TyperCommand, TyperGroup
 from cptkit import __version__
 from cptkit.core.discovery import declaration, execute, ordered, step_help, step_module, step_names
 from cptkit.core.errors import CptkitError, print_error
+from cptkit.core.signals import interrupted_exit_code, interrupted_message
 
 __all__ = ["app", "execute", "main", "step_module"]
 
@@ -30,8 +31,7 @@ class StepCommand(TyperCommand):
 
     def format_epilog(self, ctx: Any, formatter: Any) -> None:
         super().format_epilog(ctx, formatter)
-        # deferred: hydra, omegaconf (not for `cptkit --help`)
-        from cptkit.core.help import config_help
+        from cptkit.core.help import config_help  # deferred: hydra, omegaconf
 
         formatter.write("\n" + config_help(self.name))
 
@@ -119,18 +119,15 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
     unknown = [a for a in extra if a.startswith("--") and "=" not in a]
     if unknown:
         raise CptkitError(f"unknown option {unknown[0]} for 'cptkit {step}' (see cptkit {step} --help)")
-    # deferred: hydra (not for `cptkit --help`)
-    from cptkit.core.executor import split_executor_args
+    from cptkit.core.executor import split_executor_args  # deferred: hydra
 
     executor, extra = split_executor_args(extra)
     if "-m" in extra or "--multirun" in extra:
-        # deferred: hydra
-        from cptkit.core.sweep import multirun
+        from cptkit.core.sweep import multirun  # deferred: hydra
 
         multirun(step, overrides + [a for a in extra if a not in ("-m", "--multirun")])
         return
-    # deferred: hydra
-    from cptkit.core.config import compose_step
+    from cptkit.core.config import compose_step  # deferred: hydra
 
     if info:
         sys.stdout.write(hydra_info(step, overrides + extra))
@@ -140,8 +137,7 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
         return
     cfg = compose_step(step, overrides + extra)
     if executor.kind != "local" or executor.workers:
-        # deferred: hydra
-        from cptkit.core.executor import run_executor
+        from cptkit.core.executor import run_executor  # deferred: hydra
 
         run_executor(declaration(step), overrides + extra, cfg, executor)
         return
@@ -150,9 +146,8 @@ def invoke(ctx: typer.Context, step: str, overrides: list[str], show_cfg: str | 
 
 def show_config(step: str, overrides: list[str], which: str, resolve: bool) -> str:
     """``--cfg job|hydra|all`` as YAML, secrets redacted (``--resolve``: interpolations resolved)."""
-    # deferred: hydra (these two: not for `cptkit --help`)
-    from cptkit.core.config import compose_step
-    from cptkit.core.redact import redact
+    from cptkit.core.config import compose_step  # deferred: hydra
+    from cptkit.core.redact import redact  # deferred: logging, regexes
 
     if which not in ("job", "hydra", "all"):
         raise CptkitError(f"--cfg {which!r}: use job, hydra or all")
@@ -172,9 +167,11 @@ def show_config(step: str, overrides: list[str], which: str, resolve: bool) -> s
 
 def hydra_info(step: str, overrides: list[str]) -> str:
     """``--info``: where the config comes from (search path, defaults list, overrides)."""
-    # deferred: hydra (these two: not for `cptkit --help`)
-    from cptkit.core.config import CONF_DIR, compose_step
-    from cptkit.core.redact import redact_text
+    from cptkit.core.config import (  # deferred: hydra (these two: not for `cptkit --help`)
+        CONF_DIR,
+        compose_step,
+    )
+    from cptkit.core.redact import redact_text  # deferred: logging, regexes
 
     cfg = compose_step(step, overrides, hydra_node=True, resolve=False)
     name = step.replace("-", "_")
@@ -214,9 +211,13 @@ def evaluate_compare(
     import json
     from pathlib import Path
 
-    # deferred: json and the shard writer, only for this command (not for `cptkit --help`)
-    from cptkit.core.shards import atomic_write_bytes
-    from cptkit.eval.compare import compare_table, load_results, print_compare, to_markdown
+    from cptkit.core.shards import atomic_write_bytes  # deferred: json and the shard writer
+    from cptkit.eval.compare import (  # deferred: eval/ (not on `cptkit --help`)
+        compare_table,
+        load_results,
+        print_compare,
+        to_markdown,
+    )
 
     loaded = {}
     for r in runs:
@@ -225,9 +226,8 @@ def evaluate_compare(
     header, rows = compare_table(loaded, metric)
     print_compare(header, rows)
     if curves:
-        # deferred: matplotlib, only for --curves
-        from cptkit.training.metrics import run_dir_of
-        from cptkit.training.plots import overlay_curves
+        from cptkit.training.metrics import run_dir_of  # deferred: matplotlib, only for --curves
+        from cptkit.training.plots import overlay_curves  # deferred: training/, matplotlib
 
         dirs = {n: d for n, r in loaded.items() if (d := run_dir_of(r)) is not None}
         if not dirs:
@@ -260,8 +260,7 @@ def main() -> None:
     except Exception:  # a crash: its traceback, secrets masked (a message may quote a header or a URL)
         import traceback
 
-        # deferred: logging (not for `cptkit --help`)
-        from cptkit.core.redact import redact_text
+        from cptkit.core.redact import redact_text  # deferred: logging (not for `cptkit --help`)
 
         sys.stderr.write(redact_text(traceback.format_exc()))
         sys.exit(1)
@@ -269,9 +268,7 @@ def main() -> None:
 
 def _interrupted() -> int:
     """Say what an interrupted run kept; its exit status (130 for Ctrl-C, 143 for SIGTERM)."""
-    # deferred: rich
-    from cptkit.core.progress import console
-    from cptkit.core.signals import interrupted_exit_code, interrupted_message
+    from cptkit.core.progress import console  # deferred: rich
 
     console.print(interrupted_message(), soft_wrap=True, markup=False, highlight=False)
     return interrupted_exit_code()

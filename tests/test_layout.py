@@ -218,3 +218,47 @@ def test_docs_list_the_floors_of_the_test():
     section = text.split("### The floors", 1)[1].split("###", 1)[0]
     listed = [tuple(re.findall(r"`([^`]+)`", line)) for line in section.splitlines() if re.match(r"\d+\. ", line)]
     assert listed == list(FLOORS)
+
+
+DEFERRED = "# deferred: "  # the one form: "# deferred: torch" names the heavy thing the import keeps off --help
+
+
+def unexplained_in_function_imports(path: Path) -> list[int]:
+    """The lines of the imports of cptkit modules inside a function of ``path`` whose line carries no
+    ``# deferred: <heavy thing>`` comment (the first line of a parenthesised import)."""
+    text = path.read_text()
+    lines = text.splitlines()
+    found: set[int] = set()
+    for fn in ast.walk(ast.parse(text, str(path))):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.ImportFrom):
+                ours = node.level > 0 or (node.module or "").split(".")[0] == "cptkit"
+            else:
+                ours = isinstance(node, ast.Import) and any(a.name.split(".")[0] == "cptkit" for a in node.names)
+            comment = lines[node.lineno - 1].partition(DEFERRED)[2].strip() if ours else ""
+            if ours and not comment:
+                found.add(node.lineno)
+    return sorted(found)
+
+
+def test_an_import_inside_a_function_says_which_heavy_dependency_it_defers():
+    """Imports of cptkit modules sit at module top, so the graph is visible; one stays inside a function
+    only to keep a heavy dependency (torch, numpy, rich, ...) off ``cptkit --help`` and light modules,
+    and says so: ``# deferred: torch``."""
+    bad = []
+    for p in files():
+        rel = p.relative_to(PKG.parent).as_posix()
+        bad += [f"{rel}:{line}: import inside a function without '{DEFERRED}<heavy thing>' (move it to the "
+                f"module top)" for line in unexplained_in_function_imports(p)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_deferred_import_check_catches_an_unexplained_one(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text("import json\nfrom cptkit.core.errors import CptkitError\n\n\ndef f():\n"
+                 "    import torch\n    from cptkit.models.lm import spec_file  # deferred: torch\n"
+                 "    from cptkit.core.shards import (\n        resolve_inputs,\n    )\n"
+                 "    def g():\n        import cptkit.eval.stats\n        from . import sibling  # deferred:\n")
+    assert unexplained_in_function_imports(f) == [8, 12, 13]

@@ -88,8 +88,7 @@ def step_module(step: str) -> ModuleType:
 
 def declaration(step: str) -> Step:
     """The :class:`cptkit.core.step.Step` that the module of ``step`` declares."""
-    # deferred: hydra and omegaconf, which `cptkit --help` does without
-    from cptkit.core.step import STEPS
+    from cptkit.core.step import STEPS  # deferred: hydra and omegaconf
 
     step_module(step)
     decl = STEPS.find(step)

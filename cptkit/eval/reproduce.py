@@ -56,6 +56,7 @@ from typing import Any
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.records import read_jsonl
+from cptkit.core.shards import atomic_write_bytes
 from cptkit.eval.stats import (
     NOT_TESTABLE,
     Comparison,
@@ -66,6 +67,7 @@ from cptkit.eval.stats import (
     paired_t,
     tost,
 )
+from cptkit.mixtures.rules import velocities
 
 
 @dataclass
@@ -189,7 +191,6 @@ def velocity_metric(first: dict[str, Any], last: Mapping[str, float], targets: M
     """The spread (max − min) or the largest of the learning velocities V = (ℓ_t − ℓ_target) /
     (ℓ_init − ℓ_target) (Velocitune Eq. 2) at the last eval, ℓ_init the first line's (step 0's) loss and
     ℓ_target the proxy's targets (a ``_velocitune_targets.json``'s ``targets``)."""
-    from cptkit.mixtures.rules import velocities
 
     init = dotted(first, path)
     v = velocities(init, {d: float(targets[d]) for d in last}, last)
@@ -508,7 +509,6 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
     """Write the report of every claim to ``out``; returns ``[(claim id, verdict)]``. ``partial``:
     a claim whose sweep is missing or unfinished is reported as not run (with why and its command)
     instead of failing the report."""
-    from cptkit.core.shards import atomic_write_bytes
 
     claims = load_claims(claims_file)
     root = root or claims_file.parent

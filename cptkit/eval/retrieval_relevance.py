@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.shards import atomic_write_json, iter_records, resolve_inputs
 from cptkit.eval.stats import bootstrap_ci
 
 RELEVANCE = "_relevance.json"
@@ -156,8 +157,6 @@ def read_run(path: Path) -> list[tuple[str, str, int]]:
 
 def corpus_labels(corpus: Sequence[str], labels: Labels) -> tuple[int, int, Counter]:
     """(documents, relevant documents, relevant per meta.package) of the corpus."""
-    from cptkit.core.shards import iter_records, resolve_inputs
-
     n, per = 0, Counter()
     for rec in iter_records(resolve_inputs(list(corpus))):
         n += 1
@@ -179,8 +178,6 @@ def _queries_of(manifest: dict[str, Any]) -> dict[str, Any]:
 def evaluate(retrieved: Path, labels: Labels, corpus_docs: int, relevant_in_corpus: int,
              budget: int | None = None, seed: int = 0) -> dict[str, Any]:
     """The content of ``retrieved/_relevance.json`` (reads the retrieve output, writes nothing)."""
-    from cptkit.core.shards import iter_records, resolve_inputs
-
     man_path = retrieved / "_manifest.json"
     if not (retrieved / "_SUCCESS").exists() or not man_path.is_file():
         raise CptkitError(f"{retrieved}: not a finished retrieve output (no _SUCCESS/_manifest.json)")
@@ -211,8 +208,6 @@ def evaluate(retrieved: Path, labels: Labels, corpus_docs: int, relevant_in_corp
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cptkit.core.shards import atomic_write_json
-
     p = argparse.ArgumentParser(prog="python -m cptkit.eval.retrieval_relevance", description=__doc__.splitlines()[0])
     p.add_argument("--retrieved", type=Path, action="append", required=True,
                    help="a finished `cptkit retrieve` output (repeatable); its _relevance.json is written")

@@ -21,6 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from cptkit.core.errors import CptkitError
+from cptkit.text.tokenize import Tokenizer
+
 IDF_VARIANTS = ("lucene", "okapi")
 # k1 when none is given, per IDF variant: lucene = Elasticsearch's BM25 similarity defaults
 # (k1 1.2, b 0.75; the engine Retrieve-from-CC used), okapi = rank_bm25.BM25Okapi's (k1 1.5, b 0.75).
@@ -120,8 +123,6 @@ def bm25_params(rc: Any) -> BM25Params:
     """The BM25 parameters of a typed ``retrieve`` config section (one-line error when invalid).
 
     ``rc.k1`` None takes the variant's default (:data:`DEFAULT_K1`)."""
-    from cptkit.core.errors import CptkitError
-
     try:
         return BM25Params(k1=rc.k1, b=rc.b, idf=rc.idf, epsilon=rc.epsilon)
     except ValueError as e:
@@ -131,9 +132,6 @@ def bm25_params(rc: Any) -> BM25Params:
 def bm25_tokenizer(rc: Any) -> Any:
     """The :class:`cptkit.text.tokenize.Tokenizer` of a ``retrieve`` config section (typed or a node)."""
     from omegaconf import OmegaConf
-
-    from cptkit.core.errors import CptkitError
-    from cptkit.text.tokenize import Tokenizer
 
     cfg = rc.tokenizer
     if OmegaConf.is_config(cfg):

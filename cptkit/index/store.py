@@ -25,6 +25,7 @@ from cptkit.core.errors import CptkitError
 from cptkit.core.records import Record, dumps
 from cptkit.index.base import BM25Params, Searcher
 from cptkit.index.bm25 import BM25Builder, BM25Index
+from cptkit.index.rank_bm25_backend import RankBM25Searcher
 from cptkit.text.tokenize import Tokenizer
 
 FORMAT = 1
@@ -160,8 +161,6 @@ class OpenIndex:
         if backend == "bm25":
             return self.bm25.with_params(params)
         if backend == "rank_bm25":
-            from cptkit.index.rank_bm25_backend import RankBM25Searcher
-
             field = self.meta.get("text_field", "text")
             toks = []
             for i in range(self.n_docs):

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from cptkit.core.errors import CptkitError
+from cptkit.text.hashing import unit_hash
 
 DEFAULT_PROMPT = (
     "I am categorizing a series of articles according to the following topics. Next, I will give you an "
@@ -187,8 +188,6 @@ def fewshot_messages(tax: Taxonomy, demos: list[tuple[str, str]], page: str, max
 def pick_demos(examples: list[tuple[str, str, str]], topics: list[str], k: int, seed: int) -> list[tuple[str, str]]:
     """``k`` demonstrations per topic from ``(id, text, topic)`` examples: the smallest hash of
     ``(seed, id)`` per topic, then interleaved round-robin in taxonomy order (no topic last in bulk)."""
-    from cptkit.text.hashing import unit_hash
-
     by: dict[str, list[tuple[float, str, str]]] = {t: [] for t in topics}
     for i, text, topic in examples:
         if topic in by:

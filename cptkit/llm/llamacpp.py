@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.fingerprint import cache_path, content_hash, remove_dead_tmps
 from cptkit.core.progress import log
 from cptkit.llm.base import (
     Completion,
@@ -106,7 +107,7 @@ def llamacpp_available() -> bool:
 
 def gguf_path(model: str, gguf_file: str | None) -> Path | None:
     """The GGUF file ``llm.model`` / ``llm.gguf_file`` name, or None when it is not a GGUF model."""
-    from cptkit.llm.hf import EMBEDDED, embedded_model_path
+    from cptkit.llm.hf import EMBEDDED, embedded_model_path  # deferred: torch
 
     if model in EMBEDDED:
         return embedded_model_path(model)
@@ -135,8 +136,6 @@ def requantized(path: Path, qtype: str, threads: int) -> Path:
 
     import llama_cpp
     from llama_cpp._utils import suppress_stdout_stderr
-
-    from cptkit.core.fingerprint import cache_path, content_hash, remove_dead_tmps
 
     if qtype not in REQUANTIZE:
         raise CptkitError(f"llm.requantize={qtype}: must be one of {', '.join(REQUANTIZE)} (or null)")

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from cptkit.core.config import check as check_value
 from cptkit.core.errors import CptkitError
 
 
@@ -62,8 +63,6 @@ def check_prompt(prompt: PromptConfig, required: set[str], key: str) -> None:
     """:func:`check` for a schema's ``__post_init__``: ``key='name': lacks placeholder(s) {a}``
     (:func:`cptkit.core.config.check`'s form). The schema's bare default (no prompt file chosen, as
     when the schema is stored) is not checked: every step's YAML picks a prompt file."""
-    from cptkit.core.config import check as check_value
-
     if prompt == PromptConfig():
         return
     missing = lacking(prompt, required)

@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
+from cptkit.core.shards import atomic_write_bytes
 from cptkit.llm.base import Completion, Generator, GenParams, Request, TextDeltas, normalize_request
 
 MAX_BODY_BYTES = 2**20
@@ -529,8 +530,6 @@ def serve(gen: Generator, host: str = "127.0.0.1", port: int = 8000, *, model_na
     log.warning("serving %s at %s (max_batch=%d)", name, url, max_batch)
     if ready_file:
         from pathlib import Path
-
-        from cptkit.core.shards import atomic_write_bytes
 
         atomic_write_bytes(Path(ready_file), url.encode())
     try:

@@ -221,7 +221,7 @@ def domain_eval(model, tokenizer, records: list[dict], max_docs: int, max_tokens
     """Per-domain token-weighted eval loss on the first ``max_docs`` held-out docs per domain (0: all),
     and its standard error over those docs (logged next to the loss; the rules use the loss only).
     ``cache``: an :class:`~cptkit.training.evaluation.InitEvalCache` (the untrained model only)."""
-    from cptkit.models.scoring import group_losses
+    from cptkit.models.scoring import group_losses  # deferred: numpy, torch
 
     def compute() -> dict[str, dict[str, float]]:
         was_training = model.training

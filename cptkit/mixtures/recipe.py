@@ -17,6 +17,7 @@ from cptkit.core.config import check
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
 from cptkit.core.records import Record
+from cptkit.mixtures.rules import epoch_weights
 
 CURRICULUM_ORDERS = ("none", "random", "low_to_high", "high_to_low")
 
@@ -105,8 +106,6 @@ def stage_spec_weights(stage: dict, leaves: dict[str, Any], budget: float, fract
     Epochs count over ``epochs_of: budget`` (default: the whole ``mix.budget_tokens``, as the
     paper's Table 2 counts them over the 1T run) or ``stage`` (the stage's own tokens).
     """
-    from cptkit.mixtures.rules import epoch_weights
-
     name = str(stage.get("name", index))
     epochs = stage.get("epochs")
     if not epochs:

@@ -132,7 +132,7 @@ class DomainFiles:
         ppls = [float("nan")] * len(batch)
         score = [i for i, (name, _) in enumerate(batch) if self.wants_ppl(name)]
         if score:
-            from cptkit.models.scoring import document_losses
+            from cptkit.models.scoring import document_losses  # deferred: torch
 
             model, stok = self.scorer
             res = document_losses(model, stok, [batch[i][1]["text"] for i in score],

@@ -9,13 +9,12 @@ import sys
 from pathlib import Path
 
 from cptkit.core.errors import CptkitError
+from cptkit.models.lm import resolve_loadable
 
 
 def main(argv: list[str] | None = None) -> int:
     """Convert ``SPEC`` (a ``.gguf`` file, a directory with one, or ``smollm2``) and print where it
     loads from; any other spec prints itself. A bad spec is a one-line error and exit status 2."""
-    from cptkit.models.lm import resolve_loadable
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m cptkit.models.convert MODEL_SPEC", file=sys.stderr)

@@ -10,6 +10,7 @@ as an ordinary model of the same class with the dequantized weights, so training
 from __future__ import annotations
 
 from cptkit.models.gguf_cache import plain_model
+from cptkit.models.lm import load_causal_lm
 
 __all__ = ["load_pretrained", "plain_model"]
 
@@ -17,6 +18,4 @@ __all__ = ["load_pretrained", "plain_model"]
 def load_pretrained(spec: str, trust_remote_code: bool = False):
     """A trainable float32 causal LM from an HF directory, a ``.gguf`` file or ``smollm2`` (dequantized);
     a folder that ships its own code only with ``trust_remote_code``."""
-    from cptkit.models.lm import load_causal_lm
-
     return plain_model(load_causal_lm(str(spec), dtype="float32", trust_remote_code=trust_remote_code))

@@ -64,7 +64,7 @@ def _load_tokenizer(spec: str | None, trust_remote_code: bool = False):
     rust = load_rust_tokenizer(spec)  # a generic tokenizer.json folder: the same ids, ~4 s less start-up
     if rust is not None:
         return rust
-    from cptkit.models.lm import load_tokenizer
+    from cptkit.models.lm import load_tokenizer  # deferred: torch
 
     tok = load_tokenizer(spec, trust_remote_code)
     if not getattr(tok, "is_fast", False):
@@ -112,14 +112,14 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
         # tokenizer is reported first (above) as what to pass
         if not s.cur.model:
             raise CptkitError(f"mix.curriculum.order={s.order} needs mix.curriculum.model (the PPL scoring model)")
-        from cptkit.models.lm import load_causal_lm, load_tokenizer
+        from cptkit.models.lm import load_causal_lm, load_tokenizer  # deferred: torch
 
         trust = conf.trust_remote_code
         scorer = (load_causal_lm(s.cur.model, trust_remote_code=trust), load_tokenizer(s.cur.model, trust))
     if isinstance(tok, RustTokenizer) and not s.cur.model:  # a folder is its own path: torch stays unimported
         reads = [conf.tokenizer, None]
     else:
-        from cptkit.models.lm import spec_file
+        from cptkit.models.lm import spec_file  # deferred: torch
 
         reads = [spec_file(conf.tokenizer), spec_file(s.cur.model)]
     task = Task(0, inputs, name="mix")

@@ -32,6 +32,7 @@ from cptkit.synthetic.corruption import (
 )
 from cptkit.text.hashing import rng_for
 from cptkit.text.langid import record_languages
+from cptkit.text.wordnet import load_wordnet
 
 
 @dataclass
@@ -86,8 +87,6 @@ class Corrupter:
 
     def _ensure_models(self) -> None:
         if self.nlp is None:
-            from cptkit.text.wordnet import load_wordnet
-
             self.nlp = load_spacy(self.c.spacy_model)
             wn = load_wordnet(self.c.wordnet_cache, self.c.wordnet_dir, self.c.wordnet_fetch)
             self.lexicon = wordnet_lexicon(wn)

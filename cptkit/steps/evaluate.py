@@ -29,6 +29,7 @@ from cptkit.core.progress import console, log
 from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_json
 from cptkit.core.step import IN, OUT, QUIET, SKIP_BAD, Option, step
+from cptkit.eval.lm_eval_engine import run_lm_eval
 from cptkit.eval.lm_eval_layout import LM_EVAL_DIR, results_name, to_lm_eval
 
 RESULTS = "_results.json"
@@ -115,7 +116,7 @@ def model_info(spec: str, model) -> dict[str, Any]:
 
 def perplexity(model: Any, tok: Any, records: Any, ec: Any) -> dict[str, Any]:
     """Per-group and overall loss / perplexity of ``model`` on ``records`` (``eval.ppl``)."""
-    from cptkit.models import scoring
+    from cptkit.models import scoring  # deferred: torch
 
     pc = ec.ppl
     groups = scoring.group_losses(model, tok, records, pc.group_by, pc.max_docs_per_group, batch_size=ec.batch_size,
@@ -132,8 +133,6 @@ def perplexity(model: Any, tok: Any, records: Any, ec: Any) -> dict[str, Any]:
 def run_lm_eval_tasks(model: Any, tok: Any, task_names: list[str], ec: Any, results: dict, contam: dict | None,
                       w: Any) -> None:
     """``eval.engine=lm_eval``: run ``task_names`` through lm-evaluation-harness; items to ``w``."""
-    from cptkit.eval.lm_eval_engine import run_lm_eval
-
     ts = time.time()
     done = run_lm_eval(model, tok, task_names, num_fewshot=ec.shots, limit=ec.limit, batch_size=ec.batch_size,
                        seed=ec.fewshot_seed, max_length=ec.max_length, include_path=ec.lm_eval.include_path,
@@ -149,7 +148,12 @@ def run_lm_eval_tasks(model: Any, tok: Any, task_names: list[str], ec: Any, resu
 def run_native_task(model: Any, tok: Any, et: Any, ec: Any, shots_for: dict, results: dict, contam: dict | None,
                     w: Any, job: Job) -> None:
     """One task of cptkit's own engine: its metrics into ``results``, its items to ``w``."""
-    from cptkit.eval import runner, task_data, tasks, templates
+    from cptkit.eval import (  # deferred: the eval task modules (~30 ms on --help)
+        runner,
+        task_data,
+        tasks,
+        templates,
+    )
 
     n_docs = len(task_data.load_docs(et, et.spec["test_split"]))
     n_items = min(n_docs, ec.limit or n_docs)
@@ -166,7 +170,7 @@ def run_native_task(model: Any, tok: Any, et: Any, ec: Any, shots_for: dict, res
                                  "file": str(et.path), "output_type": et.output_type, "data": dict(et.sources),
                                  "n_docs": n_docs}
     if "n_executable" in metrics:
-        from cptkit.eval.cmdgen import NOTE, THRESHOLD
+        from cptkit.eval.cmdgen import NOTE, THRESHOLD  # deferred: eval.cmdgen, ~10 ms
 
         thr = (et.spec.get("cmd_eval") or {}).get("threshold", THRESHOLD)
         results["tasks"][et.name]["note"] = NOTE.format(thr=thr)
@@ -181,8 +185,12 @@ MODEL = Option(("--model",), "eval.model", "HF model dir, .gguf file, or smollm2
 @step("evaluate", EvaluateJob, options=(MODEL, IN, OUT, QUIET, SKIP_BAD), order=150)
 def run(conf: EvaluateJob, ctx: Run) -> dict:
     """Perplexity per group (when inputs are given) and benchmark tasks (when ``eval.tasks``)."""
-    from cptkit.eval import task_data, tasks, templates
-    from cptkit.models import lm
+    from cptkit.eval import (  # deferred: the eval task modules (~30 ms on --help)
+        task_data,
+        tasks,
+        templates,
+    )
+    from cptkit.models import lm  # deferred: torch
 
     ec = conf.eval
     if not ec.model:
@@ -202,16 +210,16 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
         task_data.load_docs(t, t.spec["test_split"])
         templates.check_templates(t)  # sandboxed; a refused or broken template names its task file
     if any(t.spec.get("code_eval") for t in etasks):
-        from cptkit.eval.code_exec import require_sandbox
+        from cptkit.eval.code_exec import require_sandbox  # deferred: ctypes, ~8 ms
 
         require_sandbox(ec.code.allow_unsandboxed)  # refuse before loading the model, not after generating
     for t in etasks:
         if t.spec.get("cmd_eval") is not None:  # CmdGen: the sandbox (no fallback) and the embedding model
-            from cptkit.eval.cmdgen import preflight
+            from cptkit.eval.cmdgen import preflight  # deferred: eval.cmdgen, ~10 ms
 
             preflight(dict(t.spec["cmd_eval"] or {}))
     contam = load_contamination(ec.contamination, [t.name for t in etasks] or task_names) if ec.contamination else None
-    from cptkit.models.lm import spec_file
+    from cptkit.models.lm import spec_file  # deferred: torch
 
     with Job(ctx, inputs=inputs, tasks=[Task(0, inputs, name="eval")], needs_inputs=False,
              reads=[spec_file(model_spec)], hooks=Hooks(before_complete=write_lm_eval_results)) as job:
@@ -243,7 +251,7 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
         if results and not job.quiet:
             print_results(results)
             if suite:
-                from cptkit.eval.compare import print_suite
+                from cptkit.eval.compare import print_suite  # deferred: eval.compare, ~5 ms
 
                 print_suite(suite, {"this run": results})
         rows = summary_rows(results)
@@ -285,7 +293,7 @@ def load_suite(name: str) -> dict[str, Any]:
 
 def load_contamination(path: str, tasks: list[str]) -> dict[str, Any]:
     """The ``_contamination.json`` of ``evaluate-contamination`` (a dir or the file), checked to cover ``tasks``."""
-    from cptkit.eval.contamination import REPORT
+    from cptkit.eval.contamination import REPORT  # deferred: numpy
 
     p = Path(path).expanduser()
     f = p / REPORT if p.is_dir() else p
@@ -305,7 +313,7 @@ def load_contamination(path: str, tasks: list[str]) -> dict[str, Any]:
 
 
 def _add_split(entry: dict, items: list[dict], contam: dict | None, name: str) -> None:
-    from cptkit.eval import runner
+    from cptkit.eval import runner  # deferred: the eval task modules (~30 ms on --help)
 
     if contam is None:
         return
@@ -319,7 +327,7 @@ def summary_rows(results: dict) -> dict[str, Any]:
     if ppl:
         rows["ppl (all)"] = ppl["all"]["ppl"]
         rows["tokens scored"] = ppl["all"]["tokens"]
-    from cptkit.eval.compare import headline
+    from cptkit.eval.compare import headline  # deferred: eval.compare, ~5 ms
 
     for name, r in (results.get("tasks") or {}).items():
         key, v = headline(r["metrics"])

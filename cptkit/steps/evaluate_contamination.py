@@ -57,7 +57,11 @@ def item_texts(task, limit: int | None, mode: str) -> list[str]:
     boilerplate such as "Word:"/"Definition:" out of the n-grams), else the rendered question,
     plus the answer in ``question+answer`` mode.
     """
-    from cptkit.eval import task_data, tasks, templates
+    from cptkit.eval import (  # deferred: the eval task modules (~30 ms on --help)
+        task_data,
+        tasks,
+        templates,
+    )
 
     docs = task_data.load_docs(task, task.spec["test_split"])[: limit or None]
     if task.spec.get("doc_to_decontamination_query"):
@@ -74,9 +78,19 @@ def item_texts(task, limit: int | None, mode: str) -> list[str]:
 
 @step("evaluate-contamination", EvaluateContaminationJob, order=160)
 def run(conf: EvaluateContaminationJob, ctx: Run) -> dict:
-    from cptkit.eval import runner, task_data, tasks, templates
-    from cptkit.eval.contamination import REPORT, BenchmarkIndex, contamination_report, ngram_hashes
-    from cptkit.eval.tasks import task_dir
+    from cptkit.eval import (  # deferred: the eval task modules (~30 ms on --help)
+        runner,
+        task_data,
+        tasks,
+        templates,
+    )
+    from cptkit.eval.contamination import (  # deferred: numpy
+        REPORT,
+        BenchmarkIndex,
+        contamination_report,
+        ngram_hashes,
+    )
+    from cptkit.eval.tasks import task_dir  # deferred: the eval task modules (~30 ms on --help)
 
     ec = conf.eval
     if not ec.tasks:

@@ -37,6 +37,7 @@ from cptkit.core.records import Record
 from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_json
 from cptkit.core.step import step
+from cptkit.llm import load_generator
 from cptkit.llm.config import LLMConfig
 from cptkit.llm.prompts import PromptConfig, check_prompt, max_new_tokens, render
 from cptkit.synthetic.qa import clean_text, parse_question, parse_thought
@@ -130,7 +131,7 @@ class QueryPool:
         self.records: list[Record] = []
         self.enabled = cfg.enabled
         if self.enabled:
-            from cptkit.dedup.minhash import Shingler, lsh_params
+            from cptkit.dedup.minhash import Shingler, lsh_params  # deferred: numba
 
             self.sh = Shingler(ngram=cfg.ngram, num_perm=cfg.num_perm, seed=cfg.seed)
             self.bands, self.rows = lsh_params(cfg.threshold, cfg.num_perm, cfg.target_recall)
@@ -152,7 +153,7 @@ class QueryPool:
         if not self.enabled:
             self.records += candidates
             return candidates, 0
-        from cptkit.dedup.minhash import (
+        from cptkit.dedup.minhash import (  # deferred: numba
             band_keys,
             candidate_pairs,
             jaccard_sorted,
@@ -216,8 +217,6 @@ def summary_rows(st: dict[str, Any]) -> dict[str, Any]:
 
 def expand(conf: ExpandQueriesJob, job: Job, task: Task) -> tuple[list[Record], dict[str, Any]]:
     """Run all rounds; returns the query records in pool order and the statistics."""
-    from cptkit.llm import load_generator
-
     ex = conf.expand
     seeds = list(job.read(task))
     ids = [r["id"] for r in seeds]

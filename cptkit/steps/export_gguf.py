@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cptkit.core.config import JobConfig, check
+from cptkit.core.errors import CptkitError
 from cptkit.core.progress import print_summary, setup_logging
 from cptkit.core.run import Run
 from cptkit.core.step import QUIET, Option, step
-from cptkit.models.gguf import DTYPES
+from cptkit.models.gguf import DTYPES, export_gguf
 
 
 @dataclass
@@ -41,9 +42,7 @@ OUT_FILE = Option(("--out", "-o"), "io.output", "The GGUF file to write.")
 def run(conf: ExportGGUFJob, ctx: Run) -> dict:
     from pathlib import Path
 
-    from cptkit.core.errors import CptkitError
-    from cptkit.models.gguf import export_gguf
-    from cptkit.models.lm import resolve_spec
+    from cptkit.models.lm import resolve_spec  # deferred: torch
 
     setup_logging(conf.quiet)
     if not conf.export.model or not Path(conf.export.model).is_dir():

@@ -42,6 +42,7 @@ from cptkit.labels.topics import (
     pick_topic,
     truncate_tokens,
 )
+from cptkit.llm import load_generator
 from cptkit.llm.config import LLMConfig
 from cptkit.steps.label_topics import TopicsConfig, taxonomies
 from cptkit.text.hashing import unit_hash
@@ -114,7 +115,7 @@ def topic_loglikelihoods(model, tokenizer, context: str, topics: list[str], batc
     import torch
     import torch.nn.functional as F
 
-    from cptkit.models.scoring import encode_pair, model_max_length
+    from cptkit.models.scoring import encode_pair, model_max_length  # deferred: torch
 
     pairs = [encode_pair(tokenizer, context, t) for t in topics]
     ctx = pairs[0][0]
@@ -175,7 +176,7 @@ def load_demos(conf: LabelTopicsAnnotateJob, taxes: dict, ctx: Run) -> dict[str,
 def annotate_embedding(todo: list[tuple[Record, str]], taxes: dict, conf: LabelTopicsAnnotateJob, job: Job,
                        stats: Counter) -> list[Record]:
     """Embed pages and topic descriptions with a sentence encoder; each page gets the nearest topic."""
-    from cptkit.labels.encoder import SentenceEncoder
+    from cptkit.labels.encoder import SentenceEncoder  # deferred: numpy
 
     a = conf.topics
     enc = SentenceEncoder(a.embed_model, max_length=a.embed_max_tokens)
@@ -255,8 +256,6 @@ def annotate_loglikelihood(gen, todo: list[tuple[Record, str]], taxes: dict, con
 
 @step("label-topics-annotate", LabelTopicsAnnotateJob, order=80)
 def run(conf: LabelTopicsAnnotateJob, ctx: Run) -> dict:
-    from cptkit.llm import load_generator
-
     a = conf.topics
     mode = a.annotate_mode  # with an llm backend that supports it (LabelTopicsAnnotateJob)
     taxes = taxonomies(conf)

@@ -10,8 +10,9 @@ from cptkit.core.config import JobConfig, check
 from cptkit.core.progress import setup_logging
 from cptkit.core.run import Run
 from cptkit.core.step import QUIET, step
+from cptkit.llm import load_generator
 from cptkit.llm.config import LLMConfig
-from cptkit.llm.serve import LOCAL_HOSTS, Limits
+from cptkit.llm.serve import LOCAL_HOSTS, Limits, serve
 
 
 @dataclass
@@ -56,9 +57,6 @@ class ServeLLMJob(JobConfig):
 
 @step("serve-llm", ServeLLMJob, options=(QUIET,), order=180)
 def run(conf: ServeLLMJob, ctx: Run) -> None:
-    from cptkit.llm import load_generator
-    from cptkit.llm.serve import serve
-
     setup_logging(conf.quiet)
     llm = dataclasses.replace(conf.llm, cache=False, chat=False)  # plain prompts stay raw for /completions
     gen = load_generator(llm)

@@ -35,6 +35,7 @@ from cptkit.core.records import Record
 from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_json
 from cptkit.core.step import step
+from cptkit.llm import load_generator
 from cptkit.llm.config import LLMConfig
 from cptkit.llm.prompts import PromptConfig, check_prompt, max_new_tokens, render
 from cptkit.synthetic.qa import (
@@ -167,8 +168,6 @@ def run(conf: SynthesizeQAJob, ctx: Run) -> dict[str, Any]:
         task_stats: dict[str, dict[str, Any]] = {}
         for task in job.pending():
             if gen is None:
-                from cptkit.llm import load_generator
-
                 gen = load_generator(conf.llm)
             t0 = time.time()
             before = gen.stats.as_dict()

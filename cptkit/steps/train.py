@@ -22,22 +22,22 @@ from pathlib import Path
 import torch
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.job import Hooks, Job, Task
 from cptkit.core.run import Run
 from cptkit.core.step import IN, OUT, QUIET, step
-from cptkit.models.lm import check_model
+from cptkit.mixtures.stream import Stream
+from cptkit.models.lm import check_model, spec_file
 from cptkit.training.card import stream_record
+from cptkit.training.checkpoint import reopen_finished, run_identity
 from cptkit.training.config import TrainJob
+from cptkit.training.engine import init_distributed
+from cptkit.training.kernels import check_kernels
+from cptkit.training.loop import train
+from cptkit.training.state import RunSpec
 
 
 @step("train", TrainJob, options=(IN, OUT, QUIET), order=140)
 def run(conf: TrainJob, ctx: Run) -> dict:
-    from cptkit.core.job import Hooks, Job, Task
-    from cptkit.mixtures.stream import Stream
-    from cptkit.training.checkpoint import reopen_finished, run_identity
-    from cptkit.training.engine import init_distributed
-    from cptkit.training.kernels import check_kernels
-    from cptkit.training.loop import train
-    from cptkit.training.state import RunSpec
 
     tcfg = conf.train
     if len(conf.io.inputs) != 1:
@@ -62,7 +62,6 @@ def run(conf: TrainJob, ctx: Run) -> dict:
     ckdir = out / "checkpoints"
     job, extend = None, False
     if rank == 0:  # one process owns the output: its manifest, _SUCCESS and the run's identity
-        from cptkit.models.lm import spec_file
 
         reads = [conf.io.inputs[0], spec_file(conf.model.path), spec_file(conf.tokenizer or stream.tokenizer_spec()),
                  tcfg.velocitune.targets_file]  # the stream, the model, the tokenizer: they key the run

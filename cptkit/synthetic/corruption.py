@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cptkit.text.wordnet import antonyms, cohyponyms
+
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 KINDS = ("number", "noun", "adj")
 TAGS = frozenset({"NN", "NNS", "JJ"})  # the Penn tags candidate_units takes nouns and adjectives from
@@ -209,8 +211,6 @@ def corrupt_text(text: str, ratio: float, rng: random.Random, tokens: list[Token
 def wordnet_lexicon(wn: Any, cache_size: int = 100_000) -> Lexicon:
     """A :class:`Lexicon` over an nltk WordNet reader (memoised; lists sorted)."""
     import functools
-
-    from cptkit.text.wordnet import antonyms, cohyponyms
 
     @functools.lru_cache(maxsize=cache_size)
     def nouns(lemma: str) -> list[str]:

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.fingerprint import content_hash
+from cptkit.core.shards import atomic_write_bytes
 
 SYSTEM_DIR = Path("/usr/share/wordnet")
 DEFAULT_CACHE = Path(os.environ.get("CPTKIT_CACHE", Path.home() / ".cache" / "cptkit")) / "wordnet"
@@ -125,9 +127,6 @@ def _cached_lemma_map(reader: Any, data: Path, parse: Any) -> None:
     import json
 
     import nltk
-
-    from cptkit.core.fingerprint import content_hash
-    from cptkit.core.shards import atomic_write_bytes
 
     digest = content_hash(data)
     key = hashlib.sha256(f"{digest}\0nltk {nltk.__version__}".encode()).hexdigest()[:16]

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cptkit.core.config import JobConfig, check
+from cptkit.mixtures.controller import MIXTURES
+from cptkit.training.schedule import DECAY_TYPES, SCHEDULES
 
 
 @dataclass
@@ -128,10 +130,8 @@ class TrainOptions:
 
     def __post_init__(self) -> None:
         """Refuse invalid ``train.*`` values with one line each, before anything is written."""
-        from cptkit.mixtures.controller import MIXTURES
-        from cptkit.training.kernels import KERNELS
-        from cptkit.training.optim import OPTIMIZERS
-        from cptkit.training.schedule import DECAY_TYPES, SCHEDULES
+        from cptkit.training.kernels import KERNELS  # deferred: numpy, torch
+        from cptkit.training.optim import OPTIMIZERS  # deferred: numpy, torch
 
         check(self.mixture in MIXTURES or ":" in self.mixture, "mixture", self.mixture,
               f"use one of {', '.join(MIXTURES)} or package.module:Class")

@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
+from cptkit.models import tiny
+from cptkit.models.lm import load_tokenizer
+from cptkit.models.pretrained import load_pretrained
 from cptkit.training.state import RunSpec
 
 if TYPE_CHECKING:
@@ -18,7 +21,6 @@ if TYPE_CHECKING:
 def build_model(mcfg: ModelConfig, tokenizer: Any, seq_len: int, trust_remote_code: bool = False) -> Any:
     """The model ``model.name`` names: a seeded tiny Llama sized to the tokenizer, or ``model.path`` loaded
     (a folder that ships its own code only with ``trust_remote_code``)."""
-    from cptkit.models import tiny
 
     if mcfg.name == "tiny_llama":
         model = tiny.tiny_llama(tokenizer, hidden=mcfg.hidden, layers=mcfg.layers, heads=mcfg.heads,
@@ -27,7 +29,6 @@ def build_model(mcfg: ModelConfig, tokenizer: Any, seq_len: int, trust_remote_co
     else:  # hf (ModelConfig allows no other name)
         if not mcfg.path:
             raise CptkitError("model=hf needs model.path (an HF directory, a .gguf file or smollm2)")
-        from cptkit.models.pretrained import load_pretrained
 
         model = load_pretrained(mcfg.path, trust_remote_code)  # a GGUF file is dequantized into a plain, saveable model
     try:
@@ -40,7 +41,6 @@ def build_model(mcfg: ModelConfig, tokenizer: Any, seq_len: int, trust_remote_co
 
 def load_run_tokenizer(spec: RunSpec) -> Any:
     """``tokenizer`` (default: the stream's), refused when smaller than the stream's vocabulary."""
-    from cptkit.models.lm import load_tokenizer
 
     stream = spec.stream
     tok_spec = spec.conf.tokenizer or stream.tokenizer_spec()
