@@ -48,9 +48,9 @@ run() {  # run CODE_DIR OUT_DIR
   local mixin=(--in "$DATA/labelled" --in "$DATA/qa" --in "$DATA/corpus")
   $c build-mix "${mixin[@]}" --out "$out/mix_cpt" mix=demo_cpt tokenizer=smollm2 -q
   $c build-mix "${mixin[@]}" --out "$out/mix_noreplay" mix=demo_cpt tokenizer=smollm2 mix.replay.share=0 -q
-  $c build-mix --in "$DATA/labelled" --out "$out/mix_tail" mix=upsample_tail tokenizer=smollm2 mix.budget_tokens=5e5 -q
+  $c build-mix --in "$DATA/corpus" --out "$out/mix_tail" mix=upsample_tail tokenizer=smollm2 mix.budget_tokens=6e6 -q
   $c build-mix --in "$DATA/labelled" --out "$out/mix_split" mix=demo tokenizer=smollm2 \
-    'mix.domains=[{name:t,split_by:topic}]' 'mix.stages=[{name:s,weights:{t:1}}]' mix.fill=null mix.budget_tokens=200000 -q
+    'mix.domains=[{name:t,split_by:topic}]' 'mix.stages=[{name:s,weights:{t:1}}]' mix.fill=null mix.budget_tokens=200000 mix.seq_len=128 -q
   local tr="model=tiny_llama train.micro_batch=2 train.threads=2 train.plot=false -q"
   $c train --in "$out/mix_tail" --out "$out/train_static" $tr train.max_steps=6 train.save_every=3 train.eval_every=3
   $c train --in "$out/mix_tail" --out "$out/train_resumed" $tr train.max_steps=3 train.save_every=3 train.eval_every=3
