@@ -95,6 +95,9 @@ TIMING = {"seconds", "cpu_seconds", "tokens_per_s", "timings", "run s", "data lo
           "tokens/s", "records/s", "read+tokenize s", "tokenize tokens/s", "data+mixture share of step time",
           "seconds_last_run", "started", "finished", "seconds_tasks", "build_seconds", "generation_seconds"}
 # JSON files holding timings or output paths besides their results: compared without them
+# what lm-eval's results file says about the run itself (when, how long, on which machine)
+LM_EVAL_RUN = ("date", "start_time", "end_time", "total_evaluation_time_seconds", "pretty_env_info",
+               "transformers_version", "upper_git_hash", "git_hash")
 JSON = {"_manifest.json", "_results.json", "index.json", "_expand_stats.json", "_synth_stats.json"}
 
 def strip(x):
@@ -124,6 +127,18 @@ for fa in sorted(p for p in a.rglob("*") if p.is_file()):
     if rel.parts[1:2] in (("checkpoints",), ("tensorboard",), (".cptkit",)) or rel.name in ("config.json",):
         continue
     fb = b / rel
+    if rel.parent.name == "_lm_eval" and rel.name.startswith("results_"):  # lm-eval names it by the time
+        fb = next(iter(sorted(fb.parent.glob("results_*.json"))), fb)
+        ma, mb = (strip(json.loads(text(f))) for f in (fa, fb))
+        for m in (ma, mb):
+            for k in LM_EVAL_RUN:
+                m.pop(k, None)
+        ok = ma == mb
+        same += ok
+        diff += not ok
+        if not ok:
+            print(f"DIFFERENT: {rel}" + "".join(f"\n    {w}" for w in paths(ma, mb)[:5]))
+        continue
     if not fb.exists():
         print(f"missing in the working tree: {rel}")
         diff += 1
@@ -134,6 +149,9 @@ for fa in sorted(p for p in a.rglob("*") if p.is_file()):
             m.pop("config", None), m.pop("version", None)
         ok = ma == mb
         why = paths(ma, mb)[:5]
+    elif rel.name == "README.md":  # data and model cards name their output directory
+        ok = text(fa) == text(fb)
+        why = []
     elif rel.suffix == ".jsonl" and rel.parent.name.startswith("train_"):
         ok = jsonl(fa) == jsonl(fb)
         why = []
@@ -146,6 +164,8 @@ for fa in sorted(p for p in a.rglob("*") if p.is_file()):
         print(f"DIFFERENT: {rel}" + "".join(f"\n    {w}" for w in why))
 for fb in sorted(p for p in b.rglob("*") if p.is_file()):
     rel = fb.relative_to(b)
+    if rel.parent.name == "_lm_eval" and any((a / rel).parent.glob("results_*.json")):
+        continue  # paired with the reference's results file above
     if not (a / rel).exists() and rel.parts[1:2] not in (("checkpoints",), ("tensorboard",), (".cptkit",)):
         print(f"only in the working tree: {rel}")
         diff += 1

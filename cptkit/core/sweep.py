@@ -24,7 +24,7 @@ from cptkit.core.config import (
     primary_config,
     schema_of,
 )
-from cptkit.core.discovery import execute
+from cptkit.core.discovery import execute, step_module
 from cptkit.core.errors import CptkitError
 from cptkit.core.redact import install_log_redaction, redact_text
 
@@ -108,6 +108,7 @@ def multirun(step: str, overrides: list[str]) -> None:
         from hydra.core.hydra_config import HydraConfig
 
         hc = HydraConfig.get()
+        step_module(step)  # a member may run in a fresh process (a SLURM job): the step registers its schema
         try:
             # a plain copy without Hydra's node, typed again as the step's schema (as compose_step returns it)
             cfg = OmegaConf.merge(OmegaConf.structured(schema_of(step)), OmegaConf.to_container(cfg, resolve=False))
