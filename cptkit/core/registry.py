@@ -52,6 +52,10 @@ def public_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def _origin(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
 class Registry(Generic[T]):
     """Names to objects of one kind. ``key`` is the setting that names them (for error lines);
     ``base``, when given, is the class a plugin must subclass. ``origin``, when given, says where an
@@ -59,7 +63,8 @@ class Registry(Generic[T]):
     imported again) replaces the entry, from another origin is an error naming both."""
 
     def __init__(self, key: str, base: type | None = None, *, origin: Callable[[Any], str] | None = None):
-        self.key, self.base, self.origin = key, base, origin
+        # where an entry comes from: the same name again from the same place (a module imported twice) replaces it
+        self.key, self.base, self.origin = key, base, origin or _origin
         self._entries: dict[str, T] = {}
 
     def register(self, name: str, obj: T | None = None) -> Any:
@@ -67,12 +72,9 @@ class Registry(Generic[T]):
         a name twice with a different object is an error (two plugins would shadow each other)."""
         def add(o: T) -> T:
             old = self._entries.get(name)
-            if old is not None and self.origin is not None:
-                if self.origin(old) != self.origin(o):
-                    raise CptkitError(f"{self.key} {name!r} is declared twice: in {self.origin(old)} and in "
-                                      f"{self.origin(o)}")
-            elif old is not None and old is not o and getattr(old, "__qualname__", None) != getattr(o, "__qualname__", 0):
-                raise CptkitError(f"{self.key}: {name!r} is registered twice ({old!r} and {o!r})")
+            if old is not None and self.origin(old) != self.origin(o):
+                raise CptkitError(f"{self.key} {name!r} is declared twice: in {self.origin(old)} and in "
+                                  f"{self.origin(o)}")
             self._entries[name] = o
             return o
         return add(obj) if obj is not None else add
