@@ -167,21 +167,24 @@ BASE_MODEL  ?= smollm2
 TOKENIZER   ?= $(BASE_MODEL)
 REPLAY      ?= 0.2
 MIX         ?= mix=demo_smollm2 mix.budget_tokens=4e4 mix.eval_docs=64
-# 2 CPU cores: SmolLM2 trains at ~105 tokens/s and scores ~260 tokens/s in fp32.
+# 2 CPU cores: SmolLM2 trains at ~105 tokens/s and scores ~260 tokens/s in fp32, so an arm is 10 steps of
+# 2 x 256 tokens, and every model is scored on 64 documents per group, 64 tokens each (docs/cpt.md, budgets).
 CPT_STEPS   ?= 10
 TM_STEPS    ?= $(shell awk 'BEGIN { printf "%d", $(CPT_STEPS) * (1 - $(REPLAY)) + 0.5 }')
 B0_STEPS    ?= 96  # 64 did not level off on 2 cores (fell 0.037 over its last third; docs/cpt.md)
 B0_TEXT     ?= $(DATA)/b0_text
 OUTSIDE     ?= $(DATA)/outside
 PROBE_DOCS  ?= 64
-PROBE_TOKENS ?= 128
-TRAIN_ARGS  ?= train.micro_batch=4 train.lr=1e-4 train.warmup=0.1 train.threads=2 train.precision=fp32 \
-               train.eval_every=5 train.eval_docs=8 train.eval_max_tokens=256
+PROBE_TOKENS ?= 64
+# the forgetting curves: every 5 steps, 16 documents per group, the probe and the outside text included
+TRAIN_ARGS  ?= train.micro_batch=2 train.lr=1e-4 train.warmup=0.1 train.threads=2 train.precision=fp32 \
+               train.eval_every=5 train.eval_docs=16 train.eval_max_tokens=64 \
+               'train.eval_extra=[$(XP)/probe.jsonl,$(OUTSIDE)]'
 B0_MIX      ?= mix=b0
 B0_ARGS     ?= train.micro_batch=4 train.lr=1e-4 train.warmup=0.1 train.threads=2 train.precision=fp32 \
-               train.eval_every=4 train.eval_docs=32 train.eval_max_tokens=128 train.max_steps=$(B0_STEPS) seed=0
-EVAL_ARGS   ?= eval.tasks=[wordnet_defs] eval.limit=200 eval.shots=0 eval.ppl.group_by=domain \
-               eval.ppl.max_length=128 eval.ppl.max_tokens=128 eval.ppl.max_docs_per_group=64
+               train.eval_every=8 train.eval_docs=32 train.eval_max_tokens=128 train.max_steps=$(B0_STEPS) seed=0
+EVAL_ARGS   ?= eval.tasks=[wordnet_defs] eval.limit=100 eval.shots=0 eval.ppl.group_by=domain \
+               eval.ppl.max_length=64 eval.ppl.max_tokens=64 eval.ppl.max_docs_per_group=64
 CPT_TASK    ?= wordnet_defs
 ARMS        := noreplay replay noreplay_tm neutral
 B0          := $(XP)/b0/model
@@ -208,18 +211,19 @@ $(XP)/stream_rp_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.
 $(XP)/stream_gen_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
 	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$* \
 	    'mix.stages=[{name:general,weights:{general:1}}]' mix.replay.share=0 'mix.replay.domains=[]' -q
-$(XP)/runs/noreplay_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS $(XP)/b0.json
+# the probe and the outside text: scored at each arm's eval points and by evaluate
+EVAL_DEPS    = $(XP)/probe.jsonl $(OUTSIDE)/_SUCCESS
+$(XP)/runs/noreplay_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS $(XP)/b0.json $(EVAL_DEPS)
 	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged -q
-$(XP)/runs/replay_s%/_SUCCESS: $(XP)/stream_rp_s%/_SUCCESS $(XP)/b0.json
+$(XP)/runs/replay_s%/_SUCCESS: $(XP)/stream_rp_s%/_SUCCESS $(XP)/b0.json $(EVAL_DEPS)
 	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged -q
-$(XP)/runs/noreplay_tm_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS $(XP)/b0.json
+$(XP)/runs/noreplay_tm_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS $(XP)/b0.json $(EVAL_DEPS)
 	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(TM_STEPS) train.mixture=staged -q
-$(XP)/runs/neutral_s%/_SUCCESS: $(XP)/stream_gen_s%/_SUCCESS $(XP)/b0.json
+$(XP)/runs/neutral_s%/_SUCCESS: $(XP)/stream_gen_s%/_SUCCESS $(XP)/b0.json $(EVAL_DEPS)
 	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged -q
 
 # every model on the same documents of a seed: its held-out sample, the probe, the outside text
 eval_in      = --in $(XP)/stream_r0_$(1)/_eval.jsonl.gz --in $(XP)/probe.jsonl --in $(OUTSIDE)
-EVAL_DEPS    = $(XP)/probe.jsonl $(OUTSIDE)/_SUCCESS
 # B0 is scored once on what no seed changes (probe, outside text, task) and per seed on its held-out
 # sample only; the report merges the two parts (b0_sN+b0_fixed)
 $(XP)/eval/b0_fixed/_SUCCESS: $(XP)/b0.json $(EVAL_DEPS)
@@ -286,11 +290,12 @@ pipeline: $(XP)/demo.md $(DATA)/qa_c30/_SUCCESS
 # classifier overlap with retrieval and labelling); the CPT part after them one at a time, as each
 # of its steps already uses both cores.
 # base-model converts a GGUF base model (the shipped SmolLM2) once, beside the data steps, instead of
-# in the first CPT step that loads it.
+# in the first CPT step that loads it; B0 and the probe are built beside the data steps too (B0 needs only
+# the shipped model and its own text).
 DEMO_JOBS   ?= 2
 demo:
-	@$(MAKE) --no-print-directory -j$(DEMO_JOBS) $(DATA)/labelled/_SUCCESS $(DATA)/qa_c30/_SUCCESS base-model \
-	    $(B0_TEXT)/_SUCCESS $(OUTSIDE)/_SUCCESS
+	@$(MAKE) --no-print-directory -j$(DEMO_JOBS) base-model $(DATA)/labelled/_SUCCESS $(DATA)/qa_c30/_SUCCESS \
+	    $(XP)/probe.jsonl $(OUTSIDE)/_SUCCESS
 	@$(MAKE) --no-print-directory pipeline
 
 .PHONY: base-model

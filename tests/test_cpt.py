@@ -171,3 +171,38 @@ def test_eval_tasks_at_every_eval_point(corpus_dir, corpus_records, tok, tmp_pat
     assert len(scores["cont"]) == 3 and all(s in (0.0, 1 / 3, 2 / 3, 1.0) for s in scores["cont"])
     assert rows[-1]["event"] == "eval" and rows[-1]["step"] == 4
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_extra_adds_forgetting_curves_keyed_by_its_content(corpus_dir, corpus_records, tok, tmp_path):
+    """train.eval_extra: a probe file's documents are scored at every eval point as their own group,
+    its content keys the run (changed probe, refused rerun), and a probe posing as a stream domain is refused."""
+    from conftest import write_jsonl
+
+    from cptkit.core.config import compose_step
+    from cptkit.core.records import read_jsonl
+    from cptkit.steps.train import run
+    from cptkit.training.metrics import eval_curves
+
+    probe = tmp_path / "probe.jsonl"
+    texts = [r["text"][:200] for r in corpus_records if r["lang"] == "en"][-3:]
+    write_jsonl(probe, [{"id": f"p{i}", "text": t, "domain": "probe"} for i, t in enumerate(texts)])
+    build_stream(corpus_dir, tok, tmp_path / "s", [*CPT_DOMAINS, "mix.budget_tokens=4096", "mix.seq_len=64",
+                                                     "mix.eval_docs=2"])
+
+    def train(out, extra):
+        run(compose_step("train", [f"io.inputs=['{tmp_path / 's'}']", f"io.output='{out}'", "model.hidden=32",
+                                   "model.heads=2", "train.micro_batch=4", "train.max_steps=2", "train.eval_every=1",
+                                   f"train.eval_extra=['{extra}']", "train.threads=1", "train.precision=fp32",
+                                   "quiet=true"]))
+
+    train(tmp_path / "run", probe)
+    tokens, losses, _ = eval_curves(read_jsonl(tmp_path / "run" / "metrics.jsonl"))
+    assert tokens == [0, 256, 512] and set(losses) == {"domain", "general", "probe"}
+    assert all(v > 0 for v in losses["probe"]) and losses["probe"] != losses["general"]
+    write_jsonl(probe, [{"id": "p0", "text": texts[0] + " changed", "domain": "probe"}])
+    with pytest.raises(CptkitError, match=r"probe.jsonl changed"):  # the same output, another probe: never silently kept
+        train(tmp_path / "run", probe)
+    bad = tmp_path / "bad.jsonl"
+    write_jsonl(bad, [{"id": "x1", "text": "some text", "domain": "general"}])
+    with pytest.raises(CptkitError, match=r"bad.jsonl: record 'x1'.*domain 'general' is one of the stream's"):
+        train(tmp_path / "run2", bad)

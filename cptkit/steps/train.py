@@ -64,7 +64,7 @@ def run(conf: TrainJob, ctx: Run) -> dict:
     if rank == 0:  # one process owns the output: its manifest, _SUCCESS and the run's identity
 
         reads = [conf.io.inputs[0], spec_file(conf.model.path), spec_file(conf.tokenizer or stream.tokenizer_spec()),
-                 tcfg.velocitune.targets_file]  # the stream, the model, the tokenizer: they key the run
+                 tcfg.velocitune.targets_file, *tcfg.eval_extra]  # what the run read keys it
         data = {"data": stream_record(conf.io.inputs[0], stream.meta)}  # the model card shows the same
         job = Job(ctx, tasks=[Task(0, [], name="train")], needs_inputs=False, reads=reads,
                   hooks=Hooks(manifest_extra=lambda: data), identity=run_identity(ctx.record))

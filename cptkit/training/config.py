@@ -115,6 +115,9 @@ class TrainOptions:
     eval_max_tokens: int = 256
     eval_every: int = 0  # per-domain eval losses every N steps, before step 1 and after the last (0: off)
     eval_tasks: list[str] = field(default_factory=list)  # few-shot tasks (conf/eval/tasks) at every eval point
+    # JSONL files or directories scored at every eval point beside the stream's held-out documents, grouped by
+    # their "domain" field: the forgetting curves of a probe or of outside text (never the mixture's decisions)
+    eval_extra: list[str] = field(default_factory=list)
     eval_tasks_limit: int = 50  # first N items per task (0: all)
     eval_tasks_shots: int | None = 0  # null: the task's default
     threads: int = 0  # torch CPU threads (0: torch's default)

@@ -16,7 +16,7 @@ from cptkit.core.config import CONF_DIR
 from cptkit.core.errors import CptkitError
 from cptkit.core.fingerprint import cache_path, content_hash
 from cptkit.core.progress import log
-from cptkit.core.shards import atomic_write_bytes
+from cptkit.core.shards import atomic_write_bytes, iter_records, resolve_inputs
 from cptkit.eval import runner, task_data, tasks
 from cptkit.mixtures.controller import domain_eval
 from cptkit.models.lm import spec_file
@@ -91,6 +91,23 @@ def headline_score(metrics: dict[str, Any]) -> float:
     raise CptkitError(f"task metrics without acc_norm/exact_match: {sorted(metrics)}")
 
 
+def extra_records(paths: list[str], taken: set[str]) -> list[dict]:
+    """``train.eval_extra``'s records (files or cptkit output directories of JSONL), each with a ``text``
+    and a ``domain`` that is not one of the stream's (a probe scored as "domain" would mix two groups)."""
+    out: list[dict] = []
+    for p in paths:
+        for rec in iter_records(resolve_inputs([str(p)])):
+            dom, text = rec.get("domain"), rec.get("text")
+            where = f"{p}: record {rec.get('id', '?')!r}"
+            if not isinstance(text, str) or not isinstance(dom, str) or not dom:
+                raise CptkitError(f"train.eval_extra {where}: needs a string 'text' and a non-empty 'domain'")
+            if dom in taken:
+                raise CptkitError(f"train.eval_extra {where}: domain {dom!r} is one of the stream's; "
+                                  "give the extra documents a domain of their own")
+            out.append({"id": rec.get("id"), "text": text, "domain": dom})
+    return out
+
+
 class InitEvalCache:
     """The untrained model's per-domain held-out losses, computed once for every run that starts from
     the same model on the same held-out records (the arms of an experiment, a sweep): at step 0 each
@@ -130,6 +147,10 @@ class EvalPoints:
         self.records = stream.eval_records()
         self.tasks = load_eval_tasks(tcfg.eval_tasks) if tcfg.eval_every and tcfg.eval_tasks else []
         self.init_cache = InitEvalCache(init_eval_key(spec, self.records) if self.records else None)
+        # the eval points also score train.eval_extra (a probe, outside text); the mixture and the proxy never do
+        self.point_records = self.records + extra_records(tcfg.eval_extra, set(stream.domains))
+        self.point_cache = (InitEvalCache(init_eval_key(spec, self.point_records)) if self.point_records != self.records
+                            else self.init_cache)
         if controller.dynamic or spec.proxy or tcfg.eval_every > 0:
             have = {r["domain"] for r in self.records}
             missing = [d for d in stream.domains if d not in have]
@@ -146,5 +167,5 @@ class EvalPoints:
 
     def point(self, model: Any, tokenizer: Any, initial: bool = False) -> dict[str, Any]:
         """An ``eval_every`` point: per-domain losses and the few-shot tasks."""
-        return evaluate_point(model, tokenizer, self.records, self.tcfg, self.seq_len, self.tasks,
-                              cache=self.init_cache if initial else None)
+        return evaluate_point(model, tokenizer, self.point_records, self.tcfg, self.seq_len, self.tasks,
+                              cache=self.point_cache if initial else None)
