@@ -16,11 +16,13 @@ MODEL=${1:?usage: cpt_smollm2.sh MODEL (smollm2, a .gguf or an HF directory)}
 DATA=${DATA:-data}
 XP=${XP:-$DATA/xp_gpu}
 SEEDS=${SEEDS:-0 1 2 3 4}
+EXTRA="train.eval_extra=[$XP/probe.jsonl,$DATA/outside]"  # the forgetting curves: the probe and the outside text
 if [ "${TOY:-0}" = 1 ]; then   # CPU, fp32, a handful of steps: proves the path, measures nothing
   STEPS=4; B0_STEPS=6
   TRAIN="train.micro_batch=2 train.lr=1e-4 train.warmup=0 train.threads=2 train.precision=fp32 \
 train.eval_every=2 train.eval_docs=2 train.eval_max_tokens=64"
-  B0="$TRAIN train.eval_every=2 train.max_steps=$B0_STEPS seed=0"
+  B0="$TRAIN train.max_steps=$B0_STEPS seed=0"
+  TRAIN="$TRAIN $EXTRA"
   MIX="mix=demo_smollm2 mix.budget_tokens=4096 mix.seq_len=64 mix.eval_docs=4"
   EVAL="eval.tasks=[] eval.ppl.group_by=domain eval.ppl.max_length=64 eval.ppl.max_tokens=64 eval.ppl.max_docs_per_group=4"
   B0_MIX="mix=b0 mix.budget_tokens=2048 mix.seq_len=64 mix.eval_docs=4"
@@ -31,6 +33,7 @@ else                          # one GPU: ZeRO-2 bf16, 2k-token sequences, 16 x 8
 train.grad_accum=$ACCUM train.lr=${LR:-2e-5} train.warmup=0.05 train.eval_every=$(( STEPS / 4 )) \
 train.eval_docs=64 train.eval_max_tokens=2048"
   B0="${TRAIN/train.eval_every=$(( STEPS / 4 ))/train.eval_every=2} train.max_steps=$B0_STEPS seed=0"
+  TRAIN="$TRAIN $EXTRA"
   B0_MIX="mix=b0 mix.seq_len=2048 mix.budget_tokens=6e5 mix.max_epochs=2 mix.eval_docs=64"  # 8 steps: 0.5M tokens
   MIX="mix=demo_smollm2 mix.budget_tokens=$(( STEPS * MICRO * ACCUM * 2048 * 2 )) mix.seq_len=2048 mix.eval_docs=64"
   EVAL="eval.tasks=[wordnet_defs] eval.limit=500 eval.shots=0 eval.ppl.group_by=domain eval.ppl.max_length=2048 \
