@@ -232,12 +232,8 @@ def member_config(d: Path, key: str, config: dict[str, Any]) -> Any:
 
         return yaml.safe_load(m.group(1))
     if not key.startswith("input:"):
-        if has(config, key):
-            return dotted(config, key)
-        named = name_items(d)
-        if key in named:
-            return named[key]
-        raise KeyError(key)
+        named = {} if has(config, key) else name_items(d)
+        return named[key] if key in named else dotted(config, key)
     inputs = config.get("io", {}).get("inputs") or []
     if not inputs:
         raise KeyError(f"{key} (the member has no input)")
