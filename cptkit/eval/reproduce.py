@@ -34,6 +34,9 @@ Several metrics: ``metrics: {name: {file, path, label, ...}}`` (``compare`` item
 (``metrics.jsonl``'s final held-out losses: ``event: eval``); ``reduce: mean | max | min`` reduces
 a mapping at ``path`` over its values (``keys``: only these; ``prefix``: only keys starting so);
 ``digits``: decimals in the table (default 4).
+An axis or seed key that the member's config lacks is read from the member directory's name when
+it has Hydra's override_dirname form (``method=rm3,keyword=text-processing``: ``axis: method``,
+``seed: keyword``; cptkit's own ``-m`` members without a ``{key}`` in ``--out`` are named so).
 An axis or seed key ``input:KEY`` is read from the config of the member's first input (a train
 run's stream: ``input:mix.replay.share``); ``config: {file, path}`` reads the member's config from
 another file than ``_manifest.json`` (an upstream step's config that a metric's writer recorded).
@@ -197,9 +200,30 @@ def velocity_metric(first: dict[str, Any], last: Mapping[str, float], targets: M
     return max(v.values()) - min(v.values()) if how == "velocity_spread" else max(v.values())
 
 
+def name_items(d: Path) -> dict[str, Any]:
+    """The ``KEY=VALUE`` items of a member directory's name in Hydra's override_dirname form
+    (``method=rm3,keyword=text-processing``; a value is a number when it reads as one)."""
+    out: dict[str, Any] = {}
+    for item in d.name.split(","):
+        key, eq, value = item.partition("=")
+        if eq and key:
+            out[key] = _scalar(value)
+    return out
+
+
+def _scalar(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
 def member_config(d: Path, key: str, config: dict[str, Any]) -> Any:
-    """``key`` of a member's config; of its first input's config for ``input:KEY``; for ``dir:REGEX``,
-    the regex's first group in the member directory's name (a number when it reads as one)."""
+    """``key`` of a member's config, else of its directory's name (``KEY=VALUE`` items, :func:`name_items`);
+    of its first input's config for ``input:KEY``; for ``dir:REGEX``, the regex's first group in the
+    member directory's name (a number when it reads as one)."""
     if key.startswith("dir:"):
         m = re.search(key.removeprefix("dir:"), d.name)
         if not m:
@@ -208,7 +232,8 @@ def member_config(d: Path, key: str, config: dict[str, Any]) -> Any:
 
         return yaml.safe_load(m.group(1))
     if not key.startswith("input:"):
-        return dotted(config, key)
+        named = {} if has(config, key) else name_items(d)
+        return named[key] if key in named else dotted(config, key)
     inputs = config.get("io", {}).get("inputs") or []
     if not inputs:
         raise KeyError(f"{key} (the member has no input)")

@@ -4,6 +4,10 @@
 --labels conf/reproduce/relevance_stem.yaml [--budget B]`` writes ``DIR/_relevance.json`` into each
 ``cptkit retrieve`` output (atomically; the corpus is read once for all of them).
 
+``--topics conf/reproduce/topics_v2.yaml --topic KEYWORD`` (one ``--topic`` per ``--retrieved``, in
+order) scores each retrieve output against its own topic's rules instead of one ``--labels`` file
+(:func:`load_topics`; the corpus is still read once).
+
 Labels are rules on where a corpus record was published (``source``, ``meta.package``, its ``url``:
 see conf/reproduce/relevance_stem.yaml), fixed before a sweep is run. For one retrieved set:
 
@@ -34,6 +38,7 @@ import fnmatch
 import hashlib
 import json
 import math
+import re
 import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -87,6 +92,51 @@ class Labels:
 
     def __call__(self, rec: dict[str, Any]) -> bool:
         return any(all(_matches(_field(rec, key), pats) for key, pats in rule) for rule in self.relevant)
+
+
+def slug(keyword: str) -> str:
+    """``keyword`` in lower case, every run of characters other than a-z and 0-9 one ``-``."""
+    return re.sub(r"[^a-z0-9]+", "-", keyword.lower()).strip("-")
+
+
+@dataclass(frozen=True)
+class Topic:
+    """A keyword and its relevant set (one replicate of a claim whose ``seed`` is the keyword)."""
+
+    keyword: str
+    slug: str
+    labels: Labels
+    source: str = ""
+
+    @property
+    def seed_id(self) -> str:
+        return f"kw-{self.slug}"
+
+
+def load_topics(path: Path) -> list[Topic]:
+    """The topics of a topics file (conf/reproduce/topics_v2.yaml: ``topics: [{keyword, source,
+    relevant: [rules]}]``, each topic's rules as a labels file's); slugs must differ."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise CptkitError(f"{path}: {e}") from None
+    items = doc.get("topics") if isinstance(doc, dict) else None
+    if not isinstance(items, list) or not items:
+        raise CptkitError(f"{path}: needs `topics:`, a non-empty list of {{keyword, relevant}}")
+    topics: list[Topic] = []
+    seen: dict[str, str] = {}
+    for i, t in enumerate(items):
+        kw = t.get("keyword") if isinstance(t, dict) else None
+        if not isinstance(kw, str) or not slug(kw):
+            raise CptkitError(f"{path}: topics[{i}] needs a `keyword` with a letter or digit")
+        if slug(kw) in seen:
+            raise CptkitError(f"{path}: keywords {seen[slug(kw)]!r} and {kw!r} have the same slug {slug(kw)!r}")
+        seen[slug(kw)] = kw
+        labels = Labels.from_dict({**t, "name": kw}, f"{path}: topic {kw!r}")
+        topics.append(Topic(kw, slug(kw), labels, str(t.get("source", ""))))
+    return topics
 
 
 def _field(rec: dict[str, Any], key: str) -> Any:
@@ -157,12 +207,19 @@ def read_run(path: Path) -> list[tuple[str, str, int]]:
 
 def corpus_labels(corpus: Sequence[str], labels: Labels) -> tuple[int, int, Counter]:
     """(documents, relevant documents, relevant per meta.package) of the corpus."""
-    n, per = 0, Counter()
+    n, per = corpus_labels_many(corpus, {labels.name: labels})
+    return n, sum(per[labels.name].values()), per[labels.name]
+
+
+def corpus_labels_many(corpus: Sequence[str], labels: dict[str, Labels]) -> tuple[int, dict[str, Counter]]:
+    """(documents, {name: relevant per meta.package}) of the corpus for several label sets, read once."""
+    n, per = 0, {k: Counter() for k in labels}
     for rec in iter_records(resolve_inputs(list(corpus))):
         n += 1
-        if labels(rec):
-            per[str(_field(rec, "meta.package") or rec.get("source"))] += 1
-    return n, sum(per.values()), per
+        for k, lab in labels.items():
+            if lab(rec):
+                per[k][str(_field(rec, "meta.package") or rec.get("source"))] += 1
+    return n, per
 
 
 def _queries_of(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -213,7 +270,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="a finished `cptkit retrieve` output (repeatable); its _relevance.json is written")
     p.add_argument("--corpus", action="append", required=True,
                    help="the corpus retrieved from (file, directory, glob; repeatable): the relevant total")
-    p.add_argument("--labels", type=Path, required=True, help="the relevance rules (YAML)")
+    p.add_argument("--labels", type=Path, default=None, help="the relevance rules (YAML)")
+    p.add_argument("--topics", type=Path, default=None,
+                   help="instead of --labels: a topics file (conf/reproduce/topics_v2.yaml), each topic its own rules")
+    p.add_argument("--topic", action="append", default=[],
+                   help="with --topics: the keyword (or its slug) of each --retrieved, in the same order")
     p.add_argument("--budget", type=int, default=None,
                    help="also score the first B documents taken round-robin by rank (a fixed budget)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
@@ -225,13 +286,28 @@ def main(argv: list[str] | None = None) -> int:
             raise CptkitError("--out takes one --retrieved")
         if a.budget is not None and a.budget < 1:
             raise CptkitError(f"--budget {a.budget}: must be >= 1")
-        labels = Labels.load(a.labels)
-        n, rel, per = corpus_labels(a.corpus, labels)
-        digest = hashlib.sha256(a.labels.read_bytes()).hexdigest()[:16]
-        for d in a.retrieved:
-            res = evaluate(d, labels, n, rel, a.budget, a.seed)
-            res["labels"] = {"name": labels.name, "file": str(a.labels), "sha256": digest,
-                             "relevant_by_package": dict(per.most_common())}
+        if (a.labels is None) == (a.topics is None):
+            raise CptkitError("give --labels FILE, or --topics FILE with a --topic per --retrieved")
+        rules_file = a.labels or a.topics
+        if a.topics is not None:
+            if len(a.topic) != len(a.retrieved):
+                raise CptkitError(f"--topics: {len(a.topic)} --topic for {len(a.retrieved)} --retrieved (one each)")
+            known = {k: t.labels for t in load_topics(a.topics) for k in (t.keyword, t.slug)}
+            unknown = [t for t in a.topic if t not in known]
+            if unknown:
+                raise CptkitError(f"--topic {unknown[0]!r} is not a keyword of {a.topics}")
+            wanted = {known[t].name: known[t] for t in a.topic}
+            names = [known[t].name for t in a.topic]
+        else:
+            labels = Labels.load(a.labels)
+            wanted, names = {labels.name: labels}, [labels.name] * len(a.retrieved)
+        n, per = corpus_labels_many(a.corpus, wanted)
+        digest = hashlib.sha256(rules_file.read_bytes()).hexdigest()[:16]
+        for d, name in zip(a.retrieved, names, strict=True):
+            rel = sum(per[name].values())
+            res = evaluate(d, wanted[name], n, rel, a.budget, a.seed)
+            res["labels"] = {"name": name, "file": str(rules_file), "sha256": digest,
+                             "relevant_by_package": dict(per[name].most_common())}
             atomic_write_json(a.out or d / RELEVANCE, res)
             view = res.get("budget", res["all"])
             print(f"{d}: precision {view['precision']:.4f} recall {view['recall']:.4f} "
