@@ -205,7 +205,8 @@ def _tost_verdict(e: Effect, diffs: Sequence[float], margin: float, alpha: float
     df = len(diffs) - 1
     p_zero = 2.0 * (1.0 - t_cdf(abs(e.mean) / e.se, df)) if e.se > 0 else 0.0
     if p_zero < alpha and abs(e.mean) > margin:
-        return replace(e, verdict=CONTRADICTS, reason=f"a real effect beyond ±{margin:g} (t test p = {p_zero:.3f})")
+        return replace(e, verdict=CONTRADICTS, reason=(f"nonzero (t test against 0: p = {p_zero:.3f}, "
+                                                            f"not Holm-adjusted) with its estimate beyond ±{margin:g}"))
     return replace(e, verdict=INCONCLUSIVE)
 
 
