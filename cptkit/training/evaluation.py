@@ -148,9 +148,9 @@ class EvalPoints:
         self.tasks = load_eval_tasks(tcfg.eval_tasks) if tcfg.eval_every and tcfg.eval_tasks else []
         self.init_cache = InitEvalCache(init_eval_key(spec, self.records) if self.records else None)
         # the eval points also score train.eval_extra (a probe, outside text); the mixture and the proxy never do
-        self.point_records = self.records + extra_records(tcfg.eval_extra, set(stream.domains))
-        self.point_cache = (InitEvalCache(init_eval_key(spec, self.point_records)) if self.point_records != self.records
-                            else self.init_cache)
+        extra = extra_records(tcfg.eval_extra, set(stream.domains))
+        self.point_records = self.records + extra
+        self.point_cache = InitEvalCache(init_eval_key(spec, self.point_records)) if extra else self.init_cache
         if controller.dynamic or spec.proxy or tcfg.eval_every > 0:
             have = {r["domain"] for r in self.records}
             missing = [d for d in stream.domains if d not in have]
