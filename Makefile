@@ -171,7 +171,11 @@ MIX         ?= mix=demo_smollm2 mix.budget_tokens=4e4 mix.eval_docs=64
 # 2 x 256 tokens, and every model is scored on 64 documents per group, 64 tokens each (docs/cpt.md, budgets).
 CPT_STEPS   ?= 10
 TM_STEPS    ?= $(shell awk 'BEGIN { printf "%d", $(CPT_STEPS) * (1 - $(REPLAY)) + 0.5 }')
-B0_STEPS    ?= 96  # 64 did not level off on 2 cores (fell 0.037 over its last third; docs/cpt.md)
+B0_STEPS    ?= 64  # levelled on 2 cores: fell at 0.0086 nats per 5,120 tokens over its last third (docs/cpt.md)
+# B0 has levelled off when, at the rate its held-out loss fell over its last third, one arm's tokens
+# (ARM_TOKENS: CPT_STEPS x 2 x 256) would lower it by less than B0_FLAT, half the claims' minimum effect
+ARM_TOKENS  ?= $(shell expr $(CPT_STEPS) \* 512)
+B0_FLAT     ?= 0.01
 B0_TEXT     ?= $(DATA)/b0_text
 OUTSIDE     ?= $(DATA)/outside
 PROBE_DOCS  ?= 64
@@ -197,7 +201,8 @@ $(OUTSIDE)/_SUCCESS: | $(VENV)/.installed
 $(XP)/b0_stream/_SUCCESS: $(B0_TEXT)/_SUCCESS
 	$(CPTKIT) build-mix --in $(B0_TEXT) --out $(@D) $(B0_MIX) tokenizer=$(TOKENIZER) seed=0 -q
 $(XP)/b0.json: $(XP)/b0_stream/_SUCCESS
-	$(BIN)/python -m cptkit.training.b0 --base $(BASE_MODEL) --stream $(<D) --link $(XP)/b0 -- $(B0_ARGS) -q
+	$(BIN)/python -m cptkit.training.b0 --base $(BASE_MODEL) --stream $(<D) --link $(XP)/b0 \
+	    --horizon $(ARM_TOKENS) --flat $(B0_FLAT) -- $(B0_ARGS) -q
 $(XP)/probe.jsonl: $(XP)/b0.json
 	$(BIN)/python -m cptkit.eval.probe --model $(B0) --out $@ --docs $(PROBE_DOCS) --tokens $(PROBE_TOKENS) \
 	    --seed 0 --threads 2

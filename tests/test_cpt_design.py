@@ -24,6 +24,30 @@ def _marked(d: Path, records: list[dict]) -> None:
     (d / "_SUCCESS").write_text("")
 
 
+# B0's held-out curve on 2 CPU cores, 96 steps of 4 x 256 tokens (docs/cpt.md, 2026-11-28): tokens, loss
+B0_RUN1 = [(0, 4.555), (8192, 4.3564), (16384, 4.1409), (24576, 4.0834), (32768, 4.0265), (40960, 3.9985),
+           (49152, 3.9836), (57344, 3.9628), (65536, 3.9573), (73728, 3.9423), (81920, 3.9286), (90112, 3.9163),
+           (98304, 3.9084)]
+
+
+def test_levelled_reads_the_rate_over_the_last_third_carried_over_one_arm():
+    t, x = [float(a) for a, _ in B0_RUN1], [b for _, b in B0_RUN1]
+    full = levelled(t, x, 0.01, 5120)  # last third: 65,536 -> 98,304, fell 0.0489
+    assert full["from_tokens"] == 65536 and full["fall"] == pytest.approx(0.0489)
+    assert full["drift"] == pytest.approx(0.0489 / 32768 * 5120) and full["levelled"]
+    at64 = levelled(t[:9], x[:9], 0.01, 5120)  # 40,960 -> 65,536: 0.0412 over 24,576 tokens
+    assert at64["drift"] == pytest.approx(0.0412 / 24576 * 5120) and at64["levelled"]
+    at48 = levelled(t[:7], x[:7], 0.01, 5120)  # 32,768 -> 49,152: 0.0429 over 16,384 tokens, 0.0134 per arm
+    assert at48["drift"] == pytest.approx(0.0429 / 16384 * 5120) and not at48["levelled"]
+    # a steady slope gives the same verdict at every length (the fall over the last third would grow)
+    line = [4.0 - 1e-6 * k * 8192 for k in range(40)]
+    grid = [k * 8192.0 for k in range(40)]
+    drifts = [levelled(grid[:n], line[:n], 0.01, 5120)["drift"] for n in (10, 25, 40)]
+    assert drifts == pytest.approx([1e-6 * 5120] * 3)
+    with pytest.raises(Exception, match="fewer than 3"):
+        levelled(t[:2], x[:2], 0.01, 5120)
+
+
 @pytest.mark.slow(minutes=8)
 def test_cpt_design_at_toy_size_through_make(corpus_records, tmp_path):
     model, _, _ = make_tiny(tmp_path / "tiny")
@@ -47,7 +71,7 @@ def test_cpt_design_at_toy_size_through_make(corpus_records, tmp_path):
     assert (xp / "b0").is_symlink() and Path(b0["path"]).parent == tmp_path / "cache" / "b0"
     # the levelling-off verdict is the pure function's on the recorded curve
     tokens, losses = [t for t, _ in b0["curve"]], [x for _, x in b0["curve"]]
-    assert len(tokens) >= 3 and {k: b0[k] for k in levelled(tokens, losses, 0.02)} == levelled(tokens, losses, 0.02)
+    assert len(tokens) >= 3 and {k: b0[k] for k in levelled(tokens, losses, 0.01, 512)} == levelled(tokens, losses, 0.01, 512)
     probe = [json.loads(x) for x in (xp / "probe.jsonl").read_text().splitlines()]
     assert len(probe) == 4 and {p["domain"] for p in probe} == {"probe"}
     # every arm started from B0: its manifest names B0's model, and the token-matched arm ran 0.8 x the steps

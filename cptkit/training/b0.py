@@ -11,8 +11,10 @@ that no evaluation set uses, so that every arm starts from B0 and every Δ is ag
 B0 is built once and cached by content, as the dequantized GGUF is: the key is the sha256 of the base
 model's files, the stream's files, the train overrides and the library versions, under ``$CPTKIT_CACHE/b0/KEY`` (a
 ``cptkit train`` output, resumable); ``--link`` points at it. The levelling-off check reads the run's
-held-out curve: B0 *has levelled off* when the loss fell by less than ``--flat`` nats per token over
-the last third of its tokens; the curve, the criterion and the verdict go to ``LINK.json`` and stderr.
+held-out curve: B0 *has levelled off* when its rate of fall over the last third of its tokens,
+carried over one arm's tokens (``--horizon``), is under ``--flat`` nats per token: continuing B0 for as
+long as an arm trains would move its loss by less than that, half the claims' minimum effect by default.
+The curve, the criterion and the verdict go to ``LINK.json`` and stderr.
 """
 
 from __future__ import annotations
@@ -49,16 +51,19 @@ def b0_key(base_files: str, stream: Path, overrides: list[str]) -> str:
     return hashlib.sha256(json.dumps([parts, sorted(overrides)]).encode()).hexdigest()[:20]
 
 
-def levelled(tokens: list[float], losses: list[float], flat: float) -> dict[str, Any]:
-    """Whether a held-out curve has levelled off: its fall over the last third of the tokens is under
-    ``flat`` nats per token. Pure: ``tokens`` ascending, one loss per point."""
+def levelled(tokens: list[float], losses: list[float], flat: float, horizon: float) -> dict[str, Any]:
+    """Whether a held-out curve has levelled off: its mean rate of fall over the last third of the tokens,
+    carried over ``horizon`` tokens, is under ``flat`` nats per token. Unlike the fall over the last third
+    itself, the rate does not grow with the run's length on a curve that keeps a slow steady component.
+    Pure: ``tokens`` ascending, one loss per point."""
     if len(tokens) < 3:
         raise CptkitError("B0's curve has fewer than 3 held-out points: evaluate more often (train.eval_every)")
     cut = tokens[-1] - (tokens[-1] - tokens[0]) / 3
     i = max(k for k, t in enumerate(tokens) if t <= cut)
     fall = losses[i] - losses[-1]
-    return {"from_tokens": tokens[i], "to_tokens": tokens[-1], "fall": fall, "flat": flat,
-            "levelled": fall < flat, "first": losses[0], "last": losses[-1]}
+    drift = fall / (tokens[-1] - tokens[i]) * horizon
+    return {"from_tokens": tokens[i], "to_tokens": tokens[-1], "fall": fall, "horizon": horizon,
+            "drift": drift, "flat": flat, "levelled": drift < flat, "first": losses[0], "last": losses[-1]}
 
 
 def curve(run: Path, group: str) -> tuple[list[float], list[float]]:
@@ -69,7 +74,8 @@ def curve(run: Path, group: str) -> tuple[list[float], list[float]]:
     return [float(tokens[k]) for k in range(len(pts))], [float(x) for x in pts]
 
 
-def build(base: str, stream: Path, link: Path, overrides: list[str], flat: float, group: str) -> dict[str, Any]:
+def build(base: str, stream: Path, link: Path, overrides: list[str], flat: float, horizon: float,
+          group: str) -> dict[str, Any]:
     """Train B0 into the content-keyed cache unless it is there, link it, and check its curve."""
     from cptkit.models.lm import spec_file  # deferred: torch/transformers
 
@@ -86,7 +92,7 @@ def build(base: str, stream: Path, link: Path, overrides: list[str], flat: float
     tokens, losses = curve(out, group)
     info = {"key": key, "path": str(out), "base": base, "stream": str(stream), "overrides": overrides,
             "group": group, "curve": [[t, x] for t, x in zip(tokens, losses, strict=True)],
-            **levelled(tokens, losses, flat)}
+            **levelled(tokens, losses, flat, horizon)}
     tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(out.resolve(), target_is_directory=True)
@@ -100,19 +106,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", required=True, help="the shipped model (smollm2, a .gguf or an HF folder)")
     p.add_argument("--stream", type=Path, required=True, help="a build-mix stream of general text")
     p.add_argument("--link", type=Path, required=True, help="the symlink to B0's train output")
-    p.add_argument("--flat", type=float, default=0.02, help="levelled: fell less than this over the last third")
+    p.add_argument("--flat", type=float, default=0.01,
+                   help="levelled: the last third's rate, over --horizon tokens, is under this (nats/token)")
+    p.add_argument("--horizon", type=float, default=5120, help="the tokens of one arm (default 10 x 2 x 256)")
     p.add_argument("--group", default="b0", help="the stream's held-out group whose curve is checked")
     p.add_argument("overrides", nargs="*", help="train overrides (after --)")
     a = p.parse_args(argv)
     try:
-        info = build(a.base, a.stream, a.link, a.overrides, a.flat, a.group)
+        info = build(a.base, a.stream, a.link, a.overrides, a.flat, a.horizon, a.group)
     except CptkitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     verdict = "levelled off" if info["levelled"] else "NOT levelled off: train longer (B0_STEPS)"
     print(f"B0 held-out loss {info['first']:.3f} -> {info['last']:.3f} nats/token; over its last third "
-          f"({info['from_tokens']:.0f} -> {info['to_tokens']:.0f} tokens) it fell {info['fall']:+.4f} "
-          f"(< {a.flat:g}: {verdict})", file=sys.stderr)
+          f"({info['from_tokens']:.0f} -> {info['to_tokens']:.0f} tokens) it fell {info['fall']:+.4f}, "
+          f"{info['drift']:+.4f} over {info['horizon']:.0f} tokens at that rate (< {a.flat:g}: {verdict})",
+          file=sys.stderr)
     return 0
 
 
