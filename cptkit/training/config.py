@@ -25,6 +25,7 @@ class ModelConfig:
     max_position: int = 0  # 0: the stream's seq_len
     seed: int = 0
     attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 (GPU)
+    tie_embeddings: bool = False  # tiny_llama: the output layer is the input embedding matrix (as in SmolLM2)
 
     def __post_init__(self) -> None:
         check(self.name in ("tiny_llama", "hf"), "name", self.name, "use tiny_llama or hf")
