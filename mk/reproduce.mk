@@ -119,6 +119,7 @@ $(R)/corruption: $(REPRO_DEPS) $(REPRO)/qa/_SUCCESS
 
 include mk/reproduce_expansion.mk
 include mk/reproduce_v2_expansion.mk
+include mk/reproduce_v2_small.mk
 
 docs/reproductions.md: $(EXP)/_SUCCESS $(addprefix $(R)/,$(REPRO_SWEEPS)) conf/reproduce/claims_v1.yaml conf/reproduce/preamble.md
 	$(BIN)/python -m cptkit.eval.reproduce conf/reproduce/claims_v1.yaml --root $(REPRO) --out $@ \
