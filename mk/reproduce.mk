@@ -118,6 +118,7 @@ $(R)/corruption: $(REPRO_DEPS) $(REPRO)/qa/_SUCCESS
 	@touch $@
 
 include mk/reproduce_expansion.mk
+include mk/reproduce_v2_b0.mk
 
 docs/reproductions.md: $(EXP)/_SUCCESS $(addprefix $(R)/,$(REPRO_SWEEPS)) conf/reproduce/claims_v1.yaml conf/reproduce/preamble.md
 	$(BIN)/python -m cptkit.eval.reproduce conf/reproduce/claims_v1.yaml --root $(REPRO) --out $@ \

@@ -48,6 +48,8 @@ MARGIN = "_margin.json"
 
 def read_pairs(path: Path) -> list[dict[str, Any]]:
     """The pairs of ``path`` (JSONL), each checked: a string ``clean`` and ``corrupted`` that differ."""
+    if not path.is_file():
+        raise CptkitError(f"{path}: no such file")
     pairs = read_jsonl(path)
     if not pairs:
         raise CptkitError(f"{path}: no pairs")
