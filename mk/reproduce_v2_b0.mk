@@ -143,7 +143,7 @@ V2_SYN_MIX      ?= mix=synthetic_v2
 V2S             := $(V2)/synthetic_work
 V2_CPT_TOKENS    = $(shell echo $$(( $(CPT_STEPS) * $(V2_STEP_TOKENS) )))
 v2_syn_weights   = $(if $(filter real0.2,$(1)),{domain:0.84$(comma)zh:0.16},$(shell awk 'BEGIN { x = $(patsubst syn%,%,$(1)); \
-                     printf "{synthetic:%g,domain:%g,zh:%g}", x, 0.8 * (1 - x), 0.2 * (1 - x) }'))
+                     s = (x > 0) ? "synthetic:" x "," : ""; printf "{%sdomain:%g,zh:%g}", s, 0.8 * (1 - x), 0.2 * (1 - x) }'))
 
 define v2_synthetic_seed
 $(V2S)/split_s$(1)/_split.json: $(DATA)/champ.jsonl | $(VENV)/.installed
@@ -163,7 +163,7 @@ define v2_synthetic_member
 $(V2S)/streams/$(1)_s$(2)/_SUCCESS: $(V2S)/qa_s$(2)/_SUCCESS $(DATA)/labelled/_SUCCESS $(CORPUS_DEP)
 	$(CPTKIT) build-mix --in $(V2S)/qa_s$(2) --in $(DATA)/labelled --in $(CORPUS) --out $$(@D) $(V2_SYN_MIX) \
 	    mix.budget_tokens=$$(V2_CPT_TOKENS) \
-	    'mix.stages=[{name:cpt,weights:$(call v2_syn_weights,$(1))}]' tokenizer=$(TOKENIZER) seed=$(2) -q
+	    'mix.stages=[{name:cpt,weights:$(V2_W_$(1))}]' tokenizer=$(TOKENIZER) seed=$(2) -q
 $(V2S)/runs/$(1)_s$(2)/_SUCCESS: $(V2S)/streams/$(1)_s$(2)/_SUCCESS $(XP)/b0.json
 	$(TRAIN) --in $$(<D) --out $$(@D) seed=$(2) train.max_steps=$(CPT_STEPS) train.mixture=staged $(V2_TRAIN_OFF) -q
 $(V2)/synthetic_share/$(1)_s$(2)/_SUCCESS: $(V2S)/runs/$(1)_s$(2)/_SUCCESS $(V2S)/answers_s$(2).jsonl $(XP)/probe.jsonl
@@ -172,6 +172,7 @@ $(V2)/synthetic_share/$(1)_s$(2)/_SUCCESS: $(V2S)/runs/$(1)_s$(2)/_SUCCESS $(V2S
 endef
 
 $(foreach s,$(REPRO_V2_SEEDS),$(eval $(call v2_synthetic_seed,$(s))))
+$(foreach a,$(V2_SYN_ARMS),$(eval V2_W_$(a) := $(call v2_syn_weights,$(a))))  # one awk per arm
 $(foreach a,$(V2_SYN_ARMS),$(foreach s,$(REPRO_V2_SEEDS),$(eval $(call v2_synthetic_member,$(a),$(s)))))
 V2_SYNTHETIC := $(foreach a,$(V2_SYN_ARMS),$(foreach s,$(REPRO_V2_SEEDS),$(V2)/synthetic_share/$(a)_s$(s)/_SUCCESS))
 
