@@ -117,9 +117,16 @@ $(R)/corruption: $(REPRO_DEPS) $(REPRO)/qa/_SUCCESS
 	      eval.ppl.max_tokens=256 eval.ppl.max_docs_per_group=16 -q || exit 1; done; done
 	@touch $@
 
+# The v2 sweeps (mk/reproduce_v2_*.mk) share where their members live and their seeds: REPRO_V2_SEEDS as a
+# Hydra list (0,1,2,3,4; a space-separated list works too), V2_SEED_LIST the same as make words.
+V2             := $(REPRO)/v2
+REPRO_V2_SEEDS ?= 0,1,2,3,4
+V2_SEED_LIST   := $(subst $(comma), ,$(REPRO_V2_SEEDS))
+
 include mk/reproduce_expansion.mk
 include mk/reproduce_v2_expansion.mk
 include mk/reproduce_v2_small.mk
+include mk/reproduce_v2_b0.mk
 
 docs/reproductions.md: $(EXP)/_SUCCESS $(addprefix $(R)/,$(REPRO_SWEEPS)) conf/reproduce/claims_v1.yaml conf/reproduce/preamble.md
 	$(BIN)/python -m cptkit.eval.reproduce conf/reproduce/claims_v1.yaml --root $(REPRO) --out $@ \

@@ -1,6 +1,6 @@
 # The v2 designs of three claims of conf/reproduce/claims.yaml (topic_ppl, velocitune, upsampling) on a
-# small model that is not almost all embeddings. Included by mk/reproduce.mk (REPRO, REPRO_M, CPTKIT,
-# comma and csv come from there and the Makefile).
+# small model that is not almost all embeddings. Included by mk/reproduce.mk (REPRO, REPRO_M, V2,
+# REPRO_V2_SEEDS, V2_SEED_LIST, CPTKIT, comma and csv come from there and the Makefile).
 #   make reproduce-topic_ppl-v2 reproduce-velocitune-v2 reproduce-upsampling-v2   (or reproduce-v2-small)
 #
 # v1's model (hidden 128, 2 layers) sat on SmolLM2's 49k vocabulary: 12.6M of its 13.1M parameters (96%)
@@ -30,8 +30,6 @@
 #   2 threads gave nothing: ~80 min.) REPRO_V2_STEPS and REPRO_V2_SEEDS scale it linearly.
 # Every output is a step output keyed by its inputs and config (a rerun skips what is finished).
 
-V2                  := $(REPRO)/v2
-REPRO_V2_SEEDS      ?= 0,1,2,3,4
 # steps of 4 x 256 tokens per member: a multiple of 10 (warmups, rounds and the tail are tenths of it)
 REPRO_V2_STEPS      ?= 100
 REPRO_V2_BASE_STEPS ?= 400
@@ -43,7 +41,6 @@ REPRO_V2_VT_DOCS    ?= 16
 REPRO_V2_THREADS    ?= 2
 REPRO_V2_MODEL      ?= model=tiny_llama model.hidden=256 model.layers=4 model.heads=4 model.tie_embeddings=true
 
-V2_SEED_LIST := $(subst $(comma), ,$(REPRO_V2_SEEDS))
 v2_calc       = $(shell echo $$(( $(1) )))
 # a tenth of the steps: the warmup, a controller round, Velocitune's interval; the last fifth: upsampling's
 # tail and every upsampling arm's decay
@@ -64,7 +61,7 @@ V2_TRAIN     := model=hf model.path=$(V2)/base/model train.micro_batch=4 train.l
 V2_CPT       := $(V2_TRAIN) train.max_steps=$(REPRO_V2_STEPS) train.warmup=$(V2_ROUND) \
                 train.velocitune.init_eval_docs=$(REPRO_V2_EVAL_DOCS)
 V2_CPT_EVAL  := $(V2_CPT) train.eval_every=$(REPRO_V2_STEPS)
-V2_M          = -q -m seed=$(REPRO_V2_SEEDS) $(REPRO_M)
+V2_M          = -q -m seed=$(call csv,$(V2_SEED_LIST)) $(REPRO_M)
 
 .PHONY: reproduce-v2-small reproduce-topic_ppl-v2 reproduce-velocitune-v2 reproduce-upsampling-v2
 reproduce-v2-small: reproduce-topic_ppl-v2 reproduce-velocitune-v2 reproduce-upsampling-v2
