@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from conftest import read_jsonl_dir, write_jsonl
 from cptkit.core.fingerprint import config_hash
 from cptkit.eval.reproduce import load_claims, measure, report
 from cptkit.eval.stats import NOT_TESTABLE, VERDICTS
+from cptkit.training.config import TrainJob
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(sys.executable).parent.parent
@@ -44,6 +46,8 @@ def _env(tmp_path: Path) -> dict[str, str]:
 def test_arm_label_keeps_old_identities_and_counts_when_set():
     cfg = {"step": "evaluate", "seed": 1, "eval": {"tasks": []}}
     assert config_hash({**cfg, "arm": None}) == config_hash(cfg) != config_hash({**cfg, "arm": "rp0.2"})
+    # one label for every step: train's is JobConfig's (mk/reproduce_v2_small.mk's arms), not a key of its own
+    assert "arm" in {f.name for f in fields(TrainJob)} and "arm" not in TrainJob.__annotations__
 
 
 def test_a_claim_that_needs_a_gpu_is_decided_when_made_on_one(tmp_path):

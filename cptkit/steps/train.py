@@ -38,7 +38,8 @@ from cptkit.training.loop import train
 from cptkit.training.state import RunSpec
 
 # keys added after runs were recorded without them: left out of the record at these defaults, so those runs
-# keep their identity (resume, manifest, model card)
+# keep their identity (resume, manifest, model card). `arm` is every step's label (JobConfig.arm; the config
+# hash leaves it out when unset): here it also stays off a train run's manifest and model card when unset.
 LATER_KEYS = {"arm": None, "model.tie_embeddings": False, "train.weights_from": None, "train.branch_from": None}
 
 

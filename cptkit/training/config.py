@@ -176,7 +176,6 @@ class TrainOptions:
 
 @dataclass
 class TrainJob(JobConfig):
-    arm: str | None = None  # the ablation arm this run is: a label in its manifest (cptkit.eval.reproduce's axis)
     tokenizer: str | None = None  # default: the stream's tokenizer
     trust_remote_code: bool = False  # let model.path / tokenizer folders run their own Python code (auto_map)
     model: ModelConfig = field(default_factory=ModelConfig)  # cptkit/training/config.py
