@@ -185,6 +185,25 @@ def test_partial_report_names_the_claims_not_run(tmp_path):
     assert "**not run yet:** claim later: no sweep member matches" in (tmp_path / "r.md").read_text()
 
 
+def test_a_claim_declared_not_testable_without_members_says_why_rather_than_not_run(tmp_path):
+    """The GPU's claim on a CPU (no members here): not testable, with its reason, partial or not; with --gpu
+    its members are needed like any claim's."""
+    plant(tmp_path, {0.1: [0.5, 0.52, 0.51], 0.2: [0.61, 0.62, 0.60]})
+    done = claim(compare=[{"a": 0.2, "b": 0.1, "expect": 1}])
+    gpu = claim(id="big", members="gpu/*", not_testable="needs a GPU: too big for 2 cores")
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump([done, gpu]))
+    want = [("c", HOLDS), ("big", NOT_TESTABLE)]
+    assert report(tmp_path / "claims.yaml", tmp_path / "r.md") == want
+    assert report(tmp_path / "claims.yaml", tmp_path / "r.md", partial=True) == want
+    text = (tmp_path / "r.md").read_text()
+    assert f"| big | {NOT_TESTABLE} |" in text and "Written with `--partial`" not in text
+    assert f"**Verdict: {NOT_TESTABLE}** (needs a GPU: too big for 2 cores); no member matches" in text
+    with pytest.raises(CptkitError, match="no sweep member matches"):
+        report(tmp_path / "claims.yaml", tmp_path / "r.md", gpu=True)
+    assert report(tmp_path / "claims.yaml", tmp_path / "r.md", partial=True, gpu=True) == [("c", HOLDS),
+                                                                                          ("big", "not run yet")]
+
+
 def test_dotted_indexes_lists():
     from cptkit.eval.reproduce import dotted
 
@@ -243,3 +262,4 @@ def test_v2_rule_primary_comparisons_holm_tost_contrast_and_not_testable(tmp_pat
     assert "**Verdict: not testable here** (needs a GPU: bench/gpu/reproduce.sh)." in text
     assert "**Control:** the control" in text and "**Why the measure could have failed:** because" in text
     assert "under the minimum effect 0.05" in text
+

@@ -14,6 +14,11 @@ made on one: bench/gpu/reproduce.sh). ``compare:`` items beside a primary are se
 alone, and never the verdict. A comparison is ``metric(a) − metric(b)`` or a ``contrast:
 {axis value: weight}`` (a peak at 0.2: ``{0.2: 2, 0.1: -1, 0.4: -1}``).
 
+Members that are not there: a claim declared ``not_testable`` with none (the GPU's claim on a CPU) is
+reported as *not testable here* with its reason; any other claim without finished members fails the
+report, or with ``--partial`` is reported as *not run yet* (why, and its command), so that a page can
+be written while sweeps are still to run.
+
 A claim in the YAML::
 
     - id: corruption
@@ -271,12 +276,17 @@ def member_point(d: Path, claim: Claim, root: Path | None = None,
 Points = dict[Any, dict[Any, dict[str, float]]]  # {axis value: {seed: {metric: value}}}
 
 
+def member_dirs(claim: Claim, root: Path) -> list[Path]:
+    """The directories the claim's ``members`` glob matches under ``root``, sorted."""
+    return sorted(Path(p) for p in glob.glob(str(root / claim.members)) if Path(p).is_dir())
+
+
 def collect(claim: Claim, root: Path, members: dict[tuple[Any, Any], Path] | None = None,
             files: dict[Path, Any] | None = None) -> Points:
     """``{axis value: {seed: {metric: value}}}`` over every member of the claim's sweep; ``members``
     (if given) receives each point's directory, ``files`` the parsed files (for the plots)."""
     files = {} if files is None else files
-    dirs = sorted(Path(p) for p in glob.glob(str(root / claim.members)) if Path(p).is_dir())
+    dirs = member_dirs(claim, root)
     if not dirs:
         raise CptkitError(f"claim {claim.id}: no sweep member matches {root / claim.members}: run `{claim.command}`")
     points: Points = {}
@@ -537,8 +547,10 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
            partial: bool = False, gpu: bool = False) -> list[tuple[str, str]]:
     """Write the report of every claim to ``out``; returns ``[(claim id, verdict)]``. ``partial``:
     a claim whose sweep is missing or unfinished is reported as not run (with why and its command)
-    instead of failing the report. ``gpu``: the members were made on a GPU, so a claim declared not
-    testable only because it ``needs a GPU`` is decided like the others."""
+    instead of failing the report. A claim declared ``not_testable`` whose members are not there (a GPU's
+    claim on a CPU) is reported as not testable here, with its reason, whether ``partial`` or not.
+    ``gpu``: the members were made on a GPU, so a claim declared not testable only because it ``needs a
+    GPU`` is decided like the others (and its missing members are then an error, or not run with ``partial``)."""
 
     claims = load_claims(claims_file)
     for c in claims:
@@ -549,6 +561,10 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
     measured: list[Measured | None] = []
     why: dict[int, str] = {}
     for i, claim in enumerate(claims):
+        if claim.not_testable and not member_dirs(claim, root):  # nothing to read, nothing to decide
+            measured.append(None)
+            why[i] = f"no member matches {root / claim.members} here"
+            continue
         try:
             measured.append(measure(claim, root))
         except CptkitError as e:
@@ -560,8 +576,11 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
     parts, verdicts = [], []
     for n, (claim, m, e) in enumerate(zip(claims, measured, primaries, strict=True), 1):
         if m is None:
-            text, verdict = (f"## {n}. {claim.title}\n\n> {claim.quote}\n> — {claim.source}\n\n"
-                             f"Sweep: `{claim.command}`\n\n**{NOT_RUN}:** {why[n - 1]}\n"), NOT_RUN
+            head = f"## {n}. {claim.title}\n\n> {claim.quote}\n> — {claim.source}\n\nSweep: `{claim.command}`\n\n"
+            if claim.not_testable:
+                text, verdict = head + f"**Verdict: {NOT_TESTABLE}** ({claim.not_testable}); {why[n - 1]}.\n", NOT_TESTABLE
+            else:
+                text, verdict = head + f"**{NOT_RUN}:** {why[n - 1]}\n", NOT_RUN
         else:
             text, verdict = section(n, m, e, figdir, out.parent)
         parts.append(text)
@@ -603,11 +622,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="text above the claims (default: date, machine and the run time of the outputs under --root)")
     p.add_argument("--partial", action="store_true", help="report a claim whose sweep is unfinished as not run")
     p.add_argument("--preamble", type=Path, default=None, help="markdown placed under the header (the set-up)")
+    p.add_argument("--outputs", type=Path, default=None,
+                   help="the folder whose step outputs the default header counts (default: --root)")
     p.add_argument("--gpu", default="", metavar="NAME",
                    help="the members were made on this GPU: claims not testable only for want of one are decided")
     a = p.parse_args(argv)
     root = a.root or a.claims.parent
-    header = describe(root, a.gpu) if a.header is None else a.header
+    header = describe(a.outputs or root, a.gpu) if a.header is None else a.header
     if a.preamble is not None:
         header = a.preamble.read_text(encoding="utf-8").strip() + "\n\n" + header
     try:
