@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -263,3 +264,28 @@ def test_v2_rule_primary_comparisons_holm_tost_contrast_and_not_testable(tmp_pat
     assert "**Control:** the control" in text and "**Why the measure could have failed:** because" in text
     assert "under the minimum effect 0.05" in text
 
+
+@pytest.mark.parametrize("seeds", ["0,1", "0 1"])  # REPRO_V2_SEEDS as a Hydra list or as make words
+def test_make_reproduce_runs_the_v2_sweeps_the_cpu_can_then_one_report(tmp_path, seeds):
+    """make -n reproduce: every v2 sweep of conf/reproduce/claims.yaml that 2 CPU cores run (expansion's 96
+    members, the small model's multiruns, corruption and replay per arm and seed), not the GPU's, none of v1;
+    then one report, docs/reproductions.md, from claims.yaml. make reproduce-v1 writes docs/reproductions_v1.md."""
+    def plan(target: str) -> str:
+        out = subprocess.run(["make", "-n", target, f"DATA={tmp_path}", f"REPRO={tmp_path}/r", f"REPRO_V2_SEEDS={seeds}"],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        return re.sub(r"\\\n\s*", " ", out)  # one command a line
+
+    out, v2 = plan("reproduce"), f"{tmp_path}/r/v2"
+    assert len(set(re.findall(rf"--out '{v2}/expansion/(method=[^']+)'", out))) == 96
+    small = re.findall(rf"--out '{v2}/(\w+)/\{{(?:train.mixture|arm)\}}_s\{{seed\}}'.* -m seed=0,1 ", out)
+    assert sorted(small) == ["topic_ppl"] * 2 + ["upsampling"] * 3 + ["velocitune"] * 2
+    members = set(re.findall(rf"--out {v2}/((?:corruption|replay)/\S+)", out))
+    assert members == {f"corruption/c{c}_s{s}" for c in ("0.0", "0.3", "0.7") for s in (0, 1)} | {
+        f"replay/{a}_s{s}" for a in ("rp0.0", "rp0.1", "rp0.2", "rp0.3", "tm0.2", "neutral") for s in (0, 1)}
+    assert "synthetic" not in out and "claims_v1" not in out and f"{tmp_path}/r/.done" not in out
+    last = out.strip().splitlines()[-1]
+    assert last.endswith(f"cptkit.eval.reproduce conf/reproduce/claims.yaml --root {tmp_path}/r --outputs {v2} "
+                         "--out docs/reproductions.md --preamble conf/reproduce/preamble.md")
+    v1 = plan("reproduce-v1")
+    assert "cptkit.eval.reproduce conf/reproduce/claims_v1.yaml" in v1 and "--out docs/reproductions_v1.md" in v1
+    assert f"{v2}/" not in v1
