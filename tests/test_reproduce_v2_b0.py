@@ -1,6 +1,7 @@
-"""The v2 B0 claims at toy size (mk/reproduce_v2_b0.mk, bench/gpu/reproduce.sh): the corruption claim
-through make from the domain split to the aggregator's verdict, with a tiny Llama standing in for B0;
-the GPU script's whole path in --toy mode; what the aggregator and the config hash do with the labels."""
+"""The v2 B0 claims at toy size (mk/reproduce_v2_b0.mk, bench/gpu/reproduce.sh), on one tree built once
+for the file: the GPU script's whole path in --toy mode; then the corruption claim through make from the
+domain split to the aggregator's verdict (two seeds), with a tiny Llama standing in for B0; what the
+aggregator and the config hash do with the labels."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import yaml
 from _eval_model import make_tiny
 from conftest import read_jsonl_dir, write_jsonl
 
+from cptkit.core.errors import CptkitError
 from cptkit.core.fingerprint import config_hash
 from cptkit.eval.reproduce import load_claims, measure, report
 from cptkit.eval.stats import NOT_TESTABLE, VERDICTS
@@ -24,7 +26,7 @@ from cptkit.training.config import TrainJob
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(sys.executable).parent.parent
 TOY_TRAIN = ("train.micro_batch=2 train.lr=1e-4 train.warmup=0 train.threads=1 train.precision=fp32 "
-             "train.eval_docs=2 train.eval_max_tokens=32")
+             "train.eval_docs=2 train.eval_max_tokens=32 train.plot=false train.tensorboard=false")
 
 
 def _marked(d: Path, records: list[dict]) -> None:
@@ -67,25 +69,67 @@ def test_a_claim_that_needs_a_gpu_is_decided_when_made_on_one(tmp_path):
     assert report(tmp_path / "claims.yaml", tmp_path / "r.md", gpu=True) == [("c", "holds")]
 
 
-@pytest.mark.slow(minutes=6)
-def test_corruption_claim_through_make_to_a_verdict(corpus_records, tmp_path):
-    data, repro = tmp_path / "data", tmp_path / "data" / "repro"
-    xp = data / "xp"
-    model = _b0(tmp_path, xp)
+# The sizes bench/gpu/reproduce.sh --toy gives make: the corruption sweep below runs on the tree the script
+# left with the same ones, so that the script's members are the sweep's (make finds them finished).
+TOY_SIZES = [f"TRAIN_ARGS={TOY_TRAIN}", "CPT_STEPS=2", "V2_CORRUPT_STEPS=2", "V2_STEP_TOKENS=128",
+             "V2_CORRUPT_MIX=mix=corrupt_v2 mix.seq_len=64", "V2_HELDOUT_DOCS=6", "V2_PAIRS=10", "V2_PAIR_RATIO=1.0",
+             "V2_MARGIN_ARGS=--threads 1"]
+SEEDS = ["0", "1"]  # the corruption sweep's: two, so that the claim is decided (1 df)
+
+
+@pytest.fixture(scope="module")
+def toy_tree(tmp_path_factory, corpus_records) -> dict:
+    """One toy tree for the file's make tests (built once): a tiny Llama where make expects B0, the domain,
+    the corpus, CHAMP-style problems and a probe; bench/gpu/reproduce.sh --toy on it (seed 0, one arm per
+    claim: its members and report kept as the script left them); then `make reproduce-corruption-v2` on the
+    same tree at ratios 0 and 0.7 for seeds 0 and 1 (seed 0's split, pairs and 0.7 member are the script's)."""
+    tmp = tmp_path_factory.mktemp("v2b0")
+    data = tmp / "data"
+    repro, xp = data / "repro_gpu", data / "repro_gpu" / "xp"
+    model = _b0(tmp, xp)
+    (xp / "probe.jsonl").write_text("".join(json.dumps({"id": f"probe-{i}", "text": t, "domain": "probe"}) + "\n"
+                                            for i, t in enumerate(["the license is free", "see the manual page"])))
     en = [r for r in corpus_records if r["lang"] == "en" and r["source"] in ("python-docs", "maxima-docs")]
+    zh = [r for r in corpus_records if r["lang"] == "zh"]
     _marked(data / "labelled", [{**r, "topic": "t"} for r in en[:60]])
-    seeds = ["0", "1"]
-    args = ["make", "--no-print-directory", "reproduce-corruption-v2", f"VENV={VENV}", f"-o{VENV}/.installed",
-            f"-o{data}/labelled/_SUCCESS", f"-o{xp}/b0.json", f"DATA={data}", f"REPRO={repro}", f"XP={xp}",
-            f"TOKENIZER={model}", f"REPRO_V2_SEEDS={' '.join(seeds)}", f"TRAIN_ARGS={TOY_TRAIN}", "CPT_STEPS=2",
-            "V2_STEP_TOKENS=128", "V2_CORRUPT_MIX=mix=corrupt_v2 mix.seq_len=64", "V2_HELDOUT_DOCS=6", "V2_PAIRS=10",
-            "V2_PAIR_RATIO=1.0", "V2_MARGIN_ARGS=--threads 1"]
-    r = subprocess.run(args, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=3600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    _marked(data / "corpus", en[:120] + zh[:20])
+    write_jsonl(data / "champ.jsonl", [{"id": f"p{i}", "text": f"Find x if {i}x + 1 = {2 * i + 1}.",
+                                         "problem": f"Find x if {i}x + 1 = {2 * i + 1}.",
+                                         "solution": f"Subtract 1 and divide by {i}: x = 2."} for i in range(1, 13)])
+    given = [f"{VENV}/.installed", f"{data}/labelled/_SUCCESS", f"{data}/corpus/_SUCCESS", f"{xp}/b0.json",
+             f"{xp}/probe.jsonl", f"{data}/champ.jsonl"]
+    env = {**_env(tmp), "DATA": str(data), "PYTHON": sys.executable,
+           "MAKE_ARGS": " ".join(f"-o {p}" for p in given) + f" VENV={VENV} TOKENIZER={model} --no-print-directory"}
+    script = subprocess.run(["bash", "bench/gpu/reproduce.sh", "--toy", str(model)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=3600)
+    v2 = repro / "v2"
+    after_script = {p.parent.relative_to(v2).as_posix() for p in v2.glob("*/*/_SUCCESS") if "_work" not in p.parts[-3]}
+    gpu_md = (v2 / "gpu.md").read_text() if (v2 / "gpu.md").exists() else ""
+    sweep = None
+    if script.returncode == 0:
+        args = ["make", "--no-print-directory", "reproduce-corruption-v2", f"VENV={VENV}", *(f"-o{p}" for p in given),
+                f"DATA={data}", f"REPRO={repro}", f"XP={xp}", f"TOKENIZER={model}", f"REPRO_V2_SEEDS={','.join(SEEDS)}",
+                "V2_RATIOS=0.0 0.7", *TOY_SIZES]
+        sweep = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+    return {"data": data, "repro": repro, "xp": xp, "script": script, "after_script": after_script, "gpu_md": gpu_md,
+            "sweep": sweep}
+
+
+def _ok(r: subprocess.CompletedProcess | None) -> None:
+    assert r is not None and r.returncode == 0, "" if r is None else r.stdout[-3000:] + r.stderr[-3000:]
+
+
+@pytest.mark.slow(minutes=3)
+def test_corruption_claim_through_make_to_a_verdict(toy_tree, tmp_path):
+    _ok(toy_tree["script"])
+    _ok(toy_tree["sweep"])
+    repro, xp = toy_tree["repro"], toy_tree["xp"]
     work = repro / "v2" / "corruption_work"
-    for s in seeds:
+    splits = {}
+    for s in SEEDS:
         split = json.loads((work / f"split_s{s}" / "_split.json").read_text())
         assert split["heldout"] and split["train"] and not set(split["heldout"]) & set(split["train"])
+        splits[s] = split
         pairs = [json.loads(x) for x in (work / f"pairs_s{s}.jsonl").read_text().splitlines()]
         assert len(pairs) == 10 and all(p["clean"] != p["corrupted"] and p["doc"] in split["heldout"] for p in pairs)
         train = {x["id"]: x["text"] for x in map(json.loads, (work / f"split_s{s}" / "train.jsonl").read_text().splitlines())}
@@ -96,49 +140,31 @@ def test_corruption_claim_through_make_to_a_verdict(corpus_records, tmp_path):
         assert man["config"]["corrupt"]["seed"] == int(s) and man["config"]["corrupt"]["ratio"] == 0.7
         run = json.loads((work / "runs" / f"c0.7_s{s}" / "_manifest.json").read_text())
         assert run["config"]["model"]["path"] == str(xp / "b0" / "model") and run["config"]["train"]["max_steps"] == 2
+    assert splits["0"]["heldout"] != splits["1"]["heldout"]  # a seed redraws the held-out documents
+    members = {p.parent.name for p in (repro / "v2" / "corruption").glob("*/_SUCCESS")}
+    assert members == {f"c{c}_s{s}" for c in ("0.0", "0.7") for s in SEEDS}  # REPRO_V2_SEEDS as a Hydra list
     # the aggregator reads the members with the claims' axis and seed; its paired differences are the margins'
     claims = {c.id: c for c in load_claims(ROOT / "conf/reproduce/claims.yaml")}
     margin = {(c, s): json.loads((repro / "v2" / "corruption" / f"c{c}_s{s}" / "_margin.json").read_text())["mean_margin"]
-              for c in ("0.0", "0.3", "0.7") for s in seeds}
+              for c in ("0.0", "0.7") for s in SEEDS}
     m = measure(claims["corruption_high"], repro)
-    assert m.primary == pytest.approx([margin[("0.0", s)] - margin[("0.7", s)] for s in seeds])
-    m = measure(claims["corruption_low"], repro)
-    assert m.primary == pytest.approx([margin[("0.3", s)] - margin[("0.0", s)] for s in seeds])
-    out = tmp_path / "v2.md"
-    r = subprocess.run([sys.executable, "-m", "cptkit.eval.reproduce", str(ROOT / "conf/reproduce/claims.yaml"),
-                        "--root", str(repro), "--out", str(out), "--partial"], cwd=ROOT, env=_env(tmp_path),
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    verdicts = dict(line.split(": ", 1) for line in r.stdout.splitlines())
-    for cid in ("corruption_low", "corruption_high"):  # two seeds: decided (1 df), whatever the toy numbers say
-        assert verdicts[cid] in VERDICTS and verdicts[cid] != NOT_TESTABLE, r.stdout
-    assert verdicts["replay"] == "not run yet"
+    assert m.primary == pytest.approx([margin[("0.0", s)] - margin[("0.7", s)] for s in SEEDS])
+    with pytest.raises(CptkitError, match=r"no member with axis value 0.3 \(have \[0.0, 0.7\]\)"):
+        measure(claims["corruption_low"], repro)  # ratio 0.3 is not in this toy sweep
+    verdicts = dict(report(ROOT / "conf/reproduce/claims.yaml", tmp_path / "v2.md", repro, partial=True))
+    assert verdicts["corruption_high"] in VERDICTS and verdicts["corruption_high"] != NOT_TESTABLE  # 2 seeds: decided
+    text = (tmp_path / "v2.md").read_text()
+    assert "| margin(0.0) − margin(0.7) | primary | > 0.05 |" in text and "paired t, 1 df" in text
+    assert verdicts["corruption_low"] == verdicts["replay"] == "not run yet"
+    assert verdicts["synthetic_share"] == NOT_TESTABLE  # its toy member is there; it still needs a GPU
 
 
 @pytest.mark.slow(minutes=3)
-def test_gpu_script_toy_mode_runs_every_claim_path(corpus_records, tmp_path):
-    data = tmp_path / "data"
-    repro, xp = data / "repro_gpu", data / "repro_gpu" / "xp"
-    model = _b0(tmp_path, xp)
-    (xp / "probe.jsonl").write_text("".join(json.dumps({"id": f"probe-{i}", "text": t, "domain": "probe"}) + "\n"
-                                            for i, t in enumerate(["the license is free", "see the manual page"])))
-    en = [r for r in corpus_records if r["lang"] == "en" and r["source"] in ("python-docs", "maxima-docs")]
-    zh = [r for r in corpus_records if r["lang"] == "zh"]
-    _marked(data / "labelled", [{**r, "topic": "t"} for r in en[:60]])
-    _marked(data / "corpus", en[:120] + zh[:20])
-    write_jsonl(data / "champ.jsonl", [{"id": f"p{i}", "text": f"Find x if {i}x + 1 = {2 * i + 1}.",
-                                         "problem": f"Find x if {i}x + 1 = {2 * i + 1}.",
-                                         "solution": f"Subtract 1 and divide by {i}: x = 2."} for i in range(1, 13)])
-    old = " ".join(f"-o {p}" for p in (f"{VENV}/.installed", f"{data}/labelled/_SUCCESS", f"{data}/corpus/_SUCCESS",
-                                       f"{xp}/b0.json", f"{xp}/probe.jsonl", f"{data}/champ.jsonl"))
-    env = {**_env(tmp_path), "DATA": str(data), "MAKE_ARGS": f"{old} VENV={VENV} TOKENIZER={model} --no-print-directory",
-           "PYTHON": sys.executable}
-    r = subprocess.run(["bash", "bench/gpu/reproduce.sh", "--toy", str(model)], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=3600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    v2 = repro / "v2"
-    members = {p.parent.relative_to(v2).as_posix() for p in v2.glob("*/*/_SUCCESS") if "_work" not in p.parts[-3]}
-    assert members == {"corruption/c0.7_s0", "replay/rp0.2_s0", "synthetic_share/syn0.2_s0"}  # one arm per claim
+def test_gpu_script_toy_mode_runs_every_claim_path(toy_tree):
+    _ok(toy_tree["script"])
+    v2 = toy_tree["repro"] / "v2"
+    # one arm per claim
+    assert toy_tree["after_script"] == {"corruption/c0.7_s0", "replay/rp0.2_s0", "synthetic_share/syn0.2_s0"}
     pairs = [json.loads(x) for x in (v2 / "corruption_work" / "pairs_s0.jsonl").read_text().splitlines()]
     assert len(pairs) == 10 and all(p["clean"] != p["corrupted"] for p in pairs)
     res = json.loads((v2 / "synthetic_share" / "syn0.2_s0" / "_results.json").read_text())
@@ -149,7 +175,7 @@ def test_gpu_script_toy_mode_runs_every_claim_path(corpus_records, tmp_path):
     assert man["config"]["arm"] == "rp0.2" and man["config"]["seed"] == 0
     stream = json.loads((v2 / "replay_work" / "streams" / "rp0.2_s0" / "_manifest.json").read_text())
     assert stream["config"]["mix"]["replay"]["share"] == 0.2
-    text = (v2 / "gpu.md").read_text()
+    text = toy_tree["gpu_md"]
     # the aggregator read every member with its claim's axis; one arm per claim decides nothing
     assert f"| synthetic_share | {NOT_TESTABLE} |" in text  # no GPU here: still "needs a GPU"
     for cid in ("corruption_low", "corruption_high", "replay"):

@@ -31,7 +31,7 @@ CORRUPT_ARGS=${CORRUPT_ARGS:-}
 if [ "$TOY" = 1 ]; then  # CPU, fp32, one seed, one arm per claim: proves the path (~90 s of CPU), decides nothing
   SEEDS=${SEEDS:-0}; JOBS=${JOBS:-1}
   TRAIN="train.micro_batch=2 train.lr=1e-4 train.warmup=0 train.threads=1 train.precision=fp32 train.eval_docs=2 \
-train.eval_max_tokens=32"
+train.eval_max_tokens=32 train.plot=false train.tensorboard=false"
   SIZES=(CPT_STEPS=2 B0_STEPS=4 V2_CORRUPT_STEPS=2 V2_STEP_TOKENS=128 "TRAIN_ARGS=$TRAIN"
     "B0_ARGS=$TRAIN train.eval_every=1 train.max_steps=4 seed=0" "B0_MIX=mix=b0 mix.budget_tokens=1024 mix.seq_len=64 mix.eval_docs=2"
     "MIX=mix=demo_smollm2 mix.budget_tokens=2048 mix.seq_len=64 mix.eval_docs=4 mix.max_docs=40"
