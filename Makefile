@@ -17,7 +17,9 @@ help:
 	@echo "make demo      build the demo corpus, run the pipeline on it, continue SmolLM2-135M (1 seed)"
 	@echo "make b0        the re-adapted base B0 that every CPT arm starts from (cached by content)"
 	@echo "make cpt-experiment  the CPT experiment with 5 seeds: the claims of conf/cpt/claims.yaml decided"
-	@echo "make reproduce the papers' ablations (Hydra sweeps x 3 seeds) -> docs/reproductions.md"
+	@echo "make reproduce the papers' claims as pre-registered in conf/reproduce/claims.yaml (v2): every CPU sweep"
+	@echo "               (mk/reproduce.mk, ~3 h on 2 cores) -> docs/reproductions.md; the GPU's claim: bench/gpu/reproduce.sh"
+	@echo "make reproduce-v1  the superseded v1 designs (conf/reproduce/claims_v1.yaml) -> docs/reproductions_v1.md"
 	@echo "make bench     run every benchmark and rewrite docs/benchmarks.md"
 
 $(BIN)/python:

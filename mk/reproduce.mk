@@ -1,19 +1,37 @@
-# make reproduce: the four papers' ablations, each a Hydra multirun over the paper's axis x seeds
-# (sweep 1, query expansion, in mk/reproduce_expansion.mk; 2-7 below),
-# aggregated into docs/reproductions.md by cptkit.eval.reproduce (conf/reproduce/claims_v1.yaml holds
-# each claim's words, metric, comparisons and the verdict rule). Included by the Makefile.
-#
-# The model continued is a small Llama (hidden 128, 2 layers, SmolLM2's tokenizer) that a base
-# phase pre-trains on the corpus' general English (mix=repro_base, ~300k tokens): at ~1,000
-# tokens/s on 2 cores it gives each member 30 steps of 4 x 256 tokens in about half a minute,
-# where SmolLM2-135M (~80 tokens/s here) would take six minutes. The sweeps read a slice of the
-# demo corpus (REPRO_DOCS records per source), so that a stream builds in ~10 s.
-#   make reproduce                       every sweep, resuming finished members; then the report
-#   make reproduce-replay                one sweep (expansion replay topic_ppl velocitune upsampling synthetic corruption)
-#   make reproduce REPRO_SEEDS=0,1,2,3   more seeds
+# make reproduce: the papers' claims as the v2 designs pre-registered in conf/reproduce/claims.yaml test
+# them (each claim's words, its one primary comparison, control and minimum effect, the verdict rule of
+# cptkit.eval.stats), every sweep on 2 CPU cores, then the report docs/reproductions.md written by
+# cptkit.eval.reproduce from their members under $(REPRO)/v2. Included by the Makefile.
+#   sweep (target)            claims                              file                          CPU, 2 idle cores
+#   reproduce-expansion-v2    expansion                           mk/reproduce_v2_expansion.mk  ~5 min (measured)
+#   reproduce-v2-small        topic_ppl velocitune upsampling     mk/reproduce_v2_small.mk      ~60 min (estimated)
+#     (= reproduce-topic_ppl-v2 reproduce-velocitune-v2 reproduce-upsampling-v2)
+#   reproduce-corruption-v2   corruption_low corruption_high      mk/reproduce_v2_b0.mk         ~35 min (estimated)
+#   reproduce-replay-v2       replay                              mk/reproduce_v2_b0.mk         ~58 min (estimated)
+# synthetic_share needs a GPU: bench/gpu/reproduce.sh runs it (reproduce-synthetic-v2) and decides it in its
+# own report; on the CPU the page reports it "not testable here" with the claim's reason.
+# About 2 h 40 min of members; from a bare data/ add what they share with the CPT section (B0, its probe,
+# the data steps: ~30 min) and the BM25 index: about 3 h in all. The estimates are the files' own (from
+# toy-size timings, not a full run); under load, as on a shared machine, each is several times longer.
+#   make reproduce                       every v2 sweep above, resuming finished members; then the report
+#   make reproduce-report                the report from the members there now (--partial: a claim whose
+#                                        members are missing is "not run yet", with its command)
+#   make reproduce REPRO_V2_SEEDS=0,1,2  fewer seeds (any v2 sweep; each file lists its own sizes)
 #   make reproduce REPRO_LAUNCHER='hydra/launcher=submitit_slurm hydra.launcher.partition=P'
-#                                        every multirun as SLURM job arrays (tests/test_scaleout.py)
+#                                        the multiruns as SLURM job arrays (tests/test_scaleout.py)
 # Members are step outputs like any other: a rerun skips the finished ones, redoes the rest.
+#
+# make reproduce-v1: the v1 designs (conf/reproduce/claims_v1.yaml; superseded, kept runnable) and their
+# report docs/reproductions_v1.md. Each claim a Hydra multirun over the paper's axis x 3 seeds (sweep 1,
+# query expansion, in mk/reproduce_expansion.mk; 2-7 below). The model continued is a small Llama (hidden
+# 128, 2 layers, SmolLM2's tokenizer) that a base phase pre-trains on the corpus' general English
+# (mix=repro_base, ~300k tokens): at ~1,000 tokens/s on 2 cores it gives each member 30 steps of 4 x 256
+# tokens in about half a minute, where SmolLM2-135M (~80 tokens/s here) would take six minutes. The
+# sweeps read a slice of the demo corpus (REPRO_DOCS records per source; the v2 small-model sweeps learn
+# their tokenizer from it too), so that a stream builds in ~10 s.
+#   make reproduce-v1                    every v1 sweep, then docs/reproductions_v1.md
+#   make reproduce-replay                one v1 sweep (expansion replay topic_ppl velocitune upsampling synthetic corruption)
+#   make reproduce-v1 REPRO_SEEDS=0,1,2,3   more seeds
 REPRO        ?= $(DATA)/repro
 REPRO_SEEDS  ?= 0,1,2
 REPRO_LAUNCHER ?=
@@ -33,8 +51,7 @@ REPRO_MIXIN  := --in $(DATA)/labelled --in $(REPRO)/corpus tokenizer=smollm2
 REPRO_SWEEPS := replay topic_ppl velocitune upsampling synthetic corruption
 R            := $(REPRO)/.done
 
-.PHONY: reproduce $(addprefix reproduce-,$(REPRO_SWEEPS))
-reproduce: docs/reproductions.md
+.PHONY: reproduce reproduce-report reproduce-v1 $(addprefix reproduce-,$(REPRO_SWEEPS))
 $(foreach s,$(REPRO_SWEEPS),$(eval reproduce-$(s): $(R)/$(s)))
 
 $(REPRO)/corpus/_SUCCESS: | $(VENV)/.installed
@@ -117,9 +134,30 @@ $(R)/corruption: $(REPRO_DEPS) $(REPRO)/qa/_SUCCESS
 	      eval.ppl.max_tokens=256 eval.ppl.max_docs_per_group=16 -q || exit 1; done; done
 	@touch $@
 
+# The v2 sweeps (mk/reproduce_v2_*.mk) share where their members live and their seeds: REPRO_V2_SEEDS as a
+# Hydra list (0,1,2,3,4; a space-separated list works too), V2_SEED_LIST the same as make words.
+V2             := $(REPRO)/v2
+REPRO_V2_SEEDS ?= 0,1,2,3,4
+V2_SEED_LIST   := $(subst $(comma), ,$(REPRO_V2_SEEDS))
+
 include mk/reproduce_expansion.mk
 include mk/reproduce_v2_expansion.mk
+include mk/reproduce_v2_small.mk
+include mk/reproduce_v2_b0.mk
 
-docs/reproductions.md: $(EXP)/_SUCCESS $(addprefix $(R)/,$(REPRO_SWEEPS)) conf/reproduce/claims_v1.yaml conf/reproduce/preamble.md
-	$(BIN)/python -m cptkit.eval.reproduce conf/reproduce/claims_v1.yaml --root $(REPRO) --out $@ \
-	    --preamble conf/reproduce/preamble.md
+# The v2 report: every claim of conf/reproduce/claims.yaml, Holm over the primaries of all that ran.
+# Its prerequisites are the members of every claim the CPU tests; synthetic_share (needs a GPU, no members
+# here) is reported as not testable here, with its reason. The pages are committed, so they are written by
+# the phony targets, every time: as file targets, a checked-out page newer than its conf files would look up
+# to date, and make (.SECONDARY: every target is intermediate) would not make its missing members.
+REPRO_V2_CPU := $(V2E_RELEVANCE) $(V2_SMALL_MEMBERS) $(V2_CORRUPTION) $(V2_REPLAY)
+REPRO_REPORT  = $(BIN)/python -m cptkit.eval.reproduce conf/reproduce/claims.yaml --root $(REPRO) --outputs $(V2) \
+                --out docs/reproductions.md --preamble conf/reproduce/preamble.md
+reproduce: $(REPRO_V2_CPU) conf/reproduce/claims.yaml conf/reproduce/preamble.md
+	$(REPRO_REPORT)
+reproduce-report: | $(VENV)/.installed
+	$(REPRO_REPORT) --partial
+
+reproduce-v1: $(EXP)/_SUCCESS $(addprefix $(R)/,$(REPRO_SWEEPS)) conf/reproduce/claims_v1.yaml conf/reproduce/preamble_v1.md
+	$(BIN)/python -m cptkit.eval.reproduce conf/reproduce/claims_v1.yaml --root $(REPRO) --out docs/reproductions_v1.md \
+	    --preamble conf/reproduce/preamble_v1.md

@@ -11,7 +11,7 @@
 # EXP_BUDGET documents (taken round-robin by rank), the same for every member.
 #   $(REPRO)/expansion/queries/rR_sS      expand-queries (one Hydra multirun writes them all)
 #   $(REPRO)/expansion/retrieved/rR_sS    retrieve, and its _relevance.json
-#   docs/reproductions.md, claim 1        the report (make reproduce; conf/reproduce/claims_v1.yaml)
+#   docs/reproductions_v1.md, claim 1     the report (make reproduce-v1; conf/reproduce/claims_v1.yaml)
 # Resumes: a rerun redoes only what is missing. Finished multirun members are skipped by the step
 # itself (same config and inputs: "already complete"); the LLM cache ($(EXP)/_llm_cache) also
 # serves the first rounds of a member from the shorter members of its seed.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -185,6 +186,25 @@ def test_partial_report_names_the_claims_not_run(tmp_path):
     assert "**not run yet:** claim later: no sweep member matches" in (tmp_path / "r.md").read_text()
 
 
+def test_a_claim_declared_not_testable_without_members_says_why_rather_than_not_run(tmp_path):
+    """The GPU's claim on a CPU (no members here): not testable, with its reason, partial or not; with --gpu
+    its members are needed like any claim's."""
+    plant(tmp_path, {0.1: [0.5, 0.52, 0.51], 0.2: [0.61, 0.62, 0.60]})
+    done = claim(compare=[{"a": 0.2, "b": 0.1, "expect": 1}])
+    gpu = claim(id="big", members="gpu/*", not_testable="needs a GPU: too big for 2 cores")
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump([done, gpu]))
+    want = [("c", HOLDS), ("big", NOT_TESTABLE)]
+    assert report(tmp_path / "claims.yaml", tmp_path / "r.md") == want
+    assert report(tmp_path / "claims.yaml", tmp_path / "r.md", partial=True) == want
+    text = (tmp_path / "r.md").read_text()
+    assert f"| big | {NOT_TESTABLE} |" in text and "Written with `--partial`" not in text
+    assert f"**Verdict: {NOT_TESTABLE}** (needs a GPU: too big for 2 cores); no member matches" in text
+    with pytest.raises(CptkitError, match="no sweep member matches"):
+        report(tmp_path / "claims.yaml", tmp_path / "r.md", gpu=True)
+    assert report(tmp_path / "claims.yaml", tmp_path / "r.md", partial=True, gpu=True) == [("c", HOLDS),
+                                                                                          ("big", "not run yet")]
+
+
 def test_dotted_indexes_lists():
     from cptkit.eval.reproduce import dotted
 
@@ -243,3 +263,29 @@ def test_v2_rule_primary_comparisons_holm_tost_contrast_and_not_testable(tmp_pat
     assert "**Verdict: not testable here** (needs a GPU: bench/gpu/reproduce.sh)." in text
     assert "**Control:** the control" in text and "**Why the measure could have failed:** because" in text
     assert "under the minimum effect 0.05" in text
+
+
+@pytest.mark.parametrize("seeds", ["0,1", "0 1"])  # REPRO_V2_SEEDS as a Hydra list or as make words
+def test_make_reproduce_runs_the_v2_sweeps_the_cpu_can_then_one_report(tmp_path, seeds):
+    """make -n reproduce: every v2 sweep of conf/reproduce/claims.yaml that 2 CPU cores run (expansion's 96
+    members, the small model's multiruns, corruption and replay per arm and seed), not the GPU's, none of v1;
+    then one report, docs/reproductions.md, from claims.yaml. make reproduce-v1 writes docs/reproductions_v1.md."""
+    def plan(target: str) -> str:
+        out = subprocess.run(["make", "-n", target, f"DATA={tmp_path}", f"REPRO={tmp_path}/r", f"REPRO_V2_SEEDS={seeds}"],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        return re.sub(r"\\\n\s*", " ", out)  # one command a line
+
+    out, v2 = plan("reproduce"), f"{tmp_path}/r/v2"
+    assert len(set(re.findall(rf"--out '{v2}/expansion/(method=[^']+)'", out))) == 96
+    small = re.findall(rf"--out '{v2}/(\w+)/\{{(?:train.mixture|arm)\}}_s\{{seed\}}'.* -m seed=0,1 ", out)
+    assert sorted(small) == ["topic_ppl"] * 2 + ["upsampling"] * 3 + ["velocitune"] * 2
+    members = set(re.findall(rf"--out {v2}/((?:corruption|replay)/\S+)", out))
+    assert members == {f"corruption/c{c}_s{s}" for c in ("0.0", "0.3", "0.7") for s in (0, 1)} | {
+        f"replay/{a}_s{s}" for a in ("rp0.0", "rp0.1", "rp0.2", "rp0.3", "tm0.2", "neutral") for s in (0, 1)}
+    assert "synthetic" not in out and "claims_v1" not in out and f"{tmp_path}/r/.done" not in out
+    last = out.strip().splitlines()[-1]
+    assert last.endswith(f"cptkit.eval.reproduce conf/reproduce/claims.yaml --root {tmp_path}/r --outputs {v2} "
+                         "--out docs/reproductions.md --preamble conf/reproduce/preamble.md")
+    v1 = plan("reproduce-v1")
+    assert "cptkit.eval.reproduce conf/reproduce/claims_v1.yaml" in v1 and "--out docs/reproductions_v1.md" in v1
+    assert f"{v2}/" not in v1

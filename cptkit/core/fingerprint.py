@@ -166,8 +166,11 @@ IO_DEFAULTS = {"max_record_chars": IOConfig().max_record_chars, "oversize": IOCo
 
 
 def config_hash(cfg: dict) -> str:
-    """Hash of the config that determines the output (not I/O locations or verbosity)."""
+    """Hash of the config that determines the output (not I/O locations or verbosity). An ``arm``
+    label counts only when set: outputs written before the key existed keep their identity."""
     keep = {k: v for k, v in cfg.items() if k not in ("io", "quiet", "overrides")}
+    if keep.get("arm") is None:
+        keep.pop("arm", None)
     keep["shard"] = {k: v for k, v in cfg.get("shard", {}).items() if k not in ("index", "count")}
     io = cfg.get("io", {})
     for key in ("max_record_chars", "oversize"):  # they change what is read

@@ -9,9 +9,15 @@ implies and a verdict by the rule of :mod:`cptkit.eval.stats`, fixed before any 
 with a TOST margin) is a paired t test over seeds at n − 1 df, Holm-adjusted over the primary
 comparisons of every claim in the report; it *holds*, *contradicts*, is *inconclusive*, or is *not
 testable here* (one seed, a measure that cannot move, or a claim declared ``not_testable: WHY``,
-e.g. one that needs a GPU). ``compare:`` items beside a primary are secondary: shown, decided
+e.g. one that needs a GPU; ``--gpu NAME`` decides a claim that "needs a GPU" when its members were
+made on one: bench/gpu/reproduce.sh). ``compare:`` items beside a primary are secondary: shown, decided
 alone, and never the verdict. A comparison is ``metric(a) − metric(b)`` or a ``contrast:
 {axis value: weight}`` (a peak at 0.2: ``{0.2: 2, 0.1: -1, 0.4: -1}``).
+
+Members that are not there: a claim declared ``not_testable`` with none (the GPU's claim on a CPU) is
+reported as *not testable here* with its reason; any other claim without finished members fails the
+report, or with ``--partial`` is reported as *not run yet* (why, and its command), so that a page can
+be written while sweeps are still to run.
 
 A claim in the YAML::
 
@@ -270,12 +276,17 @@ def member_point(d: Path, claim: Claim, root: Path | None = None,
 Points = dict[Any, dict[Any, dict[str, float]]]  # {axis value: {seed: {metric: value}}}
 
 
+def member_dirs(claim: Claim, root: Path) -> list[Path]:
+    """The directories the claim's ``members`` glob matches under ``root``, sorted."""
+    return sorted(Path(p) for p in glob.glob(str(root / claim.members)) if Path(p).is_dir())
+
+
 def collect(claim: Claim, root: Path, members: dict[tuple[Any, Any], Path] | None = None,
             files: dict[Path, Any] | None = None) -> Points:
     """``{axis value: {seed: {metric: value}}}`` over every member of the claim's sweep; ``members``
     (if given) receives each point's directory, ``files`` the parsed files (for the plots)."""
     files = {} if files is None else files
-    dirs = sorted(Path(p) for p in glob.glob(str(root / claim.members)) if Path(p).is_dir())
+    dirs = member_dirs(claim, root)
     if not dirs:
         raise CptkitError(f"claim {claim.id}: no sweep member matches {root / claim.members}: run `{claim.command}`")
     points: Points = {}
@@ -529,18 +540,31 @@ def load_claims(path: Path) -> list[Claim]:
 NOT_RUN = "not run yet"
 
 
+NEEDS_GPU = "needs a GPU"
+
+
 def report(claims_file: Path, out: Path, root: Path | None = None, header: str = "",
-           partial: bool = False) -> list[tuple[str, str]]:
+           partial: bool = False, gpu: bool = False) -> list[tuple[str, str]]:
     """Write the report of every claim to ``out``; returns ``[(claim id, verdict)]``. ``partial``:
     a claim whose sweep is missing or unfinished is reported as not run (with why and its command)
-    instead of failing the report."""
+    instead of failing the report. A claim declared ``not_testable`` whose members are not there (a GPU's
+    claim on a CPU) is reported as not testable here, with its reason, whether ``partial`` or not.
+    ``gpu``: the members were made on a GPU, so a claim declared not testable only because it ``needs a
+    GPU`` is decided like the others (and its missing members are then an error, or not run with ``partial``)."""
 
     claims = load_claims(claims_file)
+    for c in claims:
+        if gpu and c.not_testable.startswith(NEEDS_GPU):
+            c.not_testable = ""
     root = root or claims_file.parent
     figdir = out.parent / out.stem
     measured: list[Measured | None] = []
     why: dict[int, str] = {}
     for i, claim in enumerate(claims):
+        if claim.not_testable and not member_dirs(claim, root):  # nothing to read, nothing to decide
+            measured.append(None)
+            why[i] = f"no member matches {root / claim.members} here"
+            continue
         try:
             measured.append(measure(claim, root))
         except CptkitError as e:
@@ -552,8 +576,11 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
     parts, verdicts = [], []
     for n, (claim, m, e) in enumerate(zip(claims, measured, primaries, strict=True), 1):
         if m is None:
-            text, verdict = (f"## {n}. {claim.title}\n\n> {claim.quote}\n> — {claim.source}\n\n"
-                             f"Sweep: `{claim.command}`\n\n**{NOT_RUN}:** {why[n - 1]}\n"), NOT_RUN
+            head = f"## {n}. {claim.title}\n\n> {claim.quote}\n> — {claim.source}\n\nSweep: `{claim.command}`\n\n"
+            if claim.not_testable:
+                text, verdict = head + f"**Verdict: {NOT_TESTABLE}** ({claim.not_testable}); {why[n - 1]}.\n", NOT_TESTABLE
+            else:
+                text, verdict = head + f"**{NOT_RUN}:** {why[n - 1]}\n", NOT_RUN
         else:
             text, verdict = section(n, m, e, figdir, out.parent)
         parts.append(text)
@@ -568,9 +595,9 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
     return verdicts
 
 
-def describe(root: Path) -> str:
-    """The report's header: date, machine, and the members' own run time summed (resumed runs count
-    their last run) over every step output under ``root``."""
+def describe(root: Path, gpu: str = "") -> str:
+    """The report's header: date, machine (``gpu``: the GPU's name, else "no GPU"), and the members' own
+    run time summed (resumed runs count their last run) over every step output under ``root``."""
     seconds, n = 0.0, 0
     for man in root.rglob("_manifest.json"):
         try:
@@ -581,7 +608,7 @@ def describe(root: Path) -> str:
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
     return (f"Written by `python -m cptkit.eval.reproduce` (the last step of `make reproduce`) on "
-            f"{time.strftime('%Y-%m-%d')}, on {os.cpu_count()} CPU cores ({cpu}), no GPU, from the {n} step outputs "
+            f"{time.strftime('%Y-%m-%d')}, on {os.cpu_count()} CPU cores ({cpu}), {gpu or 'no GPU'}, from the {n} step outputs "
             f"under `{root}` (corpus slice, base model, streams, members, evaluations), which took "
             f"{seconds / 60:.1f} minutes of their own run time in all.")
 
@@ -595,13 +622,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="text above the claims (default: date, machine and the run time of the outputs under --root)")
     p.add_argument("--partial", action="store_true", help="report a claim whose sweep is unfinished as not run")
     p.add_argument("--preamble", type=Path, default=None, help="markdown placed under the header (the set-up)")
+    p.add_argument("--outputs", type=Path, default=None,
+                   help="the folder whose step outputs the default header counts (default: --root)")
+    p.add_argument("--gpu", default="", metavar="NAME",
+                   help="the members were made on this GPU: claims not testable only for want of one are decided")
     a = p.parse_args(argv)
     root = a.root or a.claims.parent
-    header = describe(root) if a.header is None else a.header
+    header = describe(a.outputs or root, a.gpu) if a.header is None else a.header
     if a.preamble is not None:
         header = a.preamble.read_text(encoding="utf-8").strip() + "\n\n" + header
     try:
-        verdicts = report(a.claims, a.out, root, header, a.partial)
+        verdicts = report(a.claims, a.out, root, header, a.partial, gpu=bool(a.gpu))
     except CptkitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -5,6 +5,8 @@ eval losses at its interval and updates the weights with the pure functions of
 :mod:`cptkit.mixtures.rules`:
 
 * ``static``: each stage's weights in turn (default), or one mixture (``train.weights``).
+* ``static_avg``: one mixture at another run's time-averaged weights (its ``avg_weights.json``,
+  ``train.weights_from``): the control of a dynamic rule (Velocitune §3.4's "reweighted" ratios).
 * ``staged``: follows the stream's plan (stages, upsampling tail, curriculum) row by row.
 * ``topic_ppl``: Llama-3-SynE: every ``round_tokens``, ``topic_ppl_update`` on per-domain PPL
   (within each parent, e.g. topics within a language, so the language ratio stays fixed).
@@ -244,4 +246,4 @@ def domain_losses(model, tokenizer, records: list[dict], max_docs: int, max_toke
 
 
 # every train.mixture name: the static schedules, then the dynamic rules (or package.module:Class)
-MIXTURES = ("static", "staged", *CONTROLLERS.names())
+MIXTURES = ("static", "static_avg", "staged", *CONTROLLERS.names())

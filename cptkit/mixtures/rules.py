@@ -35,6 +35,8 @@ __all__ = [
     "epoch_weights",
     "predict_targets",
     "normalize",
+    "static_from_average",
+    "plan_average",
 ]
 
 
@@ -77,6 +79,29 @@ def normalize(weights: Mapping[str, float]) -> dict[str, float]:
     w = _weights(weights)
     total = sum(w.values())
     return {k: v / total for k, v in w.items()}
+
+
+def static_from_average(average: Mapping[str, float], domains: Sequence[str]) -> dict[str, float]:
+    """A static mixture at another run's time-averaged weights (its ``avg_weights.json``), over
+    ``domains`` (this run's stream): the same domains, none missing and none extra; normalised."""
+    return normalize(_aligned(domains, average, "the averaged weights"))
+
+
+def plan_average(stages: Sequence[tuple[int, Mapping[str, float]]]) -> dict[str, float]:
+    """The time-average of a staged plan, ``Σ_s n_s·w_s / Σ_s n_s`` over ``(n_s sequences, weights w_s)``:
+    one static mixture that draws every domain's planned tokens spread evenly over the run (domain
+    upsampling's control: the tail's domain tokens without their timing)."""
+    if not stages or sum(n for n, _ in stages) <= 0:
+        raise ValueError("plan_average: no stage has sequences")
+    doms = list(dict.fromkeys(d for _, w in stages for d in w))
+    total = float(sum(n for n, _ in stages))
+    out = dict.fromkeys(doms, 0.0)
+    for n, w in stages:
+        if n < 0:
+            raise ValueError(f"plan_average: a stage has {n} sequences")
+        for d, v in normalize(w).items():
+            out[d] += n * v / total
+    return normalize(out)
 
 
 def topic_ppl_update(proportions: Mapping[str, float], prev_ppl: Mapping[str, float],

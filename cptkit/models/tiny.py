@@ -36,15 +36,16 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 512, out_dir: st
 
 
 def tiny_llama(tokenizer, hidden: int = 64, layers: int = 2, heads: int = 4, intermediate: int | None = None,
-               max_position: int = 512, seed: int = 0, kv_heads: int | None = None):
-    """A randomly initialised ``LlamaForCausalLM`` sized for ``tokenizer`` (deterministic in ``seed``)."""
+               max_position: int = 512, seed: int = 0, kv_heads: int | None = None, tie_embeddings: bool = False):
+    """A randomly initialised ``LlamaForCausalLM`` sized for ``tokenizer`` (deterministic in ``seed``);
+    ``tie_embeddings``: the output layer is the input embedding matrix."""
     from transformers import LlamaConfig, LlamaForCausalLM  # deferred: heavy
 
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate or 4 * hidden,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads or heads,
         max_position_embeddings=max_position, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=tie_embeddings,
     )
     gen = torch.random.get_rng_state()
     torch.manual_seed(seed)

@@ -43,6 +43,11 @@ class PplConfig:
     max_length: int = 1024  # tokens per scored window
     max_tokens: int | None = None  # cap on tokens scored per document
     text_field: str = "text"
+    groups: list[str] | None = None  # score only the records of these groups (null: every group)
+
+    def __post_init__(self) -> None:
+        check(self.groups is None or bool(self.group_by), "groups", self.groups,
+              "needs group_by (the field that names a record's group)")
 
 
 @dataclass
@@ -119,6 +124,9 @@ def perplexity(model: Any, tok: Any, records: Any, ec: Any) -> dict[str, Any]:
     from cptkit.models import scoring  # deferred: torch
 
     pc = ec.ppl
+    if pc.groups is not None:  # validated: group_by is set
+        keep = {str(g) for g in pc.groups}
+        records = (r for r in records if str(r.get(pc.group_by)) in keep)
     groups = scoring.group_losses(model, tok, records, pc.group_by, pc.max_docs_per_group, batch_size=ec.batch_size,
                                   max_length=pc.max_length, text_field=pc.text_field, max_tokens=pc.max_tokens,
                                   per_doc=True)

@@ -17,6 +17,7 @@ model and tokenizer, ``from_pretrained``-loadable, and its model card ``README.m
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import reduce
 from pathlib import Path
 
 import torch
@@ -25,15 +26,21 @@ from cptkit.core.errors import CptkitError
 from cptkit.core.job import Hooks, Job, Task
 from cptkit.core.run import Run
 from cptkit.core.step import IN, OUT, QUIET, step
+from cptkit.mixtures.factory import weights_file
 from cptkit.mixtures.stream import Stream
 from cptkit.models.lm import check_model, spec_file
 from cptkit.training.card import stream_record
-from cptkit.training.checkpoint import reopen_finished, run_identity
+from cptkit.training.checkpoint import branch_file, reopen_finished, run_identity
 from cptkit.training.config import TrainJob
 from cptkit.training.engine import init_distributed
 from cptkit.training.kernels import check_kernels
 from cptkit.training.loop import train
 from cptkit.training.state import RunSpec
+
+# keys added after runs were recorded without them: left out of the record at these defaults, so those runs
+# keep their identity (resume, manifest, model card). `arm` is every step's label (JobConfig.arm; the config
+# hash leaves it out when unset): here it also stays off a train run's manifest and model card when unset.
+LATER_KEYS = {"arm": None, "model.tie_embeddings": False, "train.weights_from": None, "train.branch_from": None}
 
 
 @step("train", TrainJob, options=(IN, OUT, QUIET), order=140)
@@ -54,6 +61,9 @@ def run(conf: TrainJob, ctx: Run) -> dict:
     ctx = ctx.recording("train.resume", False)  # resuming does not change what the run computes
     if not tcfg.callbacks:  # none of yours: the recorded config (hash, manifest, model card) as before the key
         ctx = ctx.without("train.callbacks")
+    for key, unset in LATER_KEYS.items():  # likewise the keys added later, at their defaults
+        if reduce(getattr, key.split("."), conf) == unset:
+            ctx = ctx.without(key)
     if tcfg.threads > 0:
         torch.set_num_threads(tcfg.threads)
 
@@ -64,7 +74,9 @@ def run(conf: TrainJob, ctx: Run) -> dict:
     if rank == 0:  # one process owns the output: its manifest, _SUCCESS and the run's identity
 
         reads = [conf.io.inputs[0], spec_file(conf.model.path), spec_file(conf.tokenizer or stream.tokenizer_spec()),
-                 tcfg.velocitune.targets_file, *tcfg.eval_extra]  # what the run read keys it
+                 tcfg.velocitune.targets_file, *tcfg.eval_extra,  # what the run read keys it
+                 str(weights_file(tcfg.weights_from)) if tcfg.weights_from else None,
+                 str(branch_file(tcfg.branch_from)) if tcfg.branch_from else None]
         data = {"data": stream_record(conf.io.inputs[0], stream.meta)}  # the model card shows the same
         job = Job(ctx, tasks=[Task(0, [], name="train")], needs_inputs=False, reads=reads,
                   hooks=Hooks(manifest_extra=lambda: data), identity=run_identity(ctx.record))

@@ -147,6 +147,49 @@ def check_resumable(ckdir: Path, engine_kind: str) -> str:
     return tag
 
 
+def branch_file(run_dir: str | Path) -> Path:
+    """The checkpoint a branch starts from: the last one of the run in ``run_dir`` (torch engine)."""
+    ckdir = Path(run_dir) / "checkpoints"
+    tag = latest_tag(ckdir) if ckdir.is_dir() else None
+    if tag is None:
+        raise CptkitError(f"train.branch_from={run_dir}: no checkpoint there (is the trunk run finished?)")
+    path = ckdir / tag / TORCH_STATE
+    if not path.exists():
+        raise CptkitError(f"train.branch_from={run_dir}: {ckdir / tag} is not a torch-engine checkpoint "
+                          "(branch from a run trained with train.engine=torch)")
+    return path
+
+
+def branch(engine: Engine, engine_kind: str, path: Path) -> tuple[int, dict[str, Any]]:
+    """Start ``engine`` from another run's checkpoint ``path``: its weights and the optimizer's state per
+    parameter (AdamW's moments and step counts, so no re-warming of the moments), while this run keeps its
+    own hyper-parameters and schedule. Returns the checkpoint's step and its client state (the sampler's)."""
+    if engine_kind != "torch":
+        raise CptkitError("train.branch_from needs the torch engine (train.engine=torch)")
+    state = load_torch(path.parent.parent, path.parent.name)
+    optimizer = engine.optimizer  # type: ignore[attr-defined]  # the torch engine's
+    try:
+        engine.module.load_state_dict(state["module"])
+        mine = optimizer.state_dict()
+        theirs = state["optimizer"]
+        if [len(g["params"]) for g in theirs["param_groups"]] != [len(g["params"]) for g in mine["param_groups"]]:
+            raise ValueError("its optimizer has other parameter groups")
+        optimizer.load_state_dict({"state": theirs["state"], "param_groups": mine["param_groups"]})
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise CptkitError(f"train.branch_from: {path} does not fit this model: {str(e).splitlines()[0]}") from None
+    return int(state.get("global_steps", 0)), state["client_state"]
+
+
+def same_stream(run_dir: str | Path, stream: str | Path) -> bool:
+    """Whether the run in ``run_dir`` trained on ``stream`` (by its manifest): a branch then continues
+    its data order instead of drawing the stream's first sequences again."""
+    try:
+        inputs = json.loads((Path(run_dir) / MANIFEST).read_text())["config"]["io"]["inputs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return bool(inputs) and os.path.realpath(inputs[0]) == os.path.realpath(stream)
+
+
 # --- the resume protocol ----------------------------------------------------------------------
 def run_identity(config: dict) -> str:
     """The hash that names a run in its output: its config without ``train.resume`` and ``train.max_steps``

@@ -25,6 +25,7 @@ class ModelConfig:
     max_position: int = 0  # 0: the stream's seq_len
     seed: int = 0
     attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 (GPU)
+    tie_embeddings: bool = False  # tiny_llama: the output layer is the input embedding matrix (as in SmolLM2)
 
     def __post_init__(self) -> None:
         check(self.name in ("tiny_llama", "hf"), "name", self.name, "use tiny_llama or hf")
@@ -78,8 +79,14 @@ class DBLConfig:
 
 @dataclass
 class TrainOptions:
-    mixture: str = "static"  # static | staged | topic_ppl | velocitune | dbl | package.module:Class (a Controller)
-    weights: Any = None  # static: null/stages (each stage's weights in turn), or one mixture: {domain: w}, tokens, uniform
+    mixture: str = "static"  # static | static_avg | staged | topic_ppl | velocitune | dbl | package.module:Class (a Controller)
+    # static: null/stages (each stage's weights in turn), or one mixture: {domain: w}, tokens, uniform, stage:NAME
+    # (a stage's weights), average (the stages' weights averaged over the plan: each domain's tokens spread evenly)
+    weights: Any = None
+    weights_from: str | None = None  # static_avg: a run's avg_weights.json (or its directory): one mixture at its weights
+    # a run's output directory: start from its last checkpoint's weights and AdamW state, on this run's own
+    # stream and schedule (a WSD decay branch off a constant-LR trunk: warmup=0, decay=all steps)
+    branch_from: str | None = None
     init_weights: Any = None  # dynamic start in each stage: {domain: w}, uniform, stage, tokens; null: per method
     controller_stages: Any = None  # stages a dynamic mixture acts in (null: all); the others keep their static weights
     micro_batch: int = 4
@@ -138,6 +145,8 @@ class TrainOptions:
 
         check(self.mixture in MIXTURES or ":" in self.mixture, "mixture", self.mixture,
               f"use one of {', '.join(MIXTURES)} or package.module:Class")
+        check((self.mixture == "static_avg") == bool(self.weights_from), "weights_from", self.weights_from,
+              "give it with train.mixture=static_avg (a run's avg_weights.json), and only then")
         for key, lo in (("micro_batch", 1), ("grad_accum", 1), ("max_steps", 0), ("save_every", 0), ("keep_last", 0),
                         ("threads", 0), ("eval_docs", 0), ("eval_max_tokens", 1), ("eval_every", 0), ("log_every", 0)):
             v = getattr(self, key)

@@ -26,7 +26,7 @@ from cptkit.training.callbacks.evaluator import EvaluatorCallback
 from cptkit.training.callbacks.metrics import MetricsCallback
 from cptkit.training.callbacks.mixture import MixtureCallback
 from cptkit.training.callbacks.proxy import ProxyStopCallback
-from cptkit.training.checkpoint import prepare_checkpoints, resume
+from cptkit.training.checkpoint import branch, branch_file, prepare_checkpoints, resume, same_stream
 from cptkit.training.engine import make_engine
 from cptkit.training.evaluation import EvalPoints
 from cptkit.training.metrics import MetricsLog
@@ -76,6 +76,11 @@ class Trainer:
         self.engine, self.engine_info = make_engine(model, tcfg, deepspeed_base=conf.deepspeed or {},
                                                     world=spec.world, schedule=schedule)
         self.sampler = Sampler(stream, conf.seed)
+        if tcfg.branch_from:  # a WSD decay branch: the trunk's weights and AdamW state (a resume below wins)
+            at, saved = branch(self.engine, self.engine_info["engine"], branch_file(tcfg.branch_from))
+            self.engine_info["branched at step"] = at
+            if same_stream(tcfg.branch_from, stream.path):  # its data order goes on: no sequence seen twice
+                self.sampler.load_state_dict({**saved["sampler"], "position": 0})
         self.state = TrainState(weight_sum=dict.fromkeys(stream.domains, 0.0))
         proxy = [ProxyStopCallback(self.proxy_run)] if self.proxy_run is not None else []
         builtin: list[Callback] = [MixtureCallback(), EvaluatorCallback(), MetricsCallback(), *proxy,

@@ -25,7 +25,8 @@ def build_model(mcfg: ModelConfig, tokenizer: Any, seq_len: int, trust_remote_co
     if mcfg.name == "tiny_llama":
         model = tiny.tiny_llama(tokenizer, hidden=mcfg.hidden, layers=mcfg.layers, heads=mcfg.heads,
                                 intermediate=mcfg.intermediate, max_position=mcfg.max_position or seq_len,
-                                seed=mcfg.seed, kv_heads=mcfg.kv_heads)
+                                seed=mcfg.seed, kv_heads=mcfg.kv_heads,
+                                tie_embeddings=mcfg.tie_embeddings)
     else:  # hf (ModelConfig allows no other name)
         if not mcfg.path:
             raise CptkitError("model=hf needs model.path (an HF directory, a .gguf file or smollm2)")
