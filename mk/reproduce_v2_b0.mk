@@ -27,8 +27,8 @@
 #     train 25 x 67.3 s + tm0.2 5 x (67.3 - 2 steps x 4.9) s                                        = 1,970 s
 #     evaluate 30 x (10.5 + 3 + (domain + probe: 2 x 64 docs x 64 tokens) / 300 = 27.3) s        = 1,230 s
 #                                                                                         about 58 min
-# Both: about 93 min. From a bare data/, add what they share with the CPT section: B0 (96 steps x 1,024
-# tokens / 105 + 13 eval points x 32 x 128 tokens / 300: ~19 min; cached by content), the probe (~3 min)
+# Both: about 93 min. From a bare data/, add what they share with the CPT section: B0 (64 steps x 1,024
+# tokens; 13.4 min measured beside the data steps, docs/cpt.md; cached by content), the probe (~2 min)
 # and the data steps (~6 min): about 2 h in all, which leaves ~1 h of `make reproduce`'s 3 hours for
 # expansion and the small-model sweeps. Under load, as here, each figure is several times longer.
 # no forgetting curves in the sweeps' runs (the claims read the final evaluation only): 2 x 16 docs x
