@@ -183,8 +183,9 @@ OUTSIDE     ?= $(DATA)/outside
 PROBE_DOCS  ?= 64
 PROBE_TOKENS ?= 64
 # the forgetting curves: every 5 steps, 16 documents per group, the probe and the outside text included
+# a finished arm keeps its model, not its 1.6 GB checkpoint (five seeds x 4 arms: 32 GB of disk otherwise)
 TRAIN_ARGS  ?= train.micro_batch=2 train.lr=1e-4 train.warmup=0.1 train.threads=2 train.precision=fp32 \
-               train.eval_every=5 train.eval_docs=16 train.eval_max_tokens=64 \
+               train.keep_checkpoints=false train.eval_every=5 train.eval_docs=16 train.eval_max_tokens=64 \
                'train.eval_extra=[$(XP)/probe.jsonl,$(OUTSIDE)]'
 B0_MIX      ?= mix=b0
 B0_ARGS     ?= train.micro_batch=4 train.lr=1e-4 train.warmup=0.1 train.threads=2 train.precision=fp32 \

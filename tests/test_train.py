@@ -60,6 +60,17 @@ def test_loss_goes_down_and_model_loads(stream, tmp_path):
     assert res["losses"][-1] == pytest.approx(m[-1]["loss"])
 
 
+def test_keep_checkpoints_false_leaves_the_model_and_the_same_identity(stream, tmp_path):
+    train(stream, tmp_path / "kept", "train.mixture=static", "train.max_steps=2")
+    train(stream, tmp_path / "dropped", "train.mixture=static", "train.max_steps=2", "train.keep_checkpoints=false")
+    assert (tmp_path / "kept" / "checkpoints").is_dir() and not (tmp_path / "dropped" / "checkpoints").exists()
+    assert (tmp_path / "dropped" / "_SUCCESS").exists() and (tmp_path / "dropped" / "model" / "config.json").exists()
+    man = [json.loads((tmp_path / d / "_manifest.json").read_text()) for d in ("kept", "dropped")]
+    assert man[0]["config_hash"] == man[1]["config_hash"]  # storage, not what the run computes
+    with pytest.raises(CptkitError, match="no checkpoint of that step to extend"):
+        train(stream, tmp_path / "dropped", "train.mixture=static", "train.max_steps=3", "train.resume=true")
+
+
 @pytest.mark.slow
 def test_velocitune_proxy_targets_and_reweighting(stream, tmp_path):
     # 1) proxy run: default (token-share) weights, eval checkpoints, scaling-law targets

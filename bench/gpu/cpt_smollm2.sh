@@ -19,7 +19,7 @@ SEEDS=${SEEDS:-0 1 2 3 4}
 EXTRA="train.eval_extra=[$XP/probe.jsonl,$DATA/outside]"  # the forgetting curves: the probe and the outside text
 if [ "${TOY:-0}" = 1 ]; then   # CPU, fp32, a handful of steps: proves the path, measures nothing
   STEPS=4; B0_STEPS=6
-  TRAIN="train.micro_batch=2 train.lr=1e-4 train.warmup=0 train.threads=2 train.precision=fp32 \
+  TRAIN="train.micro_batch=2 train.lr=1e-4 train.warmup=0 train.threads=2 train.precision=fp32 train.keep_checkpoints=false \
 train.eval_every=2 train.eval_docs=2 train.eval_max_tokens=64"
   B0="$TRAIN train.max_steps=$B0_STEPS seed=0"
   TRAIN="$TRAIN $EXTRA"
@@ -29,7 +29,7 @@ train.eval_every=2 train.eval_docs=2 train.eval_max_tokens=64"
   PROBE="PROBE_DOCS=4 PROBE_TOKENS=16 CPT_TASK= ARM_TOKENS=512"
 else                          # one GPU: ZeRO-2 bf16, 2k-token sequences, 16 x 8 x 4 x 2048 = 1.05M tokens per arm
   STEPS=${STEPS:-16}; MICRO=${MICRO:-8}; ACCUM=${ACCUM:-4}; B0_STEPS=${B0_STEPS:-8}
-  TRAIN="deepspeed=zero2 train.precision=bf16 train.micro_batch=$MICRO \
+  TRAIN="deepspeed=zero2 train.precision=bf16 train.keep_checkpoints=false train.micro_batch=$MICRO \
 train.grad_accum=$ACCUM train.lr=${LR:-2e-5} train.warmup=0.05 train.eval_every=$(( STEPS / 4 )) \
 train.eval_docs=64 train.eval_max_tokens=2048"
   B0="${TRAIN/train.eval_every=$(( STEPS / 4 ))/train.eval_every=2} train.max_steps=$B0_STEPS seed=0"

@@ -16,6 +16,7 @@ model and tokenizer, ``from_pretrained``-loadable, and its model card ``README.m
 
 from __future__ import annotations
 
+import shutil
 from contextlib import nullcontext
 from functools import reduce
 from pathlib import Path
@@ -59,6 +60,7 @@ def run(conf: TrainJob, ctx: Run) -> dict:
     proxy = tcfg.velocitune.proxy
     resume = tcfg.resume
     ctx = ctx.recording("train.resume", False)  # resuming does not change what the run computes
+    ctx = ctx.without("train.keep_checkpoints")  # nor does dropping the checkpoints at the end
     if not tcfg.callbacks:  # none of yours: the recorded config (hash, manifest, model card) as before the key
         ctx = ctx.without("train.callbacks")
     for key, unset in LATER_KEYS.items():  # likewise the keys added later, at their defaults
@@ -85,4 +87,7 @@ def run(conf: TrainJob, ctx: Run) -> dict:
         if job is not None and extend:
             job.reopen()
         torch.distributed.barrier()
-        return train(RunSpec(conf, stream, proxy, resume, rank, world, out, job))
+        result = train(RunSpec(conf, stream, proxy, resume, rank, world, out, job))
+    if rank == 0 and not tcfg.keep_checkpoints and (out / "_SUCCESS").exists():
+        shutil.rmtree(ckdir, ignore_errors=True)  # finished: the model is what is read
+    return result

@@ -116,6 +116,7 @@ class TrainOptions:
     deepspeed_config: str | None = None  # a JSON/YAML DeepSpeed file; its stage/optimizer/scheduler win
     save_every: int = 0  # optimizer steps between checkpoints (0: only at the end)
     keep_last: int = 2
+    keep_checkpoints: bool = True  # false: a finished run keeps its model only (1.6 GB less for SmolLM2; not extendable)
     resume: bool = False
     save_initial: bool = False  # also save the model before training as OUT/model_init (HF format)
     eval_docs: int = 8  # held-out docs per domain used for eval losses (0: all)
