@@ -271,8 +271,9 @@ def test_make_reproduce_runs_the_v2_sweeps_the_cpu_can_then_one_report(tmp_path,
     members, the small model's multiruns, corruption and replay per arm and seed), not the GPU's, none of v1;
     then one report, docs/reproductions.md, from claims.yaml. make reproduce-v1 writes docs/reproductions_v1.md."""
     def plan(target: str) -> str:
-        out = subprocess.run(["make", "-n", target, f"DATA={tmp_path}", f"REPRO={tmp_path}/r", f"REPRO_V2_SEEDS={seeds}"],
-                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        # --no-print-directory: under `make test` this make is a sub-make, which prints "Leaving directory"
+        out = subprocess.run(["make", "-n", "--no-print-directory", target, f"DATA={tmp_path}", f"REPRO={tmp_path}/r",
+                              f"REPRO_V2_SEEDS={seeds}"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
         return re.sub(r"\\\n\s*", " ", out)  # one command a line
 
     out, v2 = plan("reproduce"), f"{tmp_path}/r/v2"
