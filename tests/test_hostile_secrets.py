@@ -142,3 +142,14 @@ def test_a_key_the_server_puts_into_a_completion_is_masked_in_the_records(api, t
                        for f in out.glob("*.jsonl*"))
     assert b"Bearer <redacted>" in records  # the record is kept, the key masked
     assert_nowhere(secret, tmp_path, printed)
+
+
+def test_a_url_given_as_a_path_is_masked_in_a_module_error(tmp_path):
+    """A ``python -m`` entry point (cptkit.core.errors.cli_main) reports as the CLI does, secrets masked,
+    also after pathlib has folded the URL's ``//`` into ``/`` (``https:/user:pw@host``)."""
+    r = subprocess.run([sys.executable, "-m", "cptkit.eval.margin", "--model", str(tmp_path / "none"),
+                        "--pairs", "https://user:hunter2@example.invalid/p.jsonl", "--out", str(tmp_path / "m.json")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and "p.jsonl: no such file" in r.stderr, r.stderr
+    assert "hunter2" not in r.stderr + r.stdout and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "m.json").exists()

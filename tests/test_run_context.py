@@ -92,7 +92,7 @@ def test_a_run_is_frozen_and_records_changes_as_copies(tmp_path):
                                    "corrupt.ratio=0.25"])
     before = to_dict(cfg)
     ctx = Run.of(cfg)
-    assert to_dict(cfg) == before and ctx.record == redact(before)
+    assert to_dict(cfg) == before and ctx.record == {k: v for k, v in redact(before).items() if k != "arm"}
     with pytest.raises(dataclasses.FrozenInstanceError):
         ctx.quiet = True  # type: ignore[misc]
     other = ctx.recording("io.unique_ids", False).recording("corrupt.ratio", 0.5)
@@ -100,6 +100,24 @@ def test_a_run_is_frozen_and_records_changes_as_copies(tmp_path):
     assert other.record["corrupt"]["ratio"] == 0.5 and ctx.record["corrupt"]["ratio"] == 0.25 and ctx.io.unique_ids
     assert config_hash(other.record) != config_hash(ctx.record)
     assert isinstance(Job(ctx).ctx, Run)
+
+
+def test_keys_added_later_leave_the_record_at_their_unused_values_for_every_step(tmp_path):
+    """LATER_KEYS: one table in the frame. An unset ``arm`` or an untied embedding is not in any step's
+    record (outputs written before the key existed keep their hash); a set one is, and changes it."""
+    write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": "a", "text": "one doc"}])
+    io = [f"io.inputs=[{tmp_path / 'in'}]", f"io.output={tmp_path / 'o'}"]
+    for step, extra in (("corrupt", []), ("train", ["model=tiny_llama"])):
+        step_module(step)
+        plain = Run.of(compose_step(step, io + extra))
+        assert "arm" not in plain.record and plain.recorded("arm", "absent") == "absent"
+        labelled = Run.of(compose_step(step, [*io, *extra, "arm=rp0.2"]))
+        assert labelled.record["arm"] == "rp0.2" and config_hash(labelled.record) != config_hash(plain.record)
+    train = Run.of(compose_step("train", [*io, "model=tiny_llama"]))
+    assert "tie_embeddings" not in train.record["model"] and "callbacks" not in train.record["train"]
+    assert {"branch_from", "weights_from"}.isdisjoint(train.record["train"])
+    tied = Run.of(compose_step("train", [*io, "model=tiny_llama", "model.tie_embeddings=true"]))
+    assert tied.record["model"]["tie_embeddings"] is True
 
 
 def test_no_step_converts_or_mutates_its_config():

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import ParamSpec
+
+P = ParamSpec("P")
+
 
 class CptkitError(Exception):
     """Bad input or bad configuration: reported without a traceback."""
@@ -26,3 +32,18 @@ def print_error(e: CptkitError) -> None:
     from cptkit.core.redact import redact_text  # deferred: logging, regexes (--help)
 
     console.print(Text.assemble(("error: ", "bold red"), redact_text(str(e).replace("\n", " "))), soft_wrap=True)
+
+
+def cli_main(main: Callable[P, int]) -> Callable[P, int]:
+    """A ``python -m`` entry point that ends as the ``cptkit`` CLI does on a :class:`CptkitError`: the
+    one line of :func:`print_error` (secrets masked), exit code 2, no traceback."""
+
+    @functools.wraps(main)
+    def run(*args: P.args, **kwargs: P.kwargs) -> int:
+        try:
+            return main(*args, **kwargs)
+        except CptkitError as e:
+            print_error(e)
+            return e.exit_code
+
+    return run

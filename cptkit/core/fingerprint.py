@@ -166,11 +166,10 @@ IO_DEFAULTS = {"max_record_chars": IOConfig().max_record_chars, "oversize": IOCo
 
 
 def config_hash(cfg: dict) -> str:
-    """Hash of the config that determines the output (not I/O locations or verbosity). An ``arm``
-    label counts only when set: outputs written before the key existed keep their identity."""
+    """Hash of the config that determines the output (not I/O locations or verbosity). ``cfg`` is a
+    run's record: keys added later are already left out at their unused values
+    (:data:`cptkit.core.run.LATER_KEYS`)."""
     keep = {k: v for k, v in cfg.items() if k not in ("io", "quiet", "overrides")}
-    if keep.get("arm") is None:
-        keep.pop("arm", None)
     keep["shard"] = {k: v for k, v in cfg.get("shard", {}).items() if k not in ("index", "count")}
     io = cfg.get("io", {})
     for key in ("max_record_chars", "oversize"):  # they change what is read

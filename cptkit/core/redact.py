@@ -29,10 +29,11 @@ SECRET_ENV = ("CPTKIT_LLM_API_KEY", "OPENAI_API_KEY", "HF_TOKEN", "HUGGING_FACE_
 _KEY = re.compile(r"(?:^|[._-])(?:api[_-]?key|apikey|token|access[_-]?token|auth[_-]?token|hf[_-]?token|"
                   r"password|passwd|pwd|secret|secret[_-]?key|client[_-]?secret|credentials?)$", re.IGNORECASE)
 _BARE_KEY = re.compile(r"^(?:api[_-]?key|apikey|token|password|passwd|pwd|secret|credentials?)$", re.IGNORECASE)
-# scheme://user:password@host  or  scheme://:password@host  (password up to the last @ of the authority)
-_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@\s'\"]*):(?P<pw>[^/\s'\"]*)@")
+# scheme://user:password@host  or  scheme://:password@host  (password up to the last @ of the authority); one
+# slash too: a URL passed where a path is expected comes back from pathlib as scheme:/user:password@host
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://?)(?P<user>[^:/@\s'\"]*):(?P<pw>[^/\s'\"]*)@")
 # scheme://TOKEN@host: a user name alone is how tokens ride in URLs (https://ghp_...@github.com)
-_URL_USER = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@\s'\"<>]+)@")
+_URL_USER = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://?)(?P<user>[^:/@\s'\"<>]+)@")
 # ?api_key=V / &sig=V / &X-Amz-Signature=V: query parameters named like a secret
 _URL_QUERY = re.compile(r"(?P<key>[?&][\w.-]*?(?:key|token|sig|signature|secret|password|passwd|auth|credential)"
                         r"[\w.-]*=)(?P<val>[^&#\s'\"<>]+)", re.IGNORECASE)

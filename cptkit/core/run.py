@@ -20,6 +20,17 @@ from cptkit.core.config import IOConfig, ShardConfig, format_path, to_dict
 from cptkit.core.redact import redact
 from cptkit.core.shards import InputFile, resolve_inputs
 
+#: Keys added after outputs were recorded without them, each with the value that means "not used": at that
+#: value the recorded config (manifest, resume keys, model card) leaves the key out, so outputs written
+#: before it existed keep their identity. One table for every step; a key a step does not have is skipped.
+LATER_KEYS: dict[str, Any] = {
+    "arm": None,  # JobConfig.arm: a sweep member's label
+    "model.tie_embeddings": False,
+    "train.weights_from": None,
+    "train.branch_from": None,
+    "train.callbacks": [],
+}
+
 
 @dataclass(frozen=True)
 class Run:
@@ -33,8 +44,21 @@ class Run:
 
     @classmethod
     def of(cls, cfg: DictConfig) -> Run:
-        return cls(step=str(cfg.step), io=OmegaConf.to_object(cfg.io), shard=OmegaConf.to_object(cfg.shard),
-                   quiet=bool(cfg.get("quiet", False)), record=redact(to_dict(cfg)))
+        run = cls(step=str(cfg.step), io=OmegaConf.to_object(cfg.io), shard=OmegaConf.to_object(cfg.shard),
+                  quiet=bool(cfg.get("quiet", False)), record=redact(to_dict(cfg)))
+        for key, unused in LATER_KEYS.items():
+            if run.recorded(key, default=_MISSING) == unused:
+                run = run.without(key)
+        return run
+
+    def recorded(self, key: str, default: Any = None) -> Any:
+        """The recorded value of ``key`` (dotted), or ``default`` where the record has none."""
+        node: Any = self.record
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
 
     def recording(self, key: str, value: Any) -> Run:
         """A copy whose recorded config has ``key`` (dotted) set to ``value``; an ``io.*`` key
@@ -61,9 +85,12 @@ class Run:
         *parents, leaf = key.split(".")
         node = record
         for p in parents:
-            node = node[p]
+            node = node.get(p, {})
         node.pop(leaf, None)
         return dataclasses.replace(self, record=record)
+
+
+_MISSING = object()
 
 
 def with_paths(cfg: DictConfig) -> DictConfig:

@@ -28,7 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from cptkit.core.errors import CptkitError
+from cptkit.core.errors import CptkitError, cli_main
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json, iter_records, resolve_inputs
 from cptkit.eval.retrieval_relevance import Topic, load_topics
 from cptkit.index.base import BM25Params
@@ -146,6 +146,7 @@ def write_arms(topics: list[Topic], round1: list[dict[str, Any]], index_dir: Pat
     return summary
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cptkit.eval.expansion_arms", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -164,20 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--max-df-ratio", type=float, default=d.max_df_ratio)
     q.add_argument("--resolution", type=int, default=100, help="a weight's repetitions per unit in the query text")
     a = p.parse_args(argv)
-    try:
-        topics = load_topics(a.topics)
-        if a.cmd == "seeds":
-            atomic_write_bytes(a.out, _jsonl(seed_records(topics)))
-            print(f"{a.out}: {len(topics)} keyword seeds")
-            return 0
-        rp = RM3Params(a.fb_docs, a.fb_terms, a.original_query_weight, a.max_df_ratio)
-        recs = list(iter_records(resolve_inputs([a.round1])))
-        res = write_arms(topics, recs, a.index, a.out, rp, a.resolution)
-        n = {m: sum(t["queries"][m] for t in res["topics"].values()) for m in METHODS}
-        print(f"{a.out}: {len(topics)} topics; queries " + ", ".join(f"{m} {n[m]}" for m in METHODS))
-    except CptkitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    topics = load_topics(a.topics)
+    if a.cmd == "seeds":
+        atomic_write_bytes(a.out, _jsonl(seed_records(topics)))
+        print(f"{a.out}: {len(topics)} keyword seeds")
+        return 0
+    rp = RM3Params(a.fb_docs, a.fb_terms, a.original_query_weight, a.max_df_ratio)
+    recs = list(iter_records(resolve_inputs([a.round1])))
+    res = write_arms(topics, recs, a.index, a.out, rp, a.resolution)
+    n = {m: sum(t["queries"][m] for t in res["topics"].values()) for m in METHODS}
+    print(f"{a.out}: {len(topics)} topics; queries " + ", ".join(f"{m} {n[m]}" for m in METHODS))
     return 0
 
 

@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from cptkit import __version__
-from cptkit.core.errors import CptkitError
+from cptkit.core.errors import CptkitError, cli_main
 from cptkit.core.records import read_jsonl
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json
 from cptkit.eval.stats import mean_se
@@ -152,6 +152,7 @@ def run(model_spec: str, pairs_path: Path, out: Path, meta: dict[str, Any], batc
     return report
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cptkit.eval.margin", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="the model (HF folder, .gguf or smollm2)")
@@ -163,13 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto", help="auto (the GPU when there is one) | cpu | cuda")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = p.parse_args(argv)
-    try:
-        if a.batch_size < 1:
-            raise CptkitError("--batch-size must be >= 1")
-        rep = run(a.model, a.pairs, a.out, parse_meta(a.meta), a.batch_size, a.device, a.threads)
-    except CptkitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if a.batch_size < 1:
+        raise CptkitError("--batch-size must be >= 1")
+    rep = run(a.model, a.pairs, a.out, parse_meta(a.meta), a.batch_size, a.device, a.threads)
     print(f"{a.out}: mean margin {rep['mean_margin']:+.4f} ± {rep['se']:.4f} nats over {rep['pairs']} pairs "
           f"({rep['unequal_length']} of unequal length)", file=sys.stderr)
     return 0

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cptkit.core.errors import CptkitError
+from cptkit.core.errors import CptkitError, cli_main
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json, read_records, resolve_inputs
 from cptkit.synthetic.corruption import match_case, pluralize
 from cptkit.text.hashing import seeded_hash
@@ -197,6 +197,7 @@ def make_pairs(clean_docs: Sequence[dict[str, Any]], corrupted_docs: Sequence[di
     return pairs, stats
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cptkit.eval.pairs", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -218,26 +219,22 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--seed", type=int, required=True)
     m.add_argument("--min-words", type=int, default=5)
     a = p.parse_args(argv)
-    try:
-        if a.cmd == "split":
-            held, train = split_domain(read_all(a.inputs), a.seed, a.heldout_docs, a.train_chars, a.lang, a.require,
-                                       a.max_doc_chars)
-            a.out.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(a.out / "heldout.jsonl", jsonl_bytes(held))
-            atomic_write_bytes(a.out / "train.jsonl", jsonl_bytes(train))
-            atomic_write_json(a.out / "_split.json", {
-                "seed": a.seed, "heldout": [r["id"] for r in held], "train": [r["id"] for r in train],
-                "train_chars": sum(len(r["text"]) for r in train)})
-            print(f"{a.out}: {len(held)} held-out and {len(train)} training documents", file=sys.stderr)
-        else:
-            if a.n < 1:
-                raise CptkitError("--n must be >= 1")
-            pairs, stats = make_pairs(read_all([a.clean]), read_all([a.corrupted]), a.n, a.seed, a.min_words)
-            atomic_write_bytes(a.out, jsonl_bytes(pairs))
-            print(f"{a.out}: " + ", ".join(f"{k} {v}" for k, v in stats.items()), file=sys.stderr)
-    except CptkitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if a.cmd == "split":
+        held, train = split_domain(read_all(a.inputs), a.seed, a.heldout_docs, a.train_chars, a.lang, a.require,
+                                   a.max_doc_chars)
+        a.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(a.out / "heldout.jsonl", jsonl_bytes(held))
+        atomic_write_bytes(a.out / "train.jsonl", jsonl_bytes(train))
+        atomic_write_json(a.out / "_split.json", {
+            "seed": a.seed, "heldout": [r["id"] for r in held], "train": [r["id"] for r in train],
+            "train_chars": sum(len(r["text"]) for r in train)})
+        print(f"{a.out}: {len(held)} held-out and {len(train)} training documents", file=sys.stderr)
+    else:
+        if a.n < 1:
+            raise CptkitError("--n must be >= 1")
+        pairs, stats = make_pairs(read_all([a.clean]), read_all([a.corrupted]), a.n, a.seed, a.min_words)
+        atomic_write_bytes(a.out, jsonl_bytes(pairs))
+        print(f"{a.out}: " + ", ".join(f"{k} {v}" for k, v in stats.items()), file=sys.stderr)
     return 0
 
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cptkit.core.errors import CptkitError
+from cptkit.core.errors import CptkitError, cli_main
 from cptkit.core.shards import atomic_write_bytes
 
 
@@ -49,6 +49,7 @@ def probe_records(texts: list[str], lang: str = "en") -> list[dict[str, str]]:
     return [{"id": f"probe-{i:04d}", "text": t, "domain": "probe", "lang": lang} for i, t in enumerate(texts) if t]
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cptkit.eval.probe", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="the model that writes the probe (HF folder, .gguf or smollm2)")
@@ -58,24 +59,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = p.parse_args(argv)
-    try:
-        if a.docs < 1 or a.tokens < 1:
-            raise CptkitError("--docs and --tokens must be positive")
-        import torch  # deferred: --help without torch
+    if a.docs < 1 or a.tokens < 1:
+        raise CptkitError("--docs and --tokens must be positive")
+    import torch  # deferred: --help without torch
 
-        from cptkit.models.lm import (  # deferred: torch
-            load_causal_lm,
-            load_tokenizer,
-        )
+    from cptkit.models.lm import (  # deferred: torch
+        load_causal_lm,
+        load_tokenizer,
+    )
 
-        if a.threads:
-            torch.set_num_threads(a.threads)
-        tok = load_tokenizer(a.model)
-        model = load_causal_lm(a.model)
-        recs = probe_records(sample_texts(model, tok, a.docs, a.tokens, a.seed))
-    except CptkitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    tok = load_tokenizer(a.model)
+    model = load_causal_lm(a.model)
+    recs = probe_records(sample_texts(model, tok, a.docs, a.tokens, a.seed))
     data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs).encode()
     atomic_write_bytes(a.out, data)
     print(f"{a.out}: {len(recs)} probe documents from {a.model} (seed {a.seed}, sha256 "

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from cptkit.core.errors import CptkitError
+from cptkit.core.errors import CptkitError, cli_main
 from cptkit.core.shards import atomic_write_bytes, read_records, resolve_inputs
 
 
@@ -27,19 +27,16 @@ def answer_records(qa: list[dict], limit: int = 0) -> list[dict[str, str]]:
     return out[:limit] if limit > 0 else out
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cptkit.eval.qa_heldout", description=__doc__.splitlines()[0])
     p.add_argument("--in", dest="inputs", action="append", required=True, help="synthesize-qa output(s)")
     p.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
     p.add_argument("--limit", type=int, default=0, help="at most this many records (0: all)")
     a = p.parse_args(argv)
-    try:
-        recs = answer_records([r for inp in resolve_inputs(a.inputs) for r in read_records(inp)], a.limit)
-        if not recs:
-            raise CptkitError(f"{', '.join(a.inputs)}: no QA record with a solution")
-    except CptkitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    recs = answer_records([r for inp in resolve_inputs(a.inputs) for r in read_records(inp)], a.limit)
+    if not recs:
+        raise CptkitError(f"{', '.join(a.inputs)}: no QA record with a solution")
     atomic_write_bytes(a.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs).encode())
     print(f"{a.out}: {len(recs)} answers", file=sys.stderr)
     return 0

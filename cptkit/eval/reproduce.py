@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cptkit.core.errors import CptkitError
+from cptkit.core.errors import CptkitError, cli_main
 from cptkit.core.records import read_jsonl
 from cptkit.core.shards import atomic_write_bytes
 from cptkit.eval.stats import (
@@ -613,6 +613,7 @@ def describe(root: Path, gpu: str = "") -> str:
             f"{seconds / 60:.1f} minutes of their own run time in all.")
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cptkit.eval.reproduce", description=__doc__.splitlines()[0])
     p.add_argument("claims", type=Path, help="the claims YAML")
@@ -631,11 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     header = describe(a.outputs or root, a.gpu) if a.header is None else a.header
     if a.preamble is not None:
         header = a.preamble.read_text(encoding="utf-8").strip() + "\n\n" + header
-    try:
-        verdicts = report(a.claims, a.out, root, header, a.partial, gpu=bool(a.gpu))
-    except CptkitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    verdicts = report(a.claims, a.out, root, header, a.partial, gpu=bool(a.gpu))
     for cid, v in verdicts:
         print(f"{cid}: {v}")
     return 0

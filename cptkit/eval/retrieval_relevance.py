@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cptkit.core.errors import CptkitError
+from cptkit.core.errors import CptkitError, cli_main
 from cptkit.core.shards import atomic_write_json, iter_records, resolve_inputs
 from cptkit.eval.stats import bootstrap_ci
 
@@ -264,6 +264,7 @@ def evaluate(retrieved: Path, labels: Labels, corpus_docs: int, relevant_in_corp
     return out
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cptkit.eval.retrieval_relevance", description=__doc__.splitlines()[0])
     p.add_argument("--retrieved", type=Path, action="append", required=True,
@@ -281,40 +282,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None,
                    help=f"where to write (one --retrieved only; default: DIR/{RELEVANCE})")
     a = p.parse_args(argv)
-    try:
-        if a.out and len(a.retrieved) > 1:
-            raise CptkitError("--out takes one --retrieved")
-        if a.budget is not None and a.budget < 1:
-            raise CptkitError(f"--budget {a.budget}: must be >= 1")
-        if (a.labels is None) == (a.topics is None):
-            raise CptkitError("give --labels FILE, or --topics FILE with a --topic per --retrieved")
-        rules_file = a.labels or a.topics
-        if a.topics is not None:
-            if len(a.topic) != len(a.retrieved):
-                raise CptkitError(f"--topics: {len(a.topic)} --topic for {len(a.retrieved)} --retrieved (one each)")
-            known = {k: t.labels for t in load_topics(a.topics) for k in (t.keyword, t.slug)}
-            unknown = [t for t in a.topic if t not in known]
-            if unknown:
-                raise CptkitError(f"--topic {unknown[0]!r} is not a keyword of {a.topics}")
-            wanted = {known[t].name: known[t] for t in a.topic}
-            names = [known[t].name for t in a.topic]
-        else:
-            labels = Labels.load(a.labels)
-            wanted, names = {labels.name: labels}, [labels.name] * len(a.retrieved)
-        n, per = corpus_labels_many(a.corpus, wanted)
-        digest = hashlib.sha256(rules_file.read_bytes()).hexdigest()[:16]
-        for d, name in zip(a.retrieved, names, strict=True):
-            rel = sum(per[name].values())
-            res = evaluate(d, wanted[name], n, rel, a.budget, a.seed)
-            res["labels"] = {"name": name, "file": str(rules_file), "sha256": digest,
-                             "relevant_by_package": dict(per[name].most_common())}
-            atomic_write_json(a.out or d / RELEVANCE, res)
-            view = res.get("budget", res["all"])
-            print(f"{d}: precision {view['precision']:.4f} recall {view['recall']:.4f} "
-                  f"({view['relevant_retrieved']}/{view['retrieved']} retrieved, {rel} relevant in the corpus)")
-    except CptkitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if a.out and len(a.retrieved) > 1:
+        raise CptkitError("--out takes one --retrieved")
+    if a.budget is not None and a.budget < 1:
+        raise CptkitError(f"--budget {a.budget}: must be >= 1")
+    if (a.labels is None) == (a.topics is None):
+        raise CptkitError("give --labels FILE, or --topics FILE with a --topic per --retrieved")
+    rules_file = a.labels or a.topics
+    if a.topics is not None:
+        if len(a.topic) != len(a.retrieved):
+            raise CptkitError(f"--topics: {len(a.topic)} --topic for {len(a.retrieved)} --retrieved (one each)")
+        known = {k: t.labels for t in load_topics(a.topics) for k in (t.keyword, t.slug)}
+        unknown = [t for t in a.topic if t not in known]
+        if unknown:
+            raise CptkitError(f"--topic {unknown[0]!r} is not a keyword of {a.topics}")
+        wanted = {known[t].name: known[t] for t in a.topic}
+        names = [known[t].name for t in a.topic]
+    else:
+        labels = Labels.load(a.labels)
+        wanted, names = {labels.name: labels}, [labels.name] * len(a.retrieved)
+    n, per = corpus_labels_many(a.corpus, wanted)
+    digest = hashlib.sha256(rules_file.read_bytes()).hexdigest()[:16]
+    for d, name in zip(a.retrieved, names, strict=True):
+        rel = sum(per[name].values())
+        res = evaluate(d, wanted[name], n, rel, a.budget, a.seed)
+        res["labels"] = {"name": name, "file": str(rules_file), "sha256": digest,
+                         "relevant_by_package": dict(per[name].most_common())}
+        atomic_write_json(a.out or d / RELEVANCE, res)
+        view = res.get("budget", res["all"])
+        print(f"{d}: precision {view['precision']:.4f} recall {view['recall']:.4f} "
+              f"({view['relevant_retrieved']}/{view['retrieved']} retrieved, {rel} relevant in the corpus)")
     return 0
 
 

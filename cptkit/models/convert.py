@@ -8,10 +8,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from cptkit.core.errors import CptkitError
+from cptkit.core.errors import cli_main
 from cptkit.models.lm import resolve_loadable
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     """Convert ``SPEC`` (a ``.gguf`` file, a directory with one, or ``smollm2``) and print where it
     loads from; any other spec prints itself. A bad spec is a one-line error and exit status 2."""
@@ -19,11 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m cptkit.models.convert MODEL_SPEC", file=sys.stderr)
         return 2
-    try:
-        d, gguf = resolve_loadable(args[0])
-    except CptkitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    d, gguf = resolve_loadable(args[0])
     print(Path(d) / gguf if gguf else d)
     return 0
 

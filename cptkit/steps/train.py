@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import shutil
 from contextlib import nullcontext
-from functools import reduce
 from pathlib import Path
 
 import torch
@@ -38,11 +37,6 @@ from cptkit.training.kernels import check_kernels
 from cptkit.training.loop import train
 from cptkit.training.state import RunSpec
 
-# keys added after runs were recorded without them: left out of the record at these defaults, so those runs
-# keep their identity (resume, manifest, model card). `arm` is every step's label (JobConfig.arm; the config
-# hash leaves it out when unset): here it also stays off a train run's manifest and model card when unset.
-LATER_KEYS = {"arm": None, "model.tie_embeddings": False, "train.weights_from": None, "train.branch_from": None}
-
 
 @step("train", TrainJob, options=(IN, OUT, QUIET), order=140)
 def run(conf: TrainJob, ctx: Run) -> dict:
@@ -61,11 +55,6 @@ def run(conf: TrainJob, ctx: Run) -> dict:
     resume = tcfg.resume
     ctx = ctx.recording("train.resume", False)  # resuming does not change what the run computes
     ctx = ctx.without("train.keep_checkpoints")  # nor does dropping the checkpoints at the end
-    if not tcfg.callbacks:  # none of yours: the recorded config (hash, manifest, model card) as before the key
-        ctx = ctx.without("train.callbacks")
-    for key, unset in LATER_KEYS.items():  # likewise the keys added later, at their defaults
-        if reduce(getattr, key.split("."), conf) == unset:
-            ctx = ctx.without(key)
     if tcfg.threads > 0:
         torch.set_num_threads(tcfg.threads)
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cptkit import __version__
-from cptkit.core.errors import CptkitError
+from cptkit.core.errors import CptkitError, cli_main
 from cptkit.core.fingerprint import cache_path, content_hash
 from cptkit.core.records import read_jsonl
 from cptkit.core.shards import atomic_write_json
@@ -102,6 +102,7 @@ def build(base: str, stream: Path, link: Path, overrides: list[str], flat: float
     return info
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cptkit.training.b0", description=__doc__.splitlines()[0])
     p.add_argument("--base", required=True, help="the shipped model (smollm2, a .gguf or an HF folder)")
@@ -113,11 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group", default="b0", help="the stream's held-out group whose curve is checked")
     p.add_argument("overrides", nargs="*", help="train overrides (after --)")
     a = p.parse_args(argv)
-    try:
-        info = build(a.base, a.stream, a.link, a.overrides, a.flat, a.horizon, a.group)
-    except CptkitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    info = build(a.base, a.stream, a.link, a.overrides, a.flat, a.horizon, a.group)
     verdict = "levelled off" if info["levelled"] else "NOT levelled off: train longer (B0_STEPS)"
     print(f"B0 held-out loss {info['first']:.3f} -> {info['last']:.3f} nats/token; over its last third "
           f"({info['from_tokens']:.0f} -> {info['to_tokens']:.0f} tokens) it fell {info['fall']:+.4f}, "

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from cptkit.core.errors import CptkitError
+from cptkit.core.errors import CptkitError, cli_main
 from cptkit.core.shards import atomic_write_bytes
 from cptkit.eval.compare import load_results
 from cptkit.eval.stats import HOLDS, NOT_TESTABLE, Comparison, Effect, decide, doc_se, mean_se, tost
@@ -209,6 +209,7 @@ def _curves(named: dict[str, list[dict[str, Any]]], out: str) -> None:
         print(note, file=sys.stderr)
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cptkit.training.report", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", help="NAME=EVALDIR or NAME=DIR1,DIR2,... (one per seed; DIR+DIR: parts of one evaluation), B0 first")
@@ -220,22 +221,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="also write the table and reading here (markdown)")
     p.add_argument("--curves", default=None, help="PNG overlaying the arms' eval-loss curves")
     a = p.parse_args(argv)
-    try:
-        claims = load_claims(Path(a.claims))
-        named = _load_named(a.runs)
-        if len(named) < 2:
-            raise CptkitError("give B0 and at least one arm")
-        task = (claims.get("task") if a.task is None else a.task) or None
-        groups = {g: f"{g} Δ" for g in a.groups.split(",") if g}
-        runs = {n: [seed_numbers(r, list(groups), task) for r in v] for n, v in named.items()}
-        shipped = [seed_numbers(r, list(groups), task) for r in _load_named([f"s={a.shipped}"])["s"]] if a.shipped else None
-        text = (seeded_table(runs, groups, task, shipped, a.shipped_label) + "\n"
-                + claims_reading(runs, claims, a.claims))
-        if a.curves:
-            _curves(named, a.curves)
-    except CptkitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    claims = load_claims(Path(a.claims))
+    named = _load_named(a.runs)
+    if len(named) < 2:
+        raise CptkitError("give B0 and at least one arm")
+    task = (claims.get("task") if a.task is None else a.task) or None
+    groups = {g: f"{g} Δ" for g in a.groups.split(",") if g}
+    runs = {n: [seed_numbers(r, list(groups), task) for r in v] for n, v in named.items()}
+    shipped = [seed_numbers(r, list(groups), task) for r in _load_named([f"s={a.shipped}"])["s"]] if a.shipped else None
+    text = (seeded_table(runs, groups, task, shipped, a.shipped_label) + "\n"
+            + claims_reading(runs, claims, a.claims))
+    if a.curves:
+        _curves(named, a.curves)
     if a.out:
         atomic_write_bytes(Path(a.out), text.encode())
     sys.stdout.write(text)
