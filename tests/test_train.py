@@ -69,6 +69,9 @@ def test_keep_checkpoints_false_leaves_the_model_and_the_same_identity(stream, t
     assert man[0]["config_hash"] == man[1]["config_hash"]  # storage, not what the run computes
     with pytest.raises(CptkitError, match="no checkpoint of that step to extend"):
         train(stream, tmp_path / "dropped", "train.mixture=static", "train.max_steps=3", "train.resume=true")
+    with pytest.raises(CptkitError, match=r"without its checkpoints \(train.keep_checkpoints=false\)"):
+        train(stream, tmp_path / "branch", "train.mixture=static", "train.max_steps=3",
+              f"train.branch_from={tmp_path / 'dropped'}")
 
 
 @pytest.mark.slow

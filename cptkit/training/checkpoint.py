@@ -152,6 +152,9 @@ def branch_file(run_dir: str | Path) -> Path:
     ckdir = Path(run_dir) / "checkpoints"
     tag = latest_tag(ckdir) if ckdir.is_dir() else None
     if tag is None:
+        if (Path(run_dir) / "_SUCCESS").exists():  # finished, its checkpoints dropped (train.keep_checkpoints=false)
+            raise CptkitError(f"train.branch_from={run_dir}: the run finished without its checkpoints "
+                              "(train.keep_checkpoints=false): train the trunk again with keep_checkpoints=true")
         raise CptkitError(f"train.branch_from={run_dir}: no checkpoint there (is the trunk run finished?)")
     path = ckdir / tag / TORCH_STATE
     if not path.exists():
