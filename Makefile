@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 CPTKIT := $(BIN)/cptkit
 DATA   ?= data
-PYTEST_ARGS ?= -n $(TEST_WORKERS) --durations=15
+PYTEST_ARGS ?= -n $(TEST_WORKERS) --durations=40
 TEST_WORKERS ?= 2  # pytest-xdist workers: 813 s on 2 idle cores (fresh machine, 2026-11-27); 1,733 s on a loaded one
 
 .PHONY: install test lint demo cpt-experiment bench clean-demo help

@@ -61,7 +61,7 @@ def toy_overrides(c: Command) -> list[str]:
     elif step == "label-topics-annotate" and "loglikelihood" not in args:
         extra = ["topics.sample=80"]  # as TOY_MAKE's TOPIC_SAMPLE
     elif step == "label-topics-annotate":
-        extra = ["topics.sample=2", "topics.few_shot_chars=100", "topics.max_page_tokens=48"]  # prompts ~3x shorter
+        extra = ["topics.sample=1", "topics.few_shot_chars=100", "topics.max_page_tokens=48"]  # prompts ~3x shorter
     elif step == "build-mix" and "mix=demo_cpt" in args:
         extra = ["mix.budget_tokens=16384", "mix.seq_len=64", "mix.eval_docs=4"]
     elif step == "build-mix" and "mix=upsample_tail" in args:  # its epochs need ~350k tokens of the slice
@@ -75,7 +75,9 @@ def toy_overrides(c: Command) -> list[str]:
             if steps:
                 extra.append(f"train.max_steps={max(1, int(steps.group(1)) // 10)}")
     elif step == "evaluate" and "eval.suite" not in args:
-        extra = ["eval.limit=8", "eval.shots=1", "eval.ppl.max_docs_per_group=4", "eval.ppl.max_length=64"]
+        # 64 tokens a document as well as a window: the Chinese documents are ~2k tokens each (130 s otherwise)
+        extra = ["eval.limit=8", "eval.shots=1", "eval.ppl.max_docs_per_group=4", "eval.ppl.max_length=64",
+                 "eval.ppl.max_tokens=64"]
     return extra
 
 
