@@ -32,7 +32,8 @@ TOY_MAKE = {
                   "synth.trim_truncated=true llm.max_new_tokens=48 llm.num_threads=1",
     "MIX": "mix=demo_smollm2 mix.budget_tokens=16384 mix.seq_len=64 mix.eval_docs=4",
     "CPT_STEPS": "2",
-    "TRAIN_ARGS": "train.micro_batch=2 train.lr=1e-4 train.threads=1 train.precision=fp32 train.eval_every=1 "
+    "TRAIN_ARGS": "train.micro_batch=2 train.lr=1e-4 train.threads=1 train.precision=fp32 train.keep_checkpoints=false "
+                  "train.eval_every=1 "
                   "train.eval_docs=2 train.eval_max_tokens=64 'train.eval_extra=[$(XP)/probe.jsonl,$(OUTSIDE)]'",
     "EVAL_ARGS": "eval.tasks=[gcide_defs] eval.limit=8 eval.shots=0 eval.ppl.group_by=domain eval.ppl.max_length=64 "
                  "eval.ppl.max_tokens=64 eval.ppl.max_docs_per_group=4",

@@ -60,9 +60,14 @@ def test_loss_goes_down_and_model_loads(stream, tmp_path):
     assert res["losses"][-1] == pytest.approx(m[-1]["loss"])
 
 
-def test_keep_checkpoints_false_leaves_the_model_and_the_same_identity(stream, tmp_path):
+def test_keep_checkpoints_false_leaves_the_model_and_the_same_identity(stream, tmp_path, monkeypatch):
+    from cptkit.training import checkpoint
+
+    saved, save = [], checkpoint.save
+    monkeypatch.setattr(checkpoint, "save", lambda spec, *a: (saved.append(spec.out.name), save(spec, *a))[1])
     train(stream, tmp_path / "kept", "train.mixture=static", "train.max_steps=2")
     train(stream, tmp_path / "dropped", "train.mixture=static", "train.max_steps=2", "train.keep_checkpoints=false")
+    assert saved == ["kept"]  # the last step's checkpoint is not written only to be deleted
     assert (tmp_path / "kept" / "checkpoints").is_dir() and not (tmp_path / "dropped" / "checkpoints").exists()
     assert (tmp_path / "dropped" / "_SUCCESS").exists() and (tmp_path / "dropped" / "model" / "config.json").exists()
     man = [json.loads((tmp_path / d / "_manifest.json").read_text()) for d in ("kept", "dropped")]
