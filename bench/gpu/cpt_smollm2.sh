@@ -18,8 +18,8 @@ XP=${XP:-$DATA/xp_gpu}
 SEEDS=${SEEDS:-0 1 2 3 4}
 EXTRA="train.eval_extra=[$XP/probe.jsonl,$DATA/outside]"  # the forgetting curves: the probe and the outside text
 if [ "${TOY:-0}" = 1 ]; then   # CPU, fp32, a handful of steps: proves the path, measures nothing
-  STEPS=4; B0_STEPS=6
-  TRAIN="train.micro_batch=2 train.lr=1e-4 train.warmup=0 train.threads=2 train.precision=fp32 train.keep_checkpoints=false \
+  STEPS=4; B0_STEPS=6  # one torch thread: the tests run it beside another test (pytest -n 2)
+  TRAIN="train.micro_batch=2 train.lr=1e-4 train.warmup=0 train.threads=1 train.precision=fp32 train.keep_checkpoints=false \
 train.eval_every=2 train.eval_docs=2 train.eval_max_tokens=64"
   B0="$TRAIN train.max_steps=$B0_STEPS seed=0"
   TRAIN="$TRAIN $EXTRA"
