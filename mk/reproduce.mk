@@ -151,8 +151,12 @@ include mk/reproduce_v2_b0.mk
 # the phony targets, every time: as file targets, a checked-out page newer than its conf files would look up
 # to date, and make (.SECONDARY: every target is intermediate) would not make its missing members.
 REPRO_V2_CPU := $(V2E_RELEVANCE) $(V2_SMALL_MEMBERS) $(V2_CORRUPTION) $(V2_REPLAY)
+# The readings under the verdicts (conf/reproduce/readings.yaml) are written after a run, apart from the
+# claims, each keyed by the numbers it read: the report shows one only beside those numbers.
+REPRO_READINGS ?= conf/reproduce/readings.yaml
 REPRO_REPORT  = $(BIN)/python -m cptkit.eval.reproduce conf/reproduce/claims.yaml --root $(REPRO) --outputs $(V2) \
-                --out docs/reproductions.md --preamble conf/reproduce/preamble.md
+                --out docs/reproductions.md --preamble conf/reproduce/preamble.md \
+                $(if $(wildcard $(REPRO_READINGS)),--readings $(REPRO_READINGS))
 reproduce: $(REPRO_V2_CPU) conf/reproduce/claims.yaml conf/reproduce/preamble.md
 	$(REPRO_REPORT)
 reproduce-report: | $(VENV)/.installed

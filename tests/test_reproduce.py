@@ -186,6 +186,29 @@ def test_partial_report_names_the_claims_not_run(tmp_path):
     assert "**not run yet:** claim later: no sweep member matches" in (tmp_path / "r.md").read_text()
 
 
+def test_a_reading_shows_only_beside_the_numbers_it_was_written_for(tmp_path):
+    """--readings: prose written after a run, keyed by the digest of the members it read; a changed member
+    hides it (the section says so), and a malformed file is one error naming it."""
+    from cptkit.eval.reproduce import load_claims, measure, measured_digest
+
+    plant(tmp_path, {0.1: [0.5, 0.52, 0.51], 0.2: [0.61, 0.62, 0.60]})
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump([claim(compare=[{"a": 0.2, "b": 0.1, "expect": 1}])]))
+    (c,) = load_claims(tmp_path / "claims.yaml")
+    digest = measured_digest(measure(c, tmp_path))
+    notes = tmp_path / "readings.yaml"
+    notes.write_text(yaml.safe_dump({"c": {"measured": digest, "text": "0.2 wins on every seed."}}))
+    report(tmp_path / "claims.yaml", tmp_path / "r.md", readings=notes)
+    assert "**Reading** (written after the run, readings.yaml). 0.2 wins on every seed." in (tmp_path / "r.md").read_text()
+    (tmp_path / "m" / "x0.2_s1" / "_results.json").write_text(json.dumps({"score": 0.7}))  # a member rerun
+    assert measured_digest(measure(c, tmp_path)) != digest
+    report(tmp_path / "claims.yaml", tmp_path / "r.md", readings=notes)
+    text = (tmp_path / "r.md").read_text()
+    assert "0.2 wins" not in text and f"was written for other numbers (measured {digest}" in text
+    notes.write_text("c: [not, a, mapping]\n")
+    with pytest.raises(CptkitError, match=r"readings.yaml: expected claim id"):
+        report(tmp_path / "claims.yaml", tmp_path / "r.md", readings=notes)
+
+
 def test_a_claim_declared_not_testable_without_members_says_why_rather_than_not_run(tmp_path):
     """The GPU's claim on a CPU (no members here): not testable, with its reason, partial or not; with --gpu
     its members are needed like any claim's."""

@@ -19,6 +19,12 @@ reported as *not testable here* with its reason; any other claim without finishe
 report, or with ``--partial`` is reported as *not run yet* (why, and its command), so that a page can
 be written while sweeps are still to run.
 
+Readings: ``--readings FILE`` (YAML, written *after* a run, apart from the pre-registered claims)
+maps a claim id to ``{measured: DIGEST, text: ...}``, the prose under its verdict. ``DIGEST`` is
+:func:`measured_digest` of the numbers it was written for (the report prints each claim's); a reading
+whose digest is not the members' now is not shown, and its section says so: a rerun never keeps a
+reading of other numbers.
+
 A claim in the YAML::
 
     - id: corruption
@@ -52,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
 import os
 import platform
@@ -543,16 +550,56 @@ NOT_RUN = "not run yet"
 NEEDS_GPU = "needs a GPU"
 
 
+def measured_digest(m: Measured) -> str:
+    """What a reading was written for: the claim's points (axis value -> seed -> metrics) as read from its
+    members, each value to 6 significant digits (a rerun that changes any member changes it)."""
+    def norm(x: Any) -> Any:
+        if isinstance(x, Mapping):
+            return sorted((str(k), norm(v)) for k, v in x.items())
+        return f"{x:.6g}" if isinstance(x, float) else str(x)
+
+    return hashlib.sha256(json.dumps(norm(m.points)).encode()).hexdigest()[:12]
+
+
+def load_readings(path: Path | None) -> dict[str, dict[str, str]]:
+    """``--readings``: claim id -> {measured, text}; a malformed file is a one-line error naming it."""
+    if path is None:
+        return {}
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise CptkitError(f"{path}: cannot read the readings: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) and {"measured", "text"} <= set(v) for v in data.values()):
+        raise CptkitError(f"{path}: expected claim id -> {{measured: DIGEST, text: ...}} for every entry")
+    return {str(k): {"measured": str(v["measured"]), "text": str(v["text"]).strip()} for k, v in data.items()}
+
+
+def reading_text(cid: str, m: Measured, readings: dict[str, dict[str, str]], source: str) -> str:
+    """The reading under a measured claim's verdict, or why the one written is not shown."""
+    r = readings.get(cid)
+    if r is None:
+        return ""
+    now = measured_digest(m)
+    if r["measured"] != now:
+        return (f"\n*The reading in {source} was written for other numbers (measured {r['measured']}; these are "
+                f"{now}): not shown.*\n")
+    return f"\n**Reading** (written after the run, {source}). {r['text']}\n"
+
+
 def report(claims_file: Path, out: Path, root: Path | None = None, header: str = "",
-           partial: bool = False, gpu: bool = False) -> list[tuple[str, str]]:
+           partial: bool = False, gpu: bool = False, readings: Path | None = None) -> list[tuple[str, str]]:
     """Write the report of every claim to ``out``; returns ``[(claim id, verdict)]``. ``partial``:
     a claim whose sweep is missing or unfinished is reported as not run (with why and its command)
     instead of failing the report. A claim declared ``not_testable`` whose members are not there (a GPU's
     claim on a CPU) is reported as not testable here, with its reason, whether ``partial`` or not.
     ``gpu``: the members were made on a GPU, so a claim declared not testable only because it ``needs a
-    GPU`` is decided like the others (and its missing members are then an error, or not run with ``partial``)."""
+    GPU`` is decided like the others (and its missing members are then an error, or not run with ``partial``).
+    ``readings``: the prose under each verdict (module docstring), shown only beside the numbers it was written for."""
 
     claims = load_claims(claims_file)
+    notes = load_readings(readings)
     for c in claims:
         if gpu and c.not_testable.startswith(NEEDS_GPU):
             c.not_testable = ""
@@ -583,6 +630,7 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
                 text, verdict = head + f"**{NOT_RUN}:** {why[n - 1]}\n", NOT_RUN
         else:
             text, verdict = section(n, m, e, figdir, out.parent)
+            text += reading_text(claim.id, m, notes, readings.name if readings else "")
         parts.append(text)
         verdicts.append((claim.id, verdict))
     summary = ["| claim | verdict |", "|---|---|", *(f"| {i} | {v} |" for i, v in verdicts)]
@@ -625,6 +673,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preamble", type=Path, default=None, help="markdown placed under the header (the set-up)")
     p.add_argument("--outputs", type=Path, default=None,
                    help="the folder whose step outputs the default header counts (default: --root)")
+    p.add_argument("--readings", type=Path, default=None,
+                   help="YAML: claim id -> {measured: DIGEST, text}, the prose under each verdict (written after the run)")
     p.add_argument("--gpu", default="", metavar="NAME",
                    help="the members were made on this GPU: claims not testable only for want of one are decided")
     a = p.parse_args(argv)
@@ -632,9 +682,15 @@ def main(argv: list[str] | None = None) -> int:
     header = describe(a.outputs or root, a.gpu) if a.header is None else a.header
     if a.preamble is not None:
         header = a.preamble.read_text(encoding="utf-8").strip() + "\n\n" + header
-    verdicts = report(a.claims, a.out, root, header, a.partial, gpu=bool(a.gpu))
+    verdicts = report(a.claims, a.out, root, header, a.partial, gpu=bool(a.gpu), readings=a.readings)
+    digests = {}
+    for c in load_claims(a.claims):
+        try:
+            digests[c.id] = measured_digest(measure(c, root))
+        except CptkitError:
+            continue
     for cid, v in verdicts:
-        print(f"{cid}: {v}")
+        print(f"{cid}: {v}" + (f" (measured {digests[cid]})" if cid in digests else ""))
     return 0
 
 
