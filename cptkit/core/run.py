@@ -44,21 +44,20 @@ class Run:
 
     @classmethod
     def of(cls, cfg: DictConfig) -> Run:
-        run = cls(step=str(cfg.step), io=OmegaConf.to_object(cfg.io), shard=OmegaConf.to_object(cfg.shard),
-                  quiet=bool(cfg.get("quiet", False)), record=redact(to_dict(cfg)))
+        record = redact(to_dict(cfg))
         for key, unused in LATER_KEYS.items():
-            if run.recorded(key, default=_MISSING) == unused:
-                run = run.without(key)
-        return run
+            *parents, leaf = key.split(".")
+            node = _node(record, parents)
+            if isinstance(node, dict) and leaf in node and node[leaf] == unused:
+                del node[leaf]
+        return cls(step=str(cfg.step), io=OmegaConf.to_object(cfg.io), shard=OmegaConf.to_object(cfg.shard),
+                   quiet=bool(cfg.get("quiet", False)), record=record)
 
     def recorded(self, key: str, default: Any = None) -> Any:
         """The recorded value of ``key`` (dotted), or ``default`` where the record has none."""
-        node: Any = self.record
-        for part in key.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        return node
+        *parents, leaf = key.split(".")
+        node = _node(self.record, parents)
+        return node[leaf] if isinstance(node, dict) and leaf in node else default
 
     def recording(self, key: str, value: Any) -> Run:
         """A copy whose recorded config has ``key`` (dotted) set to ``value``; an ``io.*`` key
@@ -90,7 +89,12 @@ class Run:
         return dataclasses.replace(self, record=record)
 
 
-_MISSING = object()
+def _node(record: dict[str, Any], parents: list[str]) -> Any:
+    """``record``'s sub-mapping at ``parents`` (None where there is none)."""
+    node: Any = record
+    for p in parents:
+        node = node.get(p) if isinstance(node, dict) else None
+    return node
 
 
 def with_paths(cfg: DictConfig) -> DictConfig:
