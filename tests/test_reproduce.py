@@ -309,7 +309,8 @@ def test_make_reproduce_runs_the_v2_sweeps_the_cpu_can_then_one_report(tmp_path,
     assert "synthetic" not in out and "claims_v1" not in out and f"{tmp_path}/r/.done" not in out
     last = out.strip().splitlines()[-1]
     assert last.endswith(f"cptkit.eval.reproduce conf/reproduce/claims.yaml --root {tmp_path}/r --outputs {v2} "
-                         "--out docs/reproductions.md --preamble conf/reproduce/preamble.md")
+                         "--out docs/reproductions.md --preamble conf/reproduce/preamble.md "
+                         "--readings conf/reproduce/readings.yaml")  # the readings, written after a run
     v1 = plan("reproduce-v1")
     assert "cptkit.eval.reproduce conf/reproduce/claims_v1.yaml" in v1 and "--out docs/reproductions_v1.md" in v1
     assert f"{v2}/" not in v1
