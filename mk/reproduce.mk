@@ -4,7 +4,7 @@
 # cptkit.eval.reproduce from their members under $(REPRO)/v2. Included by the Makefile.
 #   sweep (target)            claims                              file                          CPU, 2 idle cores
 #   reproduce-expansion-v2    expansion                           mk/reproduce_v2_expansion.mk  ~5 min (measured)
-#   reproduce-v2-small        topic_ppl velocitune upsampling     mk/reproduce_v2_small.mk      ~60 min (estimated)
+#   reproduce-v2-small        topic_ppl velocitune upsampling     mk/reproduce_v2_small.mk      ~76 min (8,664 CPU-s measured)
 #     (= reproduce-topic_ppl-v2 reproduce-velocitune-v2 reproduce-upsampling-v2)
 #   reproduce-corruption-v2   corruption_low corruption_high      mk/reproduce_v2_b0.mk         ~35 min (estimated)
 #   reproduce-replay-v2       replay                              mk/reproduce_v2_b0.mk         ~58 min (estimated)

@@ -28,6 +28,9 @@
 #   = ~660 s a seed, 5 seeds: ~55 min; the tokenizer (~10 s) and the base (400 steps: ~4 min) once;
 #   ~10 processes starting torch (~5 s each): in all ~60 min on 2 idle cores. (One thread's CPU time, if
 #   2 threads gave nothing: ~80 min.) REPRO_V2_STEPS and REPRO_V2_SEEDS scale it linearly.
+# Measured (2026-11-28, a clean data/, beside the test suite): 124 min wall, 8,664 s of CPU (user + sys),
+# i.e. ~76 min of 2 idle cores at ~1.9 cores busy; the base alone took 812 s of CPU (estimated ~330).
+# A topic_ppl member took 2.1 min on an otherwise idle machine, as estimated.
 # Every output is a step output keyed by its inputs and config (a rerun skips what is finished).
 
 # steps of 4 x 256 tokens per member: a multiple of 10 (warmups, rounds and the tail are tenths of it)
