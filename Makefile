@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 CPTKIT := $(BIN)/cptkit
 DATA   ?= data
 PYTEST_ARGS ?= -n $(TEST_WORKERS) --durations=40
-TEST_WORKERS ?= 2  # pytest-xdist workers: 813 s on 2 idle cores (fresh machine, 2026-11-27); 1,733 s on a loaded one
+TEST_WORKERS ?= 2  # pytest-xdist workers; CI (install + suite) took 1,994 s on 2026-11-28, 813 s for the suite on 2026-11-27
 
 .PHONY: install test lint demo cpt-experiment bench clean-demo help
 
