@@ -197,7 +197,9 @@ def test_a_reading_shows_only_beside_the_numbers_it_was_written_for(tmp_path):
     digest = measured_digest(measure(c, tmp_path))
     notes = tmp_path / "readings.yaml"
     notes.write_text(yaml.safe_dump({"c": {"measured": digest, "text": "0.2 wins on every seed."}}))
-    report(tmp_path / "claims.yaml", tmp_path / "r.md", readings=notes)
+    seen: dict[str, str] = {}
+    report(tmp_path / "claims.yaml", tmp_path / "r.md", readings=notes, digests=seen)
+    assert seen == {"c": digest}  # what the CLI prints beside each verdict, from the report's own reading
     assert "**Reading** (written after the run, readings.yaml). 0.2 wins on every seed." in (tmp_path / "r.md").read_text()
     (tmp_path / "m" / "x0.2_s1" / "_results.json").write_text(json.dumps({"score": 0.7}))  # a member rerun
     assert measured_digest(measure(c, tmp_path)) != digest

@@ -589,14 +589,16 @@ def reading_text(cid: str, m: Measured, readings: dict[str, dict[str, str]], sou
 
 
 def report(claims_file: Path, out: Path, root: Path | None = None, header: str = "",
-           partial: bool = False, gpu: bool = False, readings: Path | None = None) -> list[tuple[str, str]]:
+           partial: bool = False, gpu: bool = False, readings: Path | None = None,
+           digests: dict[str, str] | None = None) -> list[tuple[str, str]]:
     """Write the report of every claim to ``out``; returns ``[(claim id, verdict)]``. ``partial``:
     a claim whose sweep is missing or unfinished is reported as not run (with why and its command)
     instead of failing the report. A claim declared ``not_testable`` whose members are not there (a GPU's
     claim on a CPU) is reported as not testable here, with its reason, whether ``partial`` or not.
     ``gpu``: the members were made on a GPU, so a claim declared not testable only because it ``needs a
     GPU`` is decided like the others (and its missing members are then an error, or not run with ``partial``).
-    ``readings``: the prose under each verdict (module docstring), shown only beside the numbers it was written for."""
+    ``readings``: the prose under each verdict (module docstring), shown only beside the numbers it was written for;
+    ``digests`` (filled when given): each measured claim's :func:`measured_digest`, which a reading names."""
 
     claims = load_claims(claims_file)
     notes = load_readings(readings)
@@ -631,6 +633,8 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
         else:
             text, verdict = section(n, m, e, figdir, out.parent)
             text += reading_text(claim.id, m, notes, readings.name if readings else "")
+            if digests is not None:
+                digests[claim.id] = measured_digest(m)
         parts.append(text)
         verdicts.append((claim.id, verdict))
     summary = ["| claim | verdict |", "|---|---|", *(f"| {i} | {v} |" for i, v in verdicts)]
@@ -682,13 +686,8 @@ def main(argv: list[str] | None = None) -> int:
     header = describe(a.outputs or root, a.gpu) if a.header is None else a.header
     if a.preamble is not None:
         header = a.preamble.read_text(encoding="utf-8").strip() + "\n\n" + header
-    verdicts = report(a.claims, a.out, root, header, a.partial, gpu=bool(a.gpu), readings=a.readings)
-    digests = {}
-    for c in load_claims(a.claims):
-        try:
-            digests[c.id] = measured_digest(measure(c, root))
-        except CptkitError:
-            continue
+    digests: dict[str, str] = {}
+    verdicts = report(a.claims, a.out, root, header, a.partial, gpu=bool(a.gpu), readings=a.readings, digests=digests)
     for cid, v in verdicts:
         print(f"{cid}: {v}" + (f" (measured {digests[cid]})" if cid in digests else ""))
     return 0
