@@ -53,12 +53,6 @@ class Run:
         return cls(step=str(cfg.step), io=OmegaConf.to_object(cfg.io), shard=OmegaConf.to_object(cfg.shard),
                    quiet=bool(cfg.get("quiet", False)), record=record)
 
-    def recorded(self, key: str, default: Any = None) -> Any:
-        """The recorded value of ``key`` (dotted), or ``default`` where the record has none."""
-        *parents, leaf = key.split(".")
-        node = _node(self.record, parents)
-        return node[leaf] if isinstance(node, dict) and leaf in node else default
-
     def recording(self, key: str, value: Any) -> Run:
         """A copy whose recorded config has ``key`` (dotted) set to ``value``; an ``io.*`` key
         changes the I/O settings the run uses too."""
