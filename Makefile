@@ -168,15 +168,21 @@ XP_SEEDS    ?= 0 1 2 3 4
 BASE_MODEL  ?= smollm2
 TOKENIZER   ?= $(BASE_MODEL)
 REPLAY      ?= 0.2
-MIX         ?= mix=demo_smollm2 mix.budget_tokens=4e4 mix.eval_docs=64
+MIX         ?= mix=demo_smollm2 mix.eval_docs=64
 # 2 CPU cores: SmolLM2 trains at ~105 tokens/s and scores ~260 tokens/s in fp32, so an arm is 10 steps of
 # 2 x 256 tokens, and every model is scored on 64 documents per group, 64 tokens each (docs/cpt.md, budgets).
 CPT_STEPS   ?= 10
 TM_STEPS    ?= $(shell awk 'BEGIN { printf "%d", $(CPT_STEPS) * (1 - $(REPLAY)) + 0.5 }')
+# One step's tokens (TRAIN_ARGS' micro_batch x MIX's seq_len). Each arm's stream is planned for exactly
+# the tokens the arm trains on (mix.budget_tokens = steps x STEP_TOKENS), so its shares (replay, ZH:EN) hold
+# over what is trained, and the token-matched arm gets the replay arm's domain and Chinese sequences. A
+# larger plan is interleaved at random, and its first steps drew 10-40% replay at a nominal 20%.
+STEP_TOKENS ?= 512
+TM_TOKENS    = $(shell expr $(TM_STEPS) \* $(STEP_TOKENS))
 B0_STEPS    ?= 64  # levelled on 2 cores: fell at 0.0086 nats per 5,120 tokens over its last third (docs/cpt.md)
 # B0 has levelled off when, at the rate its held-out loss fell over its last third, one arm's tokens
 # (ARM_TOKENS: CPT_STEPS x 2 x 256) would lower it by less than B0_FLAT, half the claims' minimum effect
-ARM_TOKENS  ?= $(shell expr $(CPT_STEPS) \* 512)
+ARM_TOKENS  ?= $(shell expr $(CPT_STEPS) \* $(STEP_TOKENS))
 B0_FLAT     ?= 0.01
 B0_TEXT     ?= $(DATA)/b0_text
 OUTSIDE     ?= $(DATA)/outside
@@ -212,20 +218,24 @@ $(XP)/probe.jsonl: $(XP)/b0.json
 
 $(XP)/stream_r0_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
 	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$* \
-	    mix.replay.share=0 -q
+	    mix.budget_tokens=$(ARM_TOKENS) mix.replay.share=0 -q
 $(XP)/stream_rp_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
 	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$* \
-	    mix.replay.share=$(REPLAY) -q
+	    mix.budget_tokens=$(ARM_TOKENS) mix.replay.share=$(REPLAY) -q
+$(XP)/stream_tm_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
+	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$* \
+	    mix.budget_tokens=$(TM_TOKENS) mix.replay.share=0 -q
 $(XP)/stream_gen_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
 	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$* \
-	    'mix.stages=[{name:general,weights:{general:1}}]' mix.replay.share=0 'mix.replay.domains=[]' -q
+	    mix.budget_tokens=$(ARM_TOKENS) 'mix.stages=[{name:general,weights:{general:1}}]' mix.replay.share=0 \
+	    'mix.replay.domains=[]' -q
 # the probe and the outside text: scored at each arm's eval points and by evaluate
 EVAL_DEPS    = $(XP)/probe.jsonl $(OUTSIDE)/_SUCCESS
 $(XP)/runs/noreplay_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS $(XP)/b0.json $(EVAL_DEPS)
 	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged -q
 $(XP)/runs/replay_s%/_SUCCESS: $(XP)/stream_rp_s%/_SUCCESS $(XP)/b0.json $(EVAL_DEPS)
 	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged -q
-$(XP)/runs/noreplay_tm_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS $(XP)/b0.json $(EVAL_DEPS)
+$(XP)/runs/noreplay_tm_s%/_SUCCESS: $(XP)/stream_tm_s%/_SUCCESS $(XP)/b0.json $(EVAL_DEPS)
 	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(TM_STEPS) train.mixture=staged -q
 $(XP)/runs/neutral_s%/_SUCCESS: $(XP)/stream_gen_s%/_SUCCESS $(XP)/b0.json $(EVAL_DEPS)
 	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged -q
@@ -273,7 +283,7 @@ scored: $(DATA)/scored/_SUCCESS
 labelled: $(DATA)/labelled/_SUCCESS
 qa: $(DATA)/qa/_SUCCESS
 corrupted: $(DATA)/qa_c30/_SUCCESS
-stream: $(foreach s,$(DEMO_SEEDS),$(XP)/stream_r0_s$(s)/_SUCCESS $(XP)/stream_rp_s$(s)/_SUCCESS $(XP)/stream_gen_s$(s)/_SUCCESS)
+stream: $(foreach s,$(DEMO_SEEDS),$(foreach k,r0 rp tm gen,$(XP)/stream_$(k)_s$(s)/_SUCCESS))
 trained: $(foreach a,$(ARMS),$(foreach s,$(DEMO_SEEDS),$(XP)/runs/$(a)_s$(s)/_SUCCESS))
 evaluated: $(XP)/demo.md
 
@@ -284,7 +294,7 @@ pipeline: $(XP)/demo.md $(DATA)/qa_c30/_SUCCESS
 	@echo "deduplicated      $(DATA)/deduped     (removed ids: $(DATA)/deduped/_removed.jsonl)"
 	@echo "scored, labelled  $(DATA)/scored $(DATA)/labelled"
 	@echo "synthetic QA      $(DATA)/qa   corrupted copy: $(DATA)/qa_c30"
-	@echo "streams           $(XP)/stream_rp_s0 (replay $(REPLAY))  $(XP)/stream_r0_s0 (none)  $(XP)/stream_gen_s0 (general)"
+	@echo "streams           $(XP)/stream_rp_s0 (replay $(REPLAY))  $(XP)/stream_r0_s0 (none)  $(XP)/stream_tm_s0 (none, token-matched)  $(XP)/stream_gen_s0 (general)"
 	@echo "shipped model     $(BASE_MODEL)"
 	@echo "re-adapted base   $(XP)/b0 (B0; its levelling-off check: $(XP)/b0.json, curve: $(XP)/b0/curves.png)"
 	@echo "forgetting probe  $(XP)/probe.jsonl (texts B0 wrote)   outside English: $(OUTSIDE)"

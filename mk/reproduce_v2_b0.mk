@@ -34,7 +34,7 @@
 # no forgetting curves in the sweeps' runs (the claims read the final evaluation only): 2 x 16 docs x
 # 5 groups x 64 tokens of scoring saved per run; training itself is unchanged (evaluation draws nothing)
 V2_TRAIN_OFF   ?= train.eval_every=0 'train.eval_extra=[]'
-V2_STEP_TOKENS ?= 512  # tokens per optimizer step of TRAIN_ARGS (micro_batch 2 x seq_len 256)
+V2_STEP_TOKENS ?= $(STEP_TOKENS)  # tokens per optimizer step of TRAIN_ARGS (micro_batch 2 x seq_len 256)
 
 # --- corruption (Llama-3-SynE §5.2, Fig. 2, App. H) ------------------------------------------
 # Per seed S: `cptkit.eval.pairs split` orders the domain (English records of $(DATA)/labelled with a
@@ -92,8 +92,11 @@ V2_CORRUPTION := $(foreach r,$(V2_RATIOS),$(foreach s,$(V2_SEED_LIST),$(V2)/corr
 # Arms, each B0 continued with the CPT section's $(TRAIN) (TRAIN_ARGS) on seed S's streams:
 #   rp0.0         the no-replay stream ($(XP)/stream_r0_sS), CPT_STEPS steps
 #   rp0.1 .. 0.3  the same mix (MIX) with general English replayed at that share, CPT_STEPS steps
-#   tm0.2         the no-replay stream for round(0.8 x CPT_STEPS) steps: rp0.2's domain tokens, fewer steps
+#   tm0.2         the no-replay mix planned for round(0.8 x CPT_STEPS) steps: rp0.2's domain and Chinese
+#                 sequences, fewer steps
 #   neutral       general English only ($(XP)/stream_gen_sS), CPT_STEPS steps
+# Every stream is planned for exactly the steps its arm trains (mix.budget_tokens = steps x V2_STEP_TOKENS),
+# so each arm trains on its nominal shares, not on the first steps of a larger plan interleaved at random.
 # Member $(V2)/replay/ARM_sS: cptkit evaluate (EVAL_ARGS without the task) of the arm on seed S's
 # held-out sample and the probe (texts B0 wrote), labelled arm=ARM seed=S. Only the groups the claim
 # reads are scored (V2_REPLAY_GROUPS: the held-out domain and the probe; zh and general would double it).
@@ -103,14 +106,20 @@ V2_ARMS     ?= rp0.0 $(addprefix rp,$(V2_SHARES)) tm0.2 neutral
 V2R         := $(V2)/replay_work
 V2_EVAL     ?= $(EVAL_ARGS) eval.tasks=[]
 V2_REPLAY_GROUPS ?= 'eval.ppl.groups=[domain,probe]'
-v2_stream    = $(if $(filter rp0.0 tm0.2,$(1)),$(XP)/stream_r0_s$(2),$(if $(filter neutral,$(1)),$(XP)/stream_gen_s$(2),$(V2R)/streams/$(1)_s$(2)))
+v2_stream    = $(if $(filter rp0.0,$(1)),$(XP)/stream_r0_s$(2),$(if $(filter neutral,$(1)),$(XP)/stream_gen_s$(2),$(V2R)/streams/$(1)_s$(2)))
 v2_steps     = $(if $(filter tm0.2,$(1)),$(V2_TM_STEPS),$(CPT_STEPS))
 
 define v2_replay_stream
 $(V2R)/streams/rp$(1)_s$(2)/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
 	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $$(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$(2) \
-	    mix.replay.share=$(1) -q
+	    mix.budget_tokens=$$(V2_CPT_TOKENS) mix.replay.share=$(1) -q
 endef
+define v2_tm_stream
+$(V2R)/streams/tm0.2_s$(1)/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
+	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $$(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$(1) \
+	    mix.budget_tokens=$$(V2_TM_TOKENS) mix.replay.share=0 -q
+endef
+V2_TM_TOKENS = $(shell echo $$(( $(V2_TM_STEPS) * $(V2_STEP_TOKENS) )))
 
 define v2_replay_member
 $(V2R)/runs/$(1)_s$(2)/_SUCCESS: $(call v2_stream,$(1),$(2))/_SUCCESS $(XP)/b0.json
@@ -122,6 +131,7 @@ $(V2)/replay/$(1)_s$(2)/_SUCCESS: $(V2R)/runs/$(1)_s$(2)/_SUCCESS $(XP)/stream_r
 endef
 
 $(foreach x,$(V2_SHARES),$(foreach s,$(V2_SEED_LIST),$(eval $(call v2_replay_stream,$(x),$(s)))))
+$(foreach s,$(V2_SEED_LIST),$(eval $(call v2_tm_stream,$(s))))
 $(foreach a,$(V2_ARMS),$(foreach s,$(V2_SEED_LIST),$(eval $(call v2_replay_member,$(a),$(s)))))
 V2_REPLAY := $(foreach a,$(V2_ARMS),$(foreach s,$(V2_SEED_LIST),$(V2)/replay/$(a)_s$(s)/_SUCCESS))
 

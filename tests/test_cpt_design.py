@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,14 @@ from conftest import write_jsonl
 from cptkit.training.b0 import levelled
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _plan_counts(stream: Path) -> dict[str, int]:
+    """Sequences per domain in a stream's whole plan (what ``train.mixture=staged`` draws, in order)."""
+    from cptkit.mixtures.stream import Stream
+
+    st = Stream(stream)
+    return dict(Counter(st.domains[int(d)] for d in st.plan[:, 0]))
 
 
 def _marked(d: Path, records: list[dict]) -> None:
@@ -79,6 +88,15 @@ def test_cpt_design_at_toy_size_through_make(corpus_records, tmp_path):
         man = json.loads((xp / "runs" / f"{arm}_s1" / "_manifest.json").read_text())
         assert man["config"]["model"]["path"] == str(xp / "b0" / "model")
         assert man["config"]["train"]["max_steps"] == steps
+    # each arm's stream is planned for exactly what the arm trains (4 or 3 steps of 2 sequences), so the
+    # shares hold over it: the replay arm replays 20% (1.6 of 8 sequences, rounded), and the token-matched
+    # arm trains on the replay arm's domain and Chinese sequences, in fewer steps
+    for s in (0, 1):
+        drawn = {k: _plan_counts(xp / f"stream_{k}_s{s}") for k in ("r0", "rp", "tm", "gen")}
+        assert [sum(drawn[k].values()) for k in ("r0", "rp", "tm", "gen")] == [8, 8, 6, 8], drawn
+        assert drawn["rp"]["general"] == 2 and drawn["r0"].get("general", 0) == 0, drawn
+        assert {k: drawn["tm"].get(k, 0) for k in ("domain", "zh")} == {k: drawn["rp"][k] for k in ("domain", "zh")}
+        assert set(drawn["gen"]) == {"general"}
     res = json.loads((xp / "eval" / "neutral_s0" / "_results.json").read_text())
     assert {"domain", "zh", "general", "probe", "outside"} <= set(res["perplexity"]["groups"])
     table = (xp / "cpt.md").read_text()

@@ -23,10 +23,10 @@ if [ "${TOY:-0}" = 1 ]; then   # CPU, fp32, a handful of steps: proves the path,
 train.eval_every=2 train.eval_docs=2 train.eval_max_tokens=64"
   B0="$TRAIN train.max_steps=$B0_STEPS seed=0"
   TRAIN="$TRAIN $EXTRA"
-  MIX="mix=demo_smollm2 mix.budget_tokens=4096 mix.seq_len=64 mix.eval_docs=4"
+  MIX="mix=demo_smollm2 mix.seq_len=64 mix.eval_docs=4"
   EVAL="eval.tasks=[] eval.ppl.group_by=domain eval.ppl.max_length=64 eval.ppl.max_tokens=64 eval.ppl.max_docs_per_group=4"
   B0_MIX="mix=b0 mix.budget_tokens=2048 mix.seq_len=64 mix.eval_docs=4"
-  PROBE="PROBE_DOCS=4 PROBE_TOKENS=16 CPT_TASK= ARM_TOKENS=512"
+  PROBE="PROBE_DOCS=4 PROBE_TOKENS=16 CPT_TASK= STEP_TOKENS=128"  # each arm's stream: its steps x 2 x 64 tokens
 else                          # one GPU: ZeRO-2 bf16, 2k-token sequences, 16 x 8 x 4 x 2048 = 1.05M tokens per arm
   STEPS=${STEPS:-16}; MICRO=${MICRO:-8}; ACCUM=${ACCUM:-4}; B0_STEPS=${B0_STEPS:-8}
   TRAIN="deepspeed=zero2 train.precision=bf16 train.keep_checkpoints=false train.micro_batch=$MICRO \
@@ -35,10 +35,10 @@ train.eval_docs=64 train.eval_max_tokens=2048"
   B0="${TRAIN/train.eval_every=$(( STEPS / 4 ))/train.eval_every=2} train.max_steps=$B0_STEPS seed=0"
   TRAIN="$TRAIN $EXTRA"
   B0_MIX="mix=b0 mix.seq_len=2048 mix.budget_tokens=6e5 mix.max_epochs=2 mix.eval_docs=64"  # 8 steps: 0.5M tokens
-  MIX="mix=demo_smollm2 mix.budget_tokens=$(( STEPS * MICRO * ACCUM * 2048 * 2 )) mix.seq_len=2048 mix.eval_docs=64"
+  MIX="mix=demo_smollm2 mix.seq_len=2048 mix.eval_docs=64"  # each arm's stream: its steps x STEP_TOKENS (Makefile)
   EVAL="eval.tasks=[wordnet_defs] eval.limit=500 eval.shots=0 eval.ppl.group_by=domain eval.ppl.max_length=2048 \
 eval.ppl.max_tokens=2048 eval.ppl.max_docs_per_group=64 eval.batch_size=16"
-  PROBE="PROBE_DOCS=64 PROBE_TOKENS=512 ARM_TOKENS=$(( STEPS * MICRO * ACCUM * 2048 ))"
+  PROBE="PROBE_DOCS=64 PROBE_TOKENS=512 STEP_TOKENS=$(( MICRO * ACCUM * 2048 ))"
 fi
 # shellcheck disable=SC2086
 make cpt-experiment ${MAKE_ARGS:-} DATA="$DATA" XP="$XP" BASE_MODEL="$MODEL" XP_SEEDS="$SEEDS" \
