@@ -34,7 +34,6 @@
 # no forgetting curves in the sweeps' runs (the claims read the final evaluation only): 2 x 16 docs x
 # 5 groups x 64 tokens of scoring saved per run; training itself is unchanged (evaluation draws nothing)
 V2_TRAIN_OFF   ?= train.eval_every=0 'train.eval_extra=[]'
-V2_STEP_TOKENS ?= $(STEP_TOKENS)  # tokens per optimizer step of TRAIN_ARGS (micro_batch 2 x seq_len 256)
 
 # --- corruption (Llama-3-SynE §5.2, Fig. 2, App. H) ------------------------------------------
 # Per seed S: `cptkit.eval.pairs split` orders the domain (English records of $(DATA)/labelled with a
@@ -47,7 +46,7 @@ V2_STEP_TOKENS ?= $(STEP_TOKENS)  # tokens per optimizer step of TRAIN_ARGS (mic
 # (cptkit.eval.margin): member $(V2)/corruption/cRATIO_sS.
 V2_RATIOS        ?= 0.0 0.3 0.7
 V2_CORRUPT_STEPS ?= $(CPT_STEPS)
-V2_CORRUPT_TOKENS = $(shell echo $$(( $(V2_CORRUPT_STEPS) * $(V2_STEP_TOKENS) )))
+V2_CORRUPT_TOKENS = $(shell echo $$(( $(V2_CORRUPT_STEPS) * $(STEP_TOKENS) )))  # STEP_TOKENS: the Makefile's
 V2_TRAIN_CHARS    = $(shell echo $$(( $(V2_CORRUPT_TOKENS) * 6 )))  # ~4 characters a token, and to spare
 V2_CORRUPT_MIX   ?= mix=corrupt_v2
 V2_HELDOUT_DOCS  ?= 64
@@ -95,7 +94,7 @@ V2_CORRUPTION := $(foreach r,$(V2_RATIOS),$(foreach s,$(V2_SEED_LIST),$(V2)/corr
 #   tm0.2         the no-replay mix planned for round(0.8 x CPT_STEPS) steps: rp0.2's domain and Chinese
 #                 sequences, fewer steps
 #   neutral       general English only ($(XP)/stream_gen_sS), CPT_STEPS steps
-# Every stream is planned for exactly the steps its arm trains (mix.budget_tokens = steps x V2_STEP_TOKENS),
+# Every stream is planned for exactly the steps its arm trains (mix.budget_tokens = steps x STEP_TOKENS),
 # so each arm trains on its nominal shares, not on the first steps of a larger plan interleaved at random.
 # Member $(V2)/replay/ARM_sS: cptkit evaluate (EVAL_ARGS without the task) of the arm on seed S's
 # held-out sample and the probe (texts B0 wrote), labelled arm=ARM seed=S. Only the groups the claim
@@ -109,17 +108,12 @@ V2_REPLAY_GROUPS ?= 'eval.ppl.groups=[domain,probe]'
 v2_stream    = $(if $(filter rp0.0,$(1)),$(XP)/stream_r0_s$(2),$(if $(filter neutral,$(1)),$(XP)/stream_gen_s$(2),$(V2R)/streams/$(1)_s$(2)))
 v2_steps     = $(if $(filter tm0.2,$(1)),$(V2_TM_STEPS),$(CPT_STEPS))
 
+# $(1) arm, $(2) seed, $(3) replay share, $(4) steps: MIX planned for exactly the arm's steps
 define v2_replay_stream
-$(V2R)/streams/rp$(1)_s$(2)/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
+$(V2R)/streams/$(1)_s$(2)/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
 	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $$(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$(2) \
-	    mix.budget_tokens=$$(V2_CPT_TOKENS) mix.replay.share=$(1) -q
+	    mix.budget_tokens=$$(shell echo $$$$(( $(4) * $$(STEP_TOKENS) ))) mix.replay.share=$(3) -q
 endef
-define v2_tm_stream
-$(V2R)/streams/tm0.2_s$(1)/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
-	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $$(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$(1) \
-	    mix.budget_tokens=$$(V2_TM_TOKENS) mix.replay.share=0 -q
-endef
-V2_TM_TOKENS = $(shell echo $$(( $(V2_TM_STEPS) * $(V2_STEP_TOKENS) )))
 
 define v2_replay_member
 $(V2R)/runs/$(1)_s$(2)/_SUCCESS: $(call v2_stream,$(1),$(2))/_SUCCESS $(XP)/b0.json
@@ -130,8 +124,8 @@ $(V2)/replay/$(1)_s$(2)/_SUCCESS: $(V2R)/runs/$(1)_s$(2)/_SUCCESS $(XP)/stream_r
 	    --in $(XP)/probe.jsonl --out $$(@D) $(V2_EVAL) $(V2_REPLAY_GROUPS) arm=$(1) seed=$(2) -q
 endef
 
-$(foreach x,$(V2_SHARES),$(foreach s,$(V2_SEED_LIST),$(eval $(call v2_replay_stream,$(x),$(s)))))
-$(foreach s,$(V2_SEED_LIST),$(eval $(call v2_tm_stream,$(s))))
+$(foreach s,$(V2_SEED_LIST),$(foreach x,$(V2_SHARES),$(eval $(call v2_replay_stream,rp$(x),$(s),$(x),$(CPT_STEPS)))) \
+  $(eval $(call v2_replay_stream,tm0.2,$(s),0,$(V2_TM_STEPS))))
 $(foreach a,$(V2_ARMS),$(foreach s,$(V2_SEED_LIST),$(eval $(call v2_replay_member,$(a),$(s)))))
 V2_REPLAY := $(foreach a,$(V2_ARMS),$(foreach s,$(V2_SEED_LIST),$(V2)/replay/$(a)_s$(s)/_SUCCESS))
 
@@ -150,7 +144,6 @@ V2_SYN_EVAL_QA  ?= 100
 V2_SYN_ARGS     ?= $(SYNTH_ARGS)
 V2_SYN_MIX      ?= mix=synthetic_v2
 V2S             := $(V2)/synthetic_work
-V2_CPT_TOKENS    = $(shell echo $$(( $(CPT_STEPS) * $(V2_STEP_TOKENS) )))
 v2_syn_weights   = $(if $(filter real0.2,$(1)),{domain:0.84$(comma)zh:0.16},$(shell awk 'BEGIN { x = $(patsubst syn%,%,$(1)); \
                      s = (x > 0) ? "synthetic:" x "," : ""; printf "{%sdomain:%g,zh:%g}", s, 0.8 * (1 - x), 0.2 * (1 - x) }'))
 
@@ -171,7 +164,7 @@ endef
 define v2_synthetic_member
 $(V2S)/streams/$(1)_s$(2)/_SUCCESS: $(V2S)/qa_s$(2)/_SUCCESS $(DATA)/labelled/_SUCCESS $(CORPUS_DEP)
 	$(CPTKIT) build-mix --in $(V2S)/qa_s$(2) --in $(DATA)/labelled --in $(CORPUS) --out $$(@D) $(V2_SYN_MIX) \
-	    mix.budget_tokens=$$(V2_CPT_TOKENS) \
+	    mix.budget_tokens=$$(ARM_TOKENS) \
 	    'mix.stages=[{name:cpt,weights:$(V2_W_$(1))}]' tokenizer=$(TOKENIZER) seed=$(2) -q
 $(V2S)/runs/$(1)_s$(2)/_SUCCESS: $(V2S)/streams/$(1)_s$(2)/_SUCCESS $(XP)/b0.json
 	$(TRAIN) --in $$(<D) --out $$(@D) seed=$(2) train.max_steps=$(CPT_STEPS) train.mixture=staged $(V2_TRAIN_OFF) -q

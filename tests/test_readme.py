@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -101,10 +100,8 @@ def test_readme_examples_run_as_written(tmp_path: Path, corpus_dir: Path, smollm
     # other three arms, their evaluations and the table run in tests/test_cpt_design.py (same recipes)
     dry = subprocess.run([*make, "-n", "pipeline"], capture_output=True, text=True, timeout=120)
     assert dry.returncode == 0 and "cptkit.training.report" in dry.stdout, dry.stdout[-3000:] + dry.stderr[-3000:]
-    t0 = time.monotonic()
     r = subprocess.run([*make, *(f"{data}/{t}/_SUCCESS" for t in README_INPUTS)], capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    print(f"make (toy sizes): {time.monotonic() - t0:.1f} s")
 
     commands = readme_commands()
     assert len(commands) >= 20 and {c.step for c in commands} >= {

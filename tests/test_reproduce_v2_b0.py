@@ -71,7 +71,7 @@ def test_a_claim_that_needs_a_gpu_is_decided_when_made_on_one(tmp_path):
 
 # The sizes bench/gpu/reproduce.sh --toy gives make: the corruption sweep below runs on the tree the script
 # left with the same ones, so that the script's members are the sweep's (make finds them finished).
-TOY_SIZES = [f"TRAIN_ARGS={TOY_TRAIN}", "CPT_STEPS=2", "V2_CORRUPT_STEPS=2", "STEP_TOKENS=128", "V2_STEP_TOKENS=128",
+TOY_SIZES = [f"TRAIN_ARGS={TOY_TRAIN}", "CPT_STEPS=2", "V2_CORRUPT_STEPS=2", "STEP_TOKENS=128",
              "V2_CORRUPT_MIX=mix=corrupt_v2 mix.seq_len=64", "V2_HELDOUT_DOCS=6", "V2_PAIRS=10", "V2_PAIR_RATIO=1.0",
              "V2_MARGIN_ARGS=--threads 1"]
 SEEDS = ["0", "1"]  # the corruption sweep's: two, so that the claim is decided (1 df)

@@ -32,7 +32,7 @@ if [ "$TOY" = 1 ]; then  # CPU, fp32, one seed, one arm per claim: proves the pa
   SEEDS=${SEEDS:-0}; JOBS=${JOBS:-1}
   TRAIN="train.micro_batch=2 train.lr=1e-4 train.warmup=0 train.threads=1 train.precision=fp32 train.eval_docs=2 \
 train.eval_max_tokens=32 train.plot=false train.tensorboard=false"
-  SIZES=(CPT_STEPS=2 B0_STEPS=4 V2_CORRUPT_STEPS=2 STEP_TOKENS=128 V2_STEP_TOKENS=128 "TRAIN_ARGS=$TRAIN"
+  SIZES=(CPT_STEPS=2 B0_STEPS=4 V2_CORRUPT_STEPS=2 STEP_TOKENS=128 "TRAIN_ARGS=$TRAIN"
     "B0_ARGS=$TRAIN train.eval_every=1 train.max_steps=4 seed=0" "B0_MIX=mix=b0 mix.budget_tokens=1024 mix.seq_len=64 mix.eval_docs=2"
     "MIX=mix=demo_smollm2 mix.seq_len=64 mix.eval_docs=4 mix.max_docs=40"
     "EVAL_ARGS=eval.tasks=[] eval.ppl.group_by=domain eval.ppl.max_length=64 eval.ppl.max_tokens=32 eval.ppl.max_docs_per_group=4"
@@ -65,7 +65,7 @@ else                     # one H100: see the estimate above
   SEEDS=${SEEDS:-0 1 2 3 4}; JOBS=${JOBS:-12}; STEPS=${STEPS:-16}; MICRO=${MICRO:-16}; SEQ=${SEQ:-1024}
   TRAIN="train.engine=torch train.precision=bf16 train.micro_batch=$MICRO train.lr=${LR:-1e-4} train.warmup=0.1 \
 train.eval_docs=32 train.eval_max_tokens=$SEQ"
-  SIZES=(CPT_STEPS="$STEPS" B0_STEPS=8 V2_CORRUPT_STEPS="$STEPS" STEP_TOKENS=$(( MICRO * SEQ )) V2_STEP_TOKENS=$(( MICRO * SEQ )) "TRAIN_ARGS=$TRAIN"
+  SIZES=(CPT_STEPS="$STEPS" B0_STEPS=8 V2_CORRUPT_STEPS="$STEPS" STEP_TOKENS=$(( MICRO * SEQ )) "TRAIN_ARGS=$TRAIN"
     "B0_ARGS=$TRAIN train.eval_every=2 train.max_steps=8 seed=0"
     "B0_MIX=mix=b0 mix.seq_len=$SEQ mix.budget_tokens=1.4e5 mix.max_epochs=2 mix.eval_docs=32"
     "MIX=mix=demo_smollm2 mix.seq_len=$SEQ mix.eval_docs=64"  # each arm's stream: its steps x STEP_TOKENS (Makefile)
