@@ -206,3 +206,22 @@ def test_eval_extra_adds_forgetting_curves_keyed_by_its_content(corpus_dir, corp
     write_jsonl(bad, [{"id": "x1", "text": "some text", "domain": "general"}])
     with pytest.raises(CptkitError, match=r"bad.jsonl: record 'x1'.*domain 'general' is one of the stream's"):
         train(tmp_path / "run2", bad)
+
+
+def test_a_staged_run_shorter_than_its_plan_reports_the_shares_it_read(cpt_streams, tmp_path):
+    """2 steps of 8 sequences read the first 16 of the 25% replay stream's 480: the run's manifest
+    says what shares those held against its nominal 25%, as plan_read computes them from the plan."""
+    from cptkit.mixtures.stages import plan_read, run_stages
+    from cptkit.mixtures.stream import Stream
+
+    _, r25 = cpt_streams
+    out = _train(r25, tmp_path / "short", "train.mixture=staged", "train.max_steps=2")
+    st = Stream(r25)
+    doms = list(st.domains)
+    want = plan_read(st.plan[:, 0], doms, run_stages(st.meta["stages"], doms, len(st.plan), 16), 16)
+    assert want["nominal"]["general"] == pytest.approx(0.25, abs=0.01) and want["planned"] == 480
+    w = want["worst"]
+    assert out["extra"]["plan read"] == (f"16 of the stream's 480 planned sequences; largest gap: {w} "
+                                f"{want['read'][w]:.0%} read vs {want['nominal'][w]:.0%} nominal")
+    manifest = json.loads((tmp_path / "short" / "_manifest.json").read_text())
+    assert "plan read" in json.dumps(manifest)

@@ -88,6 +88,7 @@ def test_cpt_design_at_toy_size_through_make(corpus_records, tmp_path):
         man = json.loads((xp / "runs" / f"{arm}_s1" / "_manifest.json").read_text())
         assert man["config"]["model"]["path"] == str(xp / "b0" / "model")
         assert man["config"]["train"]["max_steps"] == steps
+        assert "plan read" not in json.dumps(man)  # it read its stream's whole plan: no share gap to report
     # each arm's stream is planned for exactly what the arm trains (4 or 3 steps of 2 sequences), so the
     # shares hold over it: the replay arm replays 20% (1.6 of 8 sequences, rounded), and the token-matched
     # arm trains on the replay arm's domain and Chinese sequences, in fewer steps

@@ -208,3 +208,29 @@ def test_weighted_loss_se_hand_computed():
     assert weighted_loss_se([(2.0, 1), (6.0, 2), (3.0, 1)]) == pytest.approx(0.286411, abs=1e-6)
     assert weighted_loss_se([(2.0, 1), (4.0, 2)]) == 0.0  # every doc at the mean
     assert math.isnan(weighted_loss_se([(2.0, 1), (5.0, 0)]))  # one scored doc: no SE
+
+
+def test_plan_read_finds_a_prefix_that_misses_its_shares():
+    """A staged run reads the plan's rows in order: a prefix of a randomly interleaved plan, or of a
+    plan whose last stage is a tail, holds other shares than its stages give it."""
+    from cptkit.mixtures.stages import RunStage, plan_read
+
+    doms = ["domain", "zh", "general"]
+    plan = [2, 2, 2, 2, 1, 0, 0, 0, 0, 0] + [0, 0, 0, 0, 0, 0, 0, 1, 1, 1]  # 12 domain, 4 zh, 4 general
+    one = [RunStage("cpt", 0, 10, {"domain": 0.6, "zh": 0.2, "general": 0.2})]
+    r = plan_read(plan, doms, one, 10)  # the first 10 rows: 5 domain, 1 zh, 4 general
+    assert r["read"] == pytest.approx({"domain": 0.5, "zh": 0.1, "general": 0.4})
+    assert r["nominal"] == pytest.approx({"domain": 0.6, "zh": 0.2, "general": 0.2})
+    assert r["worst"] == "general" and r["gap"] == pytest.approx(0.2) and r["planned"] == 20
+    whole = plan_read(plan, doms, [RunStage("cpt", 0, 20, {"domain": 0.6, "zh": 0.2, "general": 0.2})], 20)
+    assert whole["gap"] == pytest.approx(0.0)  # the whole plan holds its shares exactly
+    # main (domain only) then a tail (general only); a run of half the plan never reaches the tail
+    tail_plan = [0] * 16 + [2] * 4
+    stages = [RunStage("main", 0, 8, {"domain": 1.0, "zh": 0.0, "general": 0.0}),
+              RunStage("tail", 8, 10, {"domain": 0.0, "zh": 0.0, "general": 1.0})]
+    half = plan_read(tail_plan, doms, stages, 10)
+    assert half["read"]["general"] == 0.0 and half["nominal"]["general"] == pytest.approx(0.2)
+    assert half["gap"] == pytest.approx(0.2)
+    # a run longer than the plan wraps round it
+    assert plan_read([0, 2], doms, [RunStage("cpt", 0, 3, {"domain": 0.5, "zh": 0.0, "general": 0.5})], 3)["read"] \
+        == pytest.approx({"domain": 2 / 3, "zh": 0.0, "general": 1 / 3})

@@ -69,6 +69,24 @@ def run_stages(stages: Sequence[dict[str, Any]], domains: Sequence[str], stream_
     return out
 
 
+def plan_read(plan_domains: Sequence[int], domains: Sequence[str], stages: Sequence[RunStage],
+              n_run: int) -> dict[str, Any]:
+    """What a ``staged`` run of ``n_run`` sequences reads of a plan (its rows' domain indices, in order,
+    wrapping), against what its stages give it: per domain the share read and the nominal share, and the
+    domain of the largest gap. A plan interleaved at random holds its shares over its whole length only:
+    a run that reads a prefix of it (fewer sequences than planned) can read other shares, and a later
+    stage (an upsampling tail) not at all."""
+    m = len(plan_domains)
+    if m == 0 or n_run <= 0:
+        raise CptkitError("plan_read: an empty plan or run")
+    c = Counter(int(plan_domains[i % m]) for i in range(n_run))
+    read = {d: c[i] / n_run for i, d in enumerate(domains)}
+    nominal = {d: sum((st.end - st.start) * st.weights.get(d, 0.0) for st in stages) / n_run for d in domains}
+    worst = max(domains, key=lambda d: abs(read[d] - nominal[d]))
+    return {"sequences": n_run, "planned": m, "read": read, "nominal": nominal, "worst": worst,
+            "gap": abs(read[worst] - nominal[worst])}
+
+
 def segments(stages: Sequence[RunStage], position: int, n: int) -> list[tuple[int, int]]:
     """Split sequences [position, position + n) by stage: [(stage index, count), ...].
 

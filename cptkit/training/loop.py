@@ -15,9 +15,10 @@ import torch
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.output import TaskResult
+from cptkit.core.progress import log
 from cptkit.core.redact import redact
 from cptkit.mixtures.factory import make_controller
-from cptkit.mixtures.stages import draw_batch
+from cptkit.mixtures.stages import draw_batch, plan_read
 from cptkit.mixtures.stream import Sampler
 from cptkit.mixtures.velocitune import ProxyRun
 from cptkit.training.callbacks import Callback, load_callbacks
@@ -52,6 +53,9 @@ def plan_steps(spec: RunSpec) -> tuple[int, int, int, Schedule]:
     return global_seqs, total_steps, total_steps * global_seqs * seq_len, schedule
 
 
+PLAN_GAP = 0.05  # a staged run's largest share gap (read vs nominal) that is warned about
+
+
 class Trainer:
     """One process's share of a run, set up by the constructor and stepped by :meth:`run`; what
     :class:`~cptkit.training.callbacks.Callback` s see of it is :class:`~cptkit.training.callbacks.Loop`."""
@@ -67,6 +71,7 @@ class Trainer:
         if spec.proxy:  # the proxy follows the real run's schedule and stops early (Velocitune App. B)
             self.proxy_run = ProxyRun(tcfg.velocitune, self.total_steps, self.global_seqs * spec.seq_len)
             self.total_steps = self.proxy_run.max_steps
+        self.plan_note = self._plan_read(stream)
         self.evals = EvalPoints(spec, self.mixture)
         torch.manual_seed(conf.seed)
         model = build_model(conf.model, self.tokenizer, spec.seq_len, conf.trust_remote_code)
@@ -93,6 +98,21 @@ class Trainer:
         self.w_now: dict[str, float] | None = None
         self.data_s = self.mix_s = 0.0
         self.log = self._open_log(has_ckpt)
+
+    def _plan_read(self, stream: Any) -> str | None:
+        """A ``staged`` run that reads other than exactly its stream's plan: the largest share gap, warned
+        when above :data:`PLAN_GAP` and kept for the manifest (None when the run reads the whole plan)."""
+        n_run = self.total_steps * self.global_seqs
+        if not self.mixture.exact_plan or n_run == len(stream.plan):
+            return None
+        r = plan_read(stream.plan[:, 0], list(stream.domains), self.mixture.stages, n_run)
+        w = r["worst"]
+        note = (f"{n_run} of the stream's {r['planned']} planned sequences; largest gap: {w} "
+                f"{r['read'][w]:.0%} read vs {r['nominal'][w]:.0%} nominal")
+        if r["gap"] > PLAN_GAP:
+            log.warning("train.mixture=staged reads %s: the plan is interleaved at random over its whole length; "
+                        "plan the stream for this run (mix.budget_tokens=%d)", note, n_run * self.spec.seq_len)
+        return note
 
     def _open_log(self, has_ckpt: bool) -> MetricsLog:
         """Resume (when asked and possible: every callback's state too), then open the metrics from the
@@ -157,6 +177,8 @@ class Trainer:
             "data+mixture share of step time": (self.data_s + mix_s) / run_s if run_s > 0 else 0.0,
             "data loader s": self.data_s, "mixture eval+update s": mix_s, "run s": run_s,
             "mixture": "proxy" if spec.proxy else spec.tcfg.mixture, **self.engine_info}
+        if self.plan_note:
+            extra["plan read"] = self.plan_note
         write_outputs(spec, self.engine, self.tokenizer, state, self.proxy_run, extra)
         return extra
 
