@@ -6,6 +6,7 @@ both with in-memory clustering and with the map/reduce backend (map, reduce, fin
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import shutil
@@ -27,6 +28,7 @@ BIN = Path(sys.executable).parent
 # The cluster and its clients share a HOME of their own: a ~/.ray/auth_token left by an earlier
 # ray.init() would make `ray start` demand a token that a client started with another HOME lacks.
 RAY_HOME = Path(tempfile.mkdtemp(prefix="cptkit-ray-home-"))
+atexit.register(shutil.rmtree, RAY_HOME, True)  # every process that imports this module made one
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "HOME": str(RAY_HOME)}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,9 +44,11 @@ def cluster():
     why = slurm_cluster.available()
     if why:
         pytest.skip(f"SLURM cluster: {why}")
-    c = slurm_cluster.SlurmCluster(Path(tempfile.mkdtemp(prefix="cptkit-slurm-"))).start()
+    root = Path(tempfile.mkdtemp(prefix="cptkit-slurm-"))
+    c = slurm_cluster.SlurmCluster(root).start()
     yield c
     c.stop()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.slow
