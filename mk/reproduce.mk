@@ -3,16 +3,16 @@
 # cptkit.eval.stats), every sweep on 2 CPU cores, then the report docs/reproductions.md written by
 # cptkit.eval.reproduce from their members under $(REPRO)/v2. Included by the Makefile.
 #   sweep (target)            claims                              file                          CPU, 2 idle cores
-#   reproduce-expansion-v2    expansion                           mk/reproduce_v2_expansion.mk  ~5 min (measured)
+#   reproduce-expansion-v2    expansion                           mk/reproduce_v2_expansion.mk  ~11 min (measured)
 #   reproduce-v2-small        topic_ppl velocitune upsampling     mk/reproduce_v2_small.mk      ~76 min (8,664 CPU-s measured)
 #     (= reproduce-topic_ppl-v2 reproduce-velocitune-v2 reproduce-upsampling-v2)
-#   reproduce-corruption-v2   corruption_low corruption_high      mk/reproduce_v2_b0.mk         ~35 min (estimated)
-#   reproduce-replay-v2       replay                              mk/reproduce_v2_b0.mk         ~58 min (estimated)
+#   reproduce-corruption-v2   corruption_low corruption_high      mk/reproduce_v2_b0.mk         ~29 min (2,697 CPU-s measured)
+#   reproduce-replay-v2       replay                              mk/reproduce_v2_b0.mk         ~46 min (5,005 CPU-s measured)
 # synthetic_share needs a GPU: bench/gpu/reproduce.sh runs it (reproduce-synthetic-v2) and decides it in its
 # own report; on the CPU the page reports it "not testable here" with the claim's reason.
-# About 2 h 40 min of members; from a bare data/ add what they share with the CPT section (B0, its probe,
-# the data steps: ~30 min) and the BM25 index: about 3 h in all. The estimates are the files' own (from
-# toy-size timings, not a full run); under load, as on a shared machine, each is several times longer.
+# About 2 h 43 min of members (the corruption sweep's time includes the data steps and the probe); from a
+# bare data/ add B0 (13.4 min, cached by content once built): about 3 h in all on 2 idle cores, measured
+# sweep by sweep on 2026-11-28 (docs/reproductions.md); under load, as on a shared machine, each is longer.
 #   make reproduce                       every v2 sweep above, resuming finished members; then the report
 #   make reproduce-report                the report from the members there now (--partial: a claim whose
 #                                        members are missing is "not run yet", with its command)

@@ -10,7 +10,9 @@
 # A seed redraws the held-out documents, the pairs, the corruption and the data order. Every
 # member is a step output: a rerun skips the finished ones.
 #
-# CPU time on 2 idle cores at these sizes: an ESTIMATE, not a measurement (SmolLM2 is not trained here).
+# Measured (2026-11-28, a clone's data/, B0 from the cache): corruption 29.2 min wall, 2,697 CPU-s (with the
+# data steps and the probe); replay 59.7 min wall, 5,005 CPU-s (a third of it beside other work; ~46 min idle).
+# The estimate made before either ran, kept for its per-process costs:
 # Per process, the fixed cost measured at toy size (tiny Llama, CPU seconds, user + sys, 2026-11-28, on
 # the loaded machine): pairs split 0.4 s, pairs make 0.4, corrupt 10.5 (spaCy + WordNet; ratio 0: 1.2),
 # build-mix 1.3, train 12.9 (2 steps), margin 8.5 (10 pairs), evaluate 10.5 (imports, model). Scaled to
