@@ -203,3 +203,29 @@ def test_a_changed_tiny_file_redoes_only_its_group(tmp_path, capsys):
     assert sorted(read_jsonl_dir(out), key=key) == sorted(read_jsonl_dir(fresh), key=key)
     man = json.loads((out / "_manifest.json").read_text())
     assert man["counts"]["records_in"] == man["counts"]["records_out"] == 600
+
+
+def test_a_slice_opening_as_another_slice_makes_the_output_joins_it(tmp_path, monkeypatch):
+    """Slices of one array start together: one makes OUT, then its state directory. A slice that finds
+    OUT already there and looks inside between the two (made here deterministic: the other slice's state
+    appears while it lists OUT) joins the run, instead of calling OUT "not a cptkit output"."""
+    from cptkit.core.output import STATE_DIR, OutputDir
+
+    out = tmp_path / "out"
+    out.mkdir()  # the other slice's mkdir
+    real_iterdir = Path.iterdir
+
+    def iterdir(self):
+        if self == out:
+            (out / STATE_DIR).mkdir(exist_ok=True)  # the other slice gets there meanwhile
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    o = OutputDir(out, step="dedup", config={}, identity="h", index=1, count=4)
+    o.open([])
+    o.release()
+    assert not o.created  # another slice's output: never its to empty
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")  # a directory of someone else's files: still refused
+    with pytest.raises(Exception, match="exists and is not a cptkit output"):
+        OutputDir(tmp_path / "foreign", step="dedup", config={}, identity="h", index=1, count=4).open([])

@@ -252,10 +252,13 @@ class OutputDir:
             self.created = self._made_dir = True
         except FileExistsError:
             if not state.exists() and not (out / SUCCESS).exists():
-                if any(out.iterdir()):
+                entries = any(out.iterdir())
+                # another slice of this run may have made OUT a moment ago: its state directory is the
+                # first thing it writes there, so it is looked for again after the listing
+                if entries and not state.exists():
                     raise CptkitError(f"{out}: exists and is not a cptkit output; refusing to write into it "
                                       "(pass another --out)") from None
-                self.created = True  # an empty directory: ours to fill
+                self.created = not entries  # an empty directory: ours to fill
         _real_dir(state)
         self.lock = OutputLock(out, self.index, self.count, self.lock_wait_s)
         self.lock.acquire()
