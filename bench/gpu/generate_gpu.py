@@ -105,9 +105,14 @@ def child(a: argparse.Namespace, method: str) -> dict:
 
 def step(a: argparse.Namespace, method: str) -> dict:
     """``cptkit expand-queries`` end to end with this method's backend: wall time and the step's own LLM stats."""
-    common = ["expand-queries", "--in", "examples/seeds.jsonl", "llm.cache=false", f"expand.rounds={a.rounds}",
+    seeds = "examples/seeds.jsonl"
+    common = ["expand-queries", "--in", seeds, "llm.cache=false", f"expand.rounds={a.rounds}",
               f"llm.max_new_tokens={a.step_tokens}"]
     with tempfile.TemporaryDirectory() as tmp:
+        if a.step_seeds:  # the first N seeds only (--toy on one CPU thread: 2 prompts a seed, ~2 s each)
+            lines = (ROOT / seeds).read_text(encoding="utf-8").splitlines(keepends=True)[:a.step_seeds]
+            Path(tmp, "seeds.jsonl").write_text("".join(lines), encoding="utf-8")
+            common[2] = str(Path(tmp, "seeds.jsonl"))
         t = time.perf_counter()
         rc, _, err = run([sys.executable, "-m", "cptkit", *common, "--out", tmp + "/q", *overrides(method, a)],
                          a.timeout)
@@ -117,8 +122,10 @@ def step(a: argparse.Namespace, method: str) -> dict:
             return failed(method, rc, err)
         llm = json.loads(stats.read_text())["llm"]
     print("step", method, f"{sec:.1f} s", llm, file=sys.stderr)
+    shown = [seeds if x == common[2] else x for x in common]
     return {"method": method, "seconds": sec, "llm": llm,
-            "command": "cptkit " + " ".join(common) + " --out OUT llm.backend=... llm.model=MODEL"}
+            "command": "cptkit " + " ".join(shown) + " --out OUT llm.backend=... llm.model=MODEL"
+                       + (f" (its first {a.step_seeds} seeds)" if a.step_seeds else "")}
 
 
 def bench(a: argparse.Namespace) -> None:
@@ -191,6 +198,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=1, help="expand.rounds of the step run")
     ap.add_argument("--step-tokens", type=int, default=64, help="llm.max_new_tokens of the step run")
+    ap.add_argument("--step-seeds", type=int, default=0, help="the step run reads the first N seeds only (0: all 20)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--timeout", type=int, default=300, help="seconds per method")
     ap.add_argument("--toy", action="store_true", help="CPU, tiny: every method but vLLM, proves the path")
