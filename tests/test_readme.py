@@ -1,8 +1,9 @@
 """Every per-step example of the README runs as written, on a toy ``make demo``'s data.
 
 The ``data/`` the examples read is made by the Makefile's own demo targets at toy sizes (Make
-variables below: SmolLM2 continued for 2 steps per arm) on the demo-corpus slice, as far as the
-examples read it (:data:`README_INPUTS`); then each README command runs from a directory
+variables below; a tiny random Llama with SmolLM2's tokenizer as the base model the CPT part continues,
+2 steps per arm) on the demo-corpus slice, as far as the examples read it (:data:`README_INPUTS`);
+then each README command runs from a directory
 laid out like the repository root (``examples/``, ``data/``, a fresh ``out/``), with the
 embedded SmolLM2 as the LLM. Only these overrides are added to the commands as written, to keep
 them small: :func:`toy_overrides`.
@@ -76,10 +77,10 @@ def toy_overrides(c: Command) -> list[str]:
         extra = ["train.micro_batch=2", "train.threads=1", "train.eval_docs=4"]
         if "model=hf" not in args:
             extra += ["model.hidden=32", "model.layers=1", "model.heads=2"]
-        else:  # SmolLM2: a tenth of the steps (20 -> 2, then extended to 40 -> 4, so resume still extends)
+        else:  # SmolLM2: a twentieth of the steps (20 -> 1, then extended to 40 -> 2, so resume still extends)
             steps = re.search(r"train\.max_steps=(\d+)", args)
             if steps:
-                extra.append(f"train.max_steps={max(1, int(steps.group(1)) // 10)}")
+                extra.append(f"train.max_steps={max(1, int(steps.group(1)) // 20)}")
     elif step == "evaluate" and "eval.suite" not in args:
         # 64 tokens a document as well as a window: the Chinese documents are ~2k tokens each (130 s otherwise)
         extra = ["eval.limit=8", "eval.shots=1", "eval.ppl.max_docs_per_group=4", "eval.ppl.max_length=64",
@@ -88,14 +89,28 @@ def toy_overrides(c: Command) -> list[str]:
 
 
 @pytest.mark.slow(minutes=10)
+def tiny_base(directory: Path) -> Path:
+    """A tiny random Llama with SmolLM2's tokenizer, as the base model the toy CPT part continues (B0,
+    its probe, the replay arm, their evaluations): the README's commands read those outputs, whatever
+    model made them, and the streams stay SmolLM2's (TOKENIZER=smollm2) for its commands that train it."""
+    from cptkit.models.lm import load_tokenizer
+    from cptkit.models.tiny import tiny_llama
+
+    tok = load_tokenizer("smollm2")
+    tiny_llama(tok, hidden=64, layers=2, heads=4, max_position=2048).save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
 def test_readme_examples_run_as_written(tmp_path: Path, corpus_dir: Path, smollm2: str) -> None:
     root = tmp_path / "repo"
     data = root / "data"
     data.mkdir(parents=True)
     (root / "examples").symlink_to(REPO / "examples")
     shutil.copytree(corpus_dir, data / "corpus")
+    base = tiny_base(tmp_path / "tiny_base")
     make = ["make", "-j2", "-C", str(REPO), "-o", ".venv/.installed", f"BIN={BIN}", f"DATA={data}",
-            *(f"{k}={v}" for k, v in TOY_MAKE.items())]
+            f"BASE_MODEL={base}", "TOKENIZER=smollm2", *(f"{k}={v}" for k, v in TOY_MAKE.items())]
     # the whole demo graph is sound (a dry run); then only what the README's commands read is made: the
     # other three arms, their evaluations and the table run in tests/test_cpt_design.py (same recipes)
     dry = subprocess.run([*make, "-n", "pipeline"], capture_output=True, text=True, timeout=120)
