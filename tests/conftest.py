@@ -23,6 +23,13 @@ ROOT = Path(__file__).resolve().parent.parent
 CORPUS_SLICE = 150
 TEST_CACHE = Path(os.environ.get("CPTKIT_TEST_CACHE", os.path.expanduser("~/.cache/cptkit/test-corpus")))
 
+# pytest-xdist workers share the machine's cores: each worker and what it starts gets one OpenMP/BLAS
+# thread unless a test asks for more (train.threads, llm.num_threads, its own environment), so two workers'
+# torch pools do not oversubscribe two cores (libgomp spin-waits burn the CPU the other worker needs)
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
 
 def run_main(argv: list, stdin: str | None = None) -> int:
     """``cptkit ARGV`` in-process through the console entry point (``stdin``: what a prompt would read);
