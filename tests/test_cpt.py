@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from mixdata import build_stream, make_tokenizer
 
@@ -221,6 +222,7 @@ def test_a_staged_run_shorter_than_its_plan_reports_the_shares_it_read(cpt_strea
     want = plan_read(st.plan[:, 0], doms, run_stages(st.meta["stages"], doms, len(st.plan), 16), 16)
     assert want["nominal"]["general"] == pytest.approx(0.25, abs=0.01) and want["planned"] == 480
     w = want["worst"]
+    assert want["read"][w] == pytest.approx(float(np.mean(st.plan[:16, 0] == doms.index(w))))  # the first 16 rows
     assert out["extra"]["plan read"] == (f"16 of the stream's 480 planned sequences; largest gap: {w} "
                                 f"{want['read'][w]:.0%} read vs {want['nominal'][w]:.0%} nominal")
     manifest = json.loads((tmp_path / "short" / "_manifest.json").read_text())

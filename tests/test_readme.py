@@ -88,7 +88,6 @@ def toy_overrides(c: Command) -> list[str]:
     return extra
 
 
-@pytest.mark.slow(minutes=10)
 def tiny_base(directory: Path) -> Path:
     """A tiny random Llama with SmolLM2's tokenizer, as the base model the toy CPT part continues (B0,
     its probe, the replay arm, their evaluations): the README's commands read those outputs, whatever
@@ -102,6 +101,7 @@ def tiny_base(directory: Path) -> Path:
     return directory
 
 
+@pytest.mark.slow(minutes=10)
 def test_readme_examples_run_as_written(tmp_path: Path, corpus_dir: Path, smollm2: str) -> None:
     root = tmp_path / "repo"
     data = root / "data"
@@ -125,7 +125,6 @@ def test_readme_examples_run_as_written(tmp_path: Path, corpus_dir: Path, smollm
     for c in commands:
         c.extra = toy_overrides(c)
     results = run_commands(commands, root, cptkit=[str(BIN / "cptkit")], timeout=900)
-    print(table(results))  # each command's seconds (pytest -s shows them)
     failed = [r for r in results if not ok(r)]
     assert not failed, table(results) + "".join(f"\n$ {r.command.text}\n{r.stderr[-1500:]}" for r in failed)
     # every command that names an output finished it

@@ -106,25 +106,24 @@ def child(a: argparse.Namespace, method: str) -> dict:
 def step(a: argparse.Namespace, method: str) -> dict:
     """``cptkit expand-queries`` end to end with this method's backend: wall time and the step's own LLM stats."""
     seeds = "examples/seeds.jsonl"
-    common = ["expand-queries", "--in", seeds, "llm.cache=false", f"expand.rounds={a.rounds}",
-              f"llm.max_new_tokens={a.step_tokens}"]
+    common = ["llm.cache=false", f"expand.rounds={a.rounds}", f"llm.max_new_tokens={a.step_tokens}"]
     with tempfile.TemporaryDirectory() as tmp:
+        inp = seeds
         if a.step_seeds:  # the first N seeds only (--toy on one CPU thread: 2 prompts a seed, ~2 s each)
+            inp = str(Path(tmp, "seeds.jsonl"))
             lines = (ROOT / seeds).read_text(encoding="utf-8").splitlines(keepends=True)[:a.step_seeds]
-            Path(tmp, "seeds.jsonl").write_text("".join(lines), encoding="utf-8")
-            common[2] = str(Path(tmp, "seeds.jsonl"))
+            Path(inp).write_text("".join(lines), encoding="utf-8")
         t = time.perf_counter()
-        rc, _, err = run([sys.executable, "-m", "cptkit", *common, "--out", tmp + "/q", *overrides(method, a)],
-                         a.timeout)
+        rc, _, err = run([sys.executable, "-m", "cptkit", "expand-queries", "--in", inp, *common, "--out", tmp + "/q",
+                          *overrides(method, a)], a.timeout)
         sec = time.perf_counter() - t
         stats = Path(tmp, "q", "_expand_stats.json")
         if rc or not stats.exists():
             return failed(method, rc, err)
         llm = json.loads(stats.read_text())["llm"]
     print("step", method, f"{sec:.1f} s", llm, file=sys.stderr)
-    shown = [seeds if x == common[2] else x for x in common]
     return {"method": method, "seconds": sec, "llm": llm,
-            "command": "cptkit " + " ".join(shown) + " --out OUT llm.backend=... llm.model=MODEL"
+            "command": f"cptkit expand-queries --in {seeds} " + " ".join(common) + " --out OUT llm.backend=... llm.model=MODEL"
                        + (f" (its first {a.step_seeds} seeds)" if a.step_seeds else "")}
 
 

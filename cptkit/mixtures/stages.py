@@ -79,8 +79,9 @@ def plan_read(plan_domains: Sequence[int], domains: Sequence[str], stages: Seque
     m = len(plan_domains)
     if m == 0 or n_run <= 0:
         raise CptkitError("plan_read: an empty plan or run")
-    c = Counter(int(plan_domains[i % m]) for i in range(n_run))
-    read = {d: c[i] / n_run for i, d in enumerate(domains)}
+    laps, rest = divmod(n_run, m)  # the run reads the plan `laps` times over, then its first `rest` rows
+    whole, head = Counter(map(int, plan_domains)), Counter(map(int, plan_domains[:rest]))
+    read = {d: (laps * whole[i] + head[i]) / n_run for i, d in enumerate(domains)}
     nominal = {d: sum((st.end - st.start) * st.weights.get(d, 0.0) for st in stages) / n_run for d in domains}
     worst = max(domains, key=lambda d: abs(read[d] - nominal[d]))
     return {"sequences": n_run, "planned": m, "read": read, "nominal": nominal, "worst": worst,
