@@ -39,7 +39,10 @@ class RustTokenizer:
         never built)."""
         if isinstance(text, str):
             return {"input_ids": self.backend.encode(text, add_special_tokens=add_special_tokens).ids}
-        return {"input_ids": [e.ids for e in self.backend.encode_batch(text, add_special_tokens=add_special_tokens)]}
+        # encode_batch_fast (tokenizers >= 0.20): the same ids, without the character offsets that
+        # nothing here reads (~20% less CPU on SmolLM2's BPE)
+        batch = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+        return {"input_ids": [e.ids for e in batch(text, add_special_tokens=add_special_tokens)]}
 
 
 def _token(value: Any) -> str | None:
