@@ -174,6 +174,7 @@ def run_row(row: str, p: dict) -> dict[str, dict]:
                                   env={"PYTHONPATH": str(ROOT)})
         res[side]["output"] = q["output"]
         res[side]["work"] = q["work"]
+        res[side]["date"] = time.strftime("%Y-%m-%d")  # rows merged from several runs keep their own day
         print(f"{row} {side}: {res[side]['s']:.1f} s wall, {res[side]['cpu']:.1f} s CPU", file=sys.stderr, flush=True)
     return res
 
@@ -407,9 +408,12 @@ def report(n: int, results: dict, checks: dict, p: dict) -> str:
     cmds = "\n\n".join(f"{row}:\n\n```bash\n" + "\n".join(cptkit_cmds(row, names)) + "\n```"
                        for row in results)
     scripts = "\n\n".join(f"{row} (`DT_{row.upper()}`):\n\n```python\n{DT_SCRIPTS[row]}```" for row in results)
+    days = sorted({r["cptkit"].get("date", "") for r in results.values()} - {""})
+    when = "" if len(days) < 2 else " Rows run on several days (each on an otherwise idle machine): " + ", ".join(
+        f"{row} {r['cptkit']['date']}" for row, r in results.items()) + "."
     return (f"{n:,} documents ({NEAR:.0%} near and {EXACT:.1%} exact copies planted), one worker per side, "
             "each side a fresh process; gzipped JSONL in, uncompressed JSONL out on both sides. Ratio > 1: cptkit "
-            "is faster. CPU s: user + system of the process and its children.\n\n" + table(header, rows)
+            "is faster. CPU s: user + system of the process and its children." + when + "\n\n" + table(header, rows)
             + "\n\nThe cptkit commands (`bench/datatrove.py: cptkit_cmds`; upper-case words are the bench's paths):"
             "\n\n" + cmds + "\n\nThe datatrove scripts (`bench/datatrove.py`, run as `python -c SCRIPT ARGS_JSON`):\n\n"
             + scripts + "\n")
@@ -427,7 +431,9 @@ def main() -> None:
     ap.add_argument("--no-warm", action="store_true", help="skip the untimed warm-up runs (caches already filled)")
     ap.add_argument("--render", action="store_true", help="only write the report of the saved results.json")
     ap.add_argument("--merge", action="store_true", help="report the other rows from the saved results of an "
-                    "earlier run at this size (results.json)")
+                    "earlier run at this size (--saved)")
+    ap.add_argument("--saved", type=Path, help="the results file to merge into and write (default: "
+                    "WORK/docsN/results.json; bench/results/datatrove-N.json keeps a long run's rows in the repo)")
     args = ap.parse_args()
     if args.render:
         return render(args)
@@ -445,12 +451,13 @@ def main() -> None:
         results[row] = run_row(row, p)
         checks[row] = check(row, results[row], docs, planted) if row != "chain" else check_tokens(results[row])
         print(row, json.dumps(checks[row]), file=sys.stderr, flush=True)
-    saved = Path(p["root"]) / "results.json"  # the numbers, should the report need rendering again
+    saved = args.saved or Path(p["root"]) / "results.json"  # the numbers, should the report need rendering again
     if args.merge and saved.exists():
         old = json.loads(saved.read_text())
         results = {r: results.get(r) or old["results"][r] for r in ROWS if r in results or r in old["results"]}
         checks = {r: checks.get(r) or old["checks"][r] for r in results}
-    saved.write_text(json.dumps({"results": results, "checks": checks, "docs": len(docs)}))
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps({"results": results, "checks": checks, "docs": len(docs)}, indent=1))
     print(f"results: {saved}", file=sys.stderr)
     publish(args, len(docs), results, checks, p)
 
@@ -465,8 +472,7 @@ def publish(args: argparse.Namespace, n: int, results: dict, checks: dict, p: di
 
 def render(args: argparse.Namespace) -> None:
     """The report of a finished run at ``--docs`` (its results.json), written again."""
-    root = args.work / f"docs{args.docs}"
-    saved = json.loads((root / "results.json").read_text())
+    saved = json.loads((args.saved or args.work / f"docs{args.docs}" / "results.json").read_text())
     p = {k: k for k in ("root", "input", "model", "lid", "tokenizer_dir", "tokenizer", "eos", "workers")}
     p |= {"min_quality": THRESHOLD_Q, "min_lang": THRESHOLD_LANG, "lang_chars": 100_000}
     n = saved.get("docs") or saved["checks"]["tokenize"]["cptkit_docs"]  # every document is tokenized

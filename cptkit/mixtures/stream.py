@@ -22,6 +22,7 @@ import json
 import math
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -122,13 +123,16 @@ class DomainFiles:
         d.docs += 1
         d.tokens += len(arr)
 
-    def add(self, batch: list[tuple[str, Record]]) -> None:
-        """Tokenize a batch of ``(leaf, record)`` (and score it for a PPL curriculum); file the tokens."""
-        if not batch:
-            return
-        t = time.time()
-        enc = encode_many(self.tok, [r["text"] for _, r in batch])  # a long text in pieces: bounded memory
-        self.tokenize_s += time.time() - t
+    def encode(self, batch: list[tuple[str, Record]]) -> list[list[int]]:
+        """The batch's token ids (a long text in pieces: bounded memory). Touches nothing else, so it
+        may run in a thread beside the reading (the Rust tokenizer releases the GIL)."""
+        t = time.perf_counter()
+        enc = encode_many(self.tok, [r["text"] for _, r in batch])
+        self.tokenize_s += time.perf_counter() - t
+        return enc
+
+    def file(self, batch: list[tuple[str, Record]], enc: list[list[int]]) -> None:
+        """File a tokenized batch: PPL scores for a curriculum, the held-out heap, the raw files."""
         ppls = [float("nan")] * len(batch)
         score = [i for i, (name, _) in enumerate(batch) if self.wants_ppl(name)]
         if score:
@@ -200,17 +204,33 @@ def route_and_tokenize(records: Any, s: MixSettings, files: DomainFiles) -> Rout
     routed = _route(records, s, st)
     if s.mix.max_docs > 0:
         routed = sample_per_domain(routed, s.mix.max_docs, s.seed)
-    batch: list[tuple[str, Record]] = []
-    for name, rec in routed:
-        batch.append((name, rec))
-        if len(batch) >= s.batch_docs:
-            files.add(batch)
-            batch = []
-    files.add(batch)
+    # Batch k is tokenized in a thread while batch k+1 is read and parsed here (the Rust tokenizer
+    # releases the GIL), then filed here in reading order: the same files, the reading overlapped.
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenize") as pool:
+        pending: tuple[list, Future] | None = None
+        for batch in _batches(routed, s.batch_docs):
+            ahead = (batch, pool.submit(files.encode, batch))
+            if pending is not None:
+                files.file(pending[0], pending[1].result())
+            pending = ahead
+        if pending is not None:
+            files.file(pending[0], pending[1].result())
     files.close()
     if not files.leaves:
         raise CptkitError(f"build-mix: none of the {st.records_in} records matched a domain filter")
     return st
+
+
+def _batches(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
+    """``items`` in lists of ``n`` (the last one shorter; none when empty)."""
+    batch: list[Any] = []
+    for x in items:
+        batch.append(x)
+        if len(batch) >= n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _route(records: Any, s: MixSettings, st: RouteStats) -> Iterator[tuple[str, Record]]:
@@ -250,7 +270,10 @@ def write_domains(files: DomainFiles, s: MixSettings, tok_dir: Path) -> list[dic
             perm = np.random.default_rng(rng_seed).permutation(d.docs)
         raw = np.fromfile(files.raw_path(d), dtype=files.dtype)
         fname = f"d{d.index:03d}"
-        final = np.concatenate([raw[starts[i]:starts[i] + lengths[i]] for i in perm]) if d.docs else raw[:0]
+        if (perm == np.arange(d.docs)).all():  # as read: the raw file is already the domain's token file
+            final = raw
+        else:
+            final = np.concatenate([raw[starts[i]:starts[i] + lengths[i]] for i in perm]) if d.docs else raw[:0]
         atomic_write_bytes(tok_dir / f"{fname}.bin", final.tobytes())
         offsets = np.concatenate([[0], np.cumsum(lengths[perm])]).astype(np.int64)
         atomic_write_bytes(tok_dir / f"{fname}.docs.npy", npy_bytes(offsets))
