@@ -467,7 +467,8 @@ def publish(args: argparse.Namespace, n: int, results: dict, checks: dict, p: di
     print(body)
     if not args.no_write:
         cmd = "python bench/datatrove.py" + (f" --docs {args.docs}" if args.docs != 1_000_000 else "")
-        write_section("datatrove", f"cptkit vs datatrove 0.10, side by side, {n:,} documents", cmd, body)
+        name = "datatrove" if args.docs == 1_000_000 else f"datatrove-{args.docs}"  # the size first
+        write_section(name, f"cptkit vs datatrove 0.10, side by side, {n:,} documents", cmd, body)
 
 
 def render(args: argparse.Namespace) -> None:

@@ -104,9 +104,10 @@ def test_demo_stream_tokens_plan_and_determinism(corpus_dir, corpus_records, tok
         assert plan[plan[:, 0] == i, 1].max() < s["domains"][i]["sequences"]
     manifest = json.loads((tmp_path / "s1" / "_manifest.json").read_text())
     assert manifest["stream"]["stages"][0]["tokens"] == st["tokens"]
-    # deterministic: a second build is byte-identical
-    build_stream(corpus_dir, tok, tmp_path / "s2", ov)
-    for f in ["plan.npy"] + [d["file"] for d in s["domains"]]:
+    # deterministic: a second build is byte-identical, in batches of 3 documents too (one batch is
+    # tokenized in a thread while the next is read: they are filed in reading order)
+    build_stream(corpus_dir, tok, tmp_path / "s2", [*ov, "build_mix.batch_docs=3"])
+    for f in ["plan.npy", "_eval.jsonl.gz"] + [d["file"] for d in s["domains"]] + [d["docs_file"] for d in s["domains"]]:
         assert (tmp_path / "s1" / f).read_bytes() == (tmp_path / "s2" / f).read_bytes()
     # another seed shuffles differently
     build_stream(corpus_dir, tok, tmp_path / "s3", [*ov[:-1], "seed=4"])
