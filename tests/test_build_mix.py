@@ -221,3 +221,12 @@ def test_max_docs_samples_each_domain_and_keeps_the_held_out_set(corpus_dir, cor
     assert evals[0] == evals[1]  # the held-out documents are the same with the cap
     with pytest.raises(CptkitError, match="max_docs=3: must exceed eval_docs=4"):
         build_stream(corpus_dir, tok, tmp_path / "bad", [*ov, "mix.max_docs=3"])
+
+
+def test_batches_close_at_a_count_or_at_a_character_budget():
+    from cptkit.mixtures.stream import _batches
+
+    routed = [("d", {"id": str(i), "text": "x" * n}) for i, n in enumerate([5, 5, 5, 20, 1, 1, 1])]
+    sizes = [[len(r["text"]) for _, r in b] for b in _batches(routed, 3, max_chars=12)]
+    assert sizes == [[5, 5, 5], [20], [1, 1, 1]]  # 3 records; 20 characters alone; the rest
+    assert [len(b) for b in _batches(routed, 10, max_chars=1000)] == [7] and list(_batches([], 3)) == []

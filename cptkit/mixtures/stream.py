@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 STREAM = "_stream.json"
 EVAL = "_eval.jsonl.gz"
 FORMAT = "cptkit-stream/1"
+BATCH_CHARS = 1_000_000  # characters per tokenizer batch at most (build_mix.batch_docs documents)
 
 
 # --- writing --------------------------------------------------------------------------------
@@ -221,14 +222,18 @@ def route_and_tokenize(records: Any, s: MixSettings, files: DomainFiles) -> Rout
     return st
 
 
-def _batches(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
-    """``items`` in lists of ``n`` (the last one shorter; none when empty)."""
-    batch: list[Any] = []
-    for x in items:
+def _batches(routed: Iterable[tuple[str, Record]], n: int,
+             max_chars: int = BATCH_CHARS) -> Iterator[list[tuple[str, Record]]]:
+    """``routed`` in lists of ``n`` records, or fewer when their texts reach ``max_chars`` characters
+    (a tokenizer's encodings take ~300 bytes a character: two batches in flight stay bounded)."""
+    batch: list[tuple[str, Record]] = []
+    chars = 0
+    for x in routed:
         batch.append(x)
-        if len(batch) >= n:
+        chars += len(x[1]["text"])
+        if len(batch) >= n or chars >= max_chars:
             yield batch
-            batch = []
+            batch, chars = [], 0
     if batch:
         yield batch
 
