@@ -46,7 +46,7 @@ from cptkit.text.rust_tokenizer import RustTokenizer, load_rust_tokenizer
 
 @dataclass
 class BuildMixOptions:
-    # documents per tokenizer batch (and at most BATCH_CHARS characters): 1M paragraphs in 65 s wall, 81 s at 256
+    # documents per tokenizer batch (and at most BATCH_CHARS characters); fewer, larger calls to the Rust encoder
     batch_docs: int = 1024
     dtype: str = "auto"  # auto | uint16 | uint32
 
