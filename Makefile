@@ -337,7 +337,7 @@ bench-1m: install  # the 1M-document rows: BM25 top-1000 vs bm25s, dedup end to 
 	nice $(BIN)/python bench/scale_corpus.py  # ~1.2M Debian doc paragraphs, built once per inputs
 	nice $(BIN)/python bench/scale.py --retrieve-only --sizes 1000000 --rounds 3
 	nice $(BIN)/python bench/dedup_rensa.py
-bench-datatrove: install  # cptkit vs datatrove 0.10 side by side on the 1M corpus: 5 rows (hours on 2 cores)
+bench-datatrove: install  # cptkit vs datatrove 0.10 side by side on the 1M corpus: 5 rows (~55 min on 2 idle cores, 2026-11-28; corpus ~5 min)
 	nice $(BIN)/python bench/scale_corpus.py  # the corpus of bench-1m, built once per inputs
 	nice $(BIN)/python bench/datatrove.py
 bench-%: install
