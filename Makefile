@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 CPTKIT := $(BIN)/cptkit
 DATA   ?= data
 PYTEST_ARGS ?= -n $(TEST_WORKERS) --durations=40
-TEST_WORKERS ?= 2  # pytest-xdist workers (one OpenMP thread each: tests/conftest.py); the suite took 22:59 on 2 idle cores on 2026-11-28 (2,542 CPU-s)
+TEST_WORKERS ?= 2  # pytest-xdist workers (one OpenMP thread each: tests/conftest.py); the suite took 20:51 on 2 idle cores on 2026-11-28 (2,247 CPU-s)
 
 .PHONY: install test lint demo cpt-experiment bench clean-demo help
 
