@@ -126,12 +126,13 @@ def code_lines(text: str) -> int:
 def cptkit_cmds(row: str, p: dict) -> list[str]:
     """The shell commands a cptkit user types for ``row`` (``p``: the paths and settings)."""
     out, quiet = p["output"], "shard.compression=none --quiet"
-    dedup = f"cptkit dedup --in {p['input']} --out {p['work']}/deduped {quiet}"
+    workers = f" dedup.workers={p['workers']}" if str(p.get("workers", 1)) not in ("1", "workers") else ""
+    dedup = f"cptkit dedup --in {p['input']} --out {p['work']}/deduped{workers} {quiet}"
     quality = f"quality.model={p['model']} quality.positive=hq quality.min_score={p['min_quality']}"
     lang = f"lang.keep=[en] lang.min_score={p['min_lang']} lang.model={p['lid']} lang.max_chars={p['lang_chars']}"
     mix = f"mix=scale mix.eval_docs=0 mix.budget_tokens=2048 tokenizer={p['tokenizer_dir']} --quiet"
     if row == "dedup":
-        return [f"cptkit dedup --in {p['input']} --out {out} {quiet}"]
+        return [f"cptkit dedup --in {p['input']} --out {out}{workers} {quiet}"]
     if row == "quality":
         return [f"cptkit score-quality --in {p['input']} --out {out} {quality} {quiet}"]
     if row == "lang":
@@ -175,6 +176,7 @@ def run_row(row: str, p: dict) -> dict[str, dict]:
         res[side]["output"] = q["output"]
         res[side]["work"] = q["work"]
         res[side]["date"] = time.strftime("%Y-%m-%d")  # rows merged from several runs keep their own day
+        res[side]["workers"] = p["workers"]
         print(f"{row} {side}: {res[side]['s']:.1f} s wall, {res[side]['cpu']:.1f} s CPU", file=sys.stderr, flush=True)
     return res
 
@@ -411,7 +413,9 @@ def report(n: int, results: dict, checks: dict, p: dict) -> str:
     days = sorted({r["cptkit"].get("date", "") for r in results.values()} - {""})
     when = "" if len(days) < 2 else " Rows run on several days (each on an otherwise idle machine): " + ", ".join(
         f"{row} {r['cptkit']['date']}" for row, r in results.items()) + "."
-    return (f"{n:,} documents ({NEAR:.0%} near and {EXACT:.1%} exact copies planted), one worker per side, "
+    w = next((r["cptkit"].get("workers", 1) for r in results.values()), 1)
+    return (f"{n:,} documents ({NEAR:.0%} near and {EXACT:.1%} exact copies planted), "
+            f"{'one worker' if w == 1 else f'{w} workers'} per side, "
             "each side a fresh process; gzipped JSONL in, uncompressed JSONL out on both sides. Ratio > 1: cptkit "
             "is faster. CPU s: user + system of the process and its children." + when + "\n\n" + table(header, rows)
             + "\n\nThe cptkit commands (`bench/datatrove.py: cptkit_cmds`; upper-case words are the bench's paths):"
@@ -423,7 +427,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", type=int, default=1_000_000)
     ap.add_argument("--rows", default=",".join(ROWS))
-    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=1, help="worker processes per side: datatrove's executor workers "
+                    "and cptkit's dedup.workers (the other stages are one task on both sides)")
     ap.add_argument("--tokenizer", default="smollm2", help="tokenizer spec, saved to a folder once")
     ap.add_argument("--corpus", type=Path, default=bs.CORPUS)
     ap.add_argument("--work", type=Path, default=Path("/tmp/cptkit-bench-datatrove"))
