@@ -204,11 +204,14 @@ def train_quality(docs: list[dict], path: Path, n: int = 20000) -> Path:
     """A fastText classifier on raw paragraph text (``__label__hq|lq``), one thread: deterministic."""
     import fasttext
 
+    from cptkit.labels.backends.fasttext import _ft_train
+
     train = path.with_suffix(".train.txt")
     with open(train, "w", encoding="utf-8") as f:
         for d in docs[:n]:
             f.write(f"__label__{'hq' if is_hq(d['source']) else 'lq'} {d['text'].strip().replace(chr(10), ' ')}\n")
-    model = fasttext.train_supervised(input=str(train), epoch=5, dim=32, wordNgrams=2, thread=1, seed=0, verbose=0)
+    # cptkit's trainer call: fastText's defaults (lr 0.1, softmax), lr halved should it diverge ("Encountered NaN")
+    model = _ft_train(fasttext, str(train), {"epoch": 5, "dim": 32, "wordNgrams": 2, "thread": 1, "lr": 0.1}, seed=0)
     model.save_model(str(path))
     train.unlink()
     return path
