@@ -109,6 +109,14 @@ V2_EVAL     ?= $(EVAL_ARGS) eval.tasks=[]
 V2_REPLAY_GROUPS ?= 'eval.ppl.groups=[domain,probe]'
 v2_stream    = $(if $(filter rp0.0,$(1)),$(XP)/stream_r0_s$(2),$(if $(filter neutral,$(1)),$(XP)/stream_gen_s$(2),$(V2R)/streams/$(1)_s$(2)))
 v2_steps     = $(if $(filter tm0.2,$(1)),$(V2_TM_STEPS),$(CPT_STEPS))
+# Four arms are runs the CPT section makes too (the Makefile's noreplay, neutral and, at REPLAY=0.2,
+# replay and noreplay_tm): the same stream, seed and steps, so the same weights (its forgetting curves
+# draw nothing). A finished CPT member (`make cpt-experiment` first) is evaluated instead of trained
+# again: 20 of the sweep's 30 runs. Without it the sweep trains its own, as below.
+v2_cpt_arm   = $(if $(filter rp0.0,$(1)),noreplay,$(if $(filter neutral,$(1)),neutral,$(if $(filter 0.2,$(REPLAY)),$(if \
+               $(filter rp0.2,$(1)),replay,$(if $(filter tm0.2,$(1)),noreplay_tm)))))
+v2_run       = $(or $(if $(call v2_cpt_arm,$(1)),$(patsubst %/_SUCCESS,%,$(wildcard \
+               $(XP)/runs/$(call v2_cpt_arm,$(1))_s$(2)/_SUCCESS))),$(V2R)/runs/$(1)_s$(2))
 
 # $(1) arm, $(2) seed, $(3) replay share, $(4) steps: MIX planned for exactly the arm's steps
 define v2_replay_stream
@@ -121,8 +129,8 @@ define v2_replay_member
 $(V2R)/runs/$(1)_s$(2)/_SUCCESS: $(call v2_stream,$(1),$(2))/_SUCCESS $(XP)/b0.json
 	$(TRAIN) --in $(call v2_stream,$(1),$(2)) --out $$(@D) seed=$(2) train.max_steps=$$(call v2_steps,$(1)) \
 	    train.mixture=staged $(V2_TRAIN_OFF) -q
-$(V2)/replay/$(1)_s$(2)/_SUCCESS: $(V2R)/runs/$(1)_s$(2)/_SUCCESS $(XP)/stream_r0_s$(2)/_SUCCESS $(XP)/probe.jsonl
-	$(CPTKIT) evaluate --model $(V2R)/runs/$(1)_s$(2)/model --in $(XP)/stream_r0_s$(2)/_eval.jsonl.gz \
+$(V2)/replay/$(1)_s$(2)/_SUCCESS: $(call v2_run,$(1),$(2))/_SUCCESS $(XP)/stream_r0_s$(2)/_SUCCESS $(XP)/probe.jsonl
+	$(CPTKIT) evaluate --model $(call v2_run,$(1),$(2))/model --in $(XP)/stream_r0_s$(2)/_eval.jsonl.gz \
 	    --in $(XP)/probe.jsonl --out $$(@D) $(V2_EVAL) $(V2_REPLAY_GROUPS) arm=$(1) seed=$(2) -q
 endef
 

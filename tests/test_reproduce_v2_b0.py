@@ -182,3 +182,43 @@ def test_gpu_script_toy_mode_runs_every_claim_path(toy_tree):
         assert f"| {cid} | not run yet |" in text, text[:2000]
     assert "no member with axis value 0.3 (have [0.7])" in text
     assert "no member with axis value tm0.2 (have ['rp0.2'])" in text
+
+
+def _replay_plan(tmp_path: Path, extra: list[str]) -> tuple[dict[str, str], list[str]]:
+    """`make -n reproduce-replay-v2` for seed 0 with the CPT section's inputs taken as made and old:
+    each arm's evaluated model, and the --out of every run make would train."""
+    data, xp = tmp_path / "data", tmp_path / "data" / "xp"
+    old = [f"{data}/{d}/_SUCCESS" for d in ("labelled", "corpus", "outside")] + [
+        f"{xp}/stream_{s}_s0/_SUCCESS" for s in ("r0", "rp", "tm", "gen")] + [f"{xp}/b0.json", f"{xp}/probe.jsonl"]
+    r = subprocess.run(["make", "-n", "--no-print-directory", "reproduce-replay-v2", f"VENV={VENV}",
+                        f"-o{VENV}/.installed", *(f"-o{p}" for p in old), f"DATA={data}", f"XP={xp}",
+                        f"REPRO={tmp_path / 'repro'}", "REPRO_V2_SEEDS=0", *extra],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    models, trained = {}, []
+    for line in r.stdout.splitlines():
+        words = line.split()
+        if "evaluate" in words and "--model" in words:
+            arm = next(w for w in words if w.startswith("arm="))[4:]
+            models[arm] = str(Path(words[words.index("--model") + 1]).relative_to(tmp_path))
+        if "train" in words and "--out" in words:
+            trained.append(str(Path(words[words.index("--out") + 1]).relative_to(tmp_path)))
+    return models, trained
+
+
+def test_replay_sweep_evaluates_the_cpt_sections_runs_when_they_are_made(tmp_path):
+    """rp0.0, rp0.2, tm0.2 and neutral are the CPT section's noreplay, replay, noreplay_tm and neutral
+    runs (same stream, seed, steps): finished, they are evaluated, not trained again; absent, or at
+    another REPLAY share (whose arms are other runs), the sweep trains its own."""
+    own = {a: f"repro/v2/replay_work/runs/{a}_s0/model" for a in ("rp0.0", "rp0.1", "rp0.2", "rp0.3", "tm0.2", "neutral")}
+    models, trained = _replay_plan(tmp_path, [])
+    assert models == own and sorted(trained) == sorted(m.removesuffix("/model") for m in own.values())
+    for arm in ("noreplay", "replay", "noreplay_tm", "neutral"):
+        (tmp_path / "data" / "xp" / "runs" / f"{arm}_s0").mkdir(parents=True)
+        (tmp_path / "data" / "xp" / "runs" / f"{arm}_s0" / "_SUCCESS").write_text("")
+    models, trained = _replay_plan(tmp_path, [])
+    cpt = {"rp0.0": "noreplay", "rp0.2": "replay", "tm0.2": "noreplay_tm", "neutral": "neutral"}
+    assert models == {**own, **{a: f"data/xp/runs/{c}_s0/model" for a, c in cpt.items()}}
+    assert sorted(trained) == ["repro/v2/replay_work/runs/rp0.1_s0", "repro/v2/replay_work/runs/rp0.3_s0"]
+    models, _ = _replay_plan(tmp_path, ["REPLAY=0.3"])  # the CPT replay arm replays 30%: not rp0.2
+    assert models["rp0.2"] == own["rp0.2"] and models["rp0.0"] == "data/xp/runs/noreplay_s0/model"
