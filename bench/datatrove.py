@@ -126,7 +126,7 @@ def code_lines(text: str) -> int:
 def cptkit_cmds(row: str, p: dict) -> list[str]:
     """The shell commands a cptkit user types for ``row`` (``p``: the paths and settings)."""
     out, quiet = p["output"], "shard.compression=none --quiet"
-    workers = f" dedup.workers={p['workers']}" if str(p.get("workers", 1)) not in ("1", "workers") else ""
+    workers = f" dedup.workers={p['workers']}" if int(p.get("workers", 1)) > 1 else ""
     dedup = f"cptkit dedup --in {p['input']} --out {p['work']}/deduped{workers} {quiet}"
     quality = f"quality.model={p['model']} quality.positive=hq quality.min_score={p['min_quality']}"
     lang = f"lang.keep=[en] lang.min_score={p['min_lang']} lang.model={p['lid']} lang.max_chars={p['lang_chars']}"
@@ -400,7 +400,8 @@ def report(n: int, results: dict, checks: dict, p: dict) -> str:
               "CPU: datatrove / cptkit", "user code lines cptkit / datatrove", "agreement (cptkit / datatrove)",
               "load avg start / end"]
     # the commands with their paths as words, their settings as values
-    names = {k: p[k] if k in ("min_quality", "min_lang", "lang_chars") else k.upper() for k in [*p, "output", "work"]}
+    names = {k: p[k] if k in ("min_quality", "min_lang", "lang_chars", "workers") else k.upper()
+             for k in [*p, "output", "work"]}
     rows = []
     for row, r in results.items():
         c, d = r["cptkit"], r["datatrove"]
@@ -416,9 +417,8 @@ def report(n: int, results: dict, checks: dict, p: dict) -> str:
     days = sorted({r["cptkit"].get("date", "") for r in results.values()} - {""})
     when = "" if len(days) < 2 else " Rows run on several days (each on an otherwise idle machine): " + ", ".join(
         f"{row} {r['cptkit']['date']}" for row, r in results.items()) + "."
-    w = next((r["cptkit"].get("workers", 1) for r in results.values()), 1)
     return (f"{n:,} documents ({NEAR:.0%} near and {EXACT:.1%} exact copies planted), "
-            f"{'one worker' if w == 1 else f'{w} workers'} per side, "
+            f"{'one worker' if int(p['workers']) == 1 else str(p['workers']) + ' workers'} per side, "
             "each side a fresh process; gzipped JSONL in, uncompressed JSONL out on both sides. Ratio > 1: cptkit "
             "is faster. CPU s: user + system of the process and its children." + when + "\n\n" + table(header, rows)
             + "\n\nThe cptkit commands (`bench/datatrove.py: cptkit_cmds`; upper-case words are the bench's paths):"
@@ -482,7 +482,8 @@ def publish(args: argparse.Namespace, n: int, results: dict, checks: dict, p: di
 def render(args: argparse.Namespace) -> None:
     """The report of a finished run at ``--docs`` (its results.json), written again."""
     saved = json.loads((args.saved or args.work / f"docs{args.docs}" / "results.json").read_text())
-    p = {k: k for k in ("root", "input", "model", "lid", "tokenizer_dir", "tokenizer", "eos", "workers")}
+    p = {k: k for k in ("root", "input", "model", "lid", "tokenizer_dir", "tokenizer", "eos")}
+    p["workers"] = next(iter(saved["results"].values()))["cptkit"].get("workers", 1)  # the run's, not an option
     p |= {"min_quality": THRESHOLD_Q, "min_lang": THRESHOLD_LANG, "lang_chars": 100_000}
     n = saved.get("docs") or saved["checks"]["tokenize"]["cptkit_docs"]  # every document is tokenized
     publish(args, n, saved["results"], saved["checks"], p)
