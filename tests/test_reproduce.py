@@ -287,7 +287,7 @@ def test_v2_rule_primary_comparisons_holm_tost_contrast_and_not_testable(tmp_pat
     assert "TOST ±0.02, 4 df, Holm over 4 | holds" in text
     assert "**Verdict: not testable here** (needs a GPU: bench/gpu/reproduce.sh)." in text
     assert "**Control:** the control" in text and "**Why the measure could have failed:** because" in text
-    assert "under the minimum effect 0.05" in text
+    assert "does not clear the minimum effect 0.05" in text and "minimum detectable effect" in text
 
 
 @pytest.mark.parametrize("seeds", ["0,1", "0 1"])  # REPRO_V2_SEEDS as a Hydra list or as make words

@@ -19,6 +19,8 @@ from cptkit.eval.stats import (
     hierarchical_bootstrap,
     holm,
     mean_se,
+    min_detectable_effect,
+    min_detectable_margin,
     paired_t,
     t_cdf,
     t_ppf,
@@ -102,6 +104,63 @@ def test_not_testable_with_one_seed_or_a_measure_that_cannot_move():
     assert claim_verdict([clamped, paired_t(planted(5, 1, 0.1), 1)]) == INCONCLUSIVE
     assert claim_verdict([paired_t(planted(5, 1, 0.1), 1)] * 2) == HOLDS
     assert claim_verdict([paired_t(planted(5, 1, 0.1), 1), paired_t(planted(5, 1, 0.1), -1)]) == CONTRADICTS
+
+
+def test_a_significant_effect_whose_interval_straddles_the_minimum_is_inconclusive():
+    # the v2 replay reading: +0.0221 ± 0.0037 over 5 seeds, minimum effect 0.02. p ~ 0.004, and the point
+    # clears 0.02, but the 95% interval [+0.012, +0.032] does not: a direction, not a size
+    d = planted(5, 0.0221, 0.0037)
+    for expect, old in ((+1, HOLDS), (-1, CONTRADICTS)):
+        e = paired_t(d, expect=expect, min_effect=0.02)
+        assert e.p < 0.01 and e.lo < 0.02 < e.hi and abs(e.mean) > 0.02  # the old rule said `old`
+        assert e.verdict == INCONCLUSIVE != old and "does not clear the minimum effect" in e.reason
+        assert e.mde > 0.02 and "minimum detectable effect" in e.sentence()
+    # the same estimate with a tight interval clears it both ways
+    tight = planted(5, 0.0221, 0.0002)
+    assert paired_t(tight, expect=+1, min_effect=0.02).verdict == HOLDS
+    assert paired_t(tight, expect=-1, min_effect=0.02).verdict == CONTRADICTS
+    # and through a family: Holm's p, then the interval
+    c = Comparison(metric="m", a="x", b="y", expect=-1, min_effect=0.02)
+    [e] = decide([(c, d)])
+    assert e.verdict == INCONCLUSIVE and not math.isnan(e.mde)
+
+
+def test_a_failed_tost_contradicts_only_through_holm():
+    # alone: nonzero (p ~ 0.04 against 0) with its interval beyond the margin, so "contradicts"
+    eq = Comparison(metric="m", a="x", b="y", kind="equivalence", margin=0.001)
+    d = planted(5, 0.1, 0.0343)
+    [alone] = decide([(eq, d)])
+    assert alone.verdict == CONTRADICTS and "p = 0.04" in alone.reason
+    # in a family of three whose other members are null, Holm triples that p: inconclusive
+    null = Comparison(metric="m", a="x", b="y", expect=+1)
+    fam = decide([(eq, d), (null, planted(5, 0.01, 0.02)), (null, planted(5, -0.01, 0.03))])
+    assert fam[0].verdict == INCONCLUSIVE and fam[0].p > 0.05
+    assert not math.isnan(fam[0].mde) and "minimum detectable margin" in fam[0].sentence()
+    # a nonzero estimate whose interval reaches back inside the margin does not contradict it either
+    [inside] = decide([(Comparison(metric="m", a="x", b="y", kind="equivalence", margin=0.05), d)])
+    assert inside.verdict == INCONCLUSIVE
+
+
+def test_the_power_figures_match_a_planted_design():
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(0)
+    n, se, delta = 5, 0.01, 0.02
+    sd = se * math.sqrt(n)
+    crit95, crit90 = t_ppf(0.975, n - 1), t_ppf(0.95, n - 1)
+    # a directional claim: at the minimum detectable effect, 80% of designs clear delta with their interval
+    mde = min_detectable_effect(se, n, delta)
+    assert 0.02 + 3.0 * se < mde < 0.02 + 5.0 * se  # the normal-theory 2.776 + 0.941 = 3.72 SE, a bit more
+    x = rng.normal(mde, sd, size=(40_000, n))
+    m, s = x.mean(1), x.std(1, ddof=1) / math.sqrt(n)
+    assert (m - crit95 * s >= delta).mean() == pytest.approx(0.80, abs=0.01)
+    assert (m - crit95 * s >= delta + 0.3 * se * 2).mean() < 0.75  # not flat: a smaller effect has less power
+    # an equivalence at a true difference of 0: the margin that 80% of designs show
+    mdm = min_detectable_margin(se, n)
+    x = rng.normal(0.0, sd, size=(40_000, n))
+    m, s = x.mean(1), x.std(1, ddof=1) / math.sqrt(n)
+    assert ((m - crit90 * s > -mdm) & (m + crit90 * s < mdm)).mean() == pytest.approx(0.80, abs=0.01)
+    # Holm's strictest step asks for more
+    assert min_detectable_effect(se, n, delta, alpha=0.05 / 4) > mde
 
 
 def test_hierarchical_bootstrap_and_document_error():

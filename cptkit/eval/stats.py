@@ -8,12 +8,18 @@ a "no effect" claim with a TOST margin). After the run, the paired per-seed diff
 ``a − b`` decide it:
 
 * **effect** (two-sided paired t at n − 1 degrees of freedom, Holm-adjusted over the family):
-  *holds* when the adjusted p is below α, the mean has the expected sign, and ``|mean|`` reaches the
-  minimum effect; *contradicts* when the adjusted p is below α and the mean has the other sign
-  (and reaches the minimum effect); *inconclusive* otherwise.
-* **equivalence** (TOST with margin δ, Holm-adjusted): *holds* when both one-sided tests reject,
-  i.e. the (1 − 2α) t interval lies inside (−δ, δ); *contradicts* when the paired t test rejects zero
-  and ``|mean| > δ``; *inconclusive* otherwise.
+  *holds* when the adjusted p is below α and the (1 − α) interval lies beyond the minimum effect on the
+  expected side (``lo ≥ δ`` for an expected rise, ``hi ≤ −δ`` for a fall: a one-sided t test against δ
+  at α/2); *contradicts* when the adjusted p is below α and the interval lies beyond the minimum effect
+  on the other side; *inconclusive* otherwise: a significant effect whose interval straddles δ is a
+  direction, not a size that reaches the claim.
+* **equivalence** (TOST with margin δ, Holm-adjusted): *holds* when the adjusted TOST p is below α,
+  i.e. the (1 − 2α) t interval lies inside (−δ, δ); *contradicts* when the test against zero, adjusted
+  by Holm over the same family (its p takes the TOST's place), rejects and the (1 − α) interval lies
+  wholly outside (−δ, δ); *inconclusive* otherwise.
+* An inconclusive verdict carries the design's *minimum detectable effect*
+  (:func:`min_detectable_effect`, :func:`min_detectable_margin`): the smallest true difference (or TOST
+  margin) it would have shown at 80% power, at the strictest Holm step (α/m), with the seeds' spread.
 * *not testable here* when the design cannot tell: fewer than two seeds (no error bar), or
   differences that are zero on every seed (a measure that cannot move, e.g. a clamped quantity).
   The same non-zero difference on every seed is a certain effect (p = 0), decided as any other.
@@ -117,7 +123,8 @@ def t_ppf(p: float, df: float) -> float:
 @dataclass(frozen=True)
 class Effect:
     """One decided comparison: the paired differences' mean and SE, its interval, p value (Holm-adjusted
-    once :func:`decide` has run over its family), verdict, and the test that gave it."""
+    once :func:`decide` has run over its family), verdict, and the test that gave it. ``mde``: for an
+    inconclusive verdict, the smallest effect (or TOST margin) the design would have shown at 80% power."""
 
     mean: float
     se: float
@@ -129,6 +136,7 @@ class Effect:
     test: str
     reason: str = ""
     doc_se: float = math.nan  # the per-document sampling error, shown beside the seed SE
+    mde: float = math.nan
 
     def text(self, digits: int = 3) -> str:
         se = "n/a" if math.isnan(self.se) else f"{self.se:.{digits}f}"
@@ -141,8 +149,10 @@ class Effect:
             return f"{self.text(digits)}: {NOT_TESTABLE} ({self.reason})"
         p = "< 0.001" if self.p < 0.001 else f"= {self.p:.3f}"
         why = f"; {self.reason}" if self.reason else ""
+        mde = (f"; the design's minimum detectable {'margin' if self.test.startswith('TOST') else 'effect'} "
+               f"at 80% power: {self.mde:.{digits}f}" if not math.isnan(self.mde) else "")
         return (f"{self.text(digits)}, CI [{self.lo:+.{digits}f}, {self.hi:+.{digits}f}], p {p} "
-                f"({self.test}){why}: {self.verdict}")
+                f"({self.test}){why}{mde}: {self.verdict}")
 
 
 def _untestable(diffs: Sequence[float], test: str) -> Effect | None:
@@ -167,17 +177,32 @@ def paired_t(diffs: Sequence[float], expect: int, min_effect: float = 0.0, level
     m, se = mean_se(diffs)
     df = len(diffs) - 1
     half = t_ppf(0.5 + level / 2.0, df) * se
-    p = 2.0 * (1.0 - t_cdf(abs(m) / se, df)) if se > 0 else 0.0  # the same difference on every seed
+    p = _p_zero(m, se, df)
     e = Effect(m, se, m - half, m + half, len(diffs), p, INCONCLUSIVE, test)
     return _effect_verdict(e, expect, min_effect, 1.0 - level)
 
 
-def _effect_verdict(e: Effect, expect: int, min_effect: float, alpha: float) -> Effect:
-    if e.p >= alpha:
-        return replace(e, verdict=INCONCLUSIVE, reason="")
-    if abs(e.mean) < min_effect:
-        return replace(e, verdict=INCONCLUSIVE, reason=f"significant, but under the minimum effect {min_effect:g}")
-    return replace(e, verdict=HOLDS if (e.mean > 0) == (expect > 0) else CONTRADICTS, reason="")
+def _p_zero(m: float, se: float, df: int) -> float:
+    """Two-sided p of a paired t test against zero (0 when every seed has the same non-zero difference)."""
+    return 2.0 * (1.0 - t_cdf(abs(m) / se, df)) if se > 0 else 0.0
+
+
+def _beyond(lo: float, hi: float, sign: int, bound: float) -> bool:
+    """Whether the interval [lo, hi] lies beyond ``bound`` on the side of ``sign`` (≥ δ or ≤ −δ)."""
+    return lo >= bound if sign > 0 else hi <= -bound
+
+
+def _effect_verdict(e: Effect, expect: int, min_effect: float, alpha: float, m: int = 1) -> Effect:
+    if e.p < alpha:
+        for sign, verdict in ((expect, HOLDS), (-expect, CONTRADICTS)):
+            if _beyond(e.lo, e.hi, sign, min_effect):
+                return replace(e, verdict=verdict, reason="", mde=math.nan)
+    reason = ""
+    if e.p < alpha and min_effect > 0:
+        reason = (f"significant, but the interval does not clear the minimum effect {min_effect:g}"
+                  f"{' (the point estimate does)' if abs(e.mean) >= min_effect else ''}")
+    return replace(e, verdict=INCONCLUSIVE, reason=reason,
+                   mde=min_detectable_effect(e.se, e.n, min_effect, alpha / m))
 
 
 def tost(diffs: Sequence[float], margin: float, alpha: float = ALPHA) -> Effect:
@@ -196,18 +221,59 @@ def tost(diffs: Sequence[float], margin: float, alpha: float = ALPHA) -> Effect:
         p = max(1.0 - t_cdf((m + margin) / se, df), t_cdf((m - margin) / se, df))
     half = t_ppf(1.0 - alpha, df) * se
     e = Effect(m, se, m - half, m + half, len(diffs), p, INCONCLUSIVE, test)
-    return _tost_verdict(e, diffs, margin, alpha)
+    return _tost_verdict(e, margin, alpha, _p_zero(m, se, df))
 
 
-def _tost_verdict(e: Effect, diffs: Sequence[float], margin: float, alpha: float) -> Effect:
+def _tost_verdict(e: Effect, margin: float, alpha: float, p_zero: float, m: int = 1) -> Effect:
+    """A TOST's verdict from its (adjusted) p and its test against zero's (adjusted) ``p_zero``."""
     if e.p < alpha:
-        return replace(e, verdict=HOLDS)
-    df = len(diffs) - 1
-    p_zero = 2.0 * (1.0 - t_cdf(abs(e.mean) / e.se, df)) if e.se > 0 else 0.0
-    if p_zero < alpha and abs(e.mean) > margin:
-        return replace(e, verdict=CONTRADICTS, reason=(f"nonzero (t test against 0: p = {p_zero:.3f}, "
-                                                            f"not Holm-adjusted) with its estimate beyond ±{margin:g}"))
-    return replace(e, verdict=INCONCLUSIVE)
+        return replace(e, verdict=HOLDS, mde=math.nan)
+    half = t_ppf(1.0 - alpha / 2.0, e.n - 1) * e.se  # the (1 − α) interval, as a directional claim's
+    lo, hi = e.mean - half, e.mean + half
+    if p_zero < alpha and (lo >= margin or hi <= -margin):
+        adjusted = ", Holm-adjusted" if m > 1 else ""
+        return replace(e, verdict=CONTRADICTS, mde=math.nan,
+                       reason=(f"nonzero (t test against 0: p = {p_zero:.3f}{adjusted}) with its {1 - alpha:.0%} "
+                               f"interval [{lo:+.3g}, {hi:+.3g}] beyond ±{margin:g}"))
+    return replace(e, verdict=INCONCLUSIVE, mde=min_detectable_margin(e.se, e.n, alpha / m))
+
+
+def min_detectable_effect(se: float, n: int, min_effect: float = 0.0, alpha: float = ALPHA,
+                          power: float = 0.8) -> float:
+    """The smallest true difference that a directional claim on ``n`` seeds with this standard error
+    would show to hold with probability ``power``: its (1 − α) interval clearing ``min_effect``, i.e.
+    ``(mean − δ) / SE ≥ t(1 − α/2, n − 1)``, where ``(mean − δ) / SE`` follows a noncentral t. The seeds'
+    SE stands for σ/√n (the plug-in of any power analysis)."""
+    if n < 2 or not se > 0:
+        return math.nan
+    from scipy.optimize import brentq
+    from scipy.stats import nct
+
+    df, crit = n - 1, t_ppf(1.0 - alpha / 2.0, n - 1)
+    nc = brentq(lambda d: nct.sf(crit, df, d) - power, 0.0, 100.0 + 10 * crit)
+    return min_effect + nc * se
+
+
+def min_detectable_margin(se: float, n: int, alpha: float = ALPHA, power: float = 0.8) -> float:
+    """The smallest TOST margin that ``n`` seeds with this standard error would show equivalent with
+    probability ``power`` when the true difference is 0: P(|mean| + t(1 − α, n − 1)·SE < δ), integrated
+    over the sampling distribution of the SE (σ/√n · √(χ²/df))."""
+    if n < 2 or not se > 0:
+        return math.nan
+    from scipy.integrate import quad
+    from scipy.optimize import brentq
+    from scipy.stats import chi2, norm
+
+    df, crit = n - 1, t_ppf(1.0 - alpha, n - 1)
+
+    def prob(margin: float) -> float:  # in units of σ/√n = se
+        def inner(q: float) -> float:
+            s = math.sqrt(q / df)
+            room = margin - crit * s
+            return (2.0 * norm.cdf(room) - 1.0) * chi2.pdf(q, df) if room > 0 else 0.0
+        return quad(inner, 0.0, (margin / crit) ** 2 * df, limit=200)[0]
+
+    return brentq(lambda d: prob(d) - power, 1e-6, 50.0 + 10 * crit) * se
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -243,18 +309,22 @@ class Comparison:
 
 def decide(family: Sequence[tuple[Comparison, Sequence[float]]], alpha: float = ALPHA) -> list[Effect]:
     """Decide a family of pre-registered comparisons on their paired per-seed differences, with Holm's
-    correction across the family (untestable members are not counted)."""
+    correction across the family (untestable members are not counted). An equivalence's "contradicts"
+    is its test against zero, adjusted by Holm over the same family in the TOST's place."""
     raw = [tost(d, c.margin, alpha) if c.kind == "equivalence" else paired_t(d, c.expect, c.min_effect, 1 - alpha)
            for c, d in family]
+    zero = [math.nan if e.verdict == NOT_TESTABLE else _p_zero(e.mean, e.se, e.n - 1) for e in raw]
     adjusted = holm([e.p for e in raw])
+    adjusted_zero = holm(zero)
+    m = sum(not math.isnan(p) for p in adjusted)
     out = []
-    for (c, d), e, p in zip(family, raw, adjusted, strict=True):
+    for (c, _), e, p, pz in zip(family, raw, adjusted, adjusted_zero, strict=True):
         if e.verdict == NOT_TESTABLE:
             out.append(e)
             continue
         e = replace(e, p=p, test=e.test + (f", Holm over {len(family)}" if len(family) > 1 else ""))
-        out.append(_tost_verdict(e, d, c.margin, alpha) if c.kind == "equivalence"
-                   else _effect_verdict(e, c.expect, c.min_effect, alpha))
+        out.append(_tost_verdict(e, c.margin, alpha, pz, m) if c.kind == "equivalence"
+                   else _effect_verdict(e, c.expect, c.min_effect, alpha, m))
     return out
 
 
