@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -47,11 +48,13 @@ def plant(root: Path, values: dict[float, list[float]]) -> None:
 ])
 def test_verdict_rule_on_planted_members(tmp_path, values, compare, want):
     plant(tmp_path, values)
-    (tmp_path / "claims.yaml").write_text(yaml.safe_dump([claim(compare=compare)]))
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump([claim(compare=compare, scale="a planted toy, 3 seeds")]))
     out = tmp_path / "docs" / "repro.md"
     assert report(tmp_path / "claims.yaml", out) == [("c", want)]
     text = out.read_text()
-    assert f"**Verdict: {want}.**" in text and "| c | " + want + " |" in text
+    # every verdict names its scale and the machine
+    assert f"**Verdict: {want}** (at a planted toy, 3 seeds; {os.cpu_count()} CPU cores, no GPU)." in text
+    assert "| c | " + want + " |" in text
     assert (tmp_path / "docs" / "repro" / "c.png").stat().st_size > 1000  # the plot, mean ± SE
 
 

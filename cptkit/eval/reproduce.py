@@ -110,6 +110,7 @@ class Claim:
     control: str = ""  # the control arm that gives the effect one cause
     could_fail: str = ""  # why the measure could have gone against the paper
     not_testable: str = ""  # a reason this design cannot decide the claim here (e.g. "needs a GPU")
+    scale: str = ""  # the model and the tokens per arm (or queries) the verdict is about; the machine is added
 
     def __post_init__(self) -> None:
         if self.metric is not None:
@@ -495,9 +496,20 @@ def _comparison_rows(m: Measured, primary: Effect | None) -> tuple[list[str], li
     return rows, effects
 
 
-def section(n: int, m: Measured, primary: Effect | None, figdir: Path, doc_dir: Path) -> tuple[str, str]:
+def scale_text(claim: Claim, machine: str) -> str:
+    """What a verdict is about: the claim's declared model and tokens per arm, and the machine."""
+    return f" (at {claim.scale or 'a scale the claim does not declare'}; {machine})" if machine else ""
+
+
+def machine_text(gpu: str = "") -> str:
+    """``2 CPU cores, no GPU``: the machine a report's members ran on, as each verdict names it."""
+    return f"{os.cpu_count()} CPU cores, {gpu or 'no GPU'}"
+
+
+def section(n: int, m: Measured, primary: Effect | None, figdir: Path, doc_dir: Path,
+            machine: str = "") -> tuple[str, str]:
     """The markdown of one claim and its verdict (``primary``: its primary comparison, decided over the
-    report's family)."""
+    report's family; ``machine``: named in the verdict with the claim's scale)."""
     claim = m.claim
     lines = [f"## {n}. {claim.title}", "", f"> {claim.quote}", f"> — {claim.source}", "",
              f"Sweep: `{claim.command}`", ""]
@@ -511,7 +523,7 @@ def section(n: int, m: Measured, primary: Effect | None, figdir: Path, doc_dir: 
     else:
         rows, effects = _comparison_rows(m, primary)
         verdict = claim_verdict(effects)
-        lines += rows + ["", f"**Verdict: {verdict}.**"]
+        lines += rows + ["", f"**Verdict: {verdict}**{scale_text(claim, machine)}."]
     if claim.note:
         lines[-1] += f" {claim.note}"
     png = figdir / f"{claim.id}.png"
@@ -590,7 +602,7 @@ def reading_text(cid: str, m: Measured, readings: dict[str, dict[str, str]], sou
 
 def report(claims_file: Path, out: Path, root: Path | None = None, header: str = "",
            partial: bool = False, gpu: bool = False, readings: Path | None = None,
-           digests: dict[str, str] | None = None) -> list[tuple[str, str]]:
+           digests: dict[str, str] | None = None, machine: str = "") -> list[tuple[str, str]]:
     """Write the report of every claim to ``out``; returns ``[(claim id, verdict)]``. ``partial``:
     a claim whose sweep is missing or unfinished is reported as not run (with why and its command)
     instead of failing the report. A claim declared ``not_testable`` whose members are not there (a GPU's
@@ -598,10 +610,12 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
     ``gpu``: the members were made on a GPU, so a claim declared not testable only because it ``needs a
     GPU`` is decided like the others (and its missing members are then an error, or not run with ``partial``).
     ``readings``: the prose under each verdict (module docstring), shown only beside the numbers it was written for;
-    ``digests`` (filled when given): each measured claim's :func:`measured_digest`, which a reading names."""
+    ``digests`` (filled when given): each measured claim's :func:`measured_digest`, which a reading names.
+    ``machine`` (default: this one, :func:`machine_text`): named in every verdict beside the claim's scale."""
 
     claims = load_claims(claims_file)
     notes = load_readings(readings)
+    machine = machine or machine_text("a GPU" if gpu else "")
     for c in claims:
         if gpu and c.not_testable.startswith(NEEDS_GPU):
             c.not_testable = ""
@@ -631,7 +645,7 @@ def report(claims_file: Path, out: Path, root: Path | None = None, header: str =
             else:
                 text, verdict = head + f"**{NOT_RUN}:** {why[n - 1]}\n", NOT_RUN
         else:
-            text, verdict = section(n, m, e, figdir, out.parent)
+            text, verdict = section(n, m, e, figdir, out.parent, machine)
             text += reading_text(claim.id, m, notes, readings.name if readings else "")
             if digests is not None:
                 digests[claim.id] = measured_digest(m)
@@ -687,7 +701,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.preamble is not None:
         header = a.preamble.read_text(encoding="utf-8").strip() + "\n\n" + header
     digests: dict[str, str] = {}
-    verdicts = report(a.claims, a.out, root, header, a.partial, gpu=bool(a.gpu), readings=a.readings, digests=digests)
+    verdicts = report(a.claims, a.out, root, header, a.partial, gpu=bool(a.gpu), readings=a.readings, digests=digests,
+                       machine=machine_text(a.gpu))
     for cid, v in verdicts:
         print(f"{cid}: {v}" + (f" (measured {digests[cid]})" if cid in digests else ""))
     return 0
