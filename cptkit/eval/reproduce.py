@@ -492,7 +492,7 @@ def _comparison_rows(m: Measured, primary: Effect | None) -> tuple[list[str], li
             effects.append(e)
         interval = "–" if e.lo != e.lo else f"[{e.lo:+.4f}, {e.hi:+.4f}]"
         rows.append(f"| {comparison_label(c, claim)} | {role} | {expected_text(c)} | {e.text(4)} | {interval} | "
-                    f"{e.test} | {e.verdict}{' (' + e.reason + ')' if e.reason else ''} |")
+                    f"{e.test} | {e.verdict}{' (' + e.why() + ')' if e.why() else ''} |")
     return rows, effects
 
 

@@ -143,16 +143,20 @@ class Effect:
         doc = "" if math.isnan(self.doc_se) else f" (docs ± {self.doc_se:.{digits}f})"
         return f"{self.mean:+.{digits}f} ± {se}{doc}"
 
+    def why(self, digits: int = 3) -> str:
+        """What qualifies the verdict: its reason and, when inconclusive, the design's power."""
+        mde = (f"the design's minimum detectable {'margin' if self.test.startswith('TOST') else 'effect'} "
+               f"at 80% power: {self.mde:.{digits}f}" if not math.isnan(self.mde) else "")
+        return "; ".join(x for x in (self.reason, mde) if x)
+
     def sentence(self, digits: int = 3) -> str:
         """``+0.120 ± 0.010, CI [+0.092, +0.148], p = 0.003 (paired t, 4 df, Holm over 3): holds``."""
         if self.verdict == NOT_TESTABLE:
             return f"{self.text(digits)}: {NOT_TESTABLE} ({self.reason})"
         p = "< 0.001" if self.p < 0.001 else f"= {self.p:.3f}"
-        why = f"; {self.reason}" if self.reason else ""
-        mde = (f"; the design's minimum detectable {'margin' if self.test.startswith('TOST') else 'effect'} "
-               f"at 80% power: {self.mde:.{digits}f}" if not math.isnan(self.mde) else "")
+        why = f"; {self.why(digits)}" if self.why(digits) else ""
         return (f"{self.text(digits)}, CI [{self.lo:+.{digits}f}, {self.hi:+.{digits}f}], p {p} "
-                f"({self.test}){why}{mde}: {self.verdict}")
+                f"({self.test}){why}: {self.verdict}")
 
 
 def _untestable(diffs: Sequence[float], test: str) -> Effect | None:
