@@ -190,7 +190,8 @@ def test_generator_provenance_and_no_records(seed_docs, tmp_path, caplog, capfd)
     recs = _records(out)
     assert recs and len(recs) == res["kept"]
     for r in recs:
-        assert r["meta"]["generator"] == {"prompt": "scientific_qa", "model": str(cached_tiny_model()),
+        # the same fields as expand-queries' records (Generator.provenance), the backend included
+        assert r["meta"]["generator"] == {"prompt": "scientific_qa", "model": str(cached_tiny_model()), "backend": "transformers",
                                           "temperature": 0.5, "top_p": 1.0, "max_new_tokens": 120, "seed": 0}
     manifest = json.loads((out / "_manifest.json").read_text())["extra"]
     assert manifest["acceptance rate"] == round(res["kept"] / res["prompts"], 4)

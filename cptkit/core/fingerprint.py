@@ -88,7 +88,8 @@ class HashCache:
 _TMP_PID = re.compile(r"^\..*(?:\.(\d+)\.tmp|\.tmp-(\d+))$")  # .NAME.<pid>.tmp, .NAME.tmp-<pid>
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` lives on this host (another user's live process counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -114,7 +115,7 @@ def remove_dead_tmps(path: Path, pattern: str | None = None,
     working = set(live()) if live is not None and pids else None
     removed = []
     for t, pid in pids.items():
-        if (pid in working) if working is not None else _alive(pid):
+        if (pid in working) if working is not None else pid_alive(pid):
             continue
         try:
             t.unlink()

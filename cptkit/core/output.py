@@ -42,6 +42,7 @@ from cptkit.core.fingerprint import (
     describe_change,
     fingerprint,
     input_changes,
+    pid_alive,
     remove_dead_tmps,
     same_read,
 )
@@ -96,16 +97,6 @@ class Earlier:
     layout: list[list[str]] | None = None  # the input paths of each task of the output's first run
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class OutputLock:
     """``OUT/.cptkit/lock-IIIII-of-NNNNN``: one writer per output slice (pid and host inside).
 
@@ -127,7 +118,7 @@ class OutputLock:
             return None
 
     def _stale(self, info: dict) -> bool:
-        return info.get("host") == self.host and (info.get("pid") == os.getpid() or not _alive(int(info.get("pid", 0))))
+        return info.get("host") == self.host and (info.get("pid") == os.getpid() or not pid_alive(int(info.get("pid", 0))))
 
     def _holder(self) -> dict | None:
         """The live holder blocking us, or None once the lock is ours."""

@@ -426,9 +426,6 @@ def write_task(job: Job, store: Store, res: dict, task: Task) -> TaskResult:
     """Phase 3 for one shard: its kept records; what :meth:`Job.complete` records of it besides
     what :meth:`Job.read` counted."""
     t0 = time.time()
-    if not job.stdout:  # temporary shards of a killed run (the writer only clears finished ones)
-        for stale in job.out.glob(f".part-{task.name}-*.tmp-*"):
-            stale.unlink()
     root = res["root"]
     base = int(res["offsets"][task.index])
     removed = 0

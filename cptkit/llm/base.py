@@ -281,6 +281,14 @@ class Generator(ABC):
         self.stats.completion_tokens += sum(c.completion_tokens for c in done)
         return done
 
+    def provenance(self, prompt: str, params: GenParams, seed: int | None = None) -> dict[str, Any]:
+        """``meta.generator`` of a record this generator wrote, the same fields for every step: prompt id,
+        model, backend, sampling settings and the base seed of its request (``params.seed`` unless given;
+        with the rendered prompt it determines the sample: :func:`request_seed`)."""
+        return {"prompt": prompt, "model": self.model_id, "backend": self.backend, "temperature": params.temperature,
+                "top_p": params.top_p, "max_new_tokens": params.max_new_tokens,
+                "seed": params.seed if seed is None else seed}
+
     def describe(self) -> dict[str, Any]:
         """What to record in a manifest (never secrets)."""
         return {"backend": self.backend, "model": self.model_id}

@@ -16,23 +16,10 @@ import numpy as np
 from cptkit.core.config import check
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
-from cptkit.core.records import Record
+from cptkit.core.records import Record, field_value
 from cptkit.mixtures.rules import epoch_weights
 
 CURRICULUM_ORDERS = ("none", "random", "low_to_high", "high_to_low")
-
-
-def field_value(rec: Record, key: str) -> Any:
-    """A record field by dotted path (``meta.topic``); a plain key also looks inside ``meta``."""
-    cur: Any = rec
-    for part in key.split("."):
-        if not isinstance(cur, dict) or part not in cur:
-            cur = None
-            break
-        cur = cur[part]
-    if cur is None and "." not in key and isinstance(rec.get("meta"), dict):
-        cur = rec["meta"].get(key)
-    return cur
 
 
 def _cond(value: Any, want: Any) -> bool:

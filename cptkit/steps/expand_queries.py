@@ -25,7 +25,7 @@ import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -41,9 +41,6 @@ from cptkit.llm import load_generator
 from cptkit.llm.config import LLMConfig
 from cptkit.llm.prompts import PromptConfig, check_prompt, max_new_tokens, render
 from cptkit.synthetic.qa import clean_text, parse_question, parse_thought
-
-if TYPE_CHECKING:
-    from cptkit.llm.base import GenParams
 
 GENERATED_KINDS = ("question", "answer", "thought")
 
@@ -100,18 +97,6 @@ class ExpandConfig:
 class ExpandQueriesJob(JobConfig):
     llm: LLMConfig = field(default_factory=LLMConfig)
     expand: ExpandConfig = field(default_factory=ExpandConfig)
-
-
-def generator_meta(prompt: PromptConfig, gen: Any, params: GenParams, seed: int) -> dict[str, Any]:
-    """Provenance of one LLM-written record: ``meta.generator``.
-
-    ``seed`` is the base seed passed to ``Generator.generate`` for this request; with the rendered
-    prompt and the sampling parameters it determines the sample (cptkit.llm.base.request_seed).
-    ``params`` come from the typed config (:meth:`Generator.params`): floats and an int.
-    """
-    return {"prompt": prompt.name, "model": gen.model_id, "backend": gen.backend,
-            "temperature": params.temperature,
-            "top_p": params.top_p, "max_new_tokens": params.max_new_tokens, "seed": seed}
 
 
 def seed_type(rec: Record) -> str:
@@ -303,7 +288,7 @@ def extend_questions(conf: ExpandQueriesJob, gen: Any, pool: QueryPool, frontier
             continue
         cands.append({"id": f"{item['id']}.r{rnd}q{j}", "text": q, "kind": "question", "parent": item["id"],
                       "round": rnd, "domain": item["domain"], "seed_id": item["seed_id"],
-                      "meta": {"generator": generator_meta(prompt, gen, par, sd)}})
+                      "meta": {"generator": gen.provenance(prompt.name, par, sd)}})
     new_q, n_dup = pool.add(cands)
     _drop(dropped, "near_duplicate" if n_dup else None, n_dup)
     return new_q, len(reqs)
@@ -324,7 +309,7 @@ def generate_thoughts(conf: ExpandQueriesJob, gen: Any, pool: QueryPool, new_q: 
         answer, cot = parse_thought(c.text)
         # the answer precedes the chain of thought: it is complete unless nothing follows it
         a_reason = "stop" if cot or c.finish_reason == "stop" else c.finish_reason
-        meta = {"generator": generator_meta(ex.thought_prompt, gen, par, sd)}
+        meta = {"generator": gen.provenance(ex.thought_prompt.name, par, sd)}
         for kind, text, fr in (("answer", answer, a_reason), ("thought", cot, c.finish_reason)):
             if kind == "thought" and not text:
                 _drop(dropped, "no_thought")

@@ -136,13 +136,6 @@ def _gen_record(params: GenParams) -> dict[str, Any]:
             "repetition_penalty": params.repetition_penalty, "seed": params.seed}
 
 
-def generator_meta(prompt: PromptConfig, model: str, params: GenParams) -> dict[str, Any]:
-    """``meta.generator`` of an LLM-written record: prompt id, model and sampling settings
-    (the same fields as expand-queries, so records can be filtered by generator)."""
-    return {"prompt": prompt.name, "model": model, "temperature": params.temperature,
-            "top_p": params.top_p, "max_new_tokens": params.max_new_tokens, "seed": params.seed}
-
-
 def length_band(lo: int, hi: int, tolerance: float) -> tuple[int, int]:
     """Accepted solution words for a prompt asking for ``lo``–``hi`` words: ``[⌊lo·(1−t)⌋, ⌈hi·(1+t)⌉]``
     (``hi`` = 0: no upper bound). Llama-3-SynE §4.2.1 asks for "around 250-350 words"; its own
@@ -295,7 +288,7 @@ def scientific_task(conf: SynthesizeQAJob, job: Job, task: Task, gen: Any, domai
         write({"id": f"{rec['id']}.qa{s}{j}", "text": f"{problem}\n\n{solution}", "problem": problem,
                "solution": solution, "discipline": disc, "seed_id": rec["id"], "url": rec.get("url"),
                "snippet": snip, "model": gen.model_id, "gen": _gen_record(params) | {"sample": j},
-               "source": "synthesize-qa", "meta": {"generator": generator_meta(sy.prompt, gen.model_id, params)}})
+               "source": "synthesize-qa", "meta": {"generator": gen.provenance(sy.prompt.name, params)}})
         kept += 1
         _bump(per_disc, disc)
     return {"seeds_used": len({j[0]["id"] for j in jobs}), "prompts": len(jobs), "kept": kept,
@@ -380,8 +373,8 @@ def code_task(conf: SynthesizeQAJob, job: Job, task: Task, gen: Any, write: Any)
                    "discipline": disc, "seed_id": demo_ids[0], "demo_ids": demo_ids, "model": gen.model_id,
                    "gen": {"problem": _gen_record(pparams), "solution": _gen_record(sparams)},
                    "source": "synthesize-qa",
-                   "meta": {"generator": generator_meta(sy.solution_prompt, gen.model_id, sparams),
-                            "problem_generator": generator_meta(sy.problem_prompt, gen.model_id, pparams)}})
+                   "meta": {"generator": gen.provenance(sy.solution_prompt.name, sparams),
+                            "problem_generator": gen.provenance(sy.problem_prompt.name, pparams)}})
             kept += 1
     return {"seeds_used": len(seeds), "prompts": n, "kept": kept, "per_discipline": {disc: kept},
             "skipped": {}, "rejected": rejected}
