@@ -112,3 +112,225 @@ def test_cpt_design_at_toy_size_through_make(corpus_records, tmp_path):
                          *b0["overrides"]], cwd=ROOT, env=env, capture_output=True, text=True)
     assert r2.returncode == 0 and "cached at" in r2.stderr, r2.stderr[-2000:]
     assert (tmp_path / "again").resolve() == Path(b0["path"]).resolve()
+
+
+# --- v3 (issue 52): held-out base text, per-seed samples, the remedies' arms, families, Pareto -----------
+def _recs(n: int, prefix: str = "f") -> list[dict]:
+    return [{"id": f"{prefix}-{i}", "text": f"fortune number {i}", "lang": "en"} for i in range(n)]
+
+
+def test_base_text_split_is_disjoint_complete_and_per_record(tmp_path):
+    from cptkit.training.base_text import PARTS, sample_records, split_records
+
+    recs = _recs(400)
+    parts = split_records(recs, 0.1, 0.1, seed=0)
+    ids = {k: {r["id"] for r in v} for k, v in parts.items()}
+    assert set(PARTS) == set(ids) and sum(map(len, ids.values())) == 400
+    assert not (ids["train"] & ids["heldout"]) and not (ids["train"] & ids["replay"]) and not (ids["heldout"] & ids["replay"])
+    assert 20 <= len(ids["heldout"]) <= 60 and 20 <= len(ids["replay"]) <= 60  # ~10% each
+    assert {r["domain"] for r in parts["heldout"]} == {"heldout"}  # evaluate's group
+    # a record's part depends on its id alone: a subset, reordered, splits the same way
+    sub = split_records(list(reversed(recs[:150])), 0.1, 0.1, seed=0)
+    assert all({r["id"] for r in sub[k]} == {r["id"] for r in recs[:150]} & ids[k] for k in PARTS)
+    # per-seed samples: deterministic, different across seeds, all from the part
+    pool = parts["heldout"]
+    a, b = sample_records(pool, 8, 3), sample_records(list(reversed(pool)), 8, 3)
+    assert a == b and len(a) == 8 and {r["id"] for r in a} <= ids["heldout"]
+    assert {r["id"] for r in sample_records(pool, 8, 4)} != {r["id"] for r in a}
+
+
+def test_base_text_cli_writes_three_parts_and_refuses_repeated_ids(tmp_path):
+    inp = tmp_path / "b0_text"
+    _marked(inp, _recs(300))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = [sys.executable, "-m", "cptkit.training.base_text"]
+    r = subprocess.run([*run, "split", "--in", str(inp), "--out", str(tmp_path / "split")], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = {k: [json.loads(x)["id"] for x in (tmp_path / "split" / k / "part-00000.jsonl").read_text().splitlines()]
+           for k in ("train", "heldout", "replay")}
+    assert sorted(sum(got.values(), [])) == sorted(r["id"] for r in _recs(300))
+    assert (tmp_path / "split" / "_SUCCESS").exists()
+    assert json.loads((tmp_path / "split" / "_split.json").read_text())["records"] == {k: len(v) for k, v in got.items()}
+    r = subprocess.run([*run, "sample", "--in", str(tmp_path / "split" / "heldout"), "--out", str(tmp_path / "h1"),
+                        "--docs", "5", "--seed", "1"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and len((tmp_path / "h1" / "part-00000.jsonl").read_text().splitlines()) == 5
+    bad = tmp_path / "bad"
+    _marked(bad, _recs(5) + _recs(1))
+    r = subprocess.run([*run, "split", "--in", str(bad), "--out", str(tmp_path / "nope")], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "f-0" in r.stderr and not (tmp_path / "nope").exists()
+
+
+def test_task_items_drawn_per_seed():
+    from cptkit.eval.runner import limited
+
+    docs = [{"id": i} for i in range(500)]
+    assert limited(docs, 100) == docs[:100] and limited(docs, None) == docs
+    s0, s0b, s1 = limited(docs, 100, 0), limited(docs, 100, 0), limited(docs, 100, 1)
+    assert s0 == s0b and len(s0) == 100 and s0 != docs[:100] and s0 != s1
+    assert [d["id"] for d in s0] == sorted(d["id"] for d in s0)  # in file order
+    assert limited(docs, 600, 3) == docs
+
+
+def _seed(**v) -> dict:
+    return {**{k: x for k, x in v.items() if k != "task"}, "task": v.get("task"), "docs": {}}
+
+
+def _planted_runs() -> dict[str, list[dict]]:
+    """Five seeds per run; each arm's difference from B0 planted with a known mean and spread."""
+    bumps = [-0.02, -0.01, 0.0, 0.01, 0.02]  # mean 0, SE 0.00707
+    base = {"domain": 4.0, "zh": 3.8, "general": 4.0, "outside": 3.9, "heldout": 3.7, "probe": 4.7, "task": 45.0}
+    delta = {  # arm: (domain, heldout, task) − B0
+        "noreplay": (-0.80, 0.10, -8.0), "replay": (-0.82, 0.09, -7.0), "noreplay_tm": (-0.70, 0.08, -6.0),
+        "neutral": (-0.60, 0.04, 0.0), "replay_b0text": (-0.78, 0.02, -2.0), "self": (-0.79, 0.03, -2.0),
+        "self_kl": (-0.78, 0.01, -1.0), "merge_a025": (-0.30, 0.01, 0.0), "merge_a050": (-0.55, 0.03, -2.0),
+        "merge_a075": (-0.70, 0.06, -5.0)}
+    runs = {"b0": [_seed(**base) for _ in bumps]}
+    for arm, (d, h, t) in delta.items():
+        runs[arm] = [_seed(**{**base, "domain": base["domain"] + d + e, "heldout": base["heldout"] + h + e,
+                              "probe": base["probe"] + 0.1 + h + e * len(arm) / 8, "outside": base["outside"] + 0.02 + e,
+                              "task": base["task"] + t + 10 * e}) for e in bumps]
+    return runs
+
+
+def test_v3_reading_decides_within_families_with_scale_and_control():
+    from cptkit.training.report import claims_reading, load_claims, seeded_table
+
+    claims = load_claims(ROOT / "conf/cpt/claims_v3.yaml")
+    runs = _planted_runs()
+    text = claims_reading(runs, claims, "conf/cpt/claims_v3.yaml", scale="SmolLM2-135M, 10240 tokens per arm, 2 CPU cores")
+    lines = {ln.split("**")[1]: ln for ln in text.splitlines() if ln.startswith("- **")}
+    assert set(lines) == {c["id"] for c in claims["claims"]}
+    for cid in ("domain_gain", "forgetting", "task_control", "task_forgetting"):
+        assert "Holm over 4, family cpt" in lines[cid], lines[cid]
+    for cid in ("replay_b0text", "self_vs_pool", "distill", "merge_forgetting", "merge_gain"):
+        assert "Holm over 5, family remedies" in lines[cid], lines[cid]
+    assert all(ln.endswith("At SmolLM2-135M, 10240 tokens per arm, 2 CPU cores.") for ln in lines.values())
+    # planted: noreplay − neutral on the domain −0.20; noreplay − B0 on held-out text +0.10 (both hold)
+    assert "-0.200 ± 0.000" in lines["domain_gain"] and lines["domain_gain"].endswith(": holds. At SmolLM2-135M, 10240 tokens per arm, 2 CPU cores.")
+    assert "+0.100 ± 0.007" in lines["forgetting"] and ": holds." in lines["forgetting"]
+    # the neutral arm leaves the task unchanged (0 ± 0.07 within ±5: holds), so task_forgetting is read
+    assert ": holds." in lines["task_control"] and "Its control" not in text
+    runs["neutral"] = [{**s, "task": s["task"] + 7.0} for s in runs["neutral"]]  # neutral now raises the task
+    text = claims_reading(runs, claims, "conf/cpt/claims_v3.yaml")
+    assert "Its control, task_control, is contradicts: this measure's change is not read as task_forgetting." in text
+    groups = {g: claims["labels"].get(g, f"{g} Δ") for g in claims["groups"]}
+    table = seeded_table(runs, groups, "wordnet_defs", gain_vs="neutral")
+    head, *rows = [r for r in table.splitlines() if r.startswith("| ")]
+    assert "held-out base text Δ (nats/token)" in head and "drift from B0 Δ (nats/token)" in head
+    assert head.endswith("domain gain, arm − neutral (nats/token) |")
+    row = {r.split(" | ")[0][2:]: r for r in rows}
+    assert row["noreplay − b0"].endswith("| -0.200 ± 0.000 |") and row["neutral − b0"].endswith("| – |")
+    assert row["merge_a050 − b0"].endswith("| +0.050 ± 0.000 |") and row["b0"].endswith("| – |")
+
+
+def test_v1_claims_render_as_before():
+    from cptkit.training.report import claims_reading, load_claims, seeded_table
+
+    runs = {k: [{kk: vv for kk, vv in s.items()} for s in v] for k, v in _planted_runs().items()
+            if k in ("b0", "noreplay", "replay", "noreplay_tm", "neutral")}
+    text = claims_reading(runs, load_claims(ROOT / "conf/cpt/claims.yaml"), "conf/cpt/claims.yaml")
+    assert "Holm's correction over the 4:" in text and text.count("Holm over 4") == 4 and "family" not in text
+    table = seeded_table(runs, {g: f"{g} Δ" for g in ("domain", "probe")}, "wordnet_defs")
+    assert "domain gain" not in table and "| noreplay − b0 | 5 | -0.800 ± 0.007 |" in table
+
+
+def test_pareto_points_and_figure_on_planted_numbers(tmp_path):
+    from cptkit.training.plots import pareto_figure, pareto_plot
+    from cptkit.training.report import load_claims, pareto_points
+
+    spec = load_claims(ROOT / "conf/cpt/claims_v3.yaml")["pareto"]
+    pts = pareto_points(_planted_runs(), spec)
+    assert set(pts) == {*spec["arms"], *spec["sweep"]}
+    g, gse, f, fse = pts["noreplay"]  # domain: noreplay − neutral = −0.20 on every seed; heldout − B0: +0.10 ± SE
+    assert g == pytest.approx(-0.20) and gse == pytest.approx(0.0, abs=1e-12)
+    assert f == pytest.approx(0.10) and fse == pytest.approx(0.0070710678)  # sd 0.0158 / sqrt(5)
+    assert pts["b0"] == pytest.approx((0.60, 0.00707107, 0.0, 0.0))  # B0 − neutral; B0 against itself: 0 ± 0
+    fig = pareto_figure(pts, spec["sweep"], "gain", "forgetting")
+    ax = fig.axes[0]
+    bars = {c.get_label(): c for c in ax.containers}
+    assert set(bars) == set(pts)
+    x, y = bars["self_kl"].lines[0].get_data()
+    assert (x[0], y[0]) == pytest.approx((pts["self_kl"][0], pts["self_kl"][2]))
+    xerr = bars["noreplay"].lines[2][0].get_segments()[0]  # the horizontal bar: x ± SE
+    assert [p[0] for p in xerr] == pytest.approx([g - gse, g + gse])
+    yerr = bars["noreplay"].lines[2][1].get_segments()[0]
+    assert [p[1] for p in yerr] == pytest.approx([f - fse, f + fse])
+    line = [ln for ln in ax.get_lines() if ln.get_label().startswith("b0 → ")][0]
+    assert list(line.get_xdata()) == pytest.approx([pts[n][0] for n in spec["sweep"]])
+    assert list(line.get_ydata()) == pytest.approx([pts[n][2] for n in spec["sweep"]])
+    assert pareto_plot(pts, spec["sweep"], tmp_path / "p.png", "gain", "forgetting") is None
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _plan(tmp_path: Path, target: str = "cpt-experiment", *extra: str) -> list[str]:
+    """``make -n TARGET`` on an empty data dir: every command of the plan, continuation lines joined."""
+    venv = Path(sys.executable).parent.parent
+    r = subprocess.run(["make", "-n", "--no-print-directory", target, f"DATA={tmp_path}/data", f"VENV={venv}",
+                        "-o", f"{venv}/.installed", *extra], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.replace("\\\n", " ").splitlines()
+
+
+def _arg(cmd: str, key: str) -> str:
+    return next(w for w in cmd.split() if w.startswith(key + "=")).split("=", 1)[1]
+
+
+def test_v3_plan_every_arm_its_stream_tokens_curves_and_evaluation(tmp_path):
+    xp = f"{tmp_path}/data/xp"
+    plan = _plan(tmp_path)
+    seeds = range(5)
+    trains = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1]: c for c in plan if " train model=hf " in c}
+    streams = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1]: c for c in plan if " build-mix " in c}
+    arms = {"noreplay": ("r0", 20), "replay": ("rp", 20), "noreplay_tm": ("tm", 16), "neutral": ("gen", 20),
+            "replay_b0text": ("bt", 20), "self": ("self", 20), "self_kl": ("self", 20)}
+    assert set(trains) == {f"{a}_s{s}" for a in arms for s in seeds}
+    for s in seeds:
+        for arm, (k, steps) in arms.items():
+            c = trains[f"{arm}_s{s}"]
+            assert f"--in {xp}/stream_{k}_s{s} " in c and f"model.path={xp}/b0/model" in c
+            assert int(_arg(c, "train.max_steps")) == steps and int(_arg(c, "seed")) == s
+            # >= 5 points on every curve: before step 1, every eval_every steps and after the last
+            every = int(_arg(c, "train.eval_every"))
+            assert len({0, steps, *range(every, steps + 1, every)}) >= 5
+            assert f"'train.eval_extra=[{xp}/heldout_s{s},{xp}/probe_s{s}.jsonl]'" in c
+            assert ("train.distill.kl=" in c) == (arm == "self_kl")
+            # each stream is planned for exactly the tokens its arm trains: 512 a step, >= 10,240 an arm
+            assert int(_arg(streams[f"stream_{k}_s{s}"], "mix.budget_tokens")) == steps * 512 >= (8192 if k == "tm" else 10240)
+        kl = trains[f"self_kl_s{s}"]
+        assert "train.distill.on=replay" in kl and f"train.distill.teacher={xp}/b0/model" in kl
+        assert _arg(streams[f"stream_rp_s{s}"], "mix.replay.share") == "0.2" and "replay.source" not in streams[f"stream_rp_s{s}"]
+        assert _arg(streams[f"stream_bt_s{s}"], "mix.replay.source") == f"{xp}/b0_split/replay"
+        self_ = streams[f"stream_self_s{s}"]
+        assert _arg(self_, "mix.replay.source") == "self" and _arg(self_, "mix.replay.self.model") == f"{xp}/b0/model"
+        assert int(_arg(self_, "mix.replay.self.seed")) == 100 + s  # disjoint from the probes' seeds 0-4
+        for k in ("r0", "tm", "gen"):
+            assert _arg(streams[f"stream_{k}_s{s}"], "mix.replay.share") == "0"
+    # B0 trains on the split's train part only; the measure and the replay source are the other two
+    assert any(f"base_text split --in {tmp_path}/data/b0_text --out {xp}/b0_split" in c for c in plan)
+    assert f"--in {xp}/b0_split/train " in streams["b0_stream"]
+    samples = [c for c in plan if "base_text sample" in c]
+    assert len(samples) == 5 and all(f"--in {xp}/b0_split/heldout " in c for c in samples)
+    probes = sorted(int(c.split("--seed ")[1].split()[0]) for c in plan if "cptkit.eval.probe" in c)
+    assert probes == list(seeds)
+    # merge-back of each seed's no-replay model at three alphas; no training
+    merges = [c for c in plan if " merge --base " in c]
+    assert len(merges) == 15
+    for s in seeds:
+        for a, name in (("0.25", "merge_a025"), ("0.5", "merge_a050"), ("0.75", "merge_a075")):
+            assert any(f"--model {xp}/runs/noreplay_s{s}/model --out {xp}/merges/{name}_s{s} " in c
+                       and c.endswith(f"merge.method=linear merge.alpha={a}") for c in merges)
+    # every model on its seed's documents, held-out base text, probe and task items
+    evals = {c.split("--out ")[1].split()[0].rsplit("/", 1)[1]: c for c in plan if " evaluate --model " in c}
+    models = ["b0", *arms, "merge_a025", "merge_a050", "merge_a075"]
+    assert {f"{m}_s{s}" for m in models for s in seeds} <= set(evals)
+    for m in models:
+        for s in seeds:
+            c = evals[f"{m}_s{s}"]
+            assert f"--in {xp}/heldout_s{s} --in {xp}/probe_s{s}.jsonl" in c and _arg(c, "eval.sample_seed") == str(s)
+    assert any("evaluate-contamination" in c and f"--in {xp}/b0_split/train" in c for c in plan)
+    report = next(c for c in plan if "cptkit.training.report" in c)
+    assert "--claims conf/cpt/claims_v3.yaml" in report and f"--pareto {xp}/cpt-pareto.png" in report
+    assert "10240 tokens per arm" in report and all(f" {m}=" in report for m in models[1:])
+    assert [c for c in _plan(tmp_path, "forgetting-remedies") if "cptkit.training.report" in c] == [report]
