@@ -223,13 +223,14 @@ B0_ARGS     ?= train.micro_batch=4 train.lr=1e-4 train.warmup=0.1 train.threads=
 EVAL_ARGS   ?= eval.tasks=[wordnet_defs] eval.limit=100 eval.shots=0 eval.ppl.group_by=domain \
                eval.ppl.max_length=64 eval.ppl.max_tokens=64 eval.ppl.max_docs_per_group=32
 CPT_TASK    ?= wordnet_defs
+CONTAM_ARGS ?=
 CPT_CLAIMS  ?= conf/cpt/claims_v3.yaml
 XP_MACHINE  ?= $(shell nproc 2>/dev/null || echo ?) CPU cores
 XP_MODEL    ?= $(if $(filter smollm2,$(BASE_MODEL)),SmolLM2-135M,$(notdir $(BASE_MODEL)))
 CPT_SCALE   ?= $(XP_MODEL) re-adapted to B0, $(ARM_TOKENS) tokens per arm, $(XP_MACHINE)
 merge_name   = merge_a$(shell awk 'BEGIN { printf "%03d", $(1) * 100 + 0.5 }')
 MERGES      := $(foreach a,$(MERGE_ALPHAS),$(call merge_name,$(a)))
-TRAINED     := noreplay replay noreplay_tm neutral replay_b0text self self_kl
+TRAINED     ?= noreplay replay noreplay_tm neutral replay_b0text self self_kl
 ARMS        := $(TRAINED) $(MERGES)
 B0          := $(XP)/b0/model
 TRAIN       := $(CPTKIT) train model=hf model.path=$(B0) $(TRAIN_ARGS)
@@ -325,7 +326,7 @@ $(XP)/eval/b0_fixed/_SUCCESS: $(XP)/b0.json $(XP)/probe.jsonl $(OUTSIDE)/_SUCCES
 # the task's items against every text the arms train on: none may be in it (docs/cpt.md)
 $(XP)/contamination/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) $(XP)/b0_split/_SUCCESS
 	$(CPTKIT) evaluate-contamination --in $(DATA)/labelled --in $(CORPUS) --in $(XP)/b0_split/train \
-	    --in $(XP)/b0_split/replay --out $(@D) eval.tasks=[$(CPT_TASK)] -q
+	    --in $(XP)/b0_split/replay --out $(@D) eval.tasks=[$(CPT_TASK)] $(CONTAM_ARGS) -q
 
 # the table (B0 and each arm's Δ against it, mean ± SE over the seeds given; the domain gain against
 # neutral), the claims (Holm within each family, each verdict with its scale), the curves, the Pareto plot

@@ -1,6 +1,8 @@
-"""The CPT design end to end at toy size, on the CPU: bench/gpu/cpt_smollm2.sh TOY=1 runs `make
-cpt-experiment`: B0 (re-adapted, cached by content, its levelling-off check), the probe it writes,
-the four arms from B0, every model on the same documents, and the claims decided from the table."""
+"""The CPT design (v3, issue 52) end to end at toy size, on the CPU: bench/gpu/cpt_smollm2.sh TOY=1 runs
+`make cpt-experiment`: the B0 text split three ways, B0 (re-adapted on its part, cached by content, its
+levelling-off check), the per-seed probe and held-out base text, the arms and remedies from B0, every
+model on the same documents of its seed, and the claims decided from the table; then the v3 parts on
+planted numbers and make's plan (``make -n``)."""
 
 from __future__ import annotations
 
@@ -57,7 +59,16 @@ def test_levelled_reads_the_rate_over_the_last_third_carried_over_one_arm():
         levelled(t[:2], x[:2], 0.01, 5120)
 
 
-@pytest.mark.slow(minutes=8)
+def _remedies_merged() -> bool:
+    """Whether this tree has the remedies of issue 51 (``cptkit merge``, replay sources, distillation)."""
+    return subprocess.run([sys.executable, "-m", "cptkit", "merge", "--help"], cwd=ROOT, capture_output=True).returncode == 0
+
+
+def _ids(d: Path) -> set[str]:
+    return {json.loads(x)["id"] for x in (d / "part-00000.jsonl").read_text().splitlines()}
+
+
+@pytest.mark.slow(minutes=10)
 def test_cpt_design_at_toy_size_through_make(corpus_records, tmp_path):
     model, _, _ = make_tiny(tmp_path / "tiny")
     data = tmp_path / "data"
@@ -65,47 +76,80 @@ def test_cpt_design_at_toy_size_through_make(corpus_records, tmp_path):
     zh = [r for r in corpus_records if r["lang"] == "zh"]
     _marked(data / "labelled", [{**r, "topic": "t"} for r in en[:60]])
     _marked(data / "corpus", en[:200] + zh[:40])
-    _marked(data / "b0_text", [{**r, "id": f"b0-{i}"} for i, r in enumerate(en[200:300])])
-    _marked(data / "outside", [{"id": f"o-{i}", "text": r["text"], "domain": "outside"} for i, r in enumerate(en[300:310])])
+    _marked(data / "b0_text", [{**r, "id": f"b0-{i}"} for i, r in enumerate(en[200:400])])
+    _marked(data / "outside", [{"id": f"o-{i}", "text": r["text"], "domain": "outside"} for i, r in enumerate(en[400:410])])
     venv = Path(sys.executable).parent.parent
     old = [f"-o {data}/{d}/_SUCCESS" for d in ("labelled", "corpus", "b0_text", "outside")]
+    full = _remedies_merged()
     env = {**os.environ, "TOY": "1", "DATA": str(data), "XP": str(data / "xp"), "SEEDS": "0 1",
            "CPTKIT_CACHE": str(tmp_path / "cache"),
            "MAKE_ARGS": " ".join([*old, f"VENV={venv}", f"-o {venv}/.installed", "--no-print-directory"])}
+    if not full:  # until the remedies are merged: the v1 arms on the v3 measures, decided by the v1 claims
+        env.update(TRAINED="noreplay replay noreplay_tm neutral", MERGE_ALPHAS="", CPT_CLAIMS="conf/cpt/claims.yaml")
     r = subprocess.run(["bash", "bench/gpu/cpt_smollm2.sh", str(model)], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     xp = data / "xp"
     b0 = json.loads((xp / "b0.json").read_text())
     assert (xp / "b0").is_symlink() and Path(b0["path"]).parent == tmp_path / "cache" / "b0"
-    # the levelling-off verdict is the pure function's on the recorded curve
+    # the levelling-off verdict is the pure function's on the recorded curve (horizon: one arm, 4 x 128 tokens)
     tokens, losses = [t for t, _ in b0["curve"]], [x for _, x in b0["curve"]]
     assert len(tokens) >= 3 and {k: b0[k] for k in levelled(tokens, losses, 0.01, 512)} == levelled(tokens, losses, 0.01, 512)
-    probe = [json.loads(x) for x in (xp / "probe.jsonl").read_text().splitlines()]
-    assert len(probe) == 4 and {p["domain"] for p in probe} == {"probe"}
-    # every arm started from B0: its manifest names B0's model, and the token-matched arm ran 0.8 x the steps
-    for arm, steps in (("noreplay", 4), ("replay", 4), ("noreplay_tm", 3), ("neutral", 4)):
+    # B0's text in three disjoint parts; B0 trained (and was checked) on the train part only
+    parts = {k: _ids(xp / "b0_split" / k) for k in ("train", "heldout", "replay")}
+    assert sum(map(len, parts.values())) == 200 and not (parts["train"] & (parts["heldout"] | parts["replay"]))
+    assert not parts["heldout"] & parts["replay"]
+    import gzip
+
+    b0_eval = {json.loads(x)["id"] for x in gzip.decompress((xp / "b0_stream" / "_eval.jsonl.gz").read_bytes()).decode().splitlines()}
+    assert b0_eval and b0_eval <= parts["train"]
+    # the held-out base text and the probe are drawn per seed
+    held = [_ids(xp / f"heldout_s{s}") for s in (0, 1)]
+    assert all(len(h) == 4 and h <= parts["heldout"] for h in held) and held[0] != held[1]
+    probes = [[json.loads(x)["text"] for x in (xp / f"probe_s{s}.jsonl").read_text().splitlines()] for s in (0, 1)]
+    assert all(len(p) == 4 for p in probes) and probes[0] != probes[1]
+    arms = {"noreplay": 4, "replay": 4, "noreplay_tm": 3, "neutral": 4}
+    if full:
+        arms.update(replay_b0text=4, self=4, self_kl=4)
+    for arm, steps in arms.items():
         man = json.loads((xp / "runs" / f"{arm}_s1" / "_manifest.json").read_text())
         assert man["config"]["model"]["path"] == str(xp / "b0" / "model")
         assert man["config"]["train"]["max_steps"] == steps
+        assert man["config"]["train"]["eval_extra"] == [str(xp / "heldout_s1"), str(xp / "probe_s1.jsonl")]
         assert "plan read" not in json.dumps(man)  # it read its stream's whole plan: no share gap to report
-    # each arm's stream is planned for exactly what the arm trains (4 or 3 steps of 2 sequences), so the
-    # shares hold over it: the replay arm replays 20% (1.6 of 8 sequences, rounded), and the token-matched
-    # arm trains on the replay arm's domain and Chinese sequences, in fewer steps
+        from cptkit.core.records import read_jsonl
+        from cptkit.training.metrics import eval_curves
+
+        points, curves, _ = eval_curves(read_jsonl(xp / "runs" / f"{arm}_s1" / "metrics.jsonl"))
+        assert len(points) == steps + 1 and {"heldout", "probe"} <= set(curves)  # every step, and before step 1
     for s in (0, 1):
         drawn = {k: _plan_counts(xp / f"stream_{k}_s{s}") for k in ("r0", "rp", "tm", "gen")}
         assert [sum(drawn[k].values()) for k in ("r0", "rp", "tm", "gen")] == [8, 8, 6, 8], drawn
         assert drawn["rp"]["general"] == 2 and drawn["r0"].get("general", 0) == 0, drawn
         assert {k: drawn["tm"].get(k, 0) for k in ("domain", "zh")} == {k: drawn["rp"][k] for k in ("domain", "zh")}
         assert set(drawn["gen"]) == {"general"}
+        if full:
+            for k in ("bt", "self"):
+                got = _plan_counts(xp / f"stream_{k}_s{s}")
+                assert sum(got.values()) == 8 and got["replay"] == 2, (k, got)
     res = json.loads((xp / "eval" / "neutral_s0" / "_results.json").read_text())
-    assert {"domain", "zh", "general", "probe", "outside"} <= set(res["perplexity"]["groups"])
+    assert {"domain", "zh", "general", "probe", "outside", "heldout"} <= set(res["perplexity"]["groups"])
+    assert res["tasks"]["copa"]["sample_seed"] == 0 and res["tasks"]["copa"]["metrics"]["n"] == 2
     table = (xp / "cpt.md").read_text()
     assert "| b0 | 2 |" in table and "| noreplay_tm − b0 | 2 |" in table and "(not the baseline)" in table
-    for claim in ("domain_gain", "forgetting", "replay", "neutral"):
-        assert f"- **{claim}**:" in table
-    # two seeds: every claim is testable (1 df) and decided over the family of four
-    assert table.count("Holm over 4") == 4 and "not testable here" not in table
+    assert "copa against the training text (`cptkit evaluate-contamination`" in table
+    assert table.count("At tiny re-adapted to B0, 512 tokens per arm, toy size on the CPU.") == (9 if full else 4)
+    if full:
+        for claim in ("domain_gain", "forgetting", "task_control", "task_forgetting", "replay_b0text",
+                      "self_vs_pool", "distill", "merge_forgetting", "merge_gain"):
+            assert f"- **{claim}**:" in table
+        assert table.count("Holm over 4, family cpt") == 4 and table.count("Holm over 5, family remedies") == 5
+        assert "| merge_a050 − b0 | 2 |" in table and "domain gain, arm − neutral" in table
+        assert (xp / "cpt-pareto.png").read_bytes()[:4] == b"\x89PNG"
+        distill = json.loads((xp / "runs" / "self_kl_s0" / "_manifest.json").read_text())["config"]["train"]["distill"]
+        assert distill["kl"] == 1.0 and distill["on"] == "replay"
+    else:
+        assert table.count("Holm over 4") == 4 and "not testable here" not in table
     # B0 is cached by content: a second experiment dir links the same B0 without training it again
     r2 = subprocess.run([sys.executable, "-m", "cptkit.training.b0", "--base", str(model), "--stream",
                          str(xp / "b0_stream"), "--link", str(tmp_path / "again"), "--",
