@@ -320,9 +320,6 @@ $(XP)/eval/merge_a%/_SUCCESS: $(XP)/merges/merge_a%/_SUCCESS
 $(XP)/eval/%/_SUCCESS: $(XP)/runs/%/_SUCCESS
 	$(CPTKIT) evaluate --model $(XP)/runs/$*/model $(call eval_in,$(lastword $(subst _, ,$*))) \
 	    --out $(@D) $(EVAL_ARGS) eval.sample_seed=$(patsubst s%,%,$(lastword $(subst _, ,$*))) -q
-# the v1 design's fixed evaluation of B0 (probe.jsonl, outside text, the first 100 items), which the README reads
-$(XP)/eval/b0_fixed/_SUCCESS: $(XP)/b0.json $(XP)/probe.jsonl $(OUTSIDE)/_SUCCESS
-	$(CPTKIT) evaluate --model $(B0) --in $(XP)/probe.jsonl --in $(OUTSIDE) --out $(@D) $(EVAL_ARGS) -q
 # the task's items against every text the arms train on: none may be in it (docs/cpt.md)
 $(XP)/contamination/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) $(XP)/b0_split/_SUCCESS
 	$(CPTKIT) evaluate-contamination --in $(DATA)/labelled --in $(CORPUS) --in $(XP)/b0_split/train \
