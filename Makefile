@@ -323,7 +323,7 @@ $(XP)/eval/%/_SUCCESS: $(XP)/runs/%/_SUCCESS
 # the task's items against every text the arms train on: none may be in it (docs/cpt.md)
 $(XP)/contamination/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) $(XP)/b0_split/_SUCCESS
 	$(CPTKIT) evaluate-contamination --in $(DATA)/labelled --in $(CORPUS) --in $(XP)/b0_split/train \
-	    --in $(XP)/b0_split/replay --out $(@D) eval.tasks=[$(CPT_TASK)] $(CONTAM_ARGS) -q
+	    --in $(XP)/b0_split/replay --out $(@D) eval.tasks=[$(CPT_TASK)] io.unique_ids=false $(CONTAM_ARGS) -q
 
 # the table (B0 and each arm's Δ against it, mean ± SE over the seeds given; the domain gain against
 # neutral), the claims (Holm within each family, each verdict with its scale), the curves, the Pareto plot
