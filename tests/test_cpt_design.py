@@ -215,6 +215,11 @@ def test_task_items_drawn_per_seed():
     assert s0 == s0b and len(s0) == 100 and s0 != docs[:100] and s0 != s1
     assert [d["id"] for d in s0] == sorted(d["id"] for d in s0)  # in file order
     assert limited(docs, 600, 3) == docs
+    from cptkit.steps.evaluate import EvalConfig
+
+    assert EvalConfig(limit=100, sample_seed=3).sample_seed == 3
+    with pytest.raises(Exception, match="sample_seed"):  # lm-eval takes the first items: refused, not ignored
+        EvalConfig(limit=100, sample_seed=3, engine="lm_eval")
 
 
 def _seed(**v) -> dict:
