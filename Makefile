@@ -16,7 +16,8 @@ help:
 	@echo "make test      the whole test suite (what .ci/run calls)"
 	@echo "make demo      build the demo corpus, run the pipeline on it, continue SmolLM2-135M (1 seed)"
 	@echo "make b0        the re-adapted base B0 that every CPT arm starts from (cached by content)"
-	@echo "make cpt-experiment  the CPT experiment with 5 seeds: the claims of conf/cpt/claims.yaml decided"
+	@echo "make cpt-experiment  the CPT experiment with 5 seeds: the claims of conf/cpt/claims_v3.yaml decided"
+	@echo "make forgetting-remedies  the same, and its Pareto plot: domain gain against forgetting per remedy"
 	@echo "make reproduce the papers' claims as pre-registered in conf/reproduce/claims.yaml (v2): every CPU sweep"
 	@echo "               (mk/reproduce.mk, ~3 h on 2 cores) -> docs/reproductions.md; the GPU's claim: bench/gpu/reproduce.sh"
 	@echo "make reproduce-v1  the superseded v1 designs (conf/reproduce/claims_v1.yaml) -> docs/reproductions_v1.md"
@@ -145,22 +146,31 @@ STEP_TARGETS := $(DATA)/corpus/_SUCCESS $(DATA)/queries/_SUCCESS $(DATA)/retriev
     $(DATA)/qa/_SUCCESS $(DATA)/qa_c30/_SUCCESS
 $(STEP_TARGETS): | $(VENV)/.installed
 
-# --- continued pre-training: B0, then four arms against it (docs/cpt.md) ---------------------
+# --- continued pre-training: B0, then the v3 arms and remedies against it (docs/cpt.md) ------
 # The shipped SmolLM2-135M is an instruct model, quantized: continued on any raw text its loss first
 # falls for reasons unrelated to that text. B0 takes that fall first: the shipped model continued on
 # general English that no evaluation set uses (B0_TEXT) until its held-out loss levels off
-# (cptkit/training/b0.py; cached by content under $CPTKIT_CACHE/b0). Every arm starts from B0:
-#   noreplay     the domain and Chinese (ZH:EN = 1:4, Llama-3-SynE §4.1), CPT_STEPS steps
-#   replay       the same with REPLAY of general English replayed, CPT_STEPS steps
-#   noreplay_tm  the replay arm's domain tokens without replay: (1 - REPLAY) x CPT_STEPS steps
-#   neutral      general English only, CPT_STEPS steps: the re-adaptation that remains after B0
-# Each model is scored on the seed's held-out domain, Chinese and general documents, on the probe
-# (texts B0 sampled itself: cptkit/eval/probe.py), on English from outside the training pool
-# (OUTSIDE) and on wordnet_defs; conf/cpt/claims.yaml fixed the comparisons before any run.
-#   make b0              B0 and its levelling-off check:                      $(XP)/b0.json
-#   make demo            one seed (DEMO_SEEDS), an illustration:              $(XP)/demo.md
-#   make cpt-experiment  five seeds (XP_SEEDS), the claims decided:          $(XP)/cpt.md
-# Both share their members ($(XP)/runs/ARM_sSEED ...); rerun to resume. bench/gpu/cpt_smollm2.sh
+# (cptkit/training/b0.py; cached by content under $CPTKIT_CACHE/b0). B0_TEXT is split first, by a
+# seeded hash of each id (cptkit/training/base_text.py), into B0's training text, the held-out base
+# text (the forgetting measure: B0 never trains on it) and the base-text replay source, disjoint.
+# Every arm starts from B0 and trains CPT_STEPS steps of STEP_TOKENS (ARM_TOKENS in all) but one:
+#   noreplay       the domain and Chinese (ZH:EN = 1:4, Llama-3-SynE §4.1)
+#   replay         the same with REPLAY of the pool's general English replayed (mix.replay.source=pool)
+#   noreplay_tm    the replay arm's domain tokens without replay: (1 - REPLAY) x CPT_STEPS steps
+#   neutral        the pool's general English only: the format's share of any gain
+#   replay_b0text  REPLAY of held-out B0 text (the split's replay part), as papers replay pretraining data
+#   self           REPLAY of texts B0 samples from BOS (mix.replay.source=self, seeds 100 + seed)
+#   self_kl        self's stream with distillation to B0 on the replayed tokens (train.distill.kl=DISTILL_KL)
+#   merge_aNNN     cptkit merge of B0 and noreplay, linear, alpha = noreplay's weight (MERGE_ALPHAS): no training
+# Each model is scored per seed on the seed's held-out domain, Chinese and general documents, on the
+# held-out base text (HELDOUT_DOCS drawn per seed), on the probe ("drift from B0": PROBE_DOCS texts B0
+# samples with the seed), on outside English (OUTSIDE) and on CPT_TASK (100 items drawn per seed);
+# conf/cpt/claims_v3.yaml fixed the comparisons before any run (v1: conf/cpt/claims.yaml, the record).
+#   make b0                  B0 and its levelling-off check:                         $(XP)/b0.json
+#   make demo                one seed (DEMO_SEEDS), an illustration:                 $(XP)/demo.md
+#   make cpt-experiment      five seeds (XP_SEEDS), the claims decided:             $(XP)/cpt.md
+#   make forgetting-remedies the same members; domain gain against forgetting:      $(XP)/cpt-pareto.png
+# All share their members ($(XP)/runs/ARM_sSEED ...); rerun to resume. bench/gpu/cpt_smollm2.sh
 # runs the same design on a GPU.
 XP          ?= $(DATA)/xp
 DEMO_SEEDS  ?= 0
@@ -169,52 +179,86 @@ BASE_MODEL  ?= smollm2
 TOKENIZER   ?= $(BASE_MODEL)
 REPLAY      ?= 0.2
 MIX         ?= mix=demo_smollm2 mix.eval_docs=64
-# 2 CPU cores: SmolLM2 trains at ~105 tokens/s and scores ~260 tokens/s in fp32, so an arm is 10 steps of
-# 2 x 256 tokens, and every model is scored on 64 documents per group, 64 tokens each (docs/cpt.md, budgets).
-CPT_STEPS   ?= 10
+# 2 CPU cores (docs/cpt.md, "v3: the budget"): an arm is 20 steps of 2 x 256 tokens (10,240 tokens),
+# 5 eval points of 8 documents per group on its curves; every model is scored on 32 documents per
+# group, 64 tokens each, and 100 task items: about 1 h 55 min for five seeds with B0 cached.
+CPT_STEPS   ?= 20
 TM_STEPS    ?= $(shell awk 'BEGIN { printf "%d", $(CPT_STEPS) * (1 - $(REPLAY)) + 0.5 }')
 # One step's tokens (TRAIN_ARGS' micro_batch x MIX's seq_len). Each arm's stream is planned for exactly
 # the tokens the arm trains on (mix.budget_tokens = steps x STEP_TOKENS), so its shares (replay, ZH:EN) hold
-# over what is trained, and the token-matched arm gets the replay arm's domain and Chinese sequences. A
-# larger plan is interleaved at random, and its first steps drew 10-40% replay at a nominal 20%.
+# over what is trained, and the token-matched arm gets the replay arm's domain and Chinese sequences.
 STEP_TOKENS ?= 512
 TM_TOKENS    = $(shell expr $(TM_STEPS) \* $(STEP_TOKENS))
-B0_STEPS    ?= 64  # levelled on 2 cores: fell at 0.0086 nats per 5,120 tokens over its last third (docs/cpt.md)
 # B0 has levelled off when, at the rate its held-out loss fell over its last third, one arm's tokens
-# (ARM_TOKENS: CPT_STEPS x 2 x 256) would lower it by less than B0_FLAT, half the claims' minimum effect
+# (ARM_TOKENS) would lower it by less than B0_FLAT, half the claims' minimum effect. Arms of 10,240 tokens
+# double the horizon of runs 1-3 (where 64 steps gave 0.0078 per 5,120 tokens): B0 trains 192 steps.
+B0_STEPS    ?= 192
 ARM_TOKENS  ?= $(shell expr $(CPT_STEPS) \* $(STEP_TOKENS))
 B0_FLAT     ?= 0.01
 B0_TEXT     ?= $(DATA)/b0_text
 OUTSIDE     ?= $(DATA)/outside
+# the split of B0_TEXT (shares of its records): held-out base text and the base-text replay source
+B0_HELDOUT  ?= 0.1
+B0_REPLAY   ?= 0.1
+HELDOUT_DOCS ?= 32
+# the drift probe per seed (XP_PROBE_*); PROBE_* size the v1 design's fixed probe.jsonl, which make reproduce reads
+XP_PROBE_DOCS ?= 32
 PROBE_DOCS  ?= 64
 PROBE_TOKENS ?= 64
-# the forgetting curves: every 5 steps, 16 documents per group, the probe and the outside text included
-# a finished arm keeps its model, not its 1.6 GB checkpoint (five seeds x 4 arms: 32 GB of disk otherwise)
+# self replay: B0's samples from BOS, enough for REPLAY x ARM_TOKENS (2,048 tokens at the defaults)
+SELF_DOCS   ?= 40
+SELF_TOKENS ?= 64
+DISTILL_KL  ?= 1.0
+SELF_SEED0  ?= 100  # self samples use seeds SELF_SEED0 + seed; the probes, seeds 0-4
+MERGE_ALPHAS ?= 0.25 0.5 0.75
+# the forgetting curves: 5 eval points (every 5 steps and the last), 8 documents per group; the
+# held-out base text and the probe of the arm's seed are added per arm (curve_extra)
+# a finished arm keeps its model, not its 1.6 GB checkpoint (five seeds x 7 arms: 56 GB of disk otherwise)
 TRAIN_ARGS  ?= train.micro_batch=2 train.lr=1e-4 train.warmup=0.1 train.threads=2 train.precision=fp32 \
-               train.keep_checkpoints=false train.eval_every=5 train.eval_docs=16 train.eval_max_tokens=64 \
-               'train.eval_extra=[$(XP)/probe.jsonl,$(OUTSIDE)]'
-B0_MIX      ?= mix=b0
+               train.keep_checkpoints=false train.eval_every=5 train.eval_docs=8 train.eval_max_tokens=64
+B0_MIX      ?= mix=b0 mix.budget_tokens=2e5
 B0_ARGS     ?= train.micro_batch=4 train.lr=1e-4 train.warmup=0.1 train.threads=2 train.precision=fp32 \
-               train.eval_every=8 train.eval_docs=32 train.eval_max_tokens=128 train.max_steps=$(B0_STEPS) seed=0
+               train.eval_every=16 train.eval_docs=32 train.eval_max_tokens=128 train.max_steps=$(B0_STEPS) seed=0
+# the task's 100 items are drawn per seed (eval.sample_seed, in each rule)
 EVAL_ARGS   ?= eval.tasks=[wordnet_defs] eval.limit=100 eval.shots=0 eval.ppl.group_by=domain \
-               eval.ppl.max_length=64 eval.ppl.max_tokens=64 eval.ppl.max_docs_per_group=64
+               eval.ppl.max_length=64 eval.ppl.max_tokens=64 eval.ppl.max_docs_per_group=32
 CPT_TASK    ?= wordnet_defs
-ARMS        := noreplay replay noreplay_tm neutral
+CONTAM_ARGS ?=
+CPT_CLAIMS  ?= conf/cpt/claims_v3.yaml
+XP_MACHINE  ?= $(shell nproc 2>/dev/null || echo ?) CPU cores
+XP_MODEL    ?= $(if $(filter smollm2,$(BASE_MODEL)),SmolLM2-135M,$(notdir $(BASE_MODEL)))
+CPT_SCALE   ?= $(XP_MODEL) re-adapted to B0, $(ARM_TOKENS) tokens per arm, $(XP_MACHINE)
+merge_name   = merge_a$(shell awk 'BEGIN { printf "%03d", $(1) * 100 + 0.5 }')
+MERGES      := $(foreach a,$(MERGE_ALPHAS),$(call merge_name,$(a)))
+TRAINED     ?= noreplay replay noreplay_tm neutral replay_b0text self self_kl
+ARMS        := $(TRAINED) $(MERGES)
 B0          := $(XP)/b0/model
 TRAIN       := $(CPTKIT) train model=hf model.path=$(B0) $(TRAIN_ARGS)
+curve_extra  = 'train.eval_extra=[$(XP)/heldout_s$(1),$(XP)/probe_s$(1).jsonl]'
 
 $(B0_TEXT)/_SUCCESS: | $(VENV)/.installed
 	$(CPTKIT) demo-corpus --out $(@D) 'corpus.sources=[fortunes-en]' -q  # cptkit/demo/outside.py
 $(OUTSIDE)/_SUCCESS: | $(VENV)/.installed
 	$(CPTKIT) demo-corpus --out $(@D) 'corpus.sources=[anarchism]' -q
-$(XP)/b0_stream/_SUCCESS: $(B0_TEXT)/_SUCCESS
-	$(CPTKIT) build-mix --in $(B0_TEXT) --out $(@D) $(B0_MIX) tokenizer=$(TOKENIZER) seed=0 -q
+$(XP)/b0_split/_SUCCESS: $(B0_TEXT)/_SUCCESS
+	$(BIN)/python -m cptkit.training.base_text split --in $(B0_TEXT) --out $(@D) --heldout $(B0_HELDOUT) \
+	    --replay $(B0_REPLAY) --seed 0
+$(XP)/b0_stream/_SUCCESS: $(XP)/b0_split/_SUCCESS
+	$(CPTKIT) build-mix --in $(XP)/b0_split/train --out $(@D) $(B0_MIX) tokenizer=$(TOKENIZER) seed=0 -q
 $(XP)/b0.json: $(XP)/b0_stream/_SUCCESS
 	$(BIN)/python -m cptkit.training.b0 --base $(BASE_MODEL) --stream $(<D) --link $(XP)/b0 \
 	    --horizon $(ARM_TOKENS) --flat $(B0_FLAT) -- $(B0_ARGS) -q
+# the probe and the held-out base text, drawn per seed (their sampling is in the seed variance);
+# probe.jsonl (seed 0) is the v1 design's fixed probe, which make reproduce reads
 $(XP)/probe.jsonl: $(XP)/b0.json
 	$(BIN)/python -m cptkit.eval.probe --model $(B0) --out $@ --docs $(PROBE_DOCS) --tokens $(PROBE_TOKENS) \
 	    --seed 0 --threads 2
+$(XP)/probe_s%.jsonl: $(XP)/b0.json
+	$(BIN)/python -m cptkit.eval.probe --model $(B0) --out $@ --docs $(XP_PROBE_DOCS) --tokens $(PROBE_TOKENS) \
+	    --seed $* --threads 2
+$(XP)/heldout_s%/_SUCCESS: $(XP)/b0_split/_SUCCESS
+	$(BIN)/python -m cptkit.training.base_text sample --in $(XP)/b0_split/heldout --out $(@D) \
+	    --docs $(HELDOUT_DOCS) --seed $*
 
 $(XP)/stream_r0_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
 	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$* \
@@ -229,51 +273,80 @@ $(XP)/stream_gen_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/
 	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$* \
 	    mix.budget_tokens=$(ARM_TOKENS) 'mix.stages=[{name:general,weights:{general:1}}]' mix.replay.share=0 \
 	    'mix.replay.domains=[]' -q
-# the probe and the outside text: scored at each arm's eval points and by evaluate
-EVAL_DEPS    = $(XP)/probe.jsonl $(OUTSIDE)/_SUCCESS
-$(XP)/runs/noreplay_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS $(XP)/b0.json $(EVAL_DEPS)
-	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged -q
-$(XP)/runs/replay_s%/_SUCCESS: $(XP)/stream_rp_s%/_SUCCESS $(XP)/b0.json $(EVAL_DEPS)
-	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged -q
-$(XP)/runs/noreplay_tm_s%/_SUCCESS: $(XP)/stream_tm_s%/_SUCCESS $(XP)/b0.json $(EVAL_DEPS)
-	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(TM_STEPS) train.mixture=staged -q
-$(XP)/runs/neutral_s%/_SUCCESS: $(XP)/stream_gen_s%/_SUCCESS $(XP)/b0.json $(EVAL_DEPS)
-	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged -q
+$(XP)/stream_bt_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) $(XP)/b0_split/_SUCCESS | $(VENV)/.installed
+	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$* \
+	    mix.budget_tokens=$(ARM_TOKENS) mix.replay.source=$(XP)/b0_split/replay mix.replay.share=$(REPLAY) -q
+$(XP)/stream_self_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) $(XP)/b0.json | $(VENV)/.installed
+	$(CPTKIT) build-mix --in $(DATA)/labelled --in $(CORPUS) --out $(@D) $(MIX) tokenizer=$(TOKENIZER) seed=$* \
+	    mix.budget_tokens=$(ARM_TOKENS) mix.replay.source=self mix.replay.share=$(REPLAY) mix.replay.self.model=$(B0) \
+	    mix.replay.self.docs=$(SELF_DOCS) mix.replay.self.max_tokens=$(SELF_TOKENS) mix.replay.self.seed=$(shell expr $(SELF_SEED0) + $*) -q
 
-# every model on the same documents of a seed: its held-out sample, the probe, the outside text
-eval_in      = --in $(XP)/stream_r0_$(1)/_eval.jsonl.gz --in $(XP)/probe.jsonl --in $(OUTSIDE)
-# B0 is scored once on what no seed changes (probe, outside text, task) and per seed on its held-out
-# sample only; the report merges the two parts (b0_sN+b0_fixed)
-$(XP)/eval/b0_fixed/_SUCCESS: $(XP)/b0.json $(EVAL_DEPS)
-	$(CPTKIT) evaluate --model $(B0) --in $(XP)/probe.jsonl --in $(OUTSIDE) --out $(@D) $(EVAL_ARGS) -q
-$(XP)/eval/b0_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS $(XP)/b0.json
-	$(CPTKIT) evaluate --model $(B0) --in $(XP)/stream_r0_s$*/_eval.jsonl.gz --out $(@D) $(EVAL_ARGS) \
-	    eval.tasks=[] -q
-$(XP)/eval/shipped_s%/_SUCCESS: $(XP)/stream_r0_s%/_SUCCESS $(EVAL_DEPS)
-	$(CPTKIT) evaluate --model $(BASE_MODEL) $(call eval_in,s$*) --out $(@D) $(EVAL_ARGS) -q
-$(XP)/eval/%/_SUCCESS: $(XP)/runs/%/_SUCCESS $(EVAL_DEPS)
+# each arm: its stream, B0, and what its seed's evaluation reads (its curves score the held-out base
+# text and the probe; evaluate, the rest)
+EVAL_DEPS    = $(XP)/stream_r0_s%/_SUCCESS $(XP)/heldout_s%/_SUCCESS $(XP)/probe_s%.jsonl $(OUTSIDE)/_SUCCESS
+arm_deps     = $(XP)/stream_$(1)_s%/_SUCCESS $(XP)/b0.json $(EVAL_DEPS)
+$(XP)/runs/noreplay_s%/_SUCCESS: $(call arm_deps,r0)
+	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged $(call curve_extra,$*) -q
+$(XP)/runs/replay_s%/_SUCCESS: $(call arm_deps,rp)
+	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged $(call curve_extra,$*) -q
+$(XP)/runs/noreplay_tm_s%/_SUCCESS: $(call arm_deps,tm)
+	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(TM_STEPS) train.mixture=staged $(call curve_extra,$*) -q
+$(XP)/runs/neutral_s%/_SUCCESS: $(call arm_deps,gen)
+	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged $(call curve_extra,$*) -q
+$(XP)/runs/replay_b0text_s%/_SUCCESS: $(call arm_deps,bt)
+	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged $(call curve_extra,$*) -q
+$(XP)/runs/self_s%/_SUCCESS: $(call arm_deps,self)
+	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged $(call curve_extra,$*) -q
+$(XP)/runs/self_kl_s%/_SUCCESS: $(call arm_deps,self)
+	$(TRAIN) --in $(<D) --out $(@D) seed=$* train.max_steps=$(CPT_STEPS) train.mixture=staged $(call curve_extra,$*) \
+	    train.distill.kl=$(DISTILL_KL) train.distill.on=replay train.distill.teacher=$(B0) -q
+# merge-back: B0 and the seed's no-replay model, linear, alpha = the no-replay model's weight
+define merge_rule
+$(XP)/merges/$(call merge_name,$(1))_s%/_SUCCESS: $(XP)/runs/noreplay_s%/_SUCCESS $(XP)/b0.json
+	$(CPTKIT) merge --base $(B0) --model $(XP)/runs/noreplay_s$$*/model --out $$(@D) merge.method=linear merge.alpha=$(1)
+endef
+$(foreach a,$(MERGE_ALPHAS),$(eval $(call merge_rule,$(a))))
+
+# every model on the same documents of a seed: its held-out domain sample, the held-out base text, the
+# probe, the outside text, and the task's items of that seed
+eval_in      = --in $(XP)/stream_r0_$(1)/_eval.jsonl.gz --in $(XP)/heldout_$(1) --in $(XP)/probe_$(1).jsonl --in $(OUTSIDE)
+$(XP)/eval/b0_s%/_SUCCESS: $(XP)/b0.json $(EVAL_DEPS)
+	$(CPTKIT) evaluate --model $(B0) $(call eval_in,s$*) --out $(@D) $(EVAL_ARGS) eval.sample_seed=$* -q
+$(XP)/eval/shipped_s%/_SUCCESS: $(EVAL_DEPS)
+	$(CPTKIT) evaluate --model $(BASE_MODEL) $(call eval_in,s$*) --out $(@D) $(EVAL_ARGS) eval.sample_seed=$* -q
+$(XP)/eval/merge_a%/_SUCCESS: $(XP)/merges/merge_a%/_SUCCESS
+	$(CPTKIT) evaluate --model $(XP)/merges/merge_a$* $(call eval_in,$(lastword $(subst _, ,$*))) \
+	    --out $(@D) $(EVAL_ARGS) eval.sample_seed=$(patsubst s%,%,$(lastword $(subst _, ,$*))) -q
+$(XP)/eval/%/_SUCCESS: $(XP)/runs/%/_SUCCESS
 	$(CPTKIT) evaluate --model $(XP)/runs/$*/model $(call eval_in,$(lastword $(subst _, ,$*))) \
-	    --out $(@D) $(EVAL_ARGS) -q
+	    --out $(@D) $(EVAL_ARGS) eval.sample_seed=$(patsubst s%,%,$(lastword $(subst _, ,$*))) -q
+# the task's items against every text the arms train on: none may be in it (docs/cpt.md)
+$(XP)/contamination/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) $(XP)/b0_split/_SUCCESS
+	$(CPTKIT) evaluate-contamination --in $(DATA)/labelled --in $(CORPUS) --in $(XP)/b0_split/train \
+	    --in $(XP)/b0_split/replay --out $(@D) eval.tasks=[$(CPT_TASK)] io.unique_ids=false $(CONTAM_ARGS) -q
 
-# the table (B0 and each arm's Δ against it, mean ± SE over the seeds given), the claims, the curves
+# the table (B0 and each arm's Δ against it, mean ± SE over the seeds given; the domain gain against
+# neutral), the claims (Holm within each family, each verdict with its scale), the curves, the Pareto plot
 comma       := ,
 csv          = $(subst $(eval) ,$(comma),$(strip $(1)))
 xp_evals     = $(foreach s,$(2),$(XP)/eval/$(1)_s$(s))
-b0_evals     = $(foreach s,$(1),$(XP)/eval/b0_s$(s)+$(XP)/eval/b0_fixed)
-xp_report    = $(BIN)/python -m cptkit.training.report b0=$(call csv,$(call b0_evals,$(1))) \
+xp_report    = $(BIN)/python -m cptkit.training.report b0=$(call csv,$(call xp_evals,b0,$(1))) \
                $(foreach a,$(ARMS),$(a)=$(call csv,$(call xp_evals,$(a),$(1)))) \
-               --shipped $(XP)/eval/shipped_s$(firstword $(1)) --claims conf/cpt/claims.yaml --task=$(CPT_TASK) \
-               --out $@ --curves $(basename $@)-curves.png > /dev/null
+               --shipped $(XP)/eval/shipped_s$(firstword $(1)) --claims $(CPT_CLAIMS) --task=$(CPT_TASK) \
+               --scale '$(CPT_SCALE)' --contamination $(XP)/contamination --out $@ --curves $(basename $@)-curves.png \
+               --pareto $(basename $@)-pareto.png > /dev/null
 xp_deps      = $(foreach a,b0 $(ARMS),$(addsuffix /_SUCCESS,$(call xp_evals,$(a),$(1)))) \
-               $(XP)/eval/shipped_s$(firstword $(1))/_SUCCESS $(XP)/eval/b0_fixed/_SUCCESS
+               $(XP)/eval/shipped_s$(firstword $(1))/_SUCCESS $(XP)/contamination/_SUCCESS $(CPT_CLAIMS)
 
 $(XP)/demo.md: $(call xp_deps,$(DEMO_SEEDS))
 	$(call xp_report,$(DEMO_SEEDS))
 $(XP)/cpt.md: $(call xp_deps,$(XP_SEEDS))
 	$(call xp_report,$(XP_SEEDS))
 
-.PHONY: b0
+.PHONY: b0 forgetting-remedies
 b0: $(XP)/b0.json
+forgetting-remedies: $(XP)/cpt.md  # the remedies are arms of the experiment: its Pareto plot
+	@echo "domain gain against forgetting, every arm and the merge sweep: $(XP)/cpt-pareto.png"
 
 corpus: $(DATA)/corpus/_SUCCESS
 queries: $(DATA)/queries/_SUCCESS
@@ -283,8 +356,8 @@ scored: $(DATA)/scored/_SUCCESS
 labelled: $(DATA)/labelled/_SUCCESS
 qa: $(DATA)/qa/_SUCCESS
 corrupted: $(DATA)/qa_c30/_SUCCESS
-stream: $(foreach s,$(DEMO_SEEDS),$(foreach k,r0 rp tm gen,$(XP)/stream_$(k)_s$(s)/_SUCCESS))
-trained: $(foreach a,$(ARMS),$(foreach s,$(DEMO_SEEDS),$(XP)/runs/$(a)_s$(s)/_SUCCESS))
+stream: $(foreach s,$(DEMO_SEEDS),$(foreach k,r0 rp tm gen bt self,$(XP)/stream_$(k)_s$(s)/_SUCCESS))
+trained: $(foreach a,$(TRAINED),$(foreach s,$(DEMO_SEEDS),$(XP)/runs/$(a)_s$(s)/_SUCCESS))
 evaluated: $(XP)/demo.md
 
 pipeline: $(XP)/demo.md $(DATA)/qa_c30/_SUCCESS
@@ -294,12 +367,13 @@ pipeline: $(XP)/demo.md $(DATA)/qa_c30/_SUCCESS
 	@echo "deduplicated      $(DATA)/deduped     (removed ids: $(DATA)/deduped/_removed.jsonl)"
 	@echo "scored, labelled  $(DATA)/scored $(DATA)/labelled"
 	@echo "synthetic QA      $(DATA)/qa   corrupted copy: $(DATA)/qa_c30"
-	@echo "streams           $(XP)/stream_rp_s0 (replay $(REPLAY))  $(XP)/stream_r0_s0 (none)  $(XP)/stream_tm_s0 (none, token-matched)  $(XP)/stream_gen_s0 (general)"
+	@echo "streams           $(XP)/stream_rp_s0 (replay $(REPLAY))  $(XP)/stream_r0_s0 (none)  $(XP)/stream_tm_s0 (none, token-matched)  $(XP)/stream_gen_s0 (general)  $(XP)/stream_bt_s0 (B0 text replayed)  $(XP)/stream_self_s0 (B0's samples replayed)"
 	@echo "shipped model     $(BASE_MODEL)"
 	@echo "re-adapted base   $(XP)/b0 (B0; its levelling-off check: $(XP)/b0.json, curve: $(XP)/b0/curves.png)"
-	@echo "forgetting probe  $(XP)/probe.jsonl (texts B0 wrote)   outside English: $(OUTSIDE)"
-	@echo "CPT arms          $(foreach a,$(ARMS),$(XP)/runs/$(a)_s0)   (curves.png in each)"
-	@echo "forgetting curves $(XP)/demo-curves.png"
+	@echo "held-out B0 text  $(XP)/heldout_s0 (of $(XP)/b0_split)   drift probe $(XP)/probe_s0.jsonl (texts B0 wrote)   outside English: $(OUTSIDE)"
+	@echo "CPT arms          $(foreach a,$(TRAINED),$(XP)/runs/$(a)_s0)   (curves.png in each)"
+	@echo "merged back       $(foreach a,$(MERGES),$(XP)/merges/$(a)_s0)"
+	@echo "forgetting curves $(XP)/demo-curves.png   domain gain against forgetting: $(XP)/demo-pareto.png"
 	@echo "evaluation        $(XP)/demo.md   (one seed: an illustration; five seeds decide: make cpt-experiment)"
 	@echo
 	@cat $(XP)/demo.md
@@ -313,7 +387,7 @@ pipeline: $(XP)/demo.md $(DATA)/qa_c30/_SUCCESS
 DEMO_JOBS   ?= 2
 demo:
 	@$(MAKE) --no-print-directory -j$(DEMO_JOBS) base-model $(DATA)/labelled/_SUCCESS $(DATA)/qa_c30/_SUCCESS \
-	    $(XP)/probe.jsonl $(OUTSIDE)/_SUCCESS
+	    $(XP)/probe_s0.jsonl $(OUTSIDE)/_SUCCESS
 	@$(MAKE) --no-print-directory pipeline
 
 .PHONY: base-model

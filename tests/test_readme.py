@@ -44,12 +44,14 @@ TOY_MAKE = {
     "B0_ARGS": "train.micro_batch=2 train.lr=1e-4 train.threads=1 train.precision=fp32 train.eval_every=1 "
                "train.eval_docs=2 train.eval_max_tokens=64 train.max_steps=3 seed=0",
     "PROBE_DOCS": "4",
+    "XP_PROBE_DOCS": "4",
+    "HELDOUT_DOCS": "4",
     "PROBE_TOKENS": "16",
 }
 
 # The make targets whose outputs the README's commands read (data/...): the data steps, the seed-0
-# streams, B0 and its fixed evaluation, the replay arm and its evaluation.
-README_INPUTS = ("labelled", "qa_c30", "xp/stream_r0_s0", "xp/stream_rp_s0", "xp/eval/b0_fixed", "xp/eval/replay_s0")
+# streams, B0's evaluation on seed 0, the replay arm and its evaluation.
+README_INPUTS = ("labelled", "qa_c30", "xp/stream_r0_s0", "xp/stream_rp_s0", "xp/eval/b0_s0", "xp/eval/replay_s0")
 
 
 def toy_overrides(c: Command) -> list[str]:

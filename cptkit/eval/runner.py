@@ -25,17 +25,30 @@ from cptkit.eval.templates import (
 )
 
 
+def limited(docs: list[dict], limit: int | None, sample_seed: int | None = None) -> list[dict]:
+    """``limit`` test items: the first ``limit``, or with ``sample_seed`` that many drawn at random
+    (seeded, in their file order), so that each seed of an experiment scores its own sample."""
+    if not limit or limit >= len(docs):
+        return list(docs)
+    if sample_seed is None:
+        return docs[:limit]
+    import random
+
+    return [docs[i] for i in sorted(random.Random(sample_seed).sample(range(len(docs)), limit))]
+
+
 def run_task(model, tokenizer, task: EvalTask, num_fewshot: int | None = None, limit: int | None = None,
              seed: int = 1234, batch_size: int = 8, max_gen_toks: int | None = None,
              max_length: int | None = None, on_batch=None,
-             allow_unsandboxed: bool = False) -> tuple[dict[str, Any], list[dict]]:
+             allow_unsandboxed: bool = False, sample_seed: int | None = None) -> tuple[dict[str, Any], list[dict]]:
     """Score ``task``: ``(metrics, per-item records)``. Metrics: acc/acc_norm, acc (loglikelihood) or
-    exact_match, with stderr."""
+    exact_match, with stderr. ``limit`` items: the first ones, or with ``sample_seed`` a seeded draw
+    (:func:`limited`)."""
     from cptkit.models import scoring  # deferred: imports torch
 
     shots = int(task.get("num_fewshot", 0)) if num_fewshot is None else int(num_fewshot)
     test = load_docs(task, task.spec["test_split"])
-    docs = test[:limit] if limit else test
+    docs = limited(test, limit, sample_seed)
     ctxs = contexts(task, docs, shots, seed)
     items: list[dict] = []
     tdel = task.get("target_delimiter", " ")

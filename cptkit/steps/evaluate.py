@@ -74,6 +74,7 @@ class EvalConfig:
     tasks: list[str] = field(default_factory=list)
     shots: int | None = None  # override every task's num_fewshot (null: task default, App. F)
     limit: int | None = None  # first N test items per task
+    sample_seed: int | None = None  # with limit: N items drawn with this seed, not the first N
     fewshot_seed: int = 1234  # lm-eval's default
     max_gen_toks: int | None = None  # override generative tasks' max_gen_toks
     task_dir: str | None = None  # null: conf/eval/tasks
@@ -88,6 +89,8 @@ class EvalConfig:
     def __post_init__(self) -> None:
         check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
         check(self.limit is None or self.limit >= 1, "limit", self.limit, "must be >= 1 (null: all items)")
+        check(self.sample_seed is None or self.engine == "cptkit", "sample_seed", self.sample_seed,
+              "draws items under eval.engine=cptkit only (lm-eval takes the first eval.limit)")
         check(self.shots is None or self.shots >= 0, "shots", self.shots, "must be >= 0")
         check(self.engine in ENGINES, "engine", self.engine, "must be cptkit or lm_eval")
         check(self.task_shots is None or isinstance(self.task_shots, dict), "task_shots", self.task_shots,
@@ -172,11 +175,11 @@ def run_native_task(model: Any, tok: Any, et: Any, ec: Any, shots_for: dict, res
         metrics, items = runner.run_task(model, tok, et, num_fewshot=shots, limit=ec.limit, seed=ec.fewshot_seed,
                                          batch_size=ec.batch_size, max_gen_toks=ec.max_gen_toks,
                                          max_length=ec.max_length, on_batch=advance,
-                                         allow_unsandboxed=ec.code.allow_unsandboxed)
+                                         allow_unsandboxed=ec.code.allow_unsandboxed, sample_seed=ec.sample_seed)
     metrics["seconds"] = time.time() - ts
     results["tasks"][et.name] = {"metrics": metrics, "version": et.version, "hash": et.hash(),
                                  "file": str(et.path), "output_type": et.output_type, "data": dict(et.sources),
-                                 "n_docs": n_docs}
+                                 "n_docs": n_docs, "sample_seed": ec.sample_seed}
     if "n_executable" in metrics:
         from cptkit.eval.cmdgen import NOTE, THRESHOLD  # deferred: eval.cmdgen, ~10 ms
 

@@ -153,3 +153,48 @@ def save_figure(fig: Any, out: Path) -> None:
     fig.savefig(tmp, format="png")
     plt.close(fig)
     os.replace(tmp, out)
+
+
+Point = tuple[float, float, float, float]  # x mean, x SE, y mean, y SE
+
+
+def pareto_figure(points: dict[str, Point], sweep: list[str], xlabel: str, ylabel: str, title: str = ""):
+    """The Pareto figure (not saved): one point per arm with its seed error bars in both directions
+    (± 1 SE; none where the SE is NaN), and the ``sweep`` (names in order, e.g. merge alphas from B0 to
+    the no-replay model) joined by one line through its points."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    missing = [n for n in sweep if n not in points]
+    if missing:
+        raise CptkitError(f"the sweep names {missing[0]!r}, which has no point ({', '.join(points)})")
+    fig, ax = plt.subplots(figsize=(7, 5), dpi=100)
+
+    def bar(e: float) -> float:
+        return 0.0 if math.isnan(e) else e
+
+    for name, (x, xe, y, ye) in points.items():
+        ax.errorbar([x], [y], xerr=[bar(xe)], yerr=[bar(ye)], fmt="o" if name not in sweep else "s",
+                    markersize=5, capsize=3, label=name)
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    if sweep:
+        ax.plot([points[n][0] for n in sweep], [points[n][2] for n in sweep], "-", color="gray", lw=1,
+                label=" → ".join(sweep))
+    ax.axhline(0.0, color="black", lw=0.5)
+    ax.axvline(0.0, color="black", lw=0.5)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=6, loc="best")
+    return fig
+
+
+def pareto_plot(points: dict[str, Point], sweep: list[str], out: Path, xlabel: str, ylabel: str,
+                title: str = "") -> str | None:
+    """:func:`pareto_figure` written to ``out`` (PNG, atomically); a note without matplotlib."""
+    fig = pareto_figure(points, sweep, xlabel, ylabel, title)
+    if fig is None:
+        return "matplotlib is not installed: no Pareto plot (pip install matplotlib)"
+    _save(fig, out)
+    return None
