@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from cptkit.core.errors import CptkitError, is_panic
+from cptkit.core.errors import PLACE_ERRNOS, CptkitError, is_panic
 
 if TYPE_CHECKING:
     from cptkit.core.step import Step
@@ -112,12 +112,6 @@ def resource_error(step: str, exc: BaseException, output: Any = None) -> CptkitE
         where = f" writing {target}" if target else ""
         return CptkitError(f"cptkit {step}: {RESOURCE_ERRNOS[exc.errno]}{where}")
     return None
-
-
-# a place that cannot be read or written as asked, named by the error: one line, not a traceback
-PLACE_ERRNOS = {errno.EROFS: "read-only file system", errno.ENOTDIR: "not a directory",
-                errno.EISDIR: "is a directory", errno.EACCES: "permission denied",
-                errno.EPERM: "operation not permitted"}
 
 
 def place_error(step: str, exc: BaseException) -> CptkitError | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import re
@@ -27,6 +28,12 @@ class BadInput(CptkitError):
         self.path, self.line, self.reason = str(path), line, reason
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(f"{where}: {reason}")
+
+
+# a place that cannot be read or written as asked (an OSError naming it): one line, not a traceback
+PLACE_ERRNOS = {errno.EROFS: "read-only file system", errno.ENOTDIR: "not a directory",
+                errno.EISDIR: "is a directory", errno.EACCES: "permission denied",
+                errno.EPERM: "operation not permitted"}
 
 
 def is_panic(exc: BaseException) -> bool:
@@ -64,7 +71,8 @@ def quiet_panics() -> Iterator[None]:
     :func:`is_panic`) is then reported by the caller as one line, not also as the Rust hook's notice
     and backtrace. What else the block (or another thread meanwhile) writes to stderr comes out at
     its end."""
-    sys.stderr.flush()
+    if sys.stderr is not None:
+        sys.stderr.flush()
     saved = os.dup(2)
     held = tempfile.TemporaryFile()  # noqa: SIM115 - closed below
     try:
@@ -72,7 +80,8 @@ def quiet_panics() -> Iterator[None]:
         try:
             yield
         finally:
-            sys.stderr.flush()
+            if sys.stderr is not None:
+                sys.stderr.flush()
             os.dup2(saved, 2)
             held.seek(0)
             rest = memoryview(drop_panic_notices(held.read()))

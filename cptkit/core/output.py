@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from cptkit import __version__
-from cptkit.core.errors import CptkitError
+from cptkit.core.errors import PLACE_ERRNOS, CptkitError
 from cptkit.core.fingerprint import (
     describe_change,
     fingerprint,
@@ -253,6 +253,8 @@ class OutputDir:
             self.lock = OutputLock(out, self.index, self.count, self.lock_wait_s)
             self.lock.acquire()
         except OSError as e:  # a read-only file system, a file on the way to OUT, no permission
+            if e.errno not in PLACE_ERRNOS:  # a resource that ran out: cptkit.core.discovery.execute names it
+                raise
             raise unwritable(out, e) from None
         self.remove_dead_tmps()
         if self.overwrite and self.count > 1 and not self.created:
