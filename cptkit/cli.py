@@ -211,6 +211,7 @@ def evaluate_compare(
     import json
     from pathlib import Path
 
+    from cptkit.core.output import check_output_file  # deferred: the output protocol
     from cptkit.core.shards import atomic_write_bytes  # deferred: json and the shard writer
     from cptkit.eval.compare import (  # deferred: eval/ (not on `cptkit --help`)
         compare_table,
@@ -219,6 +220,9 @@ def evaluate_compare(
         to_markdown,
     )
 
+    for path, option in ((out, "--out"), (curves, "--curves")):
+        if path:
+            check_output_file(path, option)
     loaded = {}
     for r in runs:
         name, _, path = r.partition("=") if "=" in r and not Path(r).exists() else (r, "", r)

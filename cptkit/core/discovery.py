@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from cptkit.core.errors import CptkitError
+from cptkit.core.errors import PLACE_ERRNOS, CptkitError, is_panic
 
 if TYPE_CHECKING:
     from cptkit.core.step import Step
@@ -114,6 +114,24 @@ def resource_error(step: str, exc: BaseException, output: Any = None) -> CptkitE
     return None
 
 
+def place_error(step: str, exc: BaseException) -> CptkitError | None:
+    """The one-line :class:`CptkitError` for a file or directory that cannot be used as ``step`` asked
+    (a read-only file system, a file where a directory is needed or the reverse, no permission),
+    naming it; None when ``exc`` is not one or names no file."""
+    if isinstance(exc, OSError) and exc.errno in PLACE_ERRNOS and exc.filename is not None:
+        return CptkitError(f"cptkit {step}: {exc.filename}: {PLACE_ERRNOS[exc.errno]}")
+    return None
+
+
+def panic_error(step: str, exc: BaseException) -> CptkitError | None:
+    """The one-line :class:`CptkitError` for a panic of a Rust library (pyo3's ``PanicException``, a
+    ``BaseException``) that no step caught closer to its input; None for anything else."""
+    if not is_panic(exc):
+        return None
+    why = str(exc).splitlines()[0][:200] if str(exc) else "no message"
+    return CptkitError(f"cptkit {step}: a Rust library (tokenizers, ...) panicked on its input: {why}")
+
+
 def _output(cfg: Any) -> Any:
     """The composed config's ``io.output`` (None when it has none)."""
     try:
@@ -124,11 +142,17 @@ def _output(cfg: Any) -> Any:
 
 def execute(step: str, cfg: Any) -> Any:
     """Run ``step`` on the composed ``cfg`` (its declaration fills ``--out`` and converts it once).
-    A resource that runs out (ENOSPC, EDQUOT, EFBIG, MemoryError) becomes one line naming it."""
+    A resource that runs out (ENOSPC, EDQUOT, EFBIG, MemoryError), a place that cannot be written or
+    read (:data:`PLACE_ERRNOS`) and a Rust library's panic become one line naming it."""
     try:
         return declaration(step)(cfg)
     except (OSError, MemoryError) as e:
-        err = resource_error(step, e, _output(cfg))
+        err = resource_error(step, e, _output(cfg)) or place_error(step, e)
+        if err is None:
+            raise
+        raise err from None
+    except BaseException as e:
+        err = panic_error(step, e)
         if err is None:
             raise
         raise err from None

@@ -26,6 +26,7 @@ temporary files of writers that are gone.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from cptkit import __version__
-from cptkit.core.errors import CptkitError
+from cptkit.core.errors import PLACE_ERRNOS, CptkitError
 from cptkit.core.fingerprint import (
     describe_change,
     fingerprint,
@@ -235,9 +236,29 @@ class OutputDir:
         """Make or check OUT, take this slice's lock, remove dead writers' temporary files, start
         over with ``io.overwrite``, and compare ``fingerprints`` and the identity with the earlier
         run's (refusing another config or input set, or a finished output whose inputs changed)."""
-        out, state = self.path, self.state()
+        out = self.path
         if out.exists() and not out.is_dir():
             raise CptkitError(f"--out {out}: is an existing file, not a directory; pass a directory (or - for stdout)")
+        try:
+            self._make()
+            self.lock = OutputLock(out, self.index, self.count, self.lock_wait_s)
+            self.lock.acquire()
+        except OSError as e:  # a read-only file system, a file on the way to OUT, no permission
+            if e.errno not in PLACE_ERRNOS:  # a resource that ran out: cptkit.core.discovery.execute names it
+                raise
+            raise unwritable(out, e) from None
+        self.remove_dead_tmps()
+        if self.overwrite and self.count > 1 and not self.created:
+            raise CptkitError("io.overwrite=true with shard.count > 1 would delete the other slices' work: "
+                              f"delete {out} once before starting the array")
+        if self.overwrite and not self.created:
+            log.info("%s: io.overwrite=true: starting over", out)
+            self.clear()
+        return self._compare(fingerprints)
+
+    def _make(self) -> None:
+        """Make OUT and its state directory, or check that an existing OUT is ours to write."""
+        out, state = self.path, self.state()
         try:
             out.mkdir(parents=True)
             self.created = self._made_dir = True
@@ -251,16 +272,6 @@ class OutputDir:
                                       "(pass another --out)") from None
                 self.created = not entries  # an empty directory: ours to fill
         _real_dir(state)
-        self.lock = OutputLock(out, self.index, self.count, self.lock_wait_s)
-        self.lock.acquire()
-        self.remove_dead_tmps()
-        if self.overwrite and self.count > 1 and not self.created:
-            raise CptkitError("io.overwrite=true with shard.count > 1 would delete the other slices' work: "
-                              f"delete {out} once before starting the array")
-        if self.overwrite and not self.created:
-            log.info("%s: io.overwrite=true: starting over", out)
-            self.clear()
-        return self._compare(fingerprints)
 
     def _old_identity(self) -> tuple[str | None, list[dict] | None]:
         state = self.state()
@@ -448,6 +459,42 @@ class OutputDir:
         atomic_write_json(self.path / MANIFEST, manifest)
         write_card(self.path, self.step, files)
         atomic_write_bytes(self.path / SUCCESS, b"")  # last; never through a link planted there
+
+
+def _nearest(path: Path) -> Path | None:
+    """``path`` or its nearest ancestor that exists (None: none does)."""
+    return next((p for p in (path, *path.parents) if os.path.lexists(p)), None)
+
+
+def unwritable(path: Path, e: OSError, option: str = "--out") -> CptkitError:
+    """The one line for an output ``path`` that cannot be made (``e``: why): a file on the way to it,
+    a read-only file system, no permission."""
+    path = Path(path)
+    found = _nearest(path.parent)
+    if found is not None and not found.is_dir():
+        why = f"{found} is a file, not a directory"
+    elif e.errno == errno.EROFS:
+        why = "it is on a read-only file system"
+    else:
+        why = (e.strerror or type(e).__name__).lower()
+    return CptkitError(f"{option} {path}: cannot be written: {why}")
+
+
+def check_output_file(path: Any, option: str = "--out") -> Path:
+    """``path`` as the one file a step writes, checked before any work: refused with one line when it
+    is a directory, when a part of the way to it is a file, or when its directory cannot be written
+    (a read-only file system, no permission). Nothing is made."""
+    p = Path(str(path))
+    if p.is_dir():
+        raise CptkitError(f"{option} {p}: is an existing directory; pass the path of a file")
+    found = _nearest(p.parent) or Path(".")
+    if not found.is_dir():
+        raise unwritable(p, NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)), option)
+    if not os.access(found, os.W_OK | os.X_OK):
+        readonly = bool(os.statvfs(found).f_flag & os.ST_RDONLY)
+        code = errno.EROFS if readonly else errno.EACCES
+        raise unwritable(p, OSError(code, os.strerror(code)), option)
+    return p
 
 
 def is_finished(out: Path) -> bool:

@@ -40,6 +40,8 @@ _URL_QUERY = re.compile(r"(?P<key>[?&][\w.-]*?(?:key|token|sig|signature|secret|
 # key=value / key: value / "key": "value" for secret key names, in text (not an already masked value)
 _KV = re.compile(r"(?P<key>[\w.+~-]*?(?:api[_-]?key|apikey|token|password|passwd|secret|credentials?))"
                  r"(?P<sep>\s*[=:]\s*|\"\s*:\s*\"|'\s*:\s*')(?!<redacted>)(?P<val>[^\s,'\"\]}]+)", re.IGNORECASE)
+# a file position after a name (``token:12:`` in ``data/token:12: malformed JSON``): a line (and column), no value
+_POSITION = re.compile(r"\d+(?::\d+)?:")
 # an environment variable whose value is a secret: a name part KEY, TOKEN, SECRET, PASSWORD... (not PWD: the cwd)
 _ENV_PART = {"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "CREDENTIAL", "CREDENTIALS", "PAT"}
 
@@ -124,7 +126,7 @@ def _mask(text: str) -> str:
     text = redact_url(text)
 
     def kv(m: re.Match) -> str:
-        if not _plausible(m.group("val")):
+        if not _plausible(m.group("val")) or _POSITION.fullmatch(m.group("val")):
             return m.group(0)
         remember(m.group("val"))
         return f"{m.group('key')}{m.group('sep')}{MASK}"

@@ -20,6 +20,7 @@ import stat
 import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -439,14 +440,26 @@ def open_new(path: Path) -> IO[bytes]:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file and an atomic rename: a link at ``path`` is
     replaced by the file (``os.replace`` swaps the link itself), never written through."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_name(path)
-    with open_new(tmp) as f:
+    with atomic_path(path) as tmp, open_new(tmp) as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary name beside ``path`` (:func:`tmp_name`) for the block to write, renamed over ``path``
+    when the block ends: ``path`` is then complete, and a block (or a rename) that fails leaves neither
+    ``path`` nor the temporary file. For writers that take a file name (a library's: GGUF)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_name(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def finite(obj: Any) -> Any:

@@ -22,9 +22,54 @@ def load_results(path: str | Path) -> dict[str, Any]:
     if not f.is_file():
         raise CptkitError(f"{path}: no {RESULTS} (is it the --out of cptkit evaluate?)")
     try:
-        return json.loads(f.read_text())
+        results = json.loads(f.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise CptkitError(f"{f}: malformed JSON: {e.msg} (line {e.lineno})") from None
+    except UnicodeDecodeError:
+        raise CptkitError(f"{f}: not UTF-8 text (is it the {RESULTS} of cptkit evaluate?)") from None
+    if not isinstance(results, dict):
+        raise CptkitError(f"{f}: holds a JSON {type(results).__name__}, not the object of cptkit evaluate's {RESULTS}")
+    return results
+
+
+def read_suite(f: Path) -> dict[str, Any]:
+    """The suite file that the compared runs' ``_results.json`` name (``suite.file``), checked to be a
+    suite's scorecard: ``tables`` of ``groups`` of ``columns`` (:func:`suite_columns`). Anything else
+    (a file that is not one) is one line naming it."""
+    import yaml
+
+    where = f"{f} (the suite.file of the runs' {RESULTS})"
+    try:
+        suite = yaml.safe_load(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise CptkitError(f"{where}: not a readable YAML suite ({type(e).__name__})") from None
+    why = _not_suite(suite)
+    if why:
+        raise CptkitError(f"{where}: not an evaluate suite: {why}")
+    return suite
+
+
+def _not_suite(suite: Any) -> str | None:
+    """What keeps ``suite`` from being a suite :func:`suite_table` lays out (None: nothing)."""
+    if not isinstance(suite, dict) or not isinstance(suite.get("tables"), list) or not suite["tables"]:
+        return "needs a list of `tables`"
+    for t in suite["tables"]:
+        if not isinstance(t, dict) or not isinstance(t.get("groups"), list):
+            return "each table needs a list of `groups`"
+        for g in t["groups"]:
+            if not isinstance(g, dict) or not isinstance(g.get("columns"), list):
+                return "each group needs a list of `columns`"
+            for c in g["columns"]:
+                if not isinstance(c, dict) or not isinstance(c.get("label"), str):
+                    return "each column needs a `label`"
+                if not (isinstance(c.get("task"), str)
+                        or (isinstance(c.get("mean"), list) and all(isinstance(x, str) for x in c["mean"]))
+                        or (isinstance(c.get("gauntlet"), list) and all(
+                            isinstance(b, dict) and isinstance(b.get("task"), str)
+                            and isinstance(b.get("baseline"), (int, float)) and b["baseline"] != 1
+                            for b in c["gauntlet"]))):
+                    return f"column {c['label']!r} needs a `task`, a `mean` of labels or a `gauntlet`"
+    return None
 
 
 def headline(metrics: dict[str, Any]) -> tuple[str, float | None]:
@@ -42,6 +87,13 @@ def headline(metrics: dict[str, Any]) -> tuple[str, float | None]:
     return key, None if v is None else float(v)
 
 
+def _suite_file(results: dict[str, Any]) -> str | None:
+    """The suite file a run's results name (``suite.file``), or None."""
+    suite = results.get("suite")
+    f = suite.get("file") if isinstance(suite, dict) else None
+    return f if isinstance(f, str) and f else None
+
+
 def compare_table(runs: dict[str, dict[str, Any]], metric: str | None = None) -> tuple[list[str], list[list[Any]]]:
     """``(header, rows)``: one row per run (+ a Δ row vs the first run), columns benchmarks then ppl groups.
 
@@ -51,13 +103,11 @@ def compare_table(runs: dict[str, dict[str, Any]], metric: str | None = None) ->
     """
     if not runs:
         raise CptkitError("nothing to compare: pass two or more evaluate outputs")
-    suites = {(r.get("suite") or {}).get("file") for r in runs.values()}
+    suites = {_suite_file(r) for r in runs.values()}
     if len(suites) == 1 and None not in suites and metric is None:
-        import yaml
-
-        f = Path(next(iter(suites)))
+        f = Path(str(next(iter(suites))))
         if f.is_file():
-            return suite_table(yaml.safe_load(f.read_text()), runs)
+            return suite_table(read_suite(f), runs)
     tasks: list[str] = []
     groups: list[str] = []
     for r in runs.values():

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cptkit.core.errors import CptkitError
+from cptkit.core.errors import CptkitError, is_panic, quiet_panics
 from cptkit.core.progress import log
 from cptkit.core.records import Record, dumps
 from cptkit.core.shards import atomic_write_bytes
@@ -128,9 +128,31 @@ class DomainFiles:
         """The batch's token ids (a long text in pieces: bounded memory). Touches nothing else, so it
         may run in a thread beside the reading (the Rust tokenizer releases the GIL)."""
         t = time.perf_counter()
-        enc = encode_many(self.tok, [r["text"] for _, r in batch])
+        try:
+            with quiet_panics():  # a Rust panic: one line below, not the hook's notice and backtrace too
+                enc = encode_many(self.tok, [r["text"] for _, r in batch])
+        except BaseException as e:  # a Rust panic is no Exception
+            if not is_panic(e):
+                raise
+            with quiet_panics():
+                err = self.panic(batch, e)
+            raise err from None
         self.tokenize_s += time.perf_counter() - t
         return enc
+
+    def panic(self, batch: list[tuple[str, Record]], e: BaseException) -> CptkitError:
+        """The one line for a tokenizer that panicked on ``batch``: the record it panics on (each
+        encoded alone, up to the first that does) and the panic's message."""
+        name = getattr(self.tok, "name_or_path", None) or "the tokenizer"
+        why = (str(e).splitlines() or ["no message"])[0][:200]
+        for _, rec in batch:
+            try:
+                encode_many(self.tok, [rec["text"]])
+            except BaseException as one:
+                if not is_panic(one):
+                    raise
+                return CptkitError(f"tokenizer {name}: panicked on record {str(rec['id'])[:100]!r}: {why}")
+        return CptkitError(f"tokenizer {name}: panicked on a batch of {len(batch)} records: {why}")
 
     def file(self, batch: list[tuple[str, Record]], enc: list[list[int]]) -> None:
         """File a tokenized batch: PPL scores for a curriculum, the held-out heap, the raw files."""

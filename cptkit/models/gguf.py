@@ -11,13 +11,13 @@ continued from, e.g. the shipped SmolLM2), which keeps llama.cpp's pre-tokenizer
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.shards import atomic_path
 from cptkit.models.remote_code import remote_code_kwargs
 
 DTYPES = ("f32", "f16", "q8_0")
@@ -127,9 +127,16 @@ def export_gguf(model_dir: str | Path, out: str | Path, dtype: str = "f16",
                           f"only {', '.join(ARCHES)} are written")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32", **kw)
     tensors = gguf_tensors(model.state_dict(), config)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    w = gguf.GGUFWriter(str(tmp), "llama")
+    with atomic_path(out) as tmp:
+        _write(gguf.GGUFWriter(str(tmp), "llama"), config, model_dir, tensors, dtype, name, tokenizer_from)
+    return out
+
+
+def _write(w: Any, config: Any, model_dir: Path, tensors: list[tuple[str, np.ndarray]], dtype: str,
+           name: str | None, tokenizer_from: str | Path | None) -> None:
+    """Write the GGUF file of ``w`` (a ``gguf.GGUFWriter``): metadata, tokenizer, tensors."""
+    import gguf
+
     try:
         w.add_name(name or model_dir.resolve().name)
         w.add_context_length(int(config.max_position_embeddings))
@@ -153,8 +160,6 @@ def export_gguf(model_dir: str | Path, out: str | Path, dtype: str = "f16",
         w.write_tensors_to_file()
     finally:
         w.close()
-    os.replace(tmp, out)
-    return out
 
 
 def _rope_theta(config: Any) -> float:

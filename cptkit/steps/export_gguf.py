@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from cptkit.core.config import JobConfig, check
 from cptkit.core.errors import CptkitError
+from cptkit.core.output import check_output_file
 from cptkit.core.progress import print_summary, setup_logging
 from cptkit.core.run import Run
 from cptkit.core.step import QUIET, Option, step
@@ -42,17 +43,19 @@ OUT_FILE = Option(("--out", "-o"), "io.output", "The GGUF file to write.")
 def run(conf: ExportGGUFJob, ctx: Run) -> dict:
     from pathlib import Path
 
-    from cptkit.models.lm import resolve_spec  # deferred: torch
+    from cptkit.models.lm import check_gguf, resolve_spec  # deferred: torch
 
     setup_logging(conf.quiet)
     if not conf.export.model or not Path(conf.export.model).is_dir():
         raise CptkitError(f"export-gguf: --model {conf.export.model}: not a model directory")
     if not conf.io.output or conf.io.output == "-":
         raise CptkitError("export-gguf: --out FILE.gguf is required (a file, not stdout)")
+    check_output_file(conf.io.output)
     src = None
     if conf.export.tokenizer_from:
         d, f = resolve_spec(conf.export.tokenizer_from)
         src = Path(d) / f if f else Path(d)
+        check_gguf(src)  # what is copied from it is read as the model's GGUF is: a bad file is one line
     out = export_gguf(conf.export.model, conf.io.output, dtype=conf.export.dtype, tokenizer_from=src,
                       trust_remote_code=conf.trust_remote_code)
     rows = {"model": conf.export.model, "gguf": str(out), "dtype": conf.export.dtype,

@@ -6,8 +6,10 @@ clock or the machine, so a rerun writes the same card."""
 
 from __future__ import annotations
 
+import html
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,42 @@ def eval_points(metrics_file: Path) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("eval_loss")]
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_MARKDOWN = re.compile(r"([\\`*_\[\]|~#])")  # marks that act inside a line (a name never starts one)
+
+
+def _visible(text: Any) -> str:
+    """``text`` on one line: a control character (a newline) as its escape (``\\n``, ``\\x1b``)."""
+    def esc(m: re.Match) -> str:
+        c = m.group(0)
+        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c, f"\\x{ord(c):02x}")
+
+    return _CONTROL.sub(esc, str(text))
+
+
+def md(text: Any) -> str:
+    """``text`` (a name from the run: a domain, a stage, the output folder) as literal Markdown text on
+    one line: HTML (``<script>``) shown, not run; Markdown's marks (a code fence, ``|`` in a table,
+    ``#``) escaped; control characters as their escapes."""
+    return _MARKDOWN.sub(r"\\\1", html.escape(_visible(text), quote=False))
+
+
+def code(text: Any) -> str:
+    """``text`` as a Markdown code span on one line, whatever backticks it holds (CommonMark: a fence
+    longer than its longest run of them)."""
+    text = _visible(text)
+    fence = "`" * (max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def fenced(text: str, info: str = "") -> str:
+    """``text`` as a fenced code block that no line of it closes (CommonMark: a fence longer than any
+    run of backticks it holds)."""
+    fence = "`" * max(3, max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+    return f"{fence}{info}\n{text}{'' if text.endswith(chr(10)) else chr(10)}{fence}\n"
+
+
 def _num(v: float | None) -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4f}"
 
@@ -79,22 +117,22 @@ def eval_table(points: list[dict[str, Any]]) -> str:
             + "|---|" + "---:|" * (len(cols) + 1) + "\n")
     for d, v in last["eval_loss"].items():
         ppl = math.exp(v) if v is not None and v < 700 else float("nan")
-        text += f"| {d} | " + " | ".join(_num(p["eval_loss"].get(d)) for p in cols) + f" | {_num(ppl)} |\n"
+        text += f"| {md(d)} | " + " | ".join(_num(p["eval_loss"].get(d)) for p in cols) + f" | {_num(ppl)} |\n"
     if last.get("eval_tasks"):
         text += ("\n| task | " + " | ".join(f"score {_when(p)}" for p in cols) + " |\n|---|"
                  + "---:|" * len(cols) + "\n")
-        text += "".join(f"| {t} | " + " | ".join(_num((p.get("eval_tasks") or {}).get(t)) for p in cols) + " |\n"
+        text += "".join(f"| {md(t)} | " + " | ".join(_num((p.get("eval_tasks") or {}).get(t)) for p in cols) + " |\n"
                         for t in last["eval_tasks"])
     return text + ("\nLoss: mean negative log-likelihood per token (nats) on the stream's held-out documents; "
                    "task scores: acc_norm or exact_match (`train.eval_tasks`).\n")
 
 
 def data_table(data: dict[str, Any]) -> str:
-    rows = "".join(f"| {d} | {v.get('docs')} | {v.get('tokens')} | {v.get('planned_tokens')} |\n"
+    rows = "".join(f"| {md(d)} | {v.get('docs')} | {v.get('tokens')} | {v.get('planned_tokens')} |\n"
                    for d, v in data["domains"].items())
-    stages = "; ".join(f"{s['name']}: {json.dumps(s['weights'])}" for s in data["stages"])
-    return (f"Stream `{data['stream']}` (`cptkit build-mix` output; sha256 `{data['sha256']}`, {data['bytes']} bytes), "
-            f"sequences of {data['seq_len']} tokens, tokenizer `{data['tokenizer']}`. Mixture stages: {stages}.\n\n"
+    stages = "; ".join(f"{md(s['name'])}: {md(json.dumps(s['weights'], ensure_ascii=False))}" for s in data["stages"])
+    return (f"Stream {code(data['stream'])} (`cptkit build-mix` output; sha256 `{data['sha256']}`, {data['bytes']} bytes), "
+            f"sequences of {data['seq_len']} tokens, tokenizer {code(data['tokenizer'])}. Mixture stages: {stages}.\n\n"
             "| domain | documents | tokens in the stream | tokens in the stream's plan |\n|---|---:|---:|---:|\n" + rows)
 
 
@@ -103,11 +141,12 @@ def model_card(config: dict[str, Any], data: dict[str, Any], run: dict[str, Any]
     """The card's text: front matter, then data, training, evaluation and config sections."""
     meta: dict[str, Any] = {"base_model": base} if base else {}
     meta |= {"library_name": "transformers", "pipeline_tag": "text-generation", "tags": TAGS}
-    origin = (f"Continued pre-training of `{base}`" if base else
-              f"A `{config.get('model', {}).get('name')}` model trained from random initialisation")
-    training = "".join(f"| {k} | {v} |\n" for k, v in run.items())
+    origin = (f"Continued pre-training of {code(base)}" if base else
+              f"A {code(config.get('model', {}).get('name'))} model trained from random initialisation")
+    training = "".join(f"| {md(k)} | {md(v)} |\n" for k, v in run.items())
+    config_yaml = yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
     return ("---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n\n"
-            f"# {Path(str(config.get('io', {}).get('output') or 'model')).name}\n\n"
+            f"# {md(Path(str(config.get('io', {}).get('output') or 'model')).name)}\n\n"
             f"{origin} with cptkit {__version__} (`cptkit train`). "
             "Load it with `transformers.AutoModelForCausalLM.from_pretrained(\"PATH/model\")`; the run's "
             "`_manifest.json`, `metrics.jsonl` and plots are one folder up.\n\n"
@@ -116,7 +155,7 @@ def model_card(config: dict[str, Any], data: dict[str, Any], run: dict[str, Any]
             f"## Evaluation\n\n{eval_table(points)}\n"
             "## cptkit config\n\nThe resolved config of the run (`cptkit train ...`; rerun it with the same "
             "stream to reproduce this model):\n\n"
-            f"```yaml\n{yaml.safe_dump(config, sort_keys=False, allow_unicode=True)}```\n")
+            f"{fenced(config_yaml, 'yaml')}")
 
 
 def write_model_card(model_dir: Path, config: dict[str, Any], data: dict[str, Any], extra: dict[str, Any],

@@ -179,8 +179,17 @@ def branch(engine: Engine, engine_kind: str, path: Path) -> tuple[int, dict[str,
             raise ValueError("its optimizer has other parameter groups")
         optimizer.load_state_dict({"state": theirs["state"], "param_groups": mine["param_groups"]})
     except (RuntimeError, ValueError, KeyError) as e:
-        raise CptkitError(f"train.branch_from: {path} does not fit this model: {str(e).splitlines()[0]}") from None
+        raise CptkitError(f"train.branch_from: {path} does not fit this model: {misfit(e)}") from None
     return int(state.get("global_steps", 0)), state["client_state"]
+
+
+def misfit(e: BaseException) -> str:
+    """Why a checkpoint does not load into this model, in one line: the first parameter it names
+    (``size mismatch for model.embed_tokens.weight: ...``), not torch's list of every one."""
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    named = [x for x in lines if x.startswith(("size mismatch", "Missing key", "Unexpected key"))]
+    why = (named or lines or [type(e).__name__])[0]
+    return why[:300] + (f" (and {len(named) - 1} more)" if len(named) > 1 else "")
 
 
 def same_stream(run_dir: str | Path, stream: str | Path) -> bool:
@@ -255,7 +264,11 @@ def resume(spec: RunSpec, engine: Engine, engine_name: str, state: TrainState, s
     """Load the latest checkpoint (after checking it fits this engine) into ``state``, the sampler and
     the callbacks; returns its step."""
     check_resumable(spec.ckdir, engine_name)
-    path, saved = engine.load_checkpoint(str(spec.ckdir))
+    try:
+        path, saved = engine.load_checkpoint(str(spec.ckdir))
+    except (RuntimeError, ValueError, KeyError) as e:  # another model's weights (shapes, names), optimizer
+        raise CptkitError(f"{spec.ckdir}: its latest checkpoint does not fit this model ({misfit(e)}); "
+                          "pass io.overwrite=true to start over, or choose another --out") from None
     if path is None or saved is None:
         raise CptkitError(f"{spec.ckdir}: cannot load the latest checkpoint")
     restore(saved, state, sampler, callbacks)
