@@ -15,6 +15,8 @@ to both parents' contents, so a changed parent makes a finished output refuse.
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +24,13 @@ from typing import Any
 
 from cptkit.core.config import JobConfig, check
 from cptkit.core.errors import CptkitError
+from cptkit.core.fingerprint import fingerprint_path
 from cptkit.core.job import Job, Task, TaskResult
+from cptkit.core.progress import log, setup_logging
 from cptkit.core.run import Run
+from cptkit.core.shards import atomic_write_bytes, staged
 from cptkit.core.step import QUIET, Option, step
+from cptkit.models.remote_code import remote_code_kwargs
 
 METHODS = ("linear", "ties", "dare")  # cptkit.models.merge.METHODS (not imported here: torch)
 DTYPES = ("float32", "bfloat16", "float16")
@@ -96,9 +102,8 @@ def model_card(conf: MergeJob, parents: dict[str, dict], merged: int) -> str:
 
 @step("merge", MergeJob, options=(BASE, MODEL, OUT_DIR, QUIET), order=142)
 def run(conf: MergeJob, ctx: Run) -> dict:
-    from cptkit.core.fingerprint import fingerprint_path
-    from cptkit.models.lm import check_gguf, resolve_spec, spec_file
-    from cptkit.models.remote_code import remote_code_kwargs
+    setup_logging(conf.quiet)  # before transformers is imported: its progress bars stay off
+    from cptkit.models.lm import check_gguf, resolve_spec, spec_file  # deferred: torch
 
     m = conf.merge
     for role, spec in (("--base", m.base), ("--model", m.model)):
@@ -127,13 +132,16 @@ def run(conf: MergeJob, ctx: Run) -> dict:
 
 def _merge(conf: MergeJob, out: Path, parents: dict[str, dict]) -> tuple[list[str], int]:
     """Load both parents, check them, merge into the model's weights, write the folder; (files, parameters)."""
-    import torch
+    import torch  # deferred: heavy
 
-    from cptkit.core.progress import log
-    from cptkit.core.shards import atomic_write_bytes, staged
-    from cptkit.models.lm import load_tokenizer
-    from cptkit.models.merge import check_configs, check_parents, check_vocab, merge_into
-    from cptkit.models.pretrained import load_pretrained
+    from cptkit.models.lm import load_tokenizer  # deferred: torch
+    from cptkit.models.merge import (  # deferred: torch
+        check_configs,
+        check_parents,
+        check_vocab,
+        merge_into,
+    )
+    from cptkit.models.pretrained import load_pretrained  # deferred: torch, transformers
 
     m = conf.merge
     names = (f"--base {m.base}", f"--model {m.model}")
@@ -159,9 +167,7 @@ def _merge(conf: MergeJob, out: Path, parents: dict[str, dict]) -> tuple[list[st
 
 def _config(spec: str) -> dict | None:
     """A parent's ``config.json`` (None for a GGUF file read in place)."""
-    import json
-
-    from cptkit.models.lm import resolve_loadable
+    from cptkit.models.lm import resolve_loadable  # deferred: torch
 
     folder, gguf = resolve_loadable(spec)
     try:
@@ -176,9 +182,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def _copy_tokenizer(spec: str, tok: Any, tmp: Path) -> None:
     """The model's tokenizer files, byte for byte (a GGUF without a converted folder: saved from its tokenizer)."""
-    import shutil
-
-    from cptkit.models.lm import resolve_loadable
+    from cptkit.models.lm import resolve_loadable  # deferred: torch
 
     folder, gguf = resolve_loadable(spec)
     found = [Path(folder) / n for n in TOKENIZER_FILES if (Path(folder) / n).is_file()] if gguf is None else []
