@@ -246,3 +246,26 @@ def test_resume_and_changed_parent_refuses(parents, tmp_path, capsys) -> None:
     code, err = cli(argv, capsys)
     assert code == 2
     assert "is a finished output of inputs that changed since" in one_error(err) and "base" in err
+
+
+def test_staged_files_arrive_whole_or_not_at_all(tmp_path) -> None:
+    """core.shards.staged: what save_pretrained writes is renamed into the output when the block ends;
+    a failed block leaves nothing, and a staged folder of a process that is gone is removed."""
+    from cptkit.core.errors import CptkitError
+    from cptkit.core.shards import staged
+
+    dead = tmp_path / ".staged.tmp-999999999"
+    dead.mkdir()
+    (dead / "half.bin").write_bytes(b"x")
+    with pytest.raises(RuntimeError), staged(tmp_path) as tmp:
+        (tmp / "a.bin").write_bytes(b"a")
+        raise RuntimeError("killed mid-save")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    with staged(tmp_path) as tmp:
+        (tmp / "a.bin").write_bytes(b"a")
+        (tmp / "config.json").write_text("{}")
+        assert not (tmp_path / "a.bin").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "config.json"]
+    with pytest.raises(CptkitError, match="plain files only"), staged(tmp_path / "o") as tmp:
+        (tmp / "sub").mkdir()
+    assert not any(p.name.startswith(".staged") for p in (tmp_path / "o").iterdir())
