@@ -76,8 +76,8 @@ def params(m: MergeConfig) -> dict[str, Any]:
 
 
 def model_card(conf: MergeJob, parents: dict[str, dict], merged: int) -> str:
-    """``README.md`` of the merged folder: Hub front matter, the method and both parents. Nothing
-    in it depends on the clock or the machine."""
+    """``README.md`` of the merged folder: Hub front matter, the method and both parents (as
+    given, resolved, and their content sha256). Nothing in it depends on the clock: a rerun writes the same card."""
     import yaml
 
     m = conf.merge
