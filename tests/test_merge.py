@@ -269,3 +269,19 @@ def test_staged_files_arrive_whole_or_not_at_all(tmp_path) -> None:
     with pytest.raises(CptkitError, match="plain files only"), staged(tmp_path / "o") as tmp:
         (tmp / "sub").mkdir()
     assert not any(p.name.startswith(".staged") for p in (tmp_path / "o").iterdir())
+
+
+def test_card_names_the_shipped_model_by_its_hub_id() -> None:
+    from cptkit.core.config import compose_step
+    from cptkit.core.discovery import step_module
+
+    step_module("merge")
+    from omegaconf import OmegaConf
+
+    from cptkit.steps.merge import model_card
+
+    conf = OmegaConf.to_object(compose_step("merge", ["merge.base=smollm2", "merge.model=runs/m/model"]))
+    parents = {r: {"spec": s, "path": f"/abs/{s}", "sha256": "ab" * 32, "size": 1} for r, s in
+               (("base", "smollm2"), ("model", "runs/m/model"))}
+    front = yaml.safe_load(model_card(conf, parents, 10).split("---\n")[1])
+    assert front["base_model"] == ["HuggingFaceTB/SmolLM2-135M-Instruct", "runs/m/model"]

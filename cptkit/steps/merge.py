@@ -31,6 +31,7 @@ from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_bytes, staged
 from cptkit.core.step import QUIET, Option, step
 from cptkit.models.remote_code import remote_code_kwargs
+from cptkit.training.card import HUB_IDS
 
 METHODS = ("linear", "ties", "dare")  # cptkit.models.merge.METHODS (not imported here: torch)
 DTYPES = ("float32", "bfloat16", "float16")
@@ -85,7 +86,7 @@ def model_card(conf: MergeJob, parents: dict[str, dict], merged: int) -> str:
     formula = {"linear": "(1 - alpha) * base + alpha * model (WiSE-FT, Wortsman et al. 2022)",
                "ties": "base + alpha * trim(model - base, density), signs elected (TIES, Yadav et al. 2023)",
                "dare": "base + alpha * drop(model - base, p=drop) / (1 - drop) (DARE, Yu et al. 2023)"}[m.method]
-    front = {"base_model": [str(m.base), str(m.model)], "base_model_relation": "merge",
+    front = {"base_model": [HUB_IDS.get(str(s), str(s)) for s in (m.base, m.model)], "base_model_relation": "merge",
              "library_name": "transformers", "tags": ["cptkit", "merge", m.method]}
     rows = "".join(f"| {role} | `{fp['spec']}` | `{fp['path']}` | `{fp.get('sha256')}` | {fp.get('size')} |\n"
                    for role, fp in parents.items())
