@@ -285,3 +285,17 @@ def test_card_names_the_shipped_model_by_its_hub_id() -> None:
                (("base", "smollm2"), ("model", "runs/m/model"))}
     front = yaml.safe_load(model_card(conf, parents, 10).split("---\n")[1])
     assert front["base_model"] == ["HuggingFaceTB/SmolLM2-135M-Instruct", "runs/m/model"]
+
+
+def test_tied_embeddings_are_merged_once() -> None:
+    """A tied output layer shares the embedding's storage: merging it as a second tensor would merge
+    the embedding twice."""
+    from cptkit.models.merge import merge_into
+    from cptkit.models.tiny import tiny_llama, train_bpe_tokenizer
+
+    tok = train_bpe_tokenizer(TEXTS, vocab_size=280, min_frequency=1)
+    base, model = (tiny_llama(tok, hidden=16, layers=1, heads=2, seed=s, tie_embeddings=True) for s in (0, 1))
+    b, m = base.model.embed_tokens.weight.detach().clone(), model.model.embed_tokens.weight.detach().clone()
+    merge_into(base, model, "linear", 0.5)
+    torch.testing.assert_close(model.model.embed_tokens.weight.detach(), 0.5 * b + 0.5 * m)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()

@@ -30,7 +30,8 @@ import torch
 
 from cptkit.core.errors import CptkitError
 
-__all__ = ["ARCH_KEYS", "METHODS", "check_configs", "check_parents", "check_vocab", "merge_into", "merge_tensor", "method_parameters", "tensor_seed"]
+__all__ = ["ARCH_KEYS", "METHODS", "check_configs", "check_parents", "check_vocab", "merge_into", "merge_tensor",
+           "method_parameters", "tensor_seed"]
 
 METHODS = ("linear", "ties", "dare")
 
@@ -73,7 +74,7 @@ def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     seen: set[int] = set()
     out = {}
     for name, t in model.state_dict(keep_vars=True).items():
-        key = t.untyped_storage().data_ptr() if t.numel() else id(t)
+        key = hash((t.data_ptr(), tuple(t.shape), tuple(t.stride()))) if t.numel() else id(t)
         if key not in seen:
             seen.add(key)
             out[name] = t
