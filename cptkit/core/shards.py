@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import shutil
 import stat
 import sys
 from collections.abc import Iterator
@@ -483,6 +484,42 @@ def atomic_write_json(path: Path, obj, indent: int | None = 2) -> None:
     except ValueError:  # a NaN or an infinity somewhere (rare: walk the object only then)
         text = json.dumps(finite(obj), indent=indent, ensure_ascii=False, default=str, allow_nan=False)
     atomic_write_bytes(Path(path), (text + "\n").encode())
+
+
+@contextmanager
+def staged(dst: Path) -> Iterator[Path]:
+    """A new folder for a writer that makes whole files itself (``save_pretrained``), inside the
+    directory ``dst``: ``dst/.staged.tmp-PID``. When the block ends, each of its files is renamed
+    into ``dst`` (atomic; a link there is replaced, never written through); a block that fails
+    leaves nothing. A staged folder of a process that is gone is removed first."""
+    dst = Path(dst)
+    for old in dst.glob(".staged.tmp-*"):
+        pid = old.name.rsplit("-", 1)[-1]
+        if old.is_dir() and not old.is_symlink() and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    tmp = tmp_name(dst / "staged")
+    if tmp.is_symlink() or tmp.is_file():
+        tmp.unlink()
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        for f in sorted(tmp.iterdir()):
+            if not f.is_file() or f.is_symlink():
+                raise CptkitError(f"{f}: a staged output may hold plain files only")
+            os.replace(f, dst / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's live process
+        return True
+    return True
 
 
 class ShardWriter:
