@@ -28,6 +28,7 @@ GENERAL_BASE, DOMAIN_BASE = 3.02, 2.9  # the losses before step 1
 REPLAY = [0.0, 0.15, 0.3, 0.5, 0.7, 0.9]  # the grid: domain shares ~1, 0.85, 0.7, 0.5, 0.3, 0.1
 STEP_TOKENS, EVERY, POINTS = 256, 8, 8  # eval points at 2048, 4096, ... 16,384 tokens
 TARGET = 4 * STEP_TOKENS * EVERY * POINTS
+HELD_OUT = 0.6  # a replay share not in the grid: domain share ~0.4
 # E, B, β, η are held to 10%; the r-term's C, γ, ε to 25%: its curvature is seen at six shares only and
 # its three constants trade off against each other within the noise (measured over seeds 0-3: ≤ 20%)
 TIGHT, LOOSE = 0.10, 0.25
@@ -38,7 +39,7 @@ def streams(tmp_path_factory, corpus_dir, corpus_records) -> dict[float, Path]:
     base = tmp_path_factory.mktemp("plan-streams")
     tok = make_tokenizer(corpus_records, base / "tok")
     out = {}
-    for share in REPLAY:
+    for share in [*REPLAY, HELD_OUT]:
         d = base / f"s{share}"
         build_stream(corpus_dir, tok, d, [*CPT_DOMAINS, f"mix.replay.share={share}"])
         out[share] = d
@@ -52,7 +53,7 @@ def true_ratio(stream: Path) -> float:
 
 
 def plant_run(run: Path, stream: Path, seed: int, laws: dict[str, Law], points: int = POINTS,
-              bases: dict[str, float] | None = None) -> None:
+              bases: dict[str, float] | None = None, every: int = EVERY) -> None:
     """A finished train run on ``stream`` whose eval losses follow ``laws`` (plus seeded noise)."""
     from cptkit.mixtures.stream import Stream
     from cptkit.training.card import stream_record
@@ -65,12 +66,12 @@ def plant_run(run: Path, stream: Path, seed: int, laws: dict[str, Law], points: 
     st = Stream(stream)
     conf = TrainJob()
     spec = RunSpec(conf, st, False, False, 0, 1, run, None)
-    log = MetricsLog(spec, Monitor(run, conf.train, None, points * EVERY, 0, None), None)
+    log = MetricsLog(spec, Monitor(run, conf.train, None, points * every, 0, None), None)
     rng = np.random.default_rng(seed)
     r = true_ratio(stream)
     bases = bases or {"domain": DOMAIN_BASE, "general": GENERAL_BASE}
     for k in range(points + 1):
-        step = k * EVERY
+        step = k * every
         tokens = step * STEP_TOKENS
         if tokens == 0:
             losses = dict(bases)
@@ -81,7 +82,7 @@ def plant_run(run: Path, stream: Path, seed: int, laws: dict[str, Law], points: 
             log.step(step, {"step": step, "tokens": tokens, "loss": 3.0, "eval_loss": losses, "eval_tokens": tokens})
         else:
             log.eval_point(state, {"eval_loss": losses})
-    log.close(TrainState(step=points * EVERY, tokens=points * EVERY * STEP_TOKENS), None)
+    log.close(TrainState(step=points * every, tokens=points * every * STEP_TOKENS), None)
     atomic_write_json(run / "_manifest.json", {"step": "train", "data": stream_record(stream, st.meta)})
     atomic_write_bytes(run / "_SUCCESS", b"")
 
@@ -110,7 +111,7 @@ def planned(grid, tmp_path_factory) -> dict:
 
 
 def test_ratio_comes_from_the_stream_manifest(planned, streams):
-    want = sorted(round(true_ratio(s), 6) for s in streams.values() for _ in (0, 1))
+    want = sorted(round(true_ratio(streams[s]), 6) for s in REPLAY for _ in (0, 1))
     got = sorted(round(r["ratio"], 6) for r in planned["runs"])
     assert got == want
     assert {r["replay_share"] for r in planned["runs"]} == set(REPLAY)
@@ -227,3 +228,36 @@ def test_not_a_train_run(streams, tmp_path, capsys):
     msg = one_line_error(capsys, ["plan", "--in", str(streams[0.0]), "--out", tmp_path / "p",
                                   "plan.target_tokens=1e5"])
     assert "not train" in msg or "metrics.jsonl" in msg
+
+
+def test_prediction_then_check_against_the_baselines(grid, streams, tmp_path):
+    """The pre-registration flow: predict at a share not in the grid and 4x its tokens, then score
+    held-out runs there. Runs that follow the planted law: the law beats both baselines; runs that
+    stopped moving after the grid's tokens: the last observed loss wins, and the check says so."""
+    import yaml
+
+    ratio = round(true_ratio(streams[HELD_OUT]), 4)
+    assert run_main(["plan", "--in", f"{grid}/*/", "--out", tmp_path / "fit", f"plan.target_tokens={TARGET}",
+                     f"plan.predict_ratios=[{ratio}]", "plan.bootstrap=20", "-q"]) == 0
+    pred = yaml.safe_load((tmp_path / "fit" / "prediction.yaml").read_text())
+    assert pred["predictions"][0]["ratio"] == ratio and len(pred["grid"]) == 12
+    assert abs(pred["predictions"][0]["domain"]["loss"] - float(DOMAIN(TARGET, ratio))) < 0.01
+    laws = {"domain": DOMAIN, "general": GENERAL}
+    for seed in (0, 1):
+        plant_run(tmp_path / "held" / f"h{seed}", streams[HELD_OUT], 100 + seed, laws, every=4 * EVERY)
+    assert run_main(["plan-check", "--in", f"{tmp_path}/held/*/", "--out", tmp_path / "check",
+                     f"plan_check.prediction={tmp_path / 'fit' / 'prediction.yaml'}", "-q"]) == 0
+    res = json.loads((tmp_path / "check" / "check.json").read_text())
+    assert res["useful"] and len(res["rows"]) == 2
+    for row in res["rows"]:
+        assert row["tokens"] == TARGET and row["abs_error"]["law"] < 0.01
+        assert row["abs_error"]["last observed"] > 0.01 and row["abs_error"]["log-linear"] > row["abs_error"]["law"]
+    # held-out runs whose losses froze at the grid's last tokens: the law (which extrapolates) loses
+    frozen = {g: Law(E=float(law(TARGET / 4, ratio)), A=0, alpha=0, B=0, beta=0.5, eta=1, C=0, gamma=0.5, eps=0.1)
+              for g, law in laws.items()}
+    for seed in (0, 1):
+        plant_run(tmp_path / "frozen" / f"h{seed}", streams[HELD_OUT], 200 + seed, frozen, every=4 * EVERY)
+    assert run_main(["plan-check", "--in", f"{tmp_path}/frozen/*/", "--out", tmp_path / "check2",
+                     f"plan_check.prediction={tmp_path / 'fit' / 'prediction.yaml'}", "-q"]) == 0
+    res = json.loads((tmp_path / "check2" / "check.json").read_text())
+    assert not res["useful"] and "not shown useful" in (tmp_path / "check2" / "check.md").read_text()

@@ -156,7 +156,7 @@ class _Problem:
 
 
 def _minimise(prob: _Problem, th0: np.ndarray):
-    from scipy.optimize import minimize  # deferred: scipy
+    from scipy.optimize import minimize  # deferred: scipy, ~0.2 s
 
     return minimize(prob.value_grad, th0, jac=True, method="L-BFGS-B", bounds=prob.bounds(),
                     options={"maxiter": 3000, "ftol": 1e-14, "gtol": 1e-12})

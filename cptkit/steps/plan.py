@@ -32,11 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.table import Table
 
 from cptkit.core.config import JobConfig, check
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.output import TaskResult
+from cptkit.core.progress import console
 from cptkit.core.records import read_jsonl
 from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json
@@ -44,7 +46,7 @@ from cptkit.core.step import IN, OUT, QUIET, step
 from cptkit.mixtures import law as dcpt
 from cptkit.training.metrics import eval_curves
 
-RESULTS, REPORT, FIGURE = "plan.json", "plan.md", "plan.png"
+RESULTS, REPORT, FIGURE, PREDICTION = "plan.json", "plan.md", "plan.png", "prediction.yaml"
 
 
 @dataclass
@@ -60,6 +62,8 @@ class PlanConfig:
     bootstrap: int = 200  # refits on runs drawn with replacement (the intervals); 0: none
     level: float = 0.9  # the intervals' coverage
     huber_delta: float = dcpt.HUBER_DELTA  # on log-loss residuals (the paper's 1e-3)
+    # domain shares to predict every loss at, at target_tokens (prediction.yaml: a pre-registration)
+    predict_ratios: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check(self.target_tokens >= 0 and math.isfinite(self.target_tokens), "target_tokens", self.target_tokens,
@@ -72,6 +76,8 @@ class PlanConfig:
         check(self.bootstrap >= 0, "bootstrap", self.bootstrap, "must be ≥ 0")
         check(0 < self.level < 1, "level", self.level, "must be in (0, 1)")
         check(self.huber_delta > 0, "huber_delta", self.huber_delta, "must be > 0")
+        for r in self.predict_ratios:
+            check(0 <= float(r) <= 1, "predict_ratios", r, "each a domain share in [0, 1]")
 
 
 @dataclass
@@ -246,6 +252,8 @@ def plan_answer(runs: list[RunData], cfg: PlanConfig, seed: int) -> tuple[dict[s
                                                                      None if hi is None else hi - b]}
         return out
 
+    predictions = [{"ratio": float(rr), "tokens": T, **{g: at(g, float(rr)) for g in groups}}
+                   for rr in cfg.predict_ratios]
     observed = max(float(r.tokens.max()) for r in runs)
     lo_t = min(float(r.tokens.min()) for r in runs)
     curve_t = np.geomspace(lo_t, max(T, observed), 12)
@@ -259,7 +267,7 @@ def plan_answer(runs: list[RunData], cfg: PlanConfig, seed: int) -> tuple[dict[s
         "predicted": {g: at(g, ratio) for g in groups} if ratio is not None else None,
         "cmr": {"measure": fm, "tolerance": cfg.max_forgetting,
                 "at_target": dcpt.cmr(lambda rr: pred(fm, T, rr), base_f, cfg.max_forgetting), "curve": curve},
-        "extrapolation": T / observed, "level": lvl, "fits": fits,
+        "predictions": predictions, "extrapolation": T / observed, "level": lvl, "fits": fits,
         "runs": [{"path": r.path, "ratio": r.ratio, "replay_share": r.replay_share, "params": r.params,
                   "eval_points": len(r.tokens), "max_tokens": float(r.tokens.max())} for r in runs],
     }, laws
@@ -295,14 +303,33 @@ def report_md(ans: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def prediction_yaml(ans: dict[str, Any], cfg: PlanConfig) -> str:
+    """The predictions at ``plan.predict_ratios``, with the runs they were fitted on: the file a
+    check commits before its held-out runs train (``make plan-experiment``, docs/plan.md)."""
+    import yaml  # deferred: only when predictions are asked for
+
+    def num(x: Any) -> Any:
+        return None if x is None else round(float(x), 5)
+
+    doc = {"target_tokens": ans["target_tokens"], "level": ans["level"], "domain": cfg.domain,
+           "forgetting_measure": cfg.forgetting_measure,
+           "grid": [{"run": r["path"], "ratio": num(r["ratio"]), "max_tokens": r["max_tokens"]} for r in ans["runs"]],
+           "predictions": [{"ratio": num(p["ratio"]),
+                            **{g: {k: ([num(x) for x in v] if isinstance(v, list) else num(v)) for k, v in p[g].items()}
+                               for g in ans["fits"]}} for p in ans["predictions"]]}
+    head = ("# cptkit plan's pre-registered prediction: commit this file before the held-out runs train\n"
+            "# (make plan-experiment refuses to train them while it is uncommitted; docs/plan.md)\n")
+    return head + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+
+
 def figure_png(runs: list[RunData], ans: dict[str, Any], laws: dict, cfg: PlanConfig) -> bytes:
     """One panel per fitted loss: the observed points by domain share, the law's curves through them
     and on to the target tokens."""
-    import matplotlib
+    import matplotlib  # deferred: ~0.3 s, for the figure only
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
+    import matplotlib.pyplot as plt  # deferred: as above
+    import matplotlib.ticker  # deferred: as above
 
     groups = list(ans["fits"])
     fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), squeeze=False)
@@ -340,9 +367,6 @@ def figure_png(runs: list[RunData], ans: dict[str, Any], laws: dict, cfg: PlanCo
 
 
 def print_answer(ans: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from cptkit.core.progress import console
 
     t = Table(title=f"cptkit plan: recommended domain share {_f(ans['recommended_ratio'], 3)} at "
                     f"{ans['target_tokens']:,.0f} tokens", show_header=True, header_style="bold")
@@ -380,7 +404,11 @@ def run(conf: PlanJob, ctx: Run) -> dict:
             atomic_write_json(job.out / RESULTS, ans | {"config": job.config})
             atomic_write_bytes(job.out / REPORT, report_md(ans).encode())
             atomic_write_bytes(job.out / FIGURE, figure_png(runs, ans, laws, cfg))
-            job.complete(task, result=TaskResult(files=[RESULTS, REPORT, FIGURE]))
+            files = [RESULTS, REPORT, FIGURE]
+            if cfg.predict_ratios:
+                atomic_write_bytes(job.out / PREDICTION, prediction_yaml(ans, cfg).encode())
+                files.append(PREDICTION)
+            job.complete(task, result=TaskResult(files=files))
         if not ans and (job.out / RESULTS).exists():
             ans = json.loads((job.out / RESULTS).read_text())
         if ans and not job.quiet:
