@@ -206,22 +206,27 @@ def test_a_missing_measure_and_a_fit_that_does_not_converge(streams, tmp_path, c
     msg = one_line_error(capsys, ["plan", "--in", f"{tmp_path}/runs/*/", "--out", tmp_path / "p",
                                   "plan.target_tokens=1e5"])
     assert "no eval loss for 'general'" in msg and "groups: domain, outside" in msg
-    # an exponential in D (not the law's power): the fit of the named measure refuses, naming the constant
-    steep = {"domain": DOMAIN, "general": DOMAIN}
+    # an exponential in D (not the law's power): the fit of the named measure refuses, naming the constant;
+    # a measure the answer does not use is left out with its reason
+    steep = {"domain": DOMAIN, "general": GENERAL, "outside": DOMAIN}
     for i, share in enumerate(REPLAY):
         run = tmp_path / "steep" / f"x{i}"
-        plant_run(run, streams[share], i, steep)
+        plant_run(run, streams[share], i, steep, bases={"domain": DOMAIN_BASE, "general": GENERAL_BASE, "outside": 2.5})
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         r = true_ratio(streams[share])
         for row in rows:
             t = row.get("eval_tokens", 0)
             if t:
-                row["eval_loss"]["general"] = 2 + 3 * r * float(np.exp(-t / 3000)) + 0.1 * (1 - r)
+                row["eval_loss"]["outside"] = 2 + 3 * r * float(np.exp(-t / 3000)) + 0.1 * (1 - r)
         atomic_write_bytes(run / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in rows).encode())
     msg = one_line_error(capsys, ["plan", "--in", f"{tmp_path}/steep/*/", "--out", tmp_path / "q",
-                                  "plan.target_tokens=1e5"])
-    assert "the law of 'general'" in msg and "constant E ran to 0" in msg
+                                  "plan.target_tokens=1e5", "plan.forgetting_measure=outside"])
+    assert "the law of 'outside'" in msg and "constant E ran to 0" in msg
     assert not (tmp_path / "q").exists()
+    assert run_main(["plan", "--in", f"{tmp_path}/steep/*/", "--out", tmp_path / "q", "plan.target_tokens=1e5",
+                     "plan.bootstrap=0", "-q"]) == 0
+    ans = json.loads((tmp_path / "q" / "plan.json").read_text())
+    assert list(ans["fits"]) == ["domain", "general"] and "E ran to 0" in ans["not_fitted"]["outside"]
 
 
 def test_not_a_train_run(streams, tmp_path, capsys):
@@ -261,3 +266,45 @@ def test_prediction_then_check_against_the_baselines(grid, streams, tmp_path):
                      f"plan_check.prediction={tmp_path / 'fit' / 'prediction.yaml'}", "-q"]) == 0
     res = json.loads((tmp_path / "check2" / "check.json").read_text())
     assert not res["useful"] and "not shown useful" in (tmp_path / "check2" / "check.md").read_text()
+
+
+def test_plan_experiment_design_on_makes_plan(tmp_path):
+    """`make plan-experiment`'s members, read from make's plan (-n): >= 5 replay shares x 2 seeds, 8 eval
+    points each, the held-out runs at 4x the grid's tokens and a share not in the grid, trained only after
+    the prediction is committed."""
+    import re
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    data = tmp_path / "data"
+    px = data / "xp" / "plan"
+    out = subprocess.run(["make", "-n", "plan-predict", f"{px}/check/_SUCCESS", f"DATA={data}", f"PLAN_PREREG={tmp_path}/p.yaml"],
+                         cwd=root, capture_output=True, text=True, check=True).stdout.replace("\\\n", " ")
+    lines = out.splitlines()
+    train = [x for x in lines if " train model=hf" in x and str(px) in x]
+    grid = [x for x in train if "/grid/" in x]
+    held = [x for x in train if "/heldout/" in x]
+    shares = {m for x in lines if f"{px}/stream_" in x for m in re.findall(r"mix\.replay\.share=(\S+)", x)}
+    assert len(shares) >= 5 and len(grid) == 2 * len(shares)
+    assert {re.search(r" seed=(\d+)", x).group(1) for x in grid} == {"0", "1"}
+    steps = {int(re.search(r"max_steps=(\d+)", x).group(1)) for x in grid}
+    every = {int(re.search(r"eval_every=(\d+)", x).group(1)) for x in grid}
+    assert len(steps) == len(every) == 1 and steps.pop() // every.pop() >= 8
+    grid_steps = int(re.search(r"max_steps=(\d+)", grid[0]).group(1))
+    assert len(held) == 2 and all(int(re.search(r"max_steps=(\d+)", x).group(1)) >= 4 * grid_steps for x in held)
+    held_share = {m for x in lines if f"{px}/hstream_" in x for m in re.findall(r"mix\.replay\.share=(\S+)", x)}
+    assert len(held_share) == 1 and not held_share & shares
+    # the prediction is checked for (and its commit) before a held-out run trains, whichever is asked for
+    member = re.search(r"--out (\S+/heldout/\S+)", held[0]).group(1)
+    alone = subprocess.run(["make", "-n", f"{member}/_SUCCESS", f"DATA={data}", f"PLAN_PREREG={tmp_path}/p.yaml"],
+                           cwd=root, capture_output=True, text=True, check=True).stdout.splitlines()
+    check_at = next(i for i, x in enumerate(alone) if f"{tmp_path}/p.yaml" in x and "test -f" in x)
+    assert check_at < next(i for i, x in enumerate(alone) if " train model=hf" in x and "/heldout/" in x)
+    fit = next(x for x in lines if " plan --in" in x)
+    assert f"plan.target_tokens={4 * grid_steps * 512}" in fit
+    assert f"plan.predict_ratios=[{1 - float(held_share.pop()):g}]" in fit
+    # an uncommitted prediction stops make before the held-out runs: one line, exit 2
+    (tmp_path / "p.yaml").write_text("predictions: []\n")
+    res = subprocess.run(["make", "--no-print-directory", "plan-prereg-check", f"PLAN_PREREG={tmp_path}/p.yaml"],
+                         cwd=root, capture_output=True, text=True)
+    assert res.returncode == 2 and "not committed: commit the prediction before the held-out runs train" in res.stderr

@@ -38,7 +38,7 @@ from cptkit.core.config import JobConfig, check
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.output import TaskResult
-from cptkit.core.progress import console
+from cptkit.core.progress import console, log
 from cptkit.core.records import read_jsonl
 from cptkit.core.run import Run
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json
@@ -222,8 +222,16 @@ def plan_answer(runs: list[RunData], cfg: PlanConfig, seed: int) -> tuple[dict[s
     lvl = cfg.level
     fits: dict[str, Any] = {}
     laws: dict[str, tuple[dcpt.Law, list[dcpt.Law]]] = {}
+    skipped: dict[str, str] = {}
     for k, group in enumerate(groups):
-        fit, boot = fit_group(runs, group, cfg, seed + k, sizes)
+        try:
+            fit, boot = fit_group(runs, group, cfg, seed + k, sizes)
+        except CptkitError as e:
+            if group in (cfg.domain, cfg.forgetting_measure):  # the answer needs it: refuse
+                raise
+            log.warning("%s (left out: the answer does not use it)", e)
+            skipped[group] = str(e)
+            continue
         laws[group] = (fit.law, boot)
         base = float(np.mean([r.base[group] for r in runs]))
         fits[group] = {"role": "domain" if group == cfg.domain else "forgetting", "constants": fit.law.constants(),
@@ -252,6 +260,7 @@ def plan_answer(runs: list[RunData], cfg: PlanConfig, seed: int) -> tuple[dict[s
                                                                      None if hi is None else hi - b]}
         return out
 
+    groups = [g for g in groups if g in laws]
     predictions = [{"ratio": float(rr), "tokens": T, **{g: at(g, float(rr)) for g in groups}}
                    for rr in cfg.predict_ratios]
     observed = max(float(r.tokens.max()) for r in runs)
@@ -267,7 +276,7 @@ def plan_answer(runs: list[RunData], cfg: PlanConfig, seed: int) -> tuple[dict[s
         "predicted": {g: at(g, ratio) for g in groups} if ratio is not None else None,
         "cmr": {"measure": fm, "tolerance": cfg.max_forgetting,
                 "at_target": dcpt.cmr(lambda rr: pred(fm, T, rr), base_f, cfg.max_forgetting), "curve": curve},
-        "predictions": predictions, "extrapolation": T / observed, "level": lvl, "fits": fits,
+        "predictions": predictions, "extrapolation": T / observed, "level": lvl, "fits": fits, "not_fitted": skipped,
         "runs": [{"path": r.path, "ratio": r.ratio, "replay_share": r.replay_share, "params": r.params,
                   "eval_points": len(r.tokens), "max_tokens": float(r.tokens.max())} for r in runs],
     }, laws
