@@ -150,6 +150,12 @@ def test_target_domain_loss_picks_the_least_forgetting_share(grid, tmp_path):
     ans = json.loads((tmp_path / "p" / "plan.json").read_text())
     # the planted domain loss falls with r and the general loss rises: the answer is the share reaching it
     assert abs(ans["recommended_ratio"] - 0.5) <= 0.03
+    # a domain loss no share reaches: no recommendation, the reason, and still the fits and the CMR curve
+    assert run_main(["plan", "--in", f"{grid}/*/", "--out", tmp_path / "none", f"plan.target_tokens={TARGET}",
+                     "plan.target_domain_loss=1.0", "plan.bootstrap=0", "-q"]) == 0
+    ans = json.loads((tmp_path / "none" / "plan.json").read_text())
+    assert ans["recommended_ratio"] is None and ans["predicted"] is None
+    assert ans["why"].startswith("no domain share reaches the domain loss 1") and len(ans["cmr"]["curve"]) == 12
 
 
 def test_several_model_sizes_fit_the_n_term():
