@@ -63,7 +63,8 @@ plan-predict: $(PX)/fit/_SUCCESS
 	echo "wrote $(PLAN_PREREG): commit it (git add $(PLAN_PREREG); git commit), then make plan-experiment"; fi
 plan-prereg-check:
 	@test -f $(PLAN_PREREG) || { echo "$(PLAN_PREREG): missing: make plan-predict writes it" >&2; exit 2; }
-	@git ls-files --error-unmatch $(PLAN_PREREG) >/dev/null 2>&1 && git diff --quiet HEAD -- $(PLAN_PREREG) || \
+	@git -C $(dir $(PLAN_PREREG)) ls-files --error-unmatch $(notdir $(PLAN_PREREG)) >/dev/null 2>&1 && \
+	    git -C $(dir $(PLAN_PREREG)) diff --quiet HEAD -- $(notdir $(PLAN_PREREG)) || \
 	    { echo "$(PLAN_PREREG): not committed: commit the prediction before the held-out runs train" >&2; exit 2; }
 
 $(PX)/check/_SUCCESS: $(addsuffix /_SUCCESS,$(PLAN_HELDOUT)) | plan-prereg-check

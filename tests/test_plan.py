@@ -8,6 +8,8 @@ seeded noise (relative σ = 1e-4)."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -314,3 +316,57 @@ def test_plan_experiment_design_on_makes_plan(tmp_path):
     res = subprocess.run(["make", "--no-print-directory", "plan-prereg-check", f"PLAN_PREREG={tmp_path}/p.yaml"],
                          cwd=root, capture_output=True, text=True)
     assert res.returncode == 2 and "not committed: commit the prediction before the held-out runs train" in res.stderr
+
+
+def test_plan_experiment_through_make_on_planted_runs(streams, tmp_path):
+    """`make plan-predict`, the pre-registration gate and `make plan-experiment` run for real on planted
+    grid and held-out members (make is told their upstream is done with -o: B0, the data, the venv):
+    the prediction is copied, the held-out step is refused until the copy is committed, then checked."""
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    data = tmp_path / "data"
+    px = data / "xp" / "plan"
+    laws = {"domain": DOMAIN, "general": GENERAL}
+    for share in REPLAY:
+        for seed in (0, 1):
+            shutil.copytree(streams[share], px / f"stream_rp{share}_s{seed}")
+    for seed in (0, 1):
+        shutil.copytree(streams[HELD_OUT], px / f"hstream_rp{HELD_OUT}_s{seed}")
+    for i, share in enumerate(REPLAY):  # the runs after their streams: make sees them up to date
+        for seed in (0, 1):
+            plant_run(px / "grid" / f"rp{share}_s{seed}", px / f"stream_rp{share}_s{seed}", 10 * i + seed, laws)
+    for seed in (0, 1):
+        plant_run(px / "heldout" / f"rp{HELD_OUT}_s{seed}", px / f"hstream_rp{HELD_OUT}_s{seed}", 100 + seed, laws,
+                  every=4 * EVERY)
+    reg = tmp_path / "reg"
+    reg.mkdir()
+    subprocess.run(["git", "init", "-q", str(reg)], check=True)
+    prereg = reg / "prediction.yaml"
+    bin_dir = Path(sys.executable).parent
+    args = [f"DATA={data}", f"VENV={bin_dir.parent}", f"PLAN_PREREG={prereg}", f"PLAN_REPLAY={' '.join(map(str, REPLAY))}",
+            f"PLAN_HELD={HELD_OUT}", f"PLAN_STEPS={EVERY * POINTS}", f"STEP_TOKENS={STEP_TOKENS}",
+            "PLAN_FIT_ARGS=plan.bootstrap=20", "-o", f"{data}/xp/b0.json", "-o", f"{data}/labelled/_SUCCESS",
+            "-o", f"{data}/corpus/_SUCCESS", "-o", f"{bin_dir.parent}/.installed"]
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def make(*goals: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["make", "--no-print-directory", *goals, *args], cwd=root, env=env,
+                              capture_output=True, text=True)
+
+    first = make("plan-experiment")
+    assert first.returncode == 2, first.stdout + first.stderr
+    assert "not committed: commit the prediction before the held-out runs train" in first.stderr
+    assert f"wrote {prereg}: commit it" in first.stdout and not (px / "check").exists()
+    pred = prereg.read_text()
+    assert pred.startswith("# cptkit plan's pre-registered prediction") and "ratio: 0.4" in pred
+    subprocess.run(["git", "-C", str(reg), "add", "prediction.yaml"], check=True)
+    subprocess.run(["git", "-C", str(reg), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "p"],
+                   check=True)
+    second = make("plan-experiment")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"{prereg} exists: kept" in second.stdout and " train " not in second.stdout  # nothing retrained
+    assert "the law beat both baselines on every held-out loss" in second.stdout
+    res = json.loads((px / "check" / "check.json").read_text())
+    assert res["useful"] and {r["loss"] for r in res["rows"]} == {"domain", "general"}
