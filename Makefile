@@ -417,3 +417,4 @@ bench-datatrove: install  # cptkit vs datatrove 0.10 side by side on the 1M corp
 bench-%: install
 	nice $(BIN)/python bench/$*.py
 include mk/reproduce.mk
+include mk/plan.mk

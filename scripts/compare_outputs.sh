@@ -24,9 +24,10 @@ trap 'git -C "$ROOT" worktree remove --force "$WORK/ref" >/dev/null 2>&1 || true
 git -C "$ROOT" worktree add --detach "$WORK/ref" "$REF" >/dev/null
 
 # Every step is run below, or named here with why not: a step this script does not know fails it.
-NOT_RUN="demo-corpus serve-llm export-gguf merge"  # demo-corpus made $DATA (make demo); serve-llm is a server;
-                                             # export-gguf: not compared here yet (tests/test_export.py)
-                                             # merge: not compared here yet (tests/test_merge.py)
+NOT_RUN="demo-corpus serve-llm export-gguf merge plan plan-check"  # demo-corpus made $DATA (make demo);
+                                             # serve-llm is a server; export-gguf: not compared here yet
+                                             # (tests/test_export.py); merge: not compared here yet (tests/test_merge.py);
+                                             # plan, plan-check: read finished train runs (tests/test_plan.py)
 covered=$(grep -oE '[$]c [a-z][a-z-]*' "$0" | awk '{print $2}' | sort -u)
 missing=$(PYTHONPATH=$ROOT "$PY" -c 'from cptkit.core.discovery import step_names; print("\n".join(step_names()))' \
   | grep -vxF -f <(printf '%s\n' $covered $NOT_RUN) || true)
