@@ -278,8 +278,13 @@ class TransformersGenerator(Generator):
         gives its Completion, one that does not a :class:`Partial` to continue later. Continuing keeps
         each row's token ids and sampler state, so the slices add up to the unsliced sample.
         ``on_text[i]`` (when not None) gets request i's raw text so far after every token."""
-        parts = [s or Partial(self._prompt_ids(r), [], None) for r, s in zip(requests, states, strict=True)]
-        self._check_context([p.prompt for p in parts if not p.new], int(params.max_new_tokens))
+        parts = []
+        for k, (r, s) in enumerate(zip(requests, states, strict=True)):
+            try:
+                parts.append(s or Partial(self._prompt_ids(r), [], None))
+            except CptkitError as e:  # a huge prompt refused on its start: request k alone
+                raise RequestRefused(k, str(e)) from None
+        self._check_context([p.prompt for p in parts], int(params.max_new_tokens))  # k: request k of the batch
         sampler = RowSampler(seeds, float(params.temperature), float(params.top_p), self.device)
         for g, p in zip(sampler.gens, parts, strict=True):
             if p.rng is not None:
