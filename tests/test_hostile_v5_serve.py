@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -275,3 +276,36 @@ def test_a_chunked_body_is_read_and_never_answered_as_a_second_request(server):
     assert status == 413 and "over the limit of 1,048,576 bytes" in body["error"]["message"]
     status, body = post(addr, chunked + b"0\r\n\r\n", {"Transfer-Encoding": "chunked", "Content-Length": "5"})
     assert (status, body["error"]["message"]) == (400, "both Transfer-Encoding and Content-Length are set")
+
+
+def test_stop_strings_end_a_row_at_the_token_that_completes_them():
+    """The linear stop-string check (RowStop) ends a row at the first token whose text completes a stop
+    string, in one run and across time slices of 2 tokens, and no vocabulary × stop-length table is built
+    or kept (transformers' ``stop_strings`` keep up to 8, 777 MiB each for 16 × 256 characters on a 49k
+    vocabulary: bench/stop_strings.py)."""
+    from transformers.generation.stopping_criteria import STOP_STRING_EMBEDDING_CACHE
+
+    from cptkit.llm import load_generator
+    from cptkit.llm.base import Completion, apply_stop
+    from cptkit.llm.hf import RowSampler
+    from tests._tiny_llm import llm_cfg
+
+    gen = load_generator(llm_cfg(cached_tiny_model(), chat=False))
+    prompt, params = "Psychology studies", gen.params(max_new_tokens=24, temperature=0.0)
+    ids = gen._run([gen._prompt_ids(prompt)], params, RowSampler([0], 0.0, 1.0, gen.device), 24)[0]
+    ids = ids[:gen._cut(ids)[0]]
+    texts = [gen._text(ids[:k]) for k in range(len(ids) + 1)]
+    # a stop string that the 6th token or a later one completes, spanning two tokens
+    k = next(k for k in range(6, len(ids)) if len(texts[k - 1]) - len(texts[k - 2]) >= 2 and len(texts[k]) > len(texts[k - 1]))
+    stop = texts[k - 1][-2:] + texts[k][len(texts[k - 1]):][:1]
+    first = next(j for j in range(len(ids) + 1) if stop in texts[j])
+    stopped = replace(params, stop=(stop,))
+    want = (apply_stop(texts[-1], [stop])[0].strip(), first, "stop")
+    [one] = gen._generate([prompt], stopped, [0])
+    assert (one.text, one.completion_tokens, one.finish_reason) == want
+    state, turns = None, 0
+    while not isinstance(state, Completion):
+        [state] = gen.generate_slice([prompt], stopped, [0], [state], 2)
+        turns += 1
+    assert (state.text, state.completion_tokens, state.finish_reason) == want and turns > 2
+    assert not STOP_STRING_EMBEDDING_CACHE
