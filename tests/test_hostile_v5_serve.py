@@ -309,3 +309,38 @@ def test_stop_strings_end_a_row_at_the_token_that_completes_them():
         turns += 1
     assert (state.text, state.completion_tokens, state.finish_reason) == want and turns > 2
     assert not STOP_STRING_EMBEDDING_CACHE
+
+
+def test_health_is_503_and_requests_fail_at_once_when_the_worker_stops():
+    """Should the generation worker thread ever end (here SystemExit inside the real backend, which it does
+    not catch), /health answers 503 with the reason, the waiting request and later ones get 503: none hangs."""
+    from cptkit.llm import load_generator
+    from cptkit.llm.serve import Batcher, Limits, Server, make_handler
+    from tests._tiny_llm import llm_cfg
+
+    gen = load_generator(llm_cfg(cached_tiny_model(), chat=False))
+    real, calls = gen.generate_slice, []
+
+    def slice_then_exit(*args, **kwargs):  # the second batch ends the worker thread
+        calls.append(1)
+        if len(calls) > 1:
+            raise SystemExit("stopped by the test")
+        return real(*args, **kwargs)
+
+    gen.generate_slice = slice_then_exit
+    batcher = Batcher(gen, max_batch=1, wait_ms=0)
+    httpd = Server(("127.0.0.1", 0), make_handler(batcher, "m", 8, Limits()), 8)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    addr = ("127.0.0.1", httpd.server_address[1])
+    try:
+        assert post(addr, {"prompt": "Paris is", "max_tokens": 2, "seed": 1})[0] == 200
+        assert health(addr)[0] == 200
+        status, body = post(addr, {"prompt": "Paris is", "max_tokens": 2, "seed": 1})
+        assert (status, body["error"]["message"]) == (
+            503, "the generation worker has stopped (SystemExit: stopped by the test)")
+        code, h = health(addr)
+        assert code == 503 and h["status"] == "error" and "SystemExit: stopped by the test" in h["error"]
+        assert post(addr, {"prompt": "Paris is", "max_tokens": 2, "seed": 1})[0] == 503
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

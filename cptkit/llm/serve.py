@@ -162,7 +162,8 @@ class Batcher:
         """Whether the worker thread still takes requests."""
         return self.stopped is None and self.thread.is_alive()
 
-    def _dead(self) -> Failed:
+    def stopped_error(self) -> Failed:
+        """The error of a request once the worker has stopped."""
         return Failed(503, f"the generation worker has stopped ({self.stopped or 'unknown reason'})")
 
     def submit(self, request: Request, params: GenParams, seeds: list[int], live: bool = False) -> list[_Pending]:
@@ -172,7 +173,7 @@ class Batcher:
         got = [_Pending(request, params, s, live=live, changed=changed) for s in seeds]
         with self.cv:
             if not self.alive:
-                raise self._dead()
+                raise self.stopped_error()
             self.q.extend(got)
             self.cv.notify()
         return got
@@ -187,7 +188,7 @@ class Batcher:
                 self.cancel(got)
                 return None
             if not self.alive:
-                raise self._dead()
+                raise self.stopped_error()
         for p in got:
             if p.error is not None:
                 raise Failed(p.code, p.error)
@@ -222,16 +223,15 @@ class Batcher:
         fails with 503, as do later ones, and ``alive`` (``/health``) turns false."""
         try:
             self._loop()
-        except BaseException as e:
+        except BaseException as e:  # recorded and logged; the thread ends here
             self.stopped = f"{type(e).__name__}: {e}"
             log.error("the generation worker stopped: %s", self.stopped)
-            raise
         finally:
             self.stopped = self.stopped or "it returned"
             with self.cv:
                 left, self.q = list(self.q), deque()
             for p in left:
-                p.finish(error=str(self._dead()), code=503)
+                p.finish(error=str(self.stopped_error()), code=503)
 
     def _loop(self) -> None:
         while True:
@@ -470,13 +470,12 @@ class _Clock(io.RawIOBase):
 
     def __init__(self, sock: socket.socket):
         self.sock, self.deadline = sock, None
-        self.got = 0  # bytes received since ``start``
 
     def readable(self) -> bool:
         return True
 
     def start(self, seconds: float) -> None:
-        self.deadline, self.got = time.monotonic() + seconds, 0
+        self.deadline = time.monotonic() + seconds
 
     def stop(self, write_timeout: float) -> None:
         """The request is read: reads wait without a deadline, and a send waits at most ``write_timeout``
@@ -490,9 +489,7 @@ class _Clock(io.RawIOBase):
             if left <= 0:
                 raise TimeoutError("the request did not arrive in time (serve.read_timeout_s)")
             self.sock.settimeout(left)
-        n = self.sock.recv_into(b)
-        self.got += n
-        return n
+        return self.sock.recv_into(b)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -581,7 +578,7 @@ class _Handler(BaseHTTPRequestHandler):
             if self.batcher.alive:
                 self._send(200, {"status": "ok"} | self.batcher.stats())
             else:
-                self._send(503, {"status": "error", "error": str(self.batcher._dead())} | self.batcher.stats())
+                self._send(503, {"status": "error", "error": str(self.batcher.stopped_error())} | self.batcher.stats())
         else:
             self._error(404, f"no route {self.path}")
 
@@ -714,7 +711,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if self._gone():
                     raise ConnectionResetError("the client hung up")
                 if not self.batcher.alive:
-                    failed, code = str(self.batcher._dead()), 503
+                    failed, code = str(self.batcher.stopped_error()), 503
                     break
                 for i in sorted(todo):
                     p = got[i]
