@@ -92,6 +92,27 @@ class RowProgress(StoppingCriteria):
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
+class RowStop(StoppingCriteria):
+    """Stops the rows whose generated text holds a stop string, checked after every token: decodes each
+    row's last ``window`` generated tokens (from ``starts[i]``, where its generated tokens begin) and
+    searches it, so a step costs O(window × stop strings) whatever the vocabulary. (transformers'
+    ``stop_strings`` build a vocabulary × stop-length table per set of stop strings: seconds of CPU and up
+    to gigabytes per request for a served model, where clients choose the stop strings.)"""
+
+    def __init__(self, stop: Sequence[str], starts: list[int], decode: Callable[[list[int]], str]):
+        self.stop = [s for s in stop if s]
+        self.starts, self.decode = starts, decode
+        self.window = 4 * max(map(len, self.stop), default=0) + 8  # a character: up to 4 byte tokens
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+        n = input_ids.shape[1]
+        done = []
+        for i, start in enumerate(self.starts):
+            text = self.decode(input_ids[i, max(start, n - self.window):].tolist())
+            done.append(any(s in text for s in self.stop))
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
 class RowSampler(LogitsProcessor):
     """Temperature + top-p sampling with one generator per batch row.
 
@@ -214,21 +235,25 @@ class TransformersGenerator(Generator):
     @torch.inference_mode()
     def _run(self, prefixes: list[list[int]], params: GenParams, sampler: RowSampler, max_new: int,
              cancelled: list[Callable[[], bool]] | None = None,
-             on_new: Callable[[torch.Tensor], None] | None = None) -> list[list[int]]:
+             on_new: Callable[[torch.Tensor], None] | None = None,
+             generated: list[int] | None = None) -> list[list[int]]:
         """Up to ``max_new`` new token ids per row (EOS and padding included), left-padded as one batch;
-        a row whose ``cancelled()`` turns true stops at the next token; ``on_new`` gets every row's new
-        tokens after each one."""
+        a row whose ``cancelled()`` turns true stops at the next token, one whose generated text (its
+        prefix's last ``generated[i]`` tokens, and the new ones) holds a stop string too (:class:`RowStop`);
+        ``on_new`` gets every row's new tokens after each one."""
         from transformers import GenerationConfig, StoppingCriteriaList
 
         enc = self.tok.pad([{"input_ids": p} for p in prefixes], padding=True, return_tensors="pt").to(self.device)
+        width = enc["input_ids"].shape[1]
         gc = GenerationConfig(do_sample=False, max_new_tokens=int(max_new),
                               repetition_penalty=float(params.repetition_penalty),
                               pad_token_id=self.tok.pad_token_id, eos_token_id=self.eos_ids)
         kw: dict[str, Any] = {}
-        if params.stop:
-            kw = {"stop_strings": list(params.stop), "tokenizer": self.tok}
         criteria = ([RowCancel(cancelled)] if cancelled else []) + (
-            [RowProgress(enc["input_ids"].shape[1], on_new)] if on_new is not None else [])
+            [RowProgress(width, on_new)] if on_new is not None else [])
+        if params.stop:
+            starts = [width - g for g in (generated or [0] * len(prefixes))]
+            criteria.append(RowStop(params.stop, starts, lambda ids: self.tok.decode(ids, skip_special_tokens=True)))
         if criteria:
             kw["stopping_criteria"] = StoppingCriteriaList(criteria)
         out = self.model.generate(**enc, generation_config=gc, logits_processor=LogitsProcessorList([sampler]), **kw)
@@ -278,8 +303,13 @@ class TransformersGenerator(Generator):
         gives its Completion, one that does not a :class:`Partial` to continue later. Continuing keeps
         each row's token ids and sampler state, so the slices add up to the unsliced sample.
         ``on_text[i]`` (when not None) gets request i's raw text so far after every token."""
-        parts = [s or Partial(self._prompt_ids(r), [], None) for r, s in zip(requests, states, strict=True)]
-        self._check_context([p.prompt for p in parts if not p.new], int(params.max_new_tokens))
+        parts = []
+        for k, (r, s) in enumerate(zip(requests, states, strict=True)):
+            try:
+                parts.append(s or Partial(self._prompt_ids(r), [], None))
+            except CptkitError as e:  # a huge prompt refused on its start: request k alone
+                raise RequestRefused(k, str(e)) from None
+        self._check_context([p.prompt for p in parts], int(params.max_new_tokens))  # k: request k of the batch
         sampler = RowSampler(seeds, float(params.temperature), float(params.top_p), self.device)
         for g, p in zip(sampler.gens, parts, strict=True):
             if p.rng is not None:
@@ -292,7 +322,8 @@ class TransformersGenerator(Generator):
                         row = new[i].tolist()
                         sink(self._text(p.new + row[:self._cut(row)[0]]))
 
-        rows = self._run([p.prompt + p.new for p in parts], params, sampler, max_new, cancelled, on_new)
+        rows = self._run([p.prompt + p.new for p in parts], params, sampler, max_new, cancelled, on_new,
+                         [len(p.new) for p in parts])
         out: list[Completion | Partial] = []
         for i, (p, row) in enumerate(zip(parts, rows, strict=True)):
             n, reason = self._cut(row)

@@ -18,19 +18,29 @@ the end), held back only where a stop string may still cut it (:class:`~cptkit.l
 so the pieces add up to the non-streamed text.
 
 Hostile clients cannot stall it (:class:`Limits`): a body over ``max_body_bytes`` gets 413 before
-it is read, a prompt over ``max_prompt_chars`` 413, ``max_tokens`` over ``max_tokens_cap`` or a
-body that is not a JSON object 400, a ``Host`` or ``Origin`` outside ``allowed_hosts`` 403 (DNS
-rebinding, cross-origin pages), ``n`` over ``max_n`` 400; a client that hangs up (also mid-stream)
-cancels its generation, and the :class:`Batcher` interleaves requests in token slices so none waits
-for a long one to finish.
+it is read (a chunked body once it passes the limit), a prompt over ``max_prompt_chars`` 413,
+``max_tokens`` over ``max_tokens_cap``, a body that is not a JSON object (``Infinity``, ``NaN`` and
+nesting deeper than ``MAX_JSON_DEPTH`` included), or more than ``max_stop`` stop strings or one over
+``max_stop_chars`` 400, a ``Host`` or ``Origin`` outside ``allowed_hosts`` 403 (DNS rebinding,
+cross-origin pages), ``n`` over ``max_n`` 400; a request (head and body) must arrive within
+``read_timeout_s``, and at most ``max_connections`` are open at once (others get 503 at once); a
+client that hangs up (also mid-stream) cancels its generation, and the :class:`Batcher` interleaves
+requests in token slices so none waits for a long one to finish. One request's failure stays its own:
+a prompt over the model's context is refused alone (400) and a batch that fails (a tokenizer panic
+included) is rerun one request at a time, so the others of its batch are still answered.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
+import itertools
 import json
+import logging
+import re
 import select
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -44,10 +54,20 @@ from urllib.parse import urlsplit
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
 from cptkit.core.shards import atomic_write_bytes
-from cptkit.llm.base import Completion, Generator, GenParams, Request, TextDeltas, normalize_request
+from cptkit.llm.base import (
+    Completion,
+    Generator,
+    GenParams,
+    Request,
+    RequestRefused,
+    TextDeltas,
+    normalize_request,
+)
 
 MAX_BODY_BYTES = 2**20
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+MAX_JSON_DEPTH = 64  # nesting of a request body's arrays and objects; deeper: 400 (no RecursionError)
+_FATAL = (KeyboardInterrupt, SystemExit)  # what may end the batcher; anything else fails one request
 
 
 @dataclass(frozen=True)
@@ -60,6 +80,10 @@ class Limits:
     slice_tokens: int = 16  # tokens per turn of the round-robin scheduler (transformers backend)
     max_n: int = 16  # choices per request (n) above it: 400
     allowed_hosts: tuple[str, ...] = LOCAL_HOSTS  # Host header names accepted (DNS rebinding): others get 403
+    max_stop: int = 16  # stop strings per request above it: 400
+    max_stop_chars: int = 256  # a longer stop string: 400
+    read_timeout_s: float = 10.0  # a request's head and body must arrive within it (else closed; 408 for a body)
+    max_connections: int = 256  # open connections above it get 503 at once
 
 
 @dataclass
@@ -77,15 +101,25 @@ class _Pending:
     text: str = ""  # the raw text generated so far (live requests)
     result: Completion | None = None
     error: str | None = None
+    code: int = 500  # the HTTP status of ``error``: 400 for a request the backend refuses
 
     def grow(self, text: str) -> None:
         self.text = text
         self.changed.set()
 
-    def finish(self, result: Completion | None = None, error: str | None = None) -> None:
-        self.result, self.error = result, error
+    def finish(self, result: Completion | None = None, error: str | None = None, code: int = 500) -> None:
+        self.result, self.error, self.code = result, error, code
         self.done.set()
         self.changed.set()
+
+
+class Failed(RuntimeError):
+    """A request that was not completed: ``code`` is its HTTP status (400 refused, 500 failed, 503 the
+    generation worker has stopped)."""
+
+    def __init__(self, code: int, msg: str):
+        super().__init__(msg)
+        self.code = code
 
 
 def choice_seeds(seed: int, n: int) -> list[int]:
@@ -118,29 +152,46 @@ class Batcher:
         self.sliced = callable(getattr(gen, "generate_slice", None))
         self.q: deque[_Pending] = deque()
         self.cv = threading.Condition()
-        self.batches = self.requests = self.cancelled = 0
-        threading.Thread(target=self._loop, daemon=True, name="cptkit-batcher").start()
+        self.batches = self.requests = self.cancelled = self.refused = self.failed = 0
+        self.stopped: str | None = None  # why the worker thread ended (it should not): /health says so
+        self.thread = threading.Thread(target=self._main, daemon=True, name="cptkit-batcher")
+        self.thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker thread still takes requests."""
+        return self.stopped is None and self.thread.is_alive()
+
+    def stopped_error(self) -> Failed:
+        """The error of a request once the worker has stopped."""
+        return Failed(503, f"the generation worker has stopped ({self.stopped or 'unknown reason'})")
 
     def submit(self, request: Request, params: GenParams, seeds: list[int], live: bool = False) -> list[_Pending]:
-        """Queue one choice per seed (sharing one ``changed`` event); ``live``: report text as it grows."""
+        """Queue one choice per seed (sharing one ``changed`` event); ``live``: report text as it grows.
+        :class:`Failed` (503) when the worker has stopped."""
         changed = threading.Event()
         got = [_Pending(request, params, s, live=live, changed=changed) for s in seeds]
         with self.cv:
+            if not self.alive:
+                raise self.stopped_error()
             self.q.extend(got)
             self.cv.notify()
         return got
 
     def gather(self, got: list[_Pending], gone: Callable[[], bool] = lambda: False) -> list[Completion] | None:
-        """Every choice's completion; None (all cancelled) when ``gone()`` turns true first."""
+        """Every choice's completion; None (all cancelled) when ``gone()`` turns true first; :class:`Failed`
+        when a choice failed or the worker stopped."""
         while not all(p.done.is_set() for p in got):
             got[0].changed.wait(0.05)
             got[0].changed.clear()
             if gone():
                 self.cancel(got)
                 return None
+            if not self.alive:
+                raise self.stopped_error()
         for p in got:
             if p.error is not None:
-                raise RuntimeError(p.error)
+                raise Failed(p.code, p.error)
         return [p.result for p in got]  # type: ignore[misc]
 
     @staticmethod
@@ -151,7 +202,7 @@ class Batcher:
     def stats(self) -> dict[str, int]:
         with self.cv:
             return {"batches": self.batches, "requests": self.requests, "cancelled": self.cancelled,
-                    "queued": len(self.q)}
+                    "refused": self.refused, "failed": self.failed, "queued": len(self.q)}
 
     def _take(self) -> list[_Pending]:
         """The next batch: the queue's head and the next requests with its parameters, after up to ``wait``."""
@@ -167,6 +218,21 @@ class Batcher:
                 self.q.remove(p)
             return got
 
+    def _main(self) -> None:
+        """The worker: :meth:`_loop` until the process ends. Should it end first, every queued request
+        fails with 503, as do later ones, and ``alive`` (``/health``) turns false."""
+        try:
+            self._loop()
+        except BaseException as e:  # recorded and logged; the thread ends here
+            self.stopped = f"{type(e).__name__}: {e}"
+            log.error("the generation worker stopped: %s", self.stopped)
+        finally:
+            self.stopped = self.stopped or "it returned"
+            with self.cv:
+                left, self.q = list(self.q), deque()
+            for p in left:
+                p.finish(error=str(self.stopped_error()), code=503)
+
     def _loop(self) -> None:
         while True:
             got = self._take()
@@ -175,15 +241,35 @@ class Batcher:
                 if p.cancel.is_set():
                     self.cancelled += 1
                     p.finish(error="cancelled")
-            if not live:
-                continue
-            try:
-                self._run(live)
-            except Exception as e:  # report to every waiting client, keep serving
-                log.exception("generation failed")
-                for p in live:
-                    p.finish(error=f"{type(e).__name__}: {e}")
-            self.batches += 1
+            if live:
+                self._run_isolated(live)
+                self.batches += 1
+
+    def _run_isolated(self, group: list[_Pending]) -> None:
+        """Run ``group``; a request the backend refuses (over the context) gets its 400 alone and the
+        others run on; when the batch fails otherwise (any error, a Rust panic of the tokenizer, which is
+        no ``Exception``, included), each request is rerun alone, so only the one that fails gets its error."""
+        try:
+            self._run(group)
+        except RequestRefused as e:
+            if not 0 <= e.index < len(group):
+                raise
+            bad = group[e.index]
+            self.refused += 1
+            bad.finish(error=str(e), code=400)
+            if rest := [p for p in group if p is not bad]:
+                self._run_isolated(rest)
+        except BaseException as e:
+            if isinstance(e, _FATAL):
+                raise
+            if len(group) > 1:
+                for p in group:
+                    self._run_isolated([p])
+                return
+            self.failed += 1
+            msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+            log.error("a request failed (%s)", msg, exc_info=log.isEnabledFor(logging.DEBUG))
+            group[0].finish(error=msg)
 
     def _run(self, group: list[_Pending]) -> None:
         reqs, seeds, params = [p.request for p in group], [p.seed for p in group], group[0].params
@@ -213,23 +299,49 @@ def _int(body: dict[str, Any], key: str, default: int) -> int:
     v = body.get(key)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
-        raise ValueError(f"{key} must be an integer, got {json.dumps(v)[:40]}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise ValueError(f"{key} must be an integer, got {json.dumps(v)[:40]}")  # 1e999 (inf) included
     return int(v)
 
 
-def _params(body: dict[str, Any], default_max: int, cap: int) -> tuple[GenParams, int]:
+def _float(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+        raise ValueError(f"{key} must be a number in {lo:g}..{hi:g}, got {json.dumps(v)[:40]}")
+    return float(v)
+
+
+def _stops(body: dict[str, Any], limits: Limits) -> tuple[str, ...]:
+    """The body's ``stop`` (a string or a list of strings), at most ``max_stop`` of at most ``max_stop_chars``."""
+    stop = body.get("stop")
+    stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(x, str) for x in stop):
+        raise ValueError("stop must be a string or a list of strings")
+    if len(stop) > limits.max_stop:
+        raise ValueError(f"{len(stop):,} stop strings are over the limit of {limits.max_stop} (serve.max_stop)")
+    if (long := max(map(len, stop), default=0)) > limits.max_stop_chars:
+        raise ValueError(f"a stop string of {long:,} characters is over the limit of {limits.max_stop_chars} "
+                         f"(serve.max_stop_chars)")
+    return tuple(x for x in stop if x)
+
+
+def _params(body: dict[str, Any], default_max: int, limits: Limits) -> tuple[GenParams, int]:
     """Sampling parameters and seed of a request body; ValueError (400) for bad or over-the-cap values."""
-    stop = body.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else tuple(str(s) for s in stop)
+    cap = limits.max_tokens_cap
     key = "max_tokens" if body.get("max_tokens") is not None else "max_completion_tokens"
     max_new = _int(body, key, min(default_max, cap))
     if not 1 <= max_new <= cap:
         raise ValueError(f"{key}={max_new} is outside 1..{cap} (serve.max_tokens_cap)")
-    params = GenParams(max_new_tokens=max_new, temperature=float(body.get("temperature", 1.0)),
-                       top_p=float(body.get("top_p", 1.0)),
-                       repetition_penalty=float(body.get("repetition_penalty", 1.0)), stop=stop)
-    return params, _int(body, "seed", 0)
+    params = GenParams(max_new_tokens=max_new, temperature=_float(body, "temperature", 1.0, 0.0, 100.0),
+                       top_p=_float(body, "top_p", 1.0, 0.0, 1.0),
+                       repetition_penalty=_float(body, "repetition_penalty", 1.0, 0.01, 100.0),
+                       stop=_stops(body, limits))
+    seed = _int(body, "seed", 0)
+    if not -(2**63) <= seed < 2**63:
+        raise ValueError(f"seed={seed} is not a 64-bit integer")
+    return params, seed
 
 
 def _hostname(value: str) -> str:
@@ -313,10 +425,71 @@ def _chunk_choice(chat: bool, i: int, piece: str, reason: str | None) -> dict[st
     return {"index": i, "text": piece, "logprobs": None, "finish_reason": reason}
 
 
+_CHUNK = re.compile(rb"([0-9A-Fa-f]{1,8})[ \t]*(?:;[^\r\n]*)?\r?\n")  # chunk size [; extensions] CRLF
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\Z)', re.DOTALL)  # a JSON string (or an unclosed one)
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+def _depth(raw: bytes) -> int:
+    """The deepest nesting of ``[`` and ``{`` in a JSON text, strings skipped; linear time, no recursion."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return 0  # cannot be deeper than the limit
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return max(itertools.accumulate(1 if c in b"[{" else -1 for c in brackets), default=0)
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object: strict JSON (no ``Infinity``/``NaN``), at most ``MAX_JSON_DEPTH``
+    deep (a body of 200,000 ``[`` is a 400, not a RecursionError); :class:`_Refused` (400) otherwise."""
+    if (d := _depth(raw)) > MAX_JSON_DEPTH:
+        raise _Refused(400, f"the body nests {d:,} levels deep, over the limit of {MAX_JSON_DEPTH}")
+    try:
+        body = json.loads(raw or b"{}", parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
+        raise _Refused(400, f"the body is not JSON ({str(e)[:200]})") from None
+    if not isinstance(body, dict):
+        raise _Refused(400, f"the body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
 class _Refused(Exception):
     def __init__(self, code: int, msg: str):
         super().__init__(msg)
         self.code = code
+
+
+class _Clock(io.RawIOBase):
+    """A connection's reads, under a deadline (``start``): every read waits at most until it, then
+    TimeoutError, so a client that sends a request a byte at a time cannot hold a thread past it."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.deadline = sock, None
+
+    def readable(self) -> bool:
+        return True
+
+    def start(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+
+    def stop(self, write_timeout: float) -> None:
+        """The request is read: reads wait without a deadline, and a send waits at most ``write_timeout``
+        for a client that reads nothing."""
+        self.deadline = None
+        self.sock.settimeout(write_timeout)
+
+    def readinto(self, b: Any) -> int:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request did not arrive in time (serve.read_timeout_s)")
+            self.sock.settimeout(left)
+        return self.sock.recv_into(b)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -332,6 +505,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, fmt: str, *args: Any) -> None:  # quiet: one debug line per request
         log.debug("%s " + fmt, self.address_string(), *args)
+
+    def setup(self) -> None:
+        super().setup()
+        self.clock = _Clock(self.connection)
+        self.rfile = io.BufferedReader(self.clock)
+
+    def handle_one_request(self) -> None:
+        """One request, its head and body within ``read_timeout_s`` (also the wait for it on a kept-alive
+        connection): a client that takes longer is closed (the stdlib handler catches the TimeoutError)."""
+        self.clock.start(self.limits.read_timeout_s)
+        super().handle_one_request()
 
     def _send(self, code: int, obj: dict[str, Any]) -> None:
         data = json.dumps(obj, ensure_ascii=False).encode()
@@ -385,16 +569,43 @@ class _Handler(BaseHTTPRequestHandler):
             return True
 
     def do_GET(self) -> None:  # noqa: N802
+        self.clock.stop(self.limits.read_timeout_s)
         if (why := self._foreign()) is not None:
             return self._error(403, why)
         if self.path.rstrip("/") in ("/v1/models", "/models"):
             self._send(200, {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "cptkit"}]})
-        elif self.path.rstrip("/") == "/health":
-            self._send(200, {"status": "ok"} | self.batcher.stats())
+        elif self.path.rstrip("/") == "/health":  # 503 once the generation worker has stopped
+            if self.batcher.alive:
+                self._send(200, {"status": "ok"} | self.batcher.stats())
+            else:
+                self._send(503, {"status": "error", "error": str(self.batcher.stopped_error())} | self.batcher.stats())
         else:
             self._error(404, f"no route {self.path}")
 
     def _body(self) -> dict[str, Any]:
+        """The request's JSON object, read within ``read_timeout_s`` (a ``Content-Length`` or a chunked
+        body); :class:`_Refused` for anything else."""
+        try:
+            raw = self._raw_body()
+        except TimeoutError:
+            self.close_connection = True
+            raise _Refused(408, f"the request body did not arrive within {self.limits.read_timeout_s:g} s "
+                                f"(serve.read_timeout_s)") from None
+        finally:
+            self.clock.stop(self.limits.read_timeout_s)
+        return _json_object(raw)
+
+    def _raw_body(self) -> bytes:
+        te = self.headers.get_all("Transfer-Encoding") or []
+        if te:  # the body's length is the chunks': never read it as the next request
+            self.close_connection = self.unread_body = True  # kept only once the chunked body is read to its end
+            if self.headers.get("Content-Length") is not None:
+                raise _Refused(400, "both Transfer-Encoding and Content-Length are set")
+            if [v.strip().lower() for v in ",".join(te).split(",")] != ["chunked"]:
+                raise _Refused(501, f"Transfer-Encoding {', '.join(te)!r} is not supported (only chunked)")
+            raw = self._chunked()
+            self.close_connection = self.unread_body = False
+            return raw
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
@@ -405,18 +616,37 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _Refused(400, "invalid Content-Length")
             raise _Refused(413, f"request body of {length:,} bytes is over the limit of "
                                 f"{self.limits.max_body_bytes:,} bytes")
-        try:
-            body = json.loads(self.rfile.read(length) or b"{}")
-        except ValueError as e:
-            raise _Refused(400, f"the body is not JSON ({e})") from None
-        if not isinstance(body, dict):
-            raise _Refused(400, f"the body must be a JSON object, got {type(body).__name__}")
-        return body
+        return self.rfile.read(length)
+
+    def _chunked(self) -> bytes:
+        """A ``Transfer-Encoding: chunked`` body (RFC 9112 7.1), at most ``max_body_bytes`` of data."""
+        out = bytearray()
+        while True:
+            line = self.rfile.readline(1024)
+            m = _CHUNK.fullmatch(line)
+            if m is None:
+                raise _Refused(400, "a malformed chunk in a chunked body")
+            size = int(m[1], 16)
+            if size == 0:
+                break
+            if len(out) + size > self.limits.max_body_bytes:
+                raise _Refused(413, f"a chunked request body over the limit of {self.limits.max_body_bytes:,} bytes")
+            data = self.rfile.read(size)
+            if len(data) < size or self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                raise _Refused(400, "a chunked body cut short or with a malformed chunk")
+            out += data
+        for _ in range(64):  # trailer fields, dropped, up to the empty line
+            line = self.rfile.readline(8192)
+            if line in (b"\r\n", b"\n"):
+                return bytes(out)
+            if not line.endswith(b"\n"):
+                break
+        raise _Refused(400, "a chunked body without its final empty line")
 
     def _parse(self, path: str) -> _Ask:
         body = self._body()
         try:
-            params, seed = _params(body, self.default_max, self.limits.max_tokens_cap)
+            params, seed = _params(body, self.default_max, self.limits)
             n = _int(body, "n", 1)
             if not 1 <= n <= self.limits.max_n:
                 raise ValueError(f"n={n} is outside 1..{self.limits.max_n} (serve.max_n)")
@@ -442,13 +672,13 @@ class _Handler(BaseHTTPRequestHandler):
         except _Refused as e:
             return self._error(e.code, str(e))
         chat = path == "/chat/completions"
-        got = self.batcher.submit(ask.request, ask.params, choice_seeds(ask.seed, ask.n), live=ask.stream)
-        if ask.stream:
-            return self._stream(chat, got, ask.usage)
         try:
+            got = self.batcher.submit(ask.request, ask.params, choice_seeds(ask.seed, ask.n), live=ask.stream)
+            if ask.stream:
+                return self._stream(chat, got, ask.usage)
             comps = self.batcher.gather(got, self._gone)
-        except RuntimeError as e:
-            return self._error(500, str(e))
+        except Failed as e:
+            return self._error(e.code, str(e))
         if comps is None:  # the client hung up: its generation was cancelled
             self.close_connection = True
             return None
@@ -465,7 +695,7 @@ class _Handler(BaseHTTPRequestHandler):
         head = _head(self.model_name, chat, True)
         tail = {"usage": None} if usage else {}  # OpenAI: with include_usage, every other chunk has usage: null
         deltas = [TextDeltas(p.params.stop) for p in got]
-        todo, failed = set(range(len(got))), None
+        todo, failed, code = set(range(len(got))), None, 500
         try:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -480,9 +710,13 @@ class _Handler(BaseHTTPRequestHandler):
                 got[0].changed.clear()
                 if self._gone():
                     raise ConnectionResetError("the client hung up")
+                if not self.batcher.alive:
+                    failed, code = str(self.batcher.stopped_error()), 503
+                    break
                 for i in sorted(todo):
                     p = got[i]
                     if (failed := p.error) is not None:
+                        code = p.code
                         break
                     if p.done.is_set():
                         todo.discard(i)
@@ -494,7 +728,8 @@ class _Handler(BaseHTTPRequestHandler):
                     self._event(head | {"choices": [_chunk_choice(chat, i, piece, reason)]} | tail)
             if failed is not None:
                 self.batcher.cancel(got)
-                self._event({"error": {"message": failed, "type": "server_error", "code": 500}})
+                kind = "invalid_request_error" if code < 500 else "server_error"
+                self._event({"error": {"message": failed, "type": kind, "code": code}})
             elif usage:
                 self._event(head | {"choices": [], "usage": _usage([p.result for p in got])})  # type: ignore[misc]
             self._event("[DONE]")
@@ -512,6 +747,60 @@ def make_handler(batcher: Batcher, model_name: str, default_max: int,
                                          "limits": limits, "allowed": allowed})
 
 
+class Server(ThreadingHTTPServer):
+    """The threading HTTP server with a cap: at most ``max_connections`` connections are served at once
+    (one thread each); one over the cap gets 503 at once and is closed, without a thread."""
+
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 128  # the listen backlog (the stdlib's 5 drops connections of a burst)
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int):
+        self.max_connections = max_connections
+        self.slots = threading.BoundedSemaphore(max(1, max_connections))
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            return self._busy(request)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started (RuntimeError: can't start new thread)
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def _busy(self, sock: socket.socket) -> None:
+        """503 to a connection over the cap, without blocking the accept loop."""
+        data = json.dumps({"error": {"message": f"the server has serve.max_connections={self.max_connections} "
+                                                "connections open; retry later", "type": "server_error"}}).encode()
+        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: "
+                f"{len(data)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n").encode()
+        try:
+            sock.setblocking(False)
+            sock.send(head + data)
+            sock.shutdown(socket.SHUT_WR)
+            while sock.recv(1 << 16):  # what the client sent already: closing on unread data would reset
+                pass
+        except OSError:  # nothing more to read now, or the client is gone
+            pass
+        sock.close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One log line for a connection the client broke; the traceback only at DEBUG."""
+        e = sys.exc_info()[1]
+        if isinstance(e, OSError):
+            log.debug("connection from %s: %s", client_address, e)
+        else:
+            log.error("a request from %s failed (%s: %s)", client_address, type(e).__name__, e,
+                      exc_info=log.isEnabledFor(logging.DEBUG))
+
+
 def serve(gen: Generator, host: str = "127.0.0.1", port: int = 8000, *, model_name: str | None = None,
           max_batch: int = 8, batch_wait_ms: float = 20.0, default_max_tokens: int = 256,
           ready_file: str | None = None, limits: Limits = Limits()) -> None:  # noqa: B008 - frozen
@@ -522,10 +811,9 @@ def serve(gen: Generator, host: str = "127.0.0.1", port: int = 8000, *, model_na
     name = model_name or gen.model_id
     limits = replace(limits, allowed_hosts=(*limits.allowed_hosts, host))
     try:
-        httpd = ThreadingHTTPServer((host, port), make_handler(batcher, name, default_max_tokens, limits))
+        httpd = Server((host, port), make_handler(batcher, name, default_max_tokens, limits), limits.max_connections)
     except OSError as e:
         raise CptkitError(f"serve-llm: cannot listen on {host}:{port} ({e.strerror})") from None
-    httpd.daemon_threads = True
     url = f"http://{host}:{httpd.server_address[1]}/v1"
     log.warning("serving %s at %s (max_batch=%d)", name, url, max_batch)
     if ready_file:

@@ -29,6 +29,10 @@ class ServeConfig:
     slice_tokens: int = 16  # tokens a batch runs before queued requests get their turn (transformers)
     max_n: int = 16  # choices per request (the body's n) above it get 400
     allowed_hosts: list[str] = field(default_factory=list)  # Host/Origin names accepted besides localhost and host
+    max_stop: int = 16  # stop strings per request above it get 400
+    max_stop_chars: int = 256  # a longer stop string gets 400
+    read_timeout_s: float = 10.0  # a request's head and body must arrive within it; a client reading nothing as long is dropped
+    max_connections: int = 256  # connections open at once; more get 503 at once
 
     def __post_init__(self) -> None:
         check(self.max_body_bytes >= 1024, "max_body_bytes", self.max_body_bytes, "must be at least 1024")
@@ -37,12 +41,18 @@ class ServeConfig:
         check(self.max_tokens_cap >= 1, "max_tokens_cap", self.max_tokens_cap, "must be >= 1")
         check(self.slice_tokens >= 1, "slice_tokens", self.slice_tokens, "must be >= 1")
         check(self.max_n >= 1, "max_n", self.max_n, "must be >= 1")
+        check(self.max_stop >= 0, "max_stop", self.max_stop, "must be >= 0")
+        check(self.max_stop_chars >= 1, "max_stop_chars", self.max_stop_chars, "must be >= 1")
+        check(self.read_timeout_s > 0, "read_timeout_s", self.read_timeout_s, "must be > 0")
+        check(self.max_connections >= 1, "max_connections", self.max_connections, "must be >= 1")
 
     def limits(self) -> Limits:
         """The per-request limits the server enforces."""
         return Limits(max_body_bytes=self.max_body_bytes, max_prompt_chars=self.max_prompt_chars,
                       max_tokens_cap=self.max_tokens_cap, slice_tokens=self.slice_tokens, max_n=self.max_n,
-                      allowed_hosts=(*LOCAL_HOSTS, *self.allowed_hosts))
+                      allowed_hosts=(*LOCAL_HOSTS, *self.allowed_hosts), max_stop=self.max_stop,
+                      max_stop_chars=self.max_stop_chars, read_timeout_s=self.read_timeout_s,
+                      max_connections=self.max_connections)
 
 
 @dataclass
