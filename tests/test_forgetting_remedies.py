@@ -249,3 +249,20 @@ def test_distillation_refusals(self_stream, corpus_dir, base, tmp_path):
         train(plain, tmp_path / "r2", "train.max_steps=1", "train.distill.kl=1", "train.distill.on=some")
     with pytest.raises(CptkitError, match="train.kernels=liger: train.distill needs the model's logits"):
         train(plain, tmp_path / "r3", "train.max_steps=1", "train.distill.kl=1", "train.kernels=liger")
+
+
+def test_the_remedies_keys_at_their_defaults_leave_old_outputs_identity(tmp_path):
+    """Outputs written before these keys existed keep their config hash: at their unused values they are
+    not in the record (core/run.py: LATER_KEYS); set, they are."""
+    from cptkit.core.discovery import step_module
+    from cptkit.core.run import Run
+
+    io = [f"io.inputs=[{tmp_path}]", f"io.output={tmp_path / 'o'}"]
+    for name in ("train", "build-mix"):
+        step_module(name)
+    train_rec = Run.of(compose_step("train", [*io, "model=tiny_llama"])).record
+    mix_rec = Run.of(compose_step("build-mix", io)).record
+    assert "distill" not in train_rec["train"] and {"source", "self"}.isdisjoint(mix_rec["mix"]["replay"])
+    assert Run.of(compose_step("train", [*io, "train.distill.kl=1"])).record["train"]["distill"]["kl"] == 1
+    mix_self = Run.of(compose_step("build-mix", [*io, "mix.replay.source=self", "mix.replay.self.model=m"])).record
+    assert mix_self["mix"]["replay"]["source"] == "self" and mix_self["mix"]["replay"]["self"]["model"] == "m"

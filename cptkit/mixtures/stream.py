@@ -379,6 +379,25 @@ class Plan:
     epochs: dict[str, float]
 
 
+def replay_weights(stage_w: list[dict[str, float]], leaves: dict[str, Domain], s: MixSettings
+                   ) -> tuple[list[str], list[dict[str, float]]]:
+    """The replay leaves and each stage's weights with them at ``mix.replay.share``; a source other than
+    the pool also takes the pool's ``mix.replay.domains`` out of the stages (as at share 0)."""
+    replay = replay_leaves(s.replay_names, leaves)
+    if s.replay_names and not replay:
+        if s.replay_source == "pool":
+            raise CptkitError(f"mix.replay.domains={s.replay_names}: no documents matched these domains")
+        raise CptkitError(f"mix.replay.source={s.replay_source}: no replay documents (every record empty?)")
+    tokens = {n: d.tokens for n, d in leaves.items()}
+    names = [str(st.get("name", i)) for i, st in enumerate(s.stages)]
+    dropped = replay_leaves(s.replay_drop, leaves)
+    if dropped:
+        stage_w = [apply_replay(w, dropped, 0.0, tokens, names[i]) for i, w in enumerate(stage_w)]
+    if s.replay_names:
+        stage_w = [apply_replay(w, replay, s.replay_share, tokens, names[i]) for i, w in enumerate(stage_w)]
+    return replay, stage_w
+
+
 def plan_stream(stream_domains: list[dict], leaves: dict[str, Domain], s: MixSettings) -> Plan:
     """Sequences per stage and domain (weights, replay, fill, ``max_epochs`` caps), interleaved at
     random per stage from ``(seed, stage)``; sets each domain's epochs and planned tokens."""
@@ -390,19 +409,7 @@ def plan_stream(stream_domains: list[dict], leaves: dict[str, Domain], s: MixSet
     stage_w = [resolve_weights(stage_spec_weights(st, leaves, s.budget, fractions[i], mix.fill, i), leaves,
                                s.router.specs, str(st.get("name", i)), mix.empty_domains)
                for i, st in enumerate(stages)]
-    replay = replay_leaves(s.replay_names, leaves)
-    if s.replay_names and not replay:
-        what = f"mix.replay.source={s.replay_source}" if s.replay_source != "pool" else f"mix.replay.domains={s.replay_names}"
-        raise CptkitError(f"{what}: no documents matched these domains" if s.replay_source == "pool"
-                          else f"{what}: no replay documents (every record empty?)")
-    dropped = replay_leaves(s.replay_drop, leaves)
-    if dropped:  # another replay source: the pool's general domains leave the stages (as at share 0)
-        tokens0 = {n: d.tokens for n, d in leaves.items()}
-        stage_w = [apply_replay(w, dropped, 0.0, tokens0, str(stages[i].get("name", i))) for i, w in enumerate(stage_w)]
-    if s.replay_names:
-        leaf_tokens = {n: d.tokens for n, d in leaves.items()}
-        stage_w = [apply_replay(w, replay, s.replay_share, leaf_tokens, str(stages[i].get("name", i)))
-                   for i, w in enumerate(stage_w)]
+    replay, stage_w = replay_weights(stage_w, leaves, s)
     for i, w in enumerate(stage_w):
         empty = [k for k, v in w.items() if v > 0 and available[k] == 0]
         if empty:

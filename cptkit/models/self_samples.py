@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any
 
 from cptkit.core.errors import CptkitError, cli_main
 from cptkit.core.fingerprint import cache_path, content_hash
+from cptkit.core.progress import log
 from cptkit.core.shards import atomic_write_bytes
 
 NAMESPACE = "self-replay"  # the probe seeds batch b with seed * 1_000_003 + b; these seeds are hashed
@@ -60,9 +62,8 @@ def sample_from_bos(model: Any, tokenizer: Any, docs: int, max_tokens: int, seed
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else bos
     if bos is None:
         raise CptkitError("the tokenizer has neither a BOS nor an EOS token to start sampling from")
-    from cptkit.models.scoring import _cache_kwarg
-
-    kw = _cache_kwarg(model)  # cache (transformers ≥ 5) or past_key_values
+    params = inspect.signature(type(model).forward).parameters
+    kw = "cache" if "cache" in params else "past_key_values"  # the KV cache's name (transformers ≥ 5: cache)
     device = next(model.parameters()).device
     out: list[dict[str, Any]] = []
     with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -120,9 +121,9 @@ def samples_key(model_spec: str, seed: int, docs: int, max_tokens: int, topk: in
     """The cache key of a set of self samples: the base's content, the seed, the count, the sampling
     settings, the batch and the versions of what samples (cptkit's sampler format, torch, transformers)."""
     import torch  # deferred: --help without torch
-    import transformers
+    import transformers  # deferred: heavy
 
-    from cptkit.models.lm import spec_file
+    from cptkit.models.lm import spec_file  # deferred: torch
 
     h = content_hash(spec_file(model_spec) or model_spec)
     if h is None:
@@ -157,8 +158,6 @@ def generate(model_spec: str, docs: int, max_tokens: int, seed: int, topk: int, 
 def cached_samples(model_spec: str, docs: int, max_tokens: int, seed: int, topk: int = 0,
                    temperature: float = 1.0, trust_remote_code: bool = False) -> Path:
     """The file of self samples for these settings, generated into the cache unless it is there."""
-    from cptkit.core.progress import log
-
     key = samples_key(model_spec, seed, docs, max_tokens, topk, temperature)
     path = cache_path().parent / "self-replay" / f"{key}.jsonl.gz"
     if path.exists():

@@ -114,7 +114,7 @@ def replay_inputs(conf: BuildMixJob, ctx: Run) -> tuple[list[InputFile], str | N
         return [], None
     if rp.source == "self":
         from cptkit.models.lm import check_model, spec_file  # deferred: torch
-        from cptkit.models.self_samples import cached_samples
+        from cptkit.models.self_samples import cached_samples  # deferred: torch
 
         sc = rp.self
         check_model(sc.model, conf.trust_remote_code)
