@@ -266,3 +266,17 @@ def test_the_remedies_keys_at_their_defaults_leave_old_outputs_identity(tmp_path
     assert Run.of(compose_step("train", [*io, "train.distill.kl=1"])).record["train"]["distill"]["kl"] == 1
     mix_self = Run.of(compose_step("build-mix", [*io, "mix.replay.source=self", "mix.replay.self.model=m"])).record
     assert mix_self["mix"]["replay"]["source"] == "self" and mix_self["mix"]["replay"]["self"]["model"] == "m"
+
+
+def test_self_samples_command_writes_replay_records(base, tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "samples.jsonl"
+    cmd = [sys.executable, "-m", "cptkit.models.self_samples", "--model", str(base), "--out", str(out)]
+    r = subprocess.run([*cmd, "--docs", "4", "--max-tokens", "6", "--topk", "3"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert rows and all(len(x["topk_ids"]) == len(x["token_ids"]) + 1 and x["domain"] == "replay" for x in rows)
+    r = subprocess.run([*cmd, "--docs", "0"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: --docs and --max-tokens must be positive")

@@ -10,6 +10,10 @@ concatenated with EOS after every document into one token file per domain
 plan ``plan.npy`` lists (domain, sequence) for the whole budget, stage by stage. Because the
 domains stay separate, ``train`` can follow the plan or draw domains with its own weights.
 
+Replay: ``mix.replay.share`` of every stage from ``mix.replay.source``: ``pool`` (the inputs'
+``mix.replay.domains``), ``self`` (the base's own samples from BOS, cached; ``mix.replay.self.*``) or a
+path of records, the last two as the domain ``replay`` (docs/forgetting.md).
+
 Outputs (all under ``--out``): ``_stream.json`` (what train reads), ``tokens/``, ``plan.npy``,
 ``_eval.jsonl.gz`` (held-out documents per domain, field ``domain``), ``_manifest.json``.
 """

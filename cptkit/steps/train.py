@@ -6,6 +6,9 @@ Llama (``model=tiny_llama``); DeepSpeed ZeRO (stage 2 by default, ``conf/deepspe
 AdamW β = (0.9, 0.95), weight decay, gradient clipping, gradient checkpointing, SDPA; a
 Warmup-Stable-Decay LR schedule; mixture controllers chosen by ``train.mixture``.
 
+``train.distill.kl=λ`` adds λ·KL(base ‖ model) on the replay (or all) tokens: a frozen teacher, or the
+stream's stored top-k log-probs (docs/forgetting.md).
+
 Outputs under ``--out``: ``metrics.jsonl`` (one line per step: loss, LR, tokens/s, weights),
 ``weights.jsonl`` and ``weights.png`` (the weight trajectory), ``avg_weights.json`` and
 ``mix_reweighted.yaml`` (the time-averaged weights as a static mixture), ``checkpoints/``
