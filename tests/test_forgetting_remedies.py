@@ -148,6 +148,15 @@ def self_stream(corpus_dir, base, cache, tmp_path_factory) -> Path:
     return out
 
 
+def test_self_replay_needs_the_bases_tokenizer(corpus_dir, corpus_records, base, cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("CPTKIT_CACHE", str(cache))
+    other = make_tokenizer(corpus_records, tmp_path / "other", vocab_size=600)
+    with pytest.raises(CptkitError, match="its tokenizer is not tokenizer="):
+        build_stream(corpus_dir, other, tmp_path / "s", [*MIX, "mix.replay.source=self", f"mix.replay.self.model={base}",
+                                                         "mix.replay.share=0.2"])
+    assert not (tmp_path / "s").exists()
+
+
 def test_self_replay_stream_keeps_the_sampled_ids_and_their_topk(self_stream, base):
     from cptkit.mixtures.stream import Stream
 

@@ -110,18 +110,28 @@ def mix_settings(conf: BuildMixJob) -> MixSettings:
                        replay_source=source, replay_drop=[] if pool else list(mix.replay.domains))
 
 
-def replay_inputs(conf: BuildMixJob, ctx: Run) -> tuple[list[InputFile], str | None]:
+def vocab_of(tok: Any) -> dict[str, int]:
+    """A tokenizer's token → id table (a transformers tokenizer or a :class:`RustTokenizer`)."""
+    return tok.backend.get_vocab(with_added_tokens=True) if isinstance(tok, RustTokenizer) else tok.get_vocab()
+
+
+def replay_inputs(conf: BuildMixJob, ctx: Run, tok: Any) -> tuple[list[InputFile], str | None]:
     """The record files of ``mix.replay.source`` (none for ``pool``; ``self``: the cached samples of
-    the base, generated on first use) and the path that keys the output (the base for ``self``)."""
+    the base, generated on first use, refused unless the base's tokenizer is ``tok``: the samples are
+    packed as the ids the base drew) and the path that keys the output (the base for ``self``)."""
     rp = conf.mix.replay
     if rp.source == "pool":
         return [], None
     if rp.source == "self":
-        from cptkit.models.lm import check_model, spec_file  # deferred: torch
+        from cptkit.models.lm import check_model, load_tokenizer, spec_file  # deferred: torch
         from cptkit.models.self_samples import cached_samples  # deferred: torch
 
         sc = rp.self
         check_model(sc.model, conf.trust_remote_code)
+        if vocab_of(load_tokenizer(str(sc.model), conf.trust_remote_code)) != vocab_of(tok):
+            raise CptkitError(f"mix.replay.self.model={sc.model}: its tokenizer is not tokenizer={conf.tokenizer} "
+                              "(self samples are packed as the ids the base drew); build the stream with the base's "
+                              "tokenizer")
         path = cached_samples(str(sc.model), sc.docs, sc.max_tokens, sc.seed, sc.topk, sc.temperature,
                               conf.trust_remote_code)
         return ctx.resolve_inputs([str(path)]), spec_file(sc.model)
@@ -139,7 +149,7 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
     inputs = ctx.resolve_inputs(specs_in)
     tok = _load_tokenizer(conf.tokenizer, conf.trust_remote_code)
     dtype = token_dtype(conf.build_mix.dtype, len(tok))
-    replay_in, replay_read = replay_inputs(conf, ctx)
+    replay_in, replay_read = replay_inputs(conf, ctx, tok)
     scorer = None
     if s.order in ("low_to_high", "high_to_low"):
         # checked here, not in CurriculumConfig: a recipe's model is often ${tokenizer}, so a missing
