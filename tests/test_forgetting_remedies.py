@@ -248,12 +248,28 @@ def test_distillation_under_deepspeed_zero2(self_stream, tmp_path):
     assert extra(tmp_path / "ref")["zero stage"] == 2 and extra(tmp_path / "ref")["engine"] == "deepspeed"
 
 
-def test_distillation_refusals(self_stream, corpus_dir, base, tmp_path):
+def test_distillation_refusals(self_stream, corpus_dir, corpus_records, base, tmp_path):
     plain = tmp_path / "plain"
     build_stream(corpus_dir, base, plain, MIX)
     with pytest.raises(CptkitError, match="no replay domains"):
         train(plain, tmp_path / "r", "train.max_steps=1", "train.distill.kl=1")
     assert not (tmp_path / "r").exists()  # refused before anything is written
+    with pytest.raises(CptkitError, match="model .*nowhere: not a directory"):
+        train(self_stream, tmp_path / "r4", "train.max_steps=1", "train.distill.kl=1", f"train.distill.teacher={tmp_path}/nowhere")
+    assert not (tmp_path / "r4").exists()
+    other = tmp_path / "other"
+    tok = make_tokenizer(corpus_records, other, vocab_size=600)
+    from transformers import AutoTokenizer
+
+    tiny.tiny_llama(AutoTokenizer.from_pretrained(tok), hidden=16, layers=1, heads=2).save_pretrained(other)
+    with pytest.raises(CptkitError, match="the teacher must share the model's vocabulary"):
+        train(self_stream, tmp_path / "r5", "train.max_steps=1", "train.distill.kl=1", f"train.distill.teacher={other}")
+    small = tmp_path / "small"
+    tiny.tiny_llama(AutoTokenizer.from_pretrained(make_tokenizer(corpus_records, small, vocab_size=300)),
+                    hidden=16, layers=1, heads=2).save_pretrained(small)
+    with pytest.raises(CptkitError, match="train.distill.teacher=.*small: model has 300 embeddings"):
+        train(self_stream, tmp_path / "r6", "train.max_steps=1", "train.distill.kl=1", f"train.distill.teacher={small}")
+    assert not (tmp_path / "r5").exists() and not (tmp_path / "r6").exists()
     with pytest.raises(CptkitError, match="train.distill.on=some: use one of replay, all"):
         train(plain, tmp_path / "r2", "train.max_steps=1", "train.distill.kl=1", "train.distill.on=some")
     with pytest.raises(CptkitError, match="train.kernels=liger: train.distill needs the model's logits"):

@@ -57,6 +57,8 @@ def run(conf: TrainJob, ctx: Run) -> dict:
     # a folder that would run its own code, a bad GGUF file: one line before anything is written
     check_model(conf.model.path if conf.model.name == "hf" else None, conf.trust_remote_code)
     check_model(conf.tokenizer or stream.tokenizer_spec(), conf.trust_remote_code)
+    if tcfg.distill.kl > 0:
+        check_model(tcfg.distill.teacher, conf.trust_remote_code)
     proxy = tcfg.velocitune.proxy
     resume = tcfg.resume
     ctx = ctx.recording("train.resume", False)  # resuming does not change what the run computes

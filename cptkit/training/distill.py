@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
 
 
@@ -73,6 +74,10 @@ class Distiller:
         """Put the teacher beside the student: its device and precision (autocast as the torch engine's)."""
         self.engine = engine
         if self.teacher is not None:
+            theirs, ours = (m.get_output_embeddings().weight.shape[0] for m in (self.teacher, engine.module))
+            if theirs != ours:
+                raise CptkitError(f"train.distill.teacher: its output has {theirs} logits, the model's {ours}: "
+                                  "the teacher must share the model's vocabulary")
             p = next(engine.module.parameters())
             self.teacher.to(device=p.device, dtype=p.dtype)
 

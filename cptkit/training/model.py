@@ -51,7 +51,10 @@ def build_teacher(spec: RunSpec, tokenizer: Any, path: str | None) -> Any:
             model = load_pretrained(path, conf.trust_remote_code)
         else:
             model = build_model(conf.model, tokenizer, spec.seq_len, conf.trust_remote_code)
-    check_vocab(model, spec.stream)
+    try:
+        check_vocab(model, spec.stream)
+    except CptkitError as e:
+        raise CptkitError(f"train.distill.teacher={path}: {e}") from None
     return model
 
 
