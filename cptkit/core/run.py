@@ -29,6 +29,9 @@ LATER_KEYS: dict[str, Any] = {
     "train.weights_from": None,
     "train.branch_from": None,
     "train.callbacks": [],
+    "train.distill": {"kl": 0.0, "on": "replay", "teacher": None},
+    "mix.replay.source": "pool",
+    "mix.replay.self": {"model": None, "docs": 256, "max_tokens": 256, "seed": 0, "topk": 0, "temperature": 1.0},
 }
 
 

@@ -316,15 +316,40 @@ class CurriculumConfig:
 
 
 @dataclass
+class SelfReplayConfig:
+    """``mix.replay.source=self``: texts the base samples from BOS (:mod:`cptkit.models.self_samples`)."""
+
+    model: str | None = None  # the base (HF folder, .gguf or smollm2); required with source=self
+    docs: int = 256  # samples drawn (empty ones are dropped)
+    max_tokens: int = 256  # tokens per sample at most
+    seed: int = 0  # batch seeds hashed from ("self-replay", seed, start): never the probe's
+    topk: int = 0  # 0: no log-probs; k > 0: each position's top-k log-probs (teacher-free train.distill)
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        for key in ("docs", "max_tokens"):
+            check(getattr(self, key) >= 1, key, getattr(self, key), "must be ≥ 1")
+        check(self.topk >= 0, "topk", self.topk, "must be ≥ 0 (0: store no log-probs)")
+        check(self.temperature > 0 and math.isfinite(self.temperature), "temperature", self.temperature, "must be > 0")
+
+
+@dataclass
 class ReplayConfig:
-    """Replay: ``share`` of every stage's tokens comes from the ``domains`` (general data)."""
+    """Replay: ``share`` of every stage's tokens comes from the ``source``: ``pool`` (the ``domains``
+    of the inputs), ``self`` (the base's own samples) or a path (any records), the last two as one
+    domain named ``replay`` (the pool's ``domains`` then get no weight)."""
 
     share: float = 0.0  # in [0, 1]; 0 with domains set: the replay domains get no weight (no-replay arm)
     domains: list[str] = field(default_factory=list)  # names in mix.domains (or leaves); []: no replay
+    source: str = "pool"  # pool | self | a file or folder of records
+    self: SelfReplayConfig = field(default_factory=SelfReplayConfig)
 
     def __post_init__(self) -> None:
-        check(self.share == 0 or len(self.domains) > 0, "share", f"{self.share:g}",
+        check(bool(self.source), "source", self.source, "use pool, self or a path of records")
+        check(self.share == 0 or self.source != "pool" or len(self.domains) > 0, "share", f"{self.share:g}",
               "needs mix.replay.domains (the general domains to replay)")
+        check(self.source != "self" or bool(self.self.model), "self.model", self.self.model,
+              "mix.replay.source=self needs the base model that writes the samples")
 
 
 @dataclass

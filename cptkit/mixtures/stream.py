@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import gzip
 import heapq
+import itertools
 import json
 import math
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 
 STREAM = "_stream.json"
 EVAL = "_eval.jsonl.gz"
+REPLAY = "replay"  # the domain of a replay source other than the pool (mix.replay.source=self or a path)
 FORMAT = "cptkit-stream/1"
 BATCH_CHARS = 1_000_000  # characters per tokenizer batch at most (build_mix.batch_docs documents)
 
@@ -75,6 +77,8 @@ class MixSettings:
     unique: bool
     eval_k: int
     batch_docs: int
+    replay_source: str = "pool"  # pool | self | a path: the latter two are the domain REPLAY
+    replay_drop: list[str] = field(default_factory=list)  # pool domains that get no weight (source not pool)
 
     @property
     def order(self) -> str:
@@ -97,6 +101,8 @@ class DomainFiles:
         self.s, self.tmp_dir, self.tok, self.dtype, self.scorer = s, tmp_dir, tok, dtype, scorer
         self.eos = int(tok.eos_token_id)
         self.leaves: dict[str, Domain] = {}
+        self.topk: dict[str, list[tuple[np.ndarray, np.ndarray] | None]] = {}  # per emitted document, by domain
+        self.vocab = len(tok)
         self.tokenize_s = 0.0
         self._ppl_domains = set(s.cur.domains)
 
@@ -115,7 +121,10 @@ class DomainFiles:
             self.leaves[name] = d
         return self.leaves[name]
 
-    def emit(self, d: Domain, rid: str, ids: list[int], ppl: float) -> None:
+    def emit(self, d: Domain, rid: str, ids: list[int], ppl: float,
+             topk: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        if topk is not None or d.name in self.topk:
+            self.topk.setdefault(d.name, [None] * d.docs).append(topk)
         arr = np.asarray(ids + [self.eos], dtype=self.dtype)
         d.file.write(arr.tobytes())
         d.lengths.append(len(arr))
@@ -137,6 +146,9 @@ class DomainFiles:
             with quiet_panics():
                 err = self.panic(batch, e)
             raise err from None
+        for i, (name, rec) in enumerate(batch):
+            if name == REPLAY and rec.get("token_ids") is not None:  # self samples: the ids the base sampled
+                enc[i] = self.sampled_ids(rec)
         self.tokenize_s += time.perf_counter() - t
         return enc
 
@@ -153,6 +165,30 @@ class DomainFiles:
                     raise
                 return CptkitError(f"tokenizer {name}: panicked on record {str(rec['id'])[:100]!r}: {why}")
         return CptkitError(f"tokenizer {name}: panicked on a batch of {len(batch)} records: {why}")
+
+    def sampled_ids(self, rec: Record) -> list[int]:
+        """A replay record's own ``token_ids`` (a base's samples: decoding and encoding them again need
+        not give the same ids), checked against the vocabulary."""
+        ids = rec["token_ids"]
+        if not isinstance(ids, list) or not all(isinstance(t, int) and 0 <= t < self.vocab for t in ids):
+            raise CptkitError(f"mix.replay.source: record {rec['id']!r}: token_ids must be a list of token ids "
+                              f"below the tokenizer's {self.vocab} (sampled with another tokenizer?)")
+        return ids
+
+    def sampled_topk(self, rec: Record, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """A replay record's ``topk_ids`` / ``topk_logprobs``: one row per token and one for the EOS."""
+        if rec.get("topk_ids") is None:
+            return None
+        try:
+            ids = np.asarray(rec["topk_ids"], dtype=np.int64)
+            lp = np.asarray(rec["topk_logprobs"], dtype=np.float32)
+        except (KeyError, TypeError, ValueError):
+            ids = lp = np.zeros(0)
+        if ids.ndim != 2 or ids.shape != lp.shape or len(ids) != n + 1 or ids.min(initial=0) < 0 \
+                or ids.max(initial=0) >= self.vocab:
+            raise CptkitError(f"mix.replay.source: record {rec['id']!r}: topk_ids/topk_logprobs must be "
+                              f"{n + 1} rows (its {n} tokens and the EOS) of equal length, ids below {self.vocab}")
+        return ids.astype(np.int32), lp
 
     def file(self, batch: list[tuple[str, Record]], enc: list[list[int]]) -> None:
         """File a tokenized batch: PPL scores for a curriculum, the held-out heap, the raw files."""
@@ -172,17 +208,19 @@ class DomainFiles:
                 continue
             d = self.leaf(name)
             rid = str(rec["id"])
+            topk = self.sampled_topk(rec, len(ids)) if name == REPLAY else None
             if eval_k > 0:  # keep the eval_k docs with the smallest hash as held-out eval set
-                item = (-fast_seeded_hash(seed, rid), rid, {"id": rid, "text": rec["text"], "domain": name, "_ids": ids, "_ppl": p})
+                item = (-fast_seeded_hash(seed, rid), rid, {"id": rid, "text": rec["text"], "domain": name, "_ids": ids,
+                                                            "_ppl": p, "_topk": topk})
                 if len(d.heldout) < eval_k:
                     heapq.heappush(d.heldout, item)  # type: ignore[arg-type]
                     continue
                 if item[0] > d.heldout[0][0]:
                     item = heapq.heapreplace(d.heldout, item)  # type: ignore[arg-type]
                 rec2 = item[2]
-                self.emit(d, rec2["id"], rec2["_ids"], rec2["_ppl"])
+                self.emit(d, rec2["id"], rec2["_ids"], rec2["_ppl"], rec2["_topk"])
             else:
-                self.emit(d, rid, ids, p)
+                self.emit(d, rid, ids, p, topk)
 
     def close(self) -> None:
         for d in self.leaves.values():
@@ -190,7 +228,7 @@ class DomainFiles:
                 log.warning("domain %s has only %d documents: they are both eval and training documents",
                             d.name, len(d.heldout))
                 for _, _, rec2 in sorted(d.heldout, key=lambda t: (-t[0], t[1])):
-                    self.emit(d, rec2["id"], rec2["_ids"], rec2["_ppl"])
+                    self.emit(d, rec2["id"], rec2["_ids"], rec2["_ppl"], rec2["_topk"])
             d.file.close()
 
 
@@ -219,12 +257,13 @@ def sample_per_domain(routed: Iterable[tuple[str, Record]], k: int, seed: int) -
         yield name, rec
 
 
-def route_and_tokenize(records: Any, s: MixSettings, files: DomainFiles) -> RouteStats:
+def route_and_tokenize(records: Any, s: MixSettings, files: DomainFiles, replay: Any = ()) -> RouteStats:
     """Route every record to its leaf domain (skipping repeated ids with ``mix.unique_ids``) and
     tokenize in batches of ``build_mix.batch_docs``; with ``mix.max_docs`` only each domain's
-    sample (:func:`sample_per_domain`) is tokenized."""
+    sample (:func:`sample_per_domain`) is tokenized. ``replay``: the records of a replay source
+    other than the pool, every one in the domain :data:`REPLAY`."""
     st = RouteStats()
-    routed = _route(records, s, st)
+    routed = itertools.chain(_route(records, s, st), ((REPLAY, rec) for rec in replay))
     if s.mix.max_docs > 0:
         routed = sample_per_domain(routed, s.mix.max_docs, s.seed)
     # Batch k is tokenized in a thread while batch k+1 is read and parsed here (the Rust tokenizer
@@ -305,6 +344,7 @@ def write_domains(files: DomainFiles, s: MixSettings, tok_dir: Path) -> list[dic
         offsets = np.concatenate([[0], np.cumsum(lengths[perm])]).astype(np.int64)
         atomic_write_bytes(tok_dir / f"{fname}.docs.npy", npy_bytes(offsets))
         files.raw_path(d).unlink()
+        topk = write_topk(files.topk.get(name), perm, lengths, tok_dir, fname)
         ppl_sorted = np.asarray(d.ppl)[perm] if d.docs else np.asarray([])
         group_ppl = []
         if groups:
@@ -317,11 +357,36 @@ def write_domains(files: DomainFiles, s: MixSettings, tok_dir: Path) -> list[dic
             "sequences": int(d.tokens // s.seq_len), "eval_docs": len(d.heldout),
             "curriculum": {"order": order if files.wants_ppl(name) else ("random" if order != "none" else "none"),
                            "group_starts": groups, "group_ppl": group_ppl},
+            **({"topk": topk} if topk else {}),
         })
     for sd in stream_domains:
         if sd["sequences"] == 0:
             log.warning("domain %s has %d tokens, fewer than one sequence of %d", sd["name"], sd["tokens"], s.seq_len)
     return stream_domains
+
+
+def write_topk(docs: list[tuple[np.ndarray, np.ndarray] | None] | None, perm: np.ndarray, lengths: np.ndarray,
+               tok_dir: Path, fname: str) -> dict[str, Any] | None:
+    """A domain's stored top-k log-probs (self samples) in its token order: ``tokens/NAME.topk_ids.npy``
+    and ``.topk_lp.npy``, one row per token; a document without them gets rows of NaN (no target)."""
+    if not docs or all(x is None for x in docs):
+        return None
+    k = max(x[0].shape[1] for x in docs if x is not None)
+    ids, lps = [], []
+    for i in perm:
+        x = docs[i]
+        n = int(lengths[i])
+        a = np.zeros((n, k), dtype=np.int32)
+        b = np.full((n, k), np.nan, dtype=np.float32)
+        if x is not None:
+            a[:, :x[0].shape[1]], b[:, :x[1].shape[1]] = x[0], x[1]
+            b[:, x[1].shape[1]:] = -np.inf  # a shorter k: the missing entries have no mass
+        ids.append(a)
+        lps.append(b)
+    out = {"k": int(k), "ids": f"tokens/{fname}.topk_ids.npy", "logprobs": f"tokens/{fname}.topk_lp.npy"}
+    atomic_write_bytes(tok_dir / f"{fname}.topk_ids.npy", npy_bytes(np.concatenate(ids)))
+    atomic_write_bytes(tok_dir / f"{fname}.topk_lp.npy", npy_bytes(np.concatenate(lps)))
+    return out
 
 
 @dataclass
@@ -336,6 +401,25 @@ class Plan:
     epochs: dict[str, float]
 
 
+def replay_weights(stage_w: list[dict[str, float]], leaves: dict[str, Domain], s: MixSettings
+                   ) -> tuple[list[str], list[dict[str, float]]]:
+    """The replay leaves and each stage's weights with them at ``mix.replay.share``; a source other than
+    the pool also takes the pool's ``mix.replay.domains`` out of the stages (as at share 0)."""
+    replay = replay_leaves(s.replay_names, leaves)
+    if s.replay_names and not replay:
+        if s.replay_source == "pool":
+            raise CptkitError(f"mix.replay.domains={s.replay_names}: no documents matched these domains")
+        raise CptkitError(f"mix.replay.source={s.replay_source}: no replay documents (every record empty?)")
+    tokens = {n: d.tokens for n, d in leaves.items()}
+    names = [str(st.get("name", i)) for i, st in enumerate(s.stages)]
+    dropped = replay_leaves(s.replay_drop, leaves)
+    if dropped:
+        stage_w = [apply_replay(w, dropped, 0.0, tokens, names[i]) for i, w in enumerate(stage_w)]
+    if s.replay_names:
+        stage_w = [apply_replay(w, replay, s.replay_share, tokens, names[i]) for i, w in enumerate(stage_w)]
+    return replay, stage_w
+
+
 def plan_stream(stream_domains: list[dict], leaves: dict[str, Domain], s: MixSettings) -> Plan:
     """Sequences per stage and domain (weights, replay, fill, ``max_epochs`` caps), interleaved at
     random per stage from ``(seed, stage)``; sets each domain's epochs and planned tokens."""
@@ -347,13 +431,7 @@ def plan_stream(stream_domains: list[dict], leaves: dict[str, Domain], s: MixSet
     stage_w = [resolve_weights(stage_spec_weights(st, leaves, s.budget, fractions[i], mix.fill, i), leaves,
                                s.router.specs, str(st.get("name", i)), mix.empty_domains)
                for i, st in enumerate(stages)]
-    replay = replay_leaves(s.replay_names, leaves)
-    if s.replay_names and not replay:
-        raise CptkitError(f"mix.replay.domains={s.replay_names}: no documents matched these domains")
-    if s.replay_names:
-        leaf_tokens = {n: d.tokens for n, d in leaves.items()}
-        stage_w = [apply_replay(w, replay, s.replay_share, leaf_tokens, str(stages[i].get("name", i)))
-                   for i, w in enumerate(stage_w)]
+    replay, stage_w = replay_weights(stage_w, leaves, s)
     for i, w in enumerate(stage_w):
         empty = [k for k, v in w.items() if v > 0 and available[k] == 0]
         if empty:
@@ -437,6 +515,7 @@ def stream_info(s: MixSettings, tokenizer: str | None, tok: Any, dtype: np.dtype
     if s.replay_names:
         stream["replay"] = {
             "share": s.replay_share, "domains": plan.replay, "tokens": plan.replay_tokens,
+            **({"source": s.replay_source} if s.replay_source != "pool" else {}),
             "realised_share": plan.replay_tokens / max(n_seqs * s.seq_len, 1),
             "epochs": {k: round(plan.epochs[k], 4) for k in plan.replay},
         }
@@ -526,6 +605,8 @@ class Stream:
                 raise CptkitError(f"{f}: {size:,} bytes, but {where} says {n_tok:,} {meta['dtype']} tokens "
                                   f"({n_tok * itemsize:,} bytes): truncated or replaced; rebuild the stream")
             self.tokens.append(np.memmap(f, dtype=meta["dtype"], mode="r"))
+        self.topk: list[tuple[np.ndarray, np.ndarray] | None] = [self._topk(d, toks) for d, toks
+                                                                   in zip(meta["domains"], self.tokens, strict=True)]
         self.sequences = [int(d["sequences"]) for d in meta["domains"]]
         for d, n, toks in zip(self.domains, self.sequences, self.tokens, strict=True):
             if n < 0 or n * self.seq_len > len(toks):
@@ -544,6 +625,39 @@ class Stream:
             dom = np.asarray(self.plan[:, 0])
             if dom.min() < 0 or dom.max() >= len(self.domains):
                 raise CptkitError(f"{plan}: domain index out of range (the stream has {len(self.domains)} domains)")
+
+    def _topk(self, d: dict[str, Any], toks: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """A domain's stored top-k log-probs (ids, log-probs), memory-mapped and checked: one row per token."""
+        info = d.get("topk")
+        if not info:
+            return None
+        arrays = []
+        for key in ("ids", "logprobs"):
+            f = self.inside(info.get(key) if isinstance(info, dict) else None, f"domain {d['name']!r} topk {key}")
+            try:
+                arrays.append(np.load(f, mmap_mode="r", allow_pickle=False))
+            except (ValueError, OSError, EOFError) as e:
+                raise CptkitError(f"{f}: not a readable top-k file ({str(e).splitlines()[0]}); rebuild the stream") from None
+        ids, lp = arrays
+        if ids.ndim != 2 or ids.shape != lp.shape or len(ids) != len(toks):
+            raise CptkitError(f"{self.path / STREAM}: domain {d['name']!r}: its top-k files hold {ids.shape} and "
+                              f"{lp.shape}, not one row per token ({len(toks):,}); rebuild the stream")
+        return ids, lp
+
+    def sequence_topk(self, domain: int, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The stored top-k (ids, log-probs) of sequence ``k`` of ``domain`` (rows as :meth:`sequence`'s
+        tokens), or None when the domain has none."""
+        tk = self.topk[domain]
+        if tk is None:
+            return None
+        k %= self.sequences[domain]
+        sl = slice(k * self.seq_len, (k + 1) * self.seq_len)
+        return np.asarray(tk[0][sl], dtype=np.int64), np.asarray(tk[1][sl], dtype=np.float32)
+
+    def replay_domains(self) -> list[int]:
+        """The indices of the stream's replay domains (``_stream.json``'s ``replay``)."""
+        names = (self.meta.get("replay") or {}).get("domains") or []
+        return [self.index[n] for n in names if n in self.index]
 
     def inside(self, rel: Any, what: str) -> Path:
         """``rel`` resolved inside the stream directory; paths that leave it are refused."""

@@ -10,6 +10,10 @@ concatenated with EOS after every document into one token file per domain
 plan ``plan.npy`` lists (domain, sequence) for the whole budget, stage by stage. Because the
 domains stay separate, ``train`` can follow the plan or draw domains with its own weights.
 
+Replay: ``mix.replay.share`` of every stage from ``mix.replay.source``: ``pool`` (the inputs'
+``mix.replay.domains``), ``self`` (the base's own samples from BOS, cached; ``mix.replay.self.*``) or a
+path of records, the last two as the domain ``replay`` (docs/forgetting.md).
+
 Outputs (all under ``--out``): ``_stream.json`` (what train reads), ``tokens/``, ``plan.npy``,
 ``_eval.jsonl.gz`` (held-out documents per domain, field ``domain``), ``_manifest.json``.
 """
@@ -18,17 +22,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from cptkit.core.config import JobConfig
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Hooks, Job, Task, TaskResult
 from cptkit.core.run import Run
-from cptkit.core.shards import atomic_write_bytes, atomic_write_json
+from cptkit.core.shards import InputFile, atomic_write_bytes, atomic_write_json, iter_records
 from cptkit.core.step import step
 from cptkit.mixtures.recipe import MixConfig, Router, stage_fractions
 from cptkit.mixtures.stream import (
     EVAL,
+    REPLAY,
     STREAM,
     DomainFiles,
     MixSettings,
@@ -92,10 +98,46 @@ def mix_settings(conf: BuildMixJob) -> MixSettings:
     for name in mix.curriculum.domains + ([mix.fill] if mix.fill else []) + mix.replay.domains:
         if name not in names and "/" not in name:
             raise CptkitError(f"mix: unknown domain {name!r}; defined: {', '.join(names)}")
+    source = mix.replay.source
+    if source != "pool" and REPLAY in names:
+        raise CptkitError(f"mix.replay.source={source}: replays as the domain {REPLAY!r}, which mix.domains "
+                          "already defines; rename that domain")
+    pool = source == "pool"
     return MixSettings(mix=mix, seed=conf.seed, seq_len=mix.seq_len, budget=int(mix.budget_tokens), stages=stages,
-                       fractions=fractions, cur=mix.curriculum, router=router, replay_names=mix.replay.domains,
-                       replay_share=mix.replay.share, unique=mix.unique_ids, eval_k=mix.eval_docs,
-                       batch_docs=conf.build_mix.batch_docs)
+                       fractions=fractions, cur=mix.curriculum, router=router,
+                       replay_names=mix.replay.domains if pool else [REPLAY], replay_share=mix.replay.share,
+                       unique=mix.unique_ids, eval_k=mix.eval_docs, batch_docs=conf.build_mix.batch_docs,
+                       replay_source=source, replay_drop=[] if pool else list(mix.replay.domains))
+
+
+def vocab_of(tok: Any) -> dict[str, int]:
+    """A tokenizer's token → id table (a transformers tokenizer or a :class:`RustTokenizer`)."""
+    return tok.backend.get_vocab(with_added_tokens=True) if isinstance(tok, RustTokenizer) else tok.get_vocab()
+
+
+def replay_inputs(conf: BuildMixJob, ctx: Run, tok: Any) -> tuple[list[InputFile], str | None]:
+    """The record files of ``mix.replay.source`` (none for ``pool``; ``self``: the cached samples of
+    the base, generated on first use, refused unless the base's tokenizer is ``tok``: the samples are
+    packed as the ids the base drew) and the path that keys the output (the base for ``self``)."""
+    rp = conf.mix.replay
+    if rp.source == "pool":
+        return [], None
+    if rp.source == "self":
+        from cptkit.models.lm import check_model, load_tokenizer, spec_file  # deferred: torch
+        from cptkit.models.self_samples import cached_samples  # deferred: torch
+
+        sc = rp.self
+        check_model(sc.model, conf.trust_remote_code)
+        if vocab_of(load_tokenizer(str(sc.model), conf.trust_remote_code)) != vocab_of(tok):
+            raise CptkitError(f"mix.replay.self.model={sc.model}: its tokenizer is not tokenizer={conf.tokenizer} "
+                              "(self samples are packed as the ids the base drew); build the stream with the base's "
+                              "tokenizer")
+        path = cached_samples(str(sc.model), sc.docs, sc.max_tokens, sc.seed, sc.topk, sc.temperature,
+                              conf.trust_remote_code)
+        return ctx.resolve_inputs([str(path)]), spec_file(sc.model)
+    if not Path(rp.source).exists():
+        raise CptkitError(f"mix.replay.source={rp.source}: no such file or folder (use pool, self or a path of records)")
+    return ctx.resolve_inputs([rp.source]), rp.source
 
 
 @step("build-mix", BuildMixJob, order=130)
@@ -107,6 +149,7 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
     inputs = ctx.resolve_inputs(specs_in)
     tok = _load_tokenizer(conf.tokenizer, conf.trust_remote_code)
     dtype = token_dtype(conf.build_mix.dtype, len(tok))
+    replay_in, replay_read = replay_inputs(conf, ctx, tok)
     scorer = None
     if s.order in ("low_to_high", "high_to_low"):
         # checked here, not in CurriculumConfig: a recipe's model is often ${tokenizer}, so a missing
@@ -118,11 +161,11 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
         trust = conf.trust_remote_code
         scorer = (load_causal_lm(s.cur.model, trust_remote_code=trust), load_tokenizer(s.cur.model, trust))
     if isinstance(tok, RustTokenizer) and not s.cur.model:  # a folder is its own path: torch stays unimported
-        reads = [conf.tokenizer, None]
+        reads = [conf.tokenizer, None, replay_read]
     else:
         from cptkit.models.lm import spec_file  # deferred: torch
 
-        reads = [spec_file(conf.tokenizer), spec_file(s.cur.model)]
+        reads = [spec_file(conf.tokenizer), spec_file(s.cur.model), replay_read]
     task = Task(0, inputs, name="mix")
     if s.unique:
         # mix.unique_ids: a repeated id is expected (a retrieved page and its corpus copy) and the
@@ -138,7 +181,8 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
         for d in (tmp_dir, tok_dir):
             d.mkdir(parents=True, exist_ok=True)
         files = DomainFiles(s, tmp_dir, tok, dtype, scorer)
-        read = route_and_tokenize(job.read(task), s, files)
+        replayed = iter_records(replay_in, skip_bad=ctx.io.skip_bad_lines, **ctx.io.limits())
+        read = route_and_tokenize(job.read(task), s, files, replayed)
         read_s = time.time() - t0
         stream_domains = write_domains(files, s, tok_dir)
         plan = plan_stream(stream_domains, files.leaves, s)
@@ -147,8 +191,9 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
         stream = stream_info(s, conf.tokenizer, tok, dtype, stream_domains, plan, read)
         atomic_write_json(job.out / STREAM, stream)
         tmp_dir.rmdir()
+        topk_files = [sd["topk"][k] for sd in stream_domains if "topk" in sd for k in ("ids", "logprobs")]
         wrote = TaskResult(records_out=sum(sd["docs"] for sd in stream_domains),
-                           files=[sd["file"] for sd in stream_domains] + ["plan.npy", STREAM, EVAL])
+                           files=[sd["file"] for sd in stream_domains] + topk_files + ["plan.npy", STREAM, EVAL])
         job.complete(task, result=wrote, seconds=time.time() - t0)
         streamed.update({k: v for k, v in stream.items() if k != "domains"} | {"domains": stream_domains})
         result = job.finish(extra=summary(stream, read, files.tokenize_s, read_s))

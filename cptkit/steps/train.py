@@ -6,6 +6,9 @@ Llama (``model=tiny_llama``); DeepSpeed ZeRO (stage 2 by default, ``conf/deepspe
 AdamW β = (0.9, 0.95), weight decay, gradient clipping, gradient checkpointing, SDPA; a
 Warmup-Stable-Decay LR schedule; mixture controllers chosen by ``train.mixture``.
 
+``train.distill.kl=λ`` adds λ·KL(base ‖ model) on the replay (or all) tokens: a frozen teacher, or the
+stream's stored top-k log-probs (docs/forgetting.md).
+
 Outputs under ``--out``: ``metrics.jsonl`` (one line per step: loss, LR, tokens/s, weights),
 ``weights.jsonl`` and ``weights.png`` (the weight trajectory), ``avg_weights.json`` and
 ``mix_reweighted.yaml`` (the time-averaged weights as a static mixture), ``checkpoints/``
@@ -48,9 +51,14 @@ def run(conf: TrainJob, ctx: Run) -> dict:
         raise CptkitError("train: pass --out DIR for checkpoints, metrics and the final model")
     check_kernels(tcfg.kernels)  # train.kernels=liger without CUDA or liger_kernel: one line, nothing written
     stream = Stream(conf.io.inputs[0])
+    if tcfg.distill.kl > 0 and tcfg.distill.on == "replay" and not stream.replay_domains():
+        raise CptkitError(f"train.distill.on=replay: the stream {stream.path} has no replay domains (mix.replay); "
+                          "use train.distill.on=all or a stream built with replay")
     # a folder that would run its own code, a bad GGUF file: one line before anything is written
     check_model(conf.model.path if conf.model.name == "hf" else None, conf.trust_remote_code)
     check_model(conf.tokenizer or stream.tokenizer_spec(), conf.trust_remote_code)
+    if tcfg.distill.kl > 0:
+        check_model(tcfg.distill.teacher, conf.trust_remote_code)
     proxy = tcfg.velocitune.proxy
     resume = tcfg.resume
     ctx = ctx.recording("train.resume", False)  # resuming does not change what the run computes
@@ -66,6 +74,7 @@ def run(conf: TrainJob, ctx: Run) -> dict:
 
         reads = [conf.io.inputs[0], spec_file(conf.model.path), spec_file(conf.tokenizer or stream.tokenizer_spec()),
                  tcfg.velocitune.targets_file, *tcfg.eval_extra,  # what the run read keys it
+                 spec_file(tcfg.distill.teacher) if tcfg.distill.kl > 0 else None,
                  str(weights_file(tcfg.weights_from)) if tcfg.weights_from else None,
                  str(branch_file(tcfg.branch_from)) if tcfg.branch_from else None]
         data = {"data": stream_record(conf.io.inputs[0], stream.meta)}  # the model card shows the same

@@ -77,6 +77,24 @@ class DBLConfig:
     clip: bool = True
 
 
+DISTILL_ON = ("replay", "all")
+
+
+@dataclass
+class DistillConfig:
+    """Distillation to the base (docs/forgetting.md): loss = CE + kl · KL(teacher ‖ student) per token."""
+
+    kl: float = 0.0  # λ; 0: off
+    on: str = "replay"  # replay (the stream's replay domains' tokens) | all (every token)
+    # the frozen teacher (HF folder, .gguf or smollm2); null: the model this run starts from. With on=replay and
+    # a stream whose replay holds stored top-k log-probs (mix.replay.self.topk), null means no teacher forward
+    teacher: str | None = None
+
+    def __post_init__(self) -> None:
+        check(self.kl >= 0 and math.isfinite(self.kl), "kl", self.kl, "must be a finite number ≥ 0 (0: off)")
+        check(self.on in DISTILL_ON, "on", self.on, f"use one of {', '.join(DISTILL_ON)}")
+
+
 @dataclass
 class TrainOptions:
     mixture: str = "static"  # static | static_avg | staged | topic_ppl | velocitune | dbl | package.module:Class (a Controller)
@@ -138,6 +156,7 @@ class TrainOptions:
     topic_ppl: TopicPPLConfig = field(default_factory=TopicPPLConfig)
     velocitune: VelocituneConfig = field(default_factory=VelocituneConfig)
     dbl: DBLConfig = field(default_factory=DBLConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
     def __post_init__(self) -> None:
         """Refuse invalid ``train.*`` values with one line each, before anything is written."""
@@ -173,6 +192,8 @@ class TrainOptions:
               self.gradient_checkpointing, "use auto, true or false")  # Any: a bool or auto
         for cb in self.callbacks:
             check(":" in str(cb), "callbacks", cb, "name each callback as package.module:Class")
+        check(self.distill.kl == 0 or self.kernels == "none", "kernels", self.kernels,
+              "train.distill needs the model's logits, which the fused loss never forms; use train.kernels=none")
 
 
 @dataclass

@@ -28,10 +28,17 @@ from cptkit.training.callbacks.metrics import MetricsCallback
 from cptkit.training.callbacks.mixture import MixtureCallback
 from cptkit.training.callbacks.proxy import ProxyStopCallback
 from cptkit.training.checkpoint import branch, branch_file, prepare_checkpoints, resume, same_stream
+from cptkit.training.distill import Distiller
 from cptkit.training.engine import make_engine
 from cptkit.training.evaluation import EvalPoints
 from cptkit.training.metrics import MetricsLog
-from cptkit.training.model import build_model, check_vocab, load_run_tokenizer, save_initial
+from cptkit.training.model import (
+    build_model,
+    build_teacher,
+    check_vocab,
+    load_run_tokenizer,
+    save_initial,
+)
 from cptkit.training.monitor import Monitor
 from cptkit.training.outputs import write_outputs
 from cptkit.training.schedule import Schedule, make_schedule
@@ -80,6 +87,11 @@ class Trainer:
         self.engine: Engine
         self.engine, self.engine_info = make_engine(model, tcfg, deepspeed_base=conf.deepspeed or {},
                                                     world=spec.world, schedule=schedule)
+        self.distiller: Distiller | None = None
+        if tcfg.distill.kl > 0:  # train.distill: a frozen teacher (or the stream's stored top-k) beside the student
+            self.distiller = Distiller(spec, lambda path: build_teacher(spec, self.tokenizer, path))
+            self.distiller.attach(self.engine)
+            self.engine_info["distill"] = f"kl={tcfg.distill.kl:g} on {tcfg.distill.on}, {self.distiller.mode}"
         self.sampler = Sampler(stream, conf.seed)
         if tcfg.branch_from:  # a WSD decay branch: the trunk's weights and AdamW state (a resume below wins)
             at, saved = branch(self.engine, self.engine_info["engine"], branch_file(tcfg.branch_from))
@@ -144,7 +156,10 @@ class Trainer:
         data = self.sampler.batch(pairs)
         self.data_s += time.time() - td
         lr_used = float(self.engine.get_lr()[0])  # this step's LR (cptkit's schedule or a user DeepSpeed scheduler)
-        loss = optimizer_step(self.engine, data, spec.tcfg.micro_batch, spec.tcfg.grad_accum, spec.rank, spec.world)
+        loss = optimizer_step(self.engine, data, spec.tcfg.micro_batch, spec.tcfg.grad_accum, spec.rank, spec.world,
+                              self.distiller, pairs)
+        if self.distiller is not None:
+            self.info["distill_kl"] = self.distiller.take(spec.world)  # the term's own line in metrics.jsonl
         state.step += 1
         state.tokens += step_tokens
         self.w_now = w_now = mix_info.pop("weights_used")
@@ -198,16 +213,23 @@ def train(spec: RunSpec) -> dict:
     return {"losses": trainer.losses, **extra}
 
 
-def optimizer_step(engine: Engine, data: np.ndarray, micro: int, accum: int, rank: int, world: int) -> float:
-    """One optimizer step over ``accum`` micro-batches of this rank's rows; the loss averaged over
-    micro-batches and ranks."""
+def optimizer_step(engine: Engine, data: np.ndarray, micro: int, accum: int, rank: int, world: int,
+                   distill: Distiller | None = None, pairs: list[tuple[int, int]] | None = None) -> float:
+    """One optimizer step over ``accum`` micro-batches of this rank's rows; the loss (CE) averaged over
+    micro-batches and ranks. With ``distill`` (and the batch's (domain, sequence) ``pairs``) each
+    micro-batch's objective is CE + λ·KL on its selected tokens (:mod:`cptkit.training.distill`)."""
     step_loss = 0.0
     device = getattr(engine, "device", None) or next(engine.module.parameters()).device
     for j in range(accum):
         lo = (j * world + rank) * micro
         x = torch.from_numpy(data[lo:lo + micro]).to(device, non_blocking=True)
         outp = engine(input_ids=x, labels=x)
-        engine.backward(outp.loss)
+        objective = outp.loss
+        if distill is not None and pairs is not None:
+            kl = distill.term(outp.logits, x, pairs[lo:lo + micro])
+            if kl is not None:
+                objective = objective + distill.kl * kl
+        engine.backward(objective)
         engine.step()
         step_loss += float(outp.loss.detach().float()) / accum
     loss_t = torch.tensor([step_loss], dtype=torch.float64, device=device)  # NCCL reduces GPU tensors only

@@ -40,6 +40,24 @@ def build_model(mcfg: ModelConfig, tokenizer: Any, seq_len: int, trust_remote_co
     return model
 
 
+def build_teacher(spec: RunSpec, tokenizer: Any, path: str | None) -> Any:
+    """``train.distill``'s frozen teacher: the model at ``path``, or (None) the model this run starts from,
+    built again as the student was (the global RNG left as it was)."""
+    import torch  # deferred: the module is imported by steps that never train
+
+    conf = spec.conf
+    with torch.random.fork_rng(devices=[]):
+        if path:
+            model = load_pretrained(path, conf.trust_remote_code)
+        else:
+            model = build_model(conf.model, tokenizer, spec.seq_len, conf.trust_remote_code)
+    try:
+        check_vocab(model, spec.stream)
+    except CptkitError as e:
+        raise CptkitError(f"train.distill.teacher={path}: {e}") from None
+    return model
+
+
 def load_run_tokenizer(spec: RunSpec) -> Any:
     """``tokenizer`` (default: the stream's), refused when smaller than the stream's vocabulary."""
 
