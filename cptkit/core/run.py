@@ -29,6 +29,9 @@ LATER_KEYS: dict[str, Any] = {
     "train.weights_from": None,
     "train.branch_from": None,
     "train.callbacks": [],
+    "quality.plugins": [],  # score-quality, label-topics: backend plugins a classifier folder may name
+    "edu.plugins": [],
+    "topics.plugins": [],
 }
 
 
