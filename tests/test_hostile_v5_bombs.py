@@ -111,7 +111,8 @@ def dictionary_bomb(path: Path, rows: int = 400, mb: int = 2) -> Path:
 
 def test_a_parquet_dictionary_bomb_is_read_in_bounded_memory(tmp_path):
     """Case 13: 1.6 KB of Parquet decoded 400 rows x the dictionary's string in one batch (out of
-    memory); now a batch is sized from its dictionaries and decoded a bounded slice at a time."""
+    memory); now a row group's batch size comes from its dictionary pages' sizes (read from their
+    page headers): a batch decodes to about 32 MiB at most, whatever its rows repeat."""
     path = dictionary_bomb(tmp_path / "bomb.parquet")
     assert path.stat().st_size < 4000
     imports = "import cptkit.core.shards, pyarrow.parquet, pyarrow.compute, numpy"
@@ -122,7 +123,8 @@ def test_a_parquet_dictionary_bomb_is_read_in_bounded_memory(tmp_path):
     r = limited(READ, imports, args=(path, 1000, "truncate"))  # cut in the dictionary, before decoding
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout) == {"records": [[f"r{i}", 1000] for i in range(400)], "truncated": 400, "bad": 0}
-    # a row that decodes to more than a line may hold is refused before it is decoded
+    # a row that decodes to more than a line may hold is refused before it is decoded (a column that is
+    # a dictionary in the file's Arrow schema is read as one)
     with pytest.raises(BadInput, match=r"bomb.parquet:1: row decodes to 2,097,15\d bytes, over 77,536: its text is "
                                        r"over io.max_record_chars=1,000"):
         list(read_records(str(path), max_chars=1000))
@@ -139,5 +141,23 @@ def test_a_parquet_dictionary_bomb_is_one_line_and_leaves_nothing(tmp_path):
     r = limited(body, imports, headroom=512, args=(path, out))
     err = r.stderr.strip()
     assert r.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, r.stderr[-2000:]
-    assert "bomb.parquet:1: row decodes to" in err, err
+    assert "bomb.parquet:1: row decodes to 2,097,15" in err, err
     assert not out.exists()
+
+
+def test_a_dictionary_bomb_without_an_arrow_schema_is_read_in_bounded_memory(tmp_path):
+    """The same bomb written by another Parquet writer (no Arrow schema: the column reads back as plain
+    strings): the batch size read from its dictionary page header bounds what one batch decodes."""
+    import pyarrow.parquet as pq
+
+    path = dictionary_bomb(tmp_path / "plain.parquet")
+    t = pq.read_table(path, read_dictionary=["text"])
+    pq.write_table(t.replace_schema_metadata(None), path, compression="zstd", compression_level=22,
+                   store_schema=False)
+    assert path.stat().st_size < 4000 and pq.read_schema(path).field("text").type == "string"
+    imports = "import cptkit.core.shards, pyarrow.parquet, pyarrow.compute, numpy"
+    r = limited(READ, imports, headroom=384, args=(path, 5_000_000, "error"))  # 800 MB in one batch before
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["records"] == [[f"r{i}", 2 << 20] for i in range(400)]
+    with pytest.raises(BadInput, match=r"plain.parquet:1: record 'r0': text of 2,097,152 characters is over"):
+        list(read_records(str(path), max_chars=1000))

@@ -507,21 +507,51 @@ def _json_types(schema) -> bool:
 TABLE_PART_BYTES = 32 << 20  # decoded bytes of the rows of a Parquet/Arrow batch turned into records at once
 
 
-def _dictionary_columns(pf: Any) -> list[str]:
-    """The top-level string and binary columns of a Parquet file that some row group dictionary-encodes:
-    read as dictionaries (:func:`_table_rows` decodes them a bounded slice at a time), a value repeated
-    over many rows is held once instead of once per row (a 1.6 KB file can decode to gigabytes)."""
-    import pyarrow as pa
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    """A Thrift compact-protocol zigzag varint at ``data[i]``: (value, next index)."""
+    n = shift = 0
+    while True:
+        byte = data[i]
+        n |= (byte & 0x7F) << shift
+        i, shift = i + 1, shift + 7
+        if not byte & 0x80:
+            return (n >> 1) ^ -(n & 1), i
 
-    flat = {f.name for f in pf.schema_arrow if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
-            or pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)}
-    md, found = pf.metadata, set()
-    for g in range(md.num_row_groups):
-        for j in range(md.num_columns):
-            col = md.row_group(g).column(j)
-            if col.path_in_schema in flat and col.has_dictionary_page:
-                found.add(col.path_in_schema)
-    return sorted(found)
+
+def _dictionary_page_bytes(path: str, col: Any) -> int:
+    """The decoded size of a column chunk's dictionary page, read from its page header (Thrift:
+    field 1 the page type, 2 the uncompressed size): the longest value any row can take from it. A
+    header that cannot be read counts as the whole chunk's uncompressed size."""
+    offset = col.dictionary_page_offset or col.data_page_offset
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            head = f.read(32)
+        if head[0] != 0x15:  # field 1, i32
+            raise ValueError("no page type")
+        kind, i = _varint(head, 1)
+        if head[i] != 0x15:  # field 2, i32
+            raise ValueError("no page size")
+        size, _ = _varint(head, i + 1)
+        if kind == 2 and size >= 0:  # DICTIONARY_PAGE
+            return size
+    except (OSError, ValueError, IndexError):
+        pass
+    return max(int(col.total_uncompressed_size), 0)
+
+
+def _batch_rows(path: str, pf: Any, group: int) -> int:
+    """Rows per batch of a Parquet row group such that a batch decodes to at most about
+    :data:`TABLE_PART_BYTES` whatever its rows hold: a dictionary-encoded column can repeat its
+    longest value on every row (a 1.6 KB file can decode to gigabytes in one batch of 1,024)."""
+    rg = pf.metadata.row_group(group)
+    worst = 0  # bytes one row can take from the dictionaries
+    for j in range(rg.num_columns):
+        col = rg.column(j)
+        if col.has_dictionary_page:
+            per_row = max(1, col.num_values // max(rg.num_rows, 1))  # a list column's values per row
+            worst += _dictionary_page_bytes(path, col) * per_row
+    return max(1, min(1024, TABLE_PART_BYTES // worst)) if worst else 1024
 
 
 def _table_rows(batch: Any, max_chars: int, oversize: str, cap: int) -> Iterator[tuple[dict | None, int, bool]]:
@@ -583,10 +613,8 @@ def _read_table(inp: InputFile, skip_bad: bool, stats: ReadStats, validate_recor
         if inp.path.endswith(".parquet"):
             pf = pq.ParquetFile(inp.path)
             total = pf.metadata.num_rows
-            dicts = _dictionary_columns(pf)
-            if dicts:
-                pf = pq.ParquetFile(inp.path, read_dictionary=dicts)
-            batches = pf.iter_batches(batch_size=1024)
+            batches = (b for g in range(pf.metadata.num_row_groups)
+                       for b in pf.iter_batches(batch_size=_batch_rows(inp.path, pf, g), row_groups=[g]))
         else:
             total = 0
             src = pa.memory_map(inp.path)
