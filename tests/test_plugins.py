@@ -111,7 +111,8 @@ def test_a_training_callback_of_your_own_survives_resume(tmp_path, corpus_dir, c
 
 def test_a_classifier_backend_of_your_own_trains_saves_and_scores(tmp_path):
     """train.backend=word_votes:WordVotes (tests/fixtures/plugins/word_votes.py): score-quality-train
-    trains and saves it, and score-quality loads it back by the name its classifier.json records."""
+    trains and saves it, and score-quality loads it back by the name its classifier.json records, once
+    quality.plugins allows that plugin (a model folder alone never makes cptkit import a module)."""
     hq = [{"id": f"h{i}", "text": f"the theorem proof lemma number {i} follows"} for i in range(40)]
     lq = [{"id": f"l{i}", "text": f"click here buy cheap deal number {i} now"} for i in range(40)]
     for name, rows in (("hq", hq), ("lq", lq)):
@@ -126,7 +127,13 @@ def test_a_classifier_backend_of_your_own_trains_saves_and_scores(tmp_path):
     docs = tmp_path / "docs.jsonl"
     docs.write_text(json.dumps({"id": "d1", "text": "a lemma and its proof"}) + "\n"
                     + json.dumps({"id": "d2", "text": "buy now, cheap"}) + "\n")
+    # the folder names the plugin, but only the command line may allow importing it
     r = cptkit("score-quality", "--in", str(docs), "--out", str(tmp_path / "scored"), "-q", f"quality.model={model}")
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "quality.plugins=[word_votes:WordVotes]" in lines[0], r.stderr
+    assert not (tmp_path / "scored").exists()
+    r = cptkit("score-quality", "--in", str(docs), "--out", str(tmp_path / "scored"), "-q", f"quality.model={model}",
+               "quality.plugins=[word_votes:WordVotes]")
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(x) for p in sorted((tmp_path / "scored").glob("part-*")) for x in gzip.open(p, "rt")]
     assert rows[0]["quality"] > 0.5 > rows[1]["quality"]

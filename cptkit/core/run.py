@@ -32,6 +32,9 @@ LATER_KEYS: dict[str, Any] = {
     "train.distill": {"kl": 0.0, "on": "replay", "teacher": None},
     "mix.replay.source": "pool",
     "mix.replay.self": {"model": None, "docs": 256, "max_tokens": 256, "seed": 0, "topk": 0, "temperature": 1.0},
+    "quality.plugins": [],  # score-quality, label-topics: backend plugins a classifier folder may name
+    "edu.plugins": [],
+    "topics.plugins": [],
 }
 
 

@@ -271,17 +271,145 @@ def _accept(err: str | None, truncated: bool, name: str, line: int, stats: ReadS
     return False
 
 
-def _read_line(fh: IO[bytes], cap: int) -> tuple[bytes, bool]:
-    """One line, reading at most ``cap`` bytes of it into memory (0: no cap). (line, too_long)."""
+def _read_line(fh: IO[bytes], cap: int, drain: bool = True) -> tuple[bytes, bool]:
+    """One line, reading at most ``cap`` bytes of it into memory (0: no cap). (line, too_long);
+    a line over ``cap`` is drained (or, without ``drain``, its first ``cap + 1`` bytes returned
+    and the rest left to read)."""
     if not cap:
         return fh.readline(), False
     raw = fh.readline(cap + 1)
     if len(raw) <= cap or raw.endswith(b"\n"):
         return raw, False
-    while True:  # drain the rest of the line without keeping it
-        more = fh.readline(1 << 20)
+    if not drain:
+        return raw, True
+    _drain(fh)
+    return raw[:64], True
+
+
+def _drain(fh: IO[bytes]) -> None:
+    """Read the rest of the current line without keeping it."""
+    while True:
+        more = fh.readline(_CHUNK)
         if not more or more.endswith(b"\n"):
-            return raw[:64], True
+            return
+
+
+_CHUNK = 1 << 20  # bytes of a long line read at once
+_STRUCT = re.compile(rb'["{}\[\],]')  # outside strings: what the cutter follows
+_HALF_ESCAPE = re.compile(rb"\\(?:u[0-9a-fA-F]{0,3}|u[dD][89abAB][0-9a-fA-F]{2})?$")  # a cut \, \uXX, high surrogate
+_KEY_TEXT = b"text"
+
+
+def _backslashes_before(buf: bytes | bytearray, q: int, lo: int) -> int:
+    """How many backslashes end ``buf[lo:q]``."""
+    n = 0
+    while q - n > lo:
+        seg = buf[max(lo, q - n - 64):q - n]
+        k = len(seg) - len(seg.rstrip(b"\\"))
+        n += k
+        if k < len(seg) or not seg:
+            return n
+    return n
+
+
+def _whole_chars(text: bytearray) -> bytearray:
+    """``text`` (JSON string content cut anywhere) less a trailing half: a UTF-8 sequence, an escape,
+    or a high surrogate whose low half was cut off."""
+    for k in range(1, min(4, len(text)) + 1):  # a UTF-8 lead byte whose sequence was cut
+        b = text[-k]
+        if b < 0x80 or b >= 0xC0:
+            if b >= 0xC0 and k < (2 if b < 0xE0 else 3 if b < 0xF0 else 4):
+                del text[-k:]
+            break
+    while True:
+        m = _HALF_ESCAPE.search(text)
+        if m is None or _backslashes_before(text, m.start(), 0) % 2:  # none, or its backslash is escaped
+            return text
+        del text[m.start():]
+
+
+def _cut_line(head: bytes, fh: IO[bytes], max_chars: int, cap: int) -> bytes | None:
+    """A line longer than ``cap`` bytes, of which ``head`` was read, with its top-level ``"text"``
+    value cut to ``12 · max_chars + 12`` bytes (more than ``max_chars`` characters: a JSON character is
+    at most 12 bytes), reading the rest in chunks and keeping at most ``cap`` bytes: memory stays
+    bounded whatever the line's length. None (the line drained) when the other fields alone are over
+    ``cap`` bytes."""
+    keep = 12 * max_chars + 12
+    buf, i = head, 0
+    done = head.endswith(b"\n")
+    out = bytearray()
+    stack = bytearray()  # open { and [
+    key_next, key = False, bytearray()
+
+    def more() -> bool:
+        nonlocal buf, i, done
+        if done:
+            return False
+        chunk = fh.readline(_CHUNK)
+        done = not chunk or chunk.endswith(b"\n")
+        buf, i = buf[i:] + chunk, 0
+        return bool(chunk)
+
+    while True:
+        if len(out) > cap:
+            if not done:
+                _drain(fh)
+            return None
+        m = _STRUCT.search(buf, i)
+        if m is None:
+            out += buf[i:]
+            i = len(buf)
+            if not more():
+                return bytes(out)
+            continue
+        j = m.start()
+        out += buf[i:j + 1]
+        i = j + 1
+        c = buf[j]
+        if c in b"{[":
+            stack.append(c)
+            key_next = c == ord("{") and len(stack) == 1
+        elif c in b"}]":
+            del stack[-1:]
+        elif c == ord(","):
+            key_next = len(stack) == 1 and stack[0] == ord("{")
+        else:  # a string: to its closing quote
+            top = len(stack) == 1 and stack[0] == ord("{")
+            is_key = top and key_next
+            is_text = top and not key_next and bytes(key) == _KEY_TEXT
+            if is_key:
+                key.clear()
+            start, length = len(out), 0
+            while True:
+                q = buf.find(b'"', i)
+                while q != -1 and _backslashes_before(buf, q, i) % 2:  # an escaped quote
+                    q = buf.find(b'"', q + 1)
+                end = q if q != -1 else len(buf) - _backslashes_before(buf, len(buf), i) % 2
+                seg = buf[i:end]
+                if is_text:
+                    out += seg[:max(0, keep - length)]
+                else:
+                    out += seg
+                    if is_key and len(key) <= 64:
+                        key += seg[:65]
+                length += len(seg)
+                i = end
+                if q != -1 or len(out) > cap:
+                    break
+                if not more():
+                    return bytes(out)  # an unterminated string: malformed, as the parser will say
+            if is_text and length > keep:
+                out[start:] = _whole_chars(out[start:])
+            if q != -1:
+                out += b'"'
+                i = q + 1
+            if is_key:
+                key_next = False
+                if b"\\" in key:  # an escaped key ("\u0074ext"): compare what it means
+                    try:
+                        key = bytearray(json.loads(b'"' + key + b'"').encode())
+                    except ValueError:
+                        pass
 
 
 def read_records(
@@ -311,13 +439,18 @@ def read_records(
         return
     fh, counter = open_binary(inp.path)
     n_lines = 0
-    # JSON escapes make a line up to 12 bytes per character; past that it is too long for sure
-    cap = 12 * max_chars + 65536 if max_chars and oversize != "truncate" else 0
+    # JSON escapes make a line up to 12 bytes per character; past that it is too long for sure (truncate:
+    # its text is cut while it is read, in bounded chunks)
+    cap = 12 * max_chars + 65536 if max_chars else 0
+    cut = oversize == "truncate"
     try:
         lineno = 0
         while True:
             try:
-                raw, too_long = _read_line(fh, cap)
+                raw, too_long = _read_line(fh, cap, drain=not cut)
+                if too_long and cut:
+                    kept = _cut_line(raw, fh, max_chars, cap)
+                    raw, too_long = (kept, False) if kept is not None else (raw[:64], True)
             except (OSError, EOFError) as e:  # truncated gzip, corrupt zstd ...
                 raise BadInput(inp.name, lineno + 1, f"cannot decompress: {e}") from None
             if not raw:
@@ -326,8 +459,9 @@ def read_records(
             stats.bytes = counter.consumed
             if too_long:
                 n_lines += 1
-                err = f"line is over {cap:,} bytes, so its text is over io.max_record_chars={max_chars:,}"
-                _accept(err, False, inp.name, lineno, stats, skip_bad, oversize)  # skipped and counted, or raises
+                err = (f"line is over {cap:,} bytes even with its text cut to io.max_record_chars={max_chars:,}"
+                       if cut else f"line is over {cap:,} bytes, so its text is over io.max_record_chars={max_chars:,}")
+                _accept(err, False, inp.name, lineno, stats, skip_bad, "error" if cut else oversize)
                 continue
             if not raw.strip():
                 continue
@@ -372,17 +506,117 @@ def _json_types(schema) -> bool:
     return all(ok(f.type) for f in schema)
 
 
+TABLE_PART_BYTES = 32 << 20  # decoded bytes of the rows of a Parquet/Arrow batch turned into records at once
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    """A Thrift compact-protocol zigzag varint at ``data[i]``: (value, next index)."""
+    n = shift = 0
+    while True:
+        byte = data[i]
+        n |= (byte & 0x7F) << shift
+        i, shift = i + 1, shift + 7
+        if not byte & 0x80:
+            return (n >> 1) ^ -(n & 1), i
+
+
+def _dictionary_page_bytes(path: str, col: Any) -> int:
+    """The decoded size of a column chunk's dictionary page, read from its page header (Thrift:
+    field 1 the page type, 2 the uncompressed size): the longest value any row can take from it. A
+    header that cannot be read counts as the whole chunk's uncompressed size."""
+    offset = col.dictionary_page_offset or col.data_page_offset
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            head = f.read(32)
+        if head[0] != 0x15:  # field 1, i32
+            raise ValueError("no page type")
+        kind, i = _varint(head, 1)
+        if head[i] != 0x15:  # field 2, i32
+            raise ValueError("no page size")
+        size, _ = _varint(head, i + 1)
+        if kind == 2 and size >= 0:  # DICTIONARY_PAGE
+            return size
+    except (OSError, ValueError, IndexError):
+        pass
+    return max(int(col.total_uncompressed_size), 0)
+
+
+def _batch_rows(path: str, pf: Any, group: int) -> int:
+    """Rows per batch of a Parquet row group such that a batch decodes to at most about
+    :data:`TABLE_PART_BYTES` whatever its rows hold: a dictionary-encoded column can repeat its
+    longest value on every row (a 1.6 KB file can decode to gigabytes in one batch of 1,024)."""
+    rg = pf.metadata.row_group(group)
+    worst = 0  # bytes one row can take from the dictionaries
+    for j in range(rg.num_columns):
+        col = rg.column(j)
+        if col.has_dictionary_page:
+            per_row = max(1, col.num_values // max(rg.num_rows, 1))  # a list column's values per row
+            worst += _dictionary_page_bytes(path, col) * per_row
+    return max(1, min(1024, TABLE_PART_BYTES // worst)) if worst else 1024
+
+
+def _table_rows(batch: Any, max_chars: int, oversize: str, cap: int) -> Iterator[tuple[dict | None, int, bool]]:
+    """``(row, decoded bytes, text cut)`` for each row of an Arrow batch. Dictionary columns are sized
+    from their dictionaries first, then decoded at most :data:`TABLE_PART_BYTES` at a time (at least one
+    row); a row over ``cap`` decoded bytes is not decoded (``row`` None). ``oversize=truncate`` cuts
+    the ``text`` dictionary's values to ``max_chars`` before anything is decoded."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = batch.num_rows
+    sizes, cut = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+    cols, coded = [], []
+    for name, col in zip(batch.schema.names, batch.columns, strict=True):
+        if pa.types.is_dictionary(col.type):
+            values = col.dictionary
+            if (name == "text" and oversize == "truncate" and max_chars
+                    and (pa.types.is_string(values.type) or pa.types.is_large_string(values.type))):
+                long = pc.greater(pc.utf8_length(values), max_chars)
+                if pc.any(long).as_py():
+                    cut |= pc.fill_null(pc.take(long, col.indices), False).to_numpy(zero_copy_only=False)
+                    values = pc.utf8_slice_codeunits(values, 0, max_chars)
+                    col = pa.DictionaryArray.from_arrays(col.indices, values)
+            sizes += pc.fill_null(pc.take(pc.binary_length(values), col.indices), 0).to_numpy(zero_copy_only=False)
+            coded.append(len(cols))
+        cols.append(col)
+    i = 0
+    while i < n:
+        if cap and sizes[i] > cap:
+            yield None, int(sizes[i]), bool(cut[i])
+            i += 1
+            continue
+        j, total = i + 1, int(sizes[i])
+        while j < n and not (cap and sizes[j] > cap) and total + sizes[j] <= TABLE_PART_BYTES:
+            total += int(sizes[j])
+            j += 1
+        part = [c.slice(i, j - i) for c in cols]
+        part = [c.dictionary_decode() if k in coded else c for k, c in enumerate(part)]
+        rows = pa.RecordBatch.from_arrays(part, names=batch.schema.names)
+        decoded = rows.to_pylist()
+        if not _json_types(rows.schema):  # timestamps, bytes, decimals: as JSON would write them
+            decoded = [json.loads(json.dumps(r, ensure_ascii=False, default=str)) for r in decoded]
+        for k, row in enumerate(decoded):
+            yield row, int(sizes[i + k]), bool(cut[i + k])
+        i = j
+
+
 def _read_table(inp: InputFile, skip_bad: bool, stats: ReadStats, validate_records: bool, max_chars: int,
                 oversize: str, plain_ids: bool = False) -> Iterator[Record]:
-    """Records of a Parquet file or a ``save_to_disk`` Arrow file, row by row in batches."""
+    """Records of a Parquet file or a ``save_to_disk`` Arrow file, row by row in batches whose decoded
+    size is bounded (:func:`_table_rows`): a row that would decode to more than a JSON line may hold
+    (``12 · max_chars + 64 KiB`` bytes) is bad input, found before it is decoded."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    cap = 12 * max_chars + 65536 if max_chars else 0
     try:
         if inp.path.endswith(".parquet"):
             pf = pq.ParquetFile(inp.path)
             total = pf.metadata.num_rows
-            batches = pf.iter_batches(batch_size=1024)
+            batches = (b for g in range(pf.metadata.num_row_groups)
+                       for b in pf.iter_batches(batch_size=_batch_rows(inp.path, pf, g), row_groups=[g]))
         else:
             total = 0
             src = pa.memory_map(inp.path)
@@ -392,14 +626,17 @@ def _read_table(inp: InputFile, skip_bad: bool, stats: ReadStats, validate_recor
                 batches = iter(pa.ipc.open_file(src).to_batches())
         row = 0
         for batch in batches:
-            rows = batch.to_pylist()
-            if not _json_types(batch.schema):  # timestamps, bytes, decimals: as JSON would write them
-                rows = [json.loads(json.dumps(r, ensure_ascii=False, default=str)) for r in rows]
-            for obj in rows:
+            for obj, size, cut in _table_rows(batch, max_chars, oversize, cap):
                 row += 1
+                if obj is None:
+                    err = (f"row decodes to {size:,} bytes, over {cap:,}: "
+                           + ("its other fields are too long even with its text cut to" if cut or oversize == "truncate"
+                              else "its text is over") + f" io.max_record_chars={max_chars:,}")
+                    _accept(err, False, inp.name, row, stats, skip_bad, "error" if oversize == "truncate" else oversize)
+                    continue
                 err, truncated = (_check_record(obj, None, max_chars, oversize, plain_ids) if validate_records
                                   else (None, False))
-                if _accept(err, truncated, inp.name, row, stats, skip_bad, oversize):
+                if _accept(err, truncated or cut, inp.name, row, stats, skip_bad, oversize):
                     yield obj
             stats.bytes = inp.size * row // total if total else 0
     except (pa.ArrowException, OSError) as e:

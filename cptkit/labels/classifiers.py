@@ -16,6 +16,7 @@ and the backend's weights (``model.bin`` for fastText, ``hf/`` for transformers,
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -111,10 +112,11 @@ def save_classifier(result: TrainResult, directory: str | Path, params: TrainPar
     atomic_write_json(directory / CLASSIFIER_JSON, info)
 
 
-def load_classifier(directory: str | Path) -> ClassifierBackend:
+def load_classifier(directory: str | Path, plugins: Collection[str] = ()) -> ClassifierBackend:
     """Load a classifier directory written by :func:`save_classifier` (by the backend its
-    ``classifier.json`` names), or a bare fastText model file (:func:`load_fasttext_file`)."""
+    ``classifier.json`` names: a registered one, or one of ``plugins``, the backend plugins the
+    command line allows), or a bare fastText model file (:func:`load_fasttext_file`)."""
     directory = Path(directory)
     if directory.is_file():
         return load_fasttext_file(directory)
-    return load_directory(directory)
+    return load_directory(directory, plugins)

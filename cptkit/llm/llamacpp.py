@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cptkit.core.cache import entry
 from cptkit.core.errors import CptkitError
-from cptkit.core.fingerprint import cache_path, content_hash, remove_dead_tmps
+from cptkit.core.fingerprint import content_hash, remove_dead_tmps
 from cptkit.core.progress import log
 from cptkit.llm.base import (
     Completion,
@@ -141,7 +142,7 @@ def requantized(path: Path, qtype: str, threads: int) -> Path:
         raise CptkitError(f"llm.requantize={qtype}: must be one of {', '.join(REQUANTIZE)} (or null)")
     sha, _ = content_hash(path) or ("", 0)
     key = hashlib.sha256(f"{sha}\0{qtype}\0{llama_cpp.__version__}".encode()).hexdigest()[:16]
-    out = cache_path().parent / "gguf-requant" / f"{path.stem}.{qtype}-{key}.gguf"
+    out = entry("gguf-requant", f"{path.stem}.{qtype}-{key}.gguf")  # a link planted there is refused
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

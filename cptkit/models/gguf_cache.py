@@ -9,6 +9,11 @@ quantizer, the tokenizer, the generation config) to
 sha256 with the transformers version that converted it; later loads read that folder in about a
 second. The weights are the dequantized values themselves, so a model loads bit-identical either
 way. ``CPTKIT_GGUF_CACHE=0`` turns the cache off.
+
+An entry is sealed when written (:mod:`cptkit.core.cache`: every file's size and sha256, recorded
+last) and checked against that record on every use: a file cut short or changed since is damage,
+and the entry is converted again from the GGUF (one warning line) instead of failing to load with an
+error that blames the healthy GGUF. A link planted as the entry is refused.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from pathlib import Path
 
 import torch
 
+from cptkit.core.cache import check_or_seal, entry, seal
 from cptkit.core.errors import CptkitError
 from cptkit.core.fingerprint import cache as hash_cache
-from cptkit.core.fingerprint import cache_path, content_hash
+from cptkit.core.fingerprint import content_hash
+from cptkit.core.progress import log
 
 DONE = ".cptkit-converted"  # written last: a folder without it is an interrupted conversion
 
@@ -65,7 +72,7 @@ def cache_dir(gguf_path: Path) -> Path:
     sha, _ = content_hash(gguf_path) or ("", 0)
     hash_cache().save()
     key = hashlib.sha256(f"{sha}\0transformers {transformers.__version__}".encode()).hexdigest()[:16]
-    return cache_path().parent / "gguf" / f"{gguf_path.stem}-{key}"
+    return entry("gguf", f"{gguf_path.stem}-{key}")
 
 
 def converted(directory: str, gguf: str) -> str:
@@ -74,7 +81,11 @@ def converted(directory: str, gguf: str) -> str:
 
     dest = cache_dir(Path(directory) / gguf)
     if (dest / DONE).exists():
-        return str(dest)
+        why = check_or_seal(dest)
+        if why is None:
+            return str(dest)
+        log.warning("%s: damaged GGUF cache entry (%s): converting %s again", dest, why, gguf)
+        shutil.rmtree(dest, ignore_errors=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf, trust_remote_code=False)
@@ -83,6 +94,7 @@ def converted(directory: str, gguf: str) -> str:
     model.save_pretrained(str(tmp), safe_serialization=True)
     tokenizer.save_pretrained(str(tmp))
     (tmp / DONE).write_text(f"{Path(directory) / gguf}\n")
+    seal(tmp)  # last: the sizes and hashes every later use checks
     try:
         tmp.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, dest)
@@ -90,5 +102,7 @@ def converted(directory: str, gguf: str) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
         if not (dest / DONE).exists():
             raise
+        why = check_or_seal(dest)
+        if why is not None:
+            raise CptkitError(f"{dest}: damaged GGUF cache entry ({why}); remove it to convert {gguf} again") from None
     return str(dest)
-

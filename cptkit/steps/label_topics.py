@@ -33,6 +33,7 @@ class TopicsConfig:
     lang_field: str = "lang"
     redetect: bool = False  # detect the language even when the record has one
     batch_size: int = 512
+    plugins: list[str] = field(default_factory=list)  # backend plugins (package.module:Class) the models may name
 
 
 @dataclass
@@ -56,7 +57,7 @@ def load_models(conf: Any) -> dict[str, Any]:
     models = {}
     for lang in conf.topics.languages:
         if (root / lang / CLASSIFIER_JSON).exists():
-            clf = load_classifier(root / lang)
+            clf = load_classifier(root / lang, [str(p) for p in conf.topics.plugins])
             unknown = [lab for lab in clf.labels if lab not in taxes[lang].topics]
             if unknown:
                 raise CptkitError(f"{root / lang}: class {unknown[0]!r} is not in the {lang} taxonomy")

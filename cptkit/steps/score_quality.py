@@ -28,6 +28,7 @@ a different config, so a changed input that moves it never leaves stale shards b
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import heapq
 import math
@@ -55,8 +56,11 @@ class ScorerConfig:
     min_score: float | None = None  # drop records scoring below this (None: keep all)
     keep_fraction: float | None = None  # or: the min_score that keeps this fraction of a sample of the input
     positive: str | None = None  # quality only: the class whose probability is the score
+    plugins: list[str] = dataclasses.field(default_factory=list)  # backend plugins (package.module:Class) the model may name
 
     def __post_init__(self) -> None:
+        bad = [p for p in self.plugins if ":" not in str(p)]
+        check(not bad, "plugins", bad[:1], "a classifier backend plugin is named package.module:Class")
         f = self.keep_fraction
         check(f is None or 0 < f <= 1, "keep_fraction", f, "must be in (0, 1]")
         check(f is None or self.min_score is None, "keep_fraction", f, "set min_score or keep_fraction, not both")
@@ -118,7 +122,7 @@ class Scorer:
 
     def __init__(self, kind: str, cfg: ScorerConfig):
         self.kind, self.field, self.min_score = kind, cfg.field, cfg.min_score
-        self.clf = load_classifier(cfg.model)
+        self.clf = load_classifier(cfg.model, [str(p) for p in cfg.plugins])
         # a bare fastText file: its probability unrounded, compared as every other reader of the file does
         self.digits = None if getattr(self.clf, "raw", False) else 6
         labels = self.clf.labels

@@ -11,7 +11,9 @@ that no evaluation set uses, so that every arm starts from B0 and every Δ is ag
 B0 is built once and cached by content, as the dequantized GGUF is: the key is the sha256 of the
 base model's files, the stream's files, the train overrides and the library versions, under
 ``$CPTKIT_CACHE/b0/KEY`` (a ``cptkit train`` output, resumable until it finishes, then kept without its
-checkpoints); ``--link`` points at it. The levelling-off check reads the run's held-out curve: B0 *has
+checkpoints, then sealed: :mod:`cptkit.core.cache` records every file's size and sha256, and a cached
+B0 that no longer matches them, a ``model.safetensors`` cut short say, is trained again, one line
+saying why; a link planted as the entry is refused); ``--link`` points at it. The levelling-off check reads the run's held-out curve: B0 *has
 levelled off* when its rate of fall over the last third of its tokens, carried over one arm's tokens
 (``--horizon``), is under ``--flat`` nats per token: continuing B0 for as long as an arm trains would
 move its loss by less than that, half the claims' minimum effect by default. The curve, the criterion
@@ -24,14 +26,17 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from cptkit import __version__
+from cptkit.core.cache import check_or_seal, entry, seal
 from cptkit.core.errors import CptkitError, cli_main
-from cptkit.core.fingerprint import cache_path, content_hash
+from cptkit.core.fingerprint import content_hash
+from cptkit.core.output import is_finished
 from cptkit.core.records import read_jsonl
 from cptkit.core.shards import atomic_write_json
 from cptkit.training.metrics import eval_curves
@@ -81,13 +86,17 @@ def build(base: str, stream: Path, link: Path, overrides: list[str], flat: float
     from cptkit.models.lm import spec_file  # deferred: torch/transformers
 
     key = b0_key(spec_file(base) or base, stream, overrides)
-    out = cache_path().parent / "b0" / key
-    if not (out / "_SUCCESS").exists():
+    out = entry("b0", key)  # a link planted there is refused, never trained into
+    if is_finished(out) and (why := check_or_seal(out)) is not None:
+        print(f"B0 {key}: the cached {out} is damaged ({why}): training it again", file=sys.stderr)
+        shutil.rmtree(out)
+    if not is_finished(out):
         cmd = [sys.executable, "-m", "cptkit.cli", "train", "--in", str(stream), "--out", str(out),
                "model=hf", f"model.path={base}", *overrides, "train.keep_checkpoints=false"]
         print(f"B0 {key}: training into {out}", file=sys.stderr)
         if subprocess.run(cmd, check=False).returncode != 0:
             raise CptkitError(f"B0's training failed (rerun to resume): {' '.join(cmd)}")
+        seal(out)  # every file's size and sha256, checked by every later use
     else:
         print(f"B0 {key}: cached at {out}", file=sys.stderr)
     tokens, losses = curve(out, group)

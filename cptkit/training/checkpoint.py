@@ -96,8 +96,48 @@ def tag_step(tag: str) -> int:
 
 def write_latest(ckdir: Path, tag: str) -> None:
     tmp = ckdir / f".latest.tmp-{os.getpid()}"
-    tmp.write_text(tag)
-    os.replace(tmp, ckdir / "latest")
+    try:
+        tmp.write_text(tag)
+        os.replace(tmp, ckdir / "latest")
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class _Sink:
+    """The file ``torch.save`` writes through, keeping the ``OSError`` of a failed write: torch
+    reports a full disk as ``RuntimeError: ... unexpected pos``, which names no cause."""
+
+    def __init__(self, f: Any):
+        self.f, self.error = f, None
+
+    def write(self, b: Any) -> int:
+        try:
+            return self.f.write(b)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _torch_save(state: dict[str, Any], path: Path, name: Path) -> None:
+    """``torch.save(state, path)``; a write that fails (disk full, quota) is that ``OSError``, naming ``name``."""
+    with open(path, "wb") as f:
+        sink = _Sink(f)
+        try:
+            torch.save(state, sink)  # type: ignore[arg-type]
+        except RuntimeError:
+            if sink.error is None:
+                raise
+            raise OSError(sink.error.errno, sink.error.strerror, str(name)) from None
+
+
+def remove_tmps(ckdir: Path) -> None:
+    """Remove the temporary checkpoints and ``latest`` files of runs that died writing them (the
+    output's lock is held: no other writer is at work)."""
+    for t in ckdir.glob(".*.tmp-*"):
+        shutil.rmtree(t, ignore_errors=True) if t.is_dir() and not t.is_symlink() else t.unlink(missing_ok=True)
 
 
 def prune(ckdir: Path, keep_last: int) -> None:
@@ -114,10 +154,13 @@ def save_torch(ckdir: Path, tag: str, state: dict[str, Any]) -> Path:
     final = ckdir / tag
     tmp = ckdir / f".{tag}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    torch.save(state, tmp / TORCH_STATE)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    try:
+        tmp.mkdir(parents=True)
+        _torch_save(state, tmp / TORCH_STATE, final / TORCH_STATE)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed save leaves nothing behind
     write_latest(ckdir, tag)
     return final
 
@@ -238,6 +281,8 @@ def reopen_finished(out: Path, ckdir: Path, max_steps: int, resume: bool) -> boo
 
 def prepare_checkpoints(spec: RunSpec) -> bool:
     """Whether there is a checkpoint to resume from; refuses to mix a new run into an old one."""
+    if spec.rank == 0 and spec.ckdir.is_dir():
+        remove_tmps(spec.ckdir)  # of a run killed (or out of disk) while it saved
     has_ckpt = (spec.ckdir / "latest").exists()
     if has_ckpt and not spec.resume and spec.conf.io.overwrite:  # start over, as the error below suggests
         if spec.rank == 0:

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from cptkit.core.cache import entry
 from cptkit.core.config import CONF_DIR
 from cptkit.core.errors import CptkitError
 from cptkit.core.fingerprint import cache_path, content_hash
@@ -122,7 +123,7 @@ class InitEvalCache:
         ``max_docs`` per domain), or its saved result."""
         if self.dir is None:
             return compute()
-        f = self.dir / f"{self.key}-{max_docs or 0}.json"
+        f = entry("init_eval", f"{self.key}-{max_docs or 0}.json")  # a link planted there is refused
         try:
             res = json.loads(f.read_text())
             log.info("held-out losses of the untrained model: reused %s", f)

@@ -1,11 +1,17 @@
 """The classifier backend interface and its registry: what every backend implements, how a run's
 backend (``train.backend``: a registered name or ``package.module:Class``) is trained, and how a
-classifier directory is loaded back by the backend named in its ``classifier.json``."""
+classifier directory is loaded back by the backend named in its ``classifier.json``.
+
+A classifier folder is data: the backend its ``classifier.json`` names must be a registered one,
+or a plugin that the command line or config allows (``quality.plugins``, ``topics.plugins``); a
+folder never makes cptkit import a module of its choosing."""
 
 from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Collection
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,14 +77,35 @@ def train_backend(name: str, ex: Examples, params: TrainParams, seed: int, progr
     return clf
 
 
-def load_directory(directory: Path) -> ClassifierBackend:
-    """The classifier saved in ``directory``, loaded by the backend its ``classifier.json`` names."""
+_PLUGINS: ContextVar[frozenset[str]] = ContextVar("classifier_plugins", default=frozenset())
+
+
+def load_directory(directory: Path, plugins: Collection[str] | None = None) -> ClassifierBackend:
+    """The classifier saved in ``directory``, loaded by the backend its ``classifier.json`` names: a
+    registered one, or a plugin (``package.module:Class``) listed in ``plugins`` (what the command
+    line or config allows; None: what the enclosing load allowed, for an ensemble's members)."""
     meta = directory / CLASSIFIER_JSON
     if not meta.exists():
         raise CptkitError(f"{directory}: not a classifier (no {CLASSIFIER_JSON}); train one with "
                           "cptkit score-quality-train or cptkit label-topics-train")
-    info = json.loads(meta.read_text())
-    backend = BACKENDS.find(info["backend"])
-    if backend is None and ":" not in info["backend"]:
-        raise CptkitError(f"{meta}: unknown backend {info['backend']!r}")
-    return (backend or BACKENDS.get(info["backend"])).load(directory, info)
+    try:
+        info = json.loads(meta.read_text())
+    except (OSError, ValueError) as e:
+        raise CptkitError(f"{meta}: cannot read: {e}") from None
+    name = info.get("backend") if isinstance(info, dict) else None
+    if not isinstance(name, str):
+        raise CptkitError(f"{meta}: names no backend (a string 'backend' is missing)")
+    allowed = _PLUGINS.get() if plugins is None else frozenset(plugins)
+    backend = BACKENDS.find(name)
+    if backend is None:
+        if name not in allowed:
+            known = ", ".join(BACKENDS.names())
+            hint = ("; a model folder cannot choose code to import: allow that plugin on the command line "
+                    f"(quality.plugins=[{name}], edu.plugins or topics.plugins)" if ":" in name else "")
+            raise CptkitError(f"{meta}: backend {name[:200]!r} is not a registered one ({known}){hint}")
+        backend = BACKENDS.get(name)
+    token = _PLUGINS.set(allowed)
+    try:
+        return backend.load(directory, info)
+    finally:
+        _PLUGINS.reset(token)
