@@ -324,3 +324,20 @@ def test_only_the_cli_has_a_program_entry_point():
     mains = [p.relative_to(PKG.parent).as_posix() for p in files()
              if '\nif __name__ == "__main__":' in p.read_text(encoding="utf-8")]
     assert mains == ["cptkit/__main__.py", "cptkit/cli.py"]
+
+
+def test_tests_read_outputs_through_one_module():
+    """A test reads a step's shards, records and manifest with tests/outputs.py: no test spells the
+    shard names in a glob of its own or defines its own copy of a reader."""
+    import outputs
+
+    tests = sorted(p for p in (ROOT / "tests").glob("*.py") if p.name != "outputs.py")
+    mine = {n for n in vars(outputs) if callable(vars(outputs)[n]) and not n[0].isupper()} - {"Path", "Any"}
+    bad = []
+    for p in tests:
+        text = p.read_text(encoding="utf-8")
+        bad += [f"{p.name}:{n}: globs the shard names" for n, line in enumerate(text.splitlines(), 1)
+                if re.search(r"""glob\(\s*f?["']part-""", line)]
+        bad += [f"{p.name}:{node.lineno}: defines {node.name} (tests/outputs.py has it)"
+                for node in ast.parse(text).body if isinstance(node, ast.FunctionDef) and node.name in mine]
+    assert not bad, "\n".join(bad)
