@@ -124,7 +124,7 @@ $(DATA)/deduped/_SUCCESS: $(DATA)/retrieved/_SUCCESS
 QUALITY_ARGS ?= train.max_per_class=10000 train.tune.max_examples=1000
 $(DATA)/models/quality/_SUCCESS: $(CORPUS_DEP)
 	$(CPTKIT) score-quality-train --positives $(POSITIVES) --negatives $(NEGATIVES) --out $(@D) $(QUALITY_ARGS)
-	@$(BIN)/python -m cptkit.steps.score_quality_train $(@D)
+	@$(CPTKIT) score-quality-train-report $(@D)
 
 # (the classifier first: with -j2, Make starts prerequisites left to right, and the classifier ->
 # annotate -> topic classifier chain is the demo's longest)
@@ -139,7 +139,7 @@ $(DATA)/models/topics/_SUCCESS: $(DATA)/topic_labels/_SUCCESS
 
 $(DATA)/labelled/_SUCCESS: $(DATA)/scored/_SUCCESS $(DATA)/models/topics/_SUCCESS
 	$(CPTKIT) label-topics --in $(DATA)/scored --out $(@D) topics.model=$(DATA)/models/topics
-	@echo "topic distribution of $(@D):" && $(BIN)/python -m cptkit.steps.label_topics $(@D)
+	@echo "topic distribution of $(@D):" && $(CPTKIT) label-topics-report $(@D)
 
 $(DATA)/champ.jsonl: | $(VENV)/.installed
 	@mkdir -p $(@D) && $(BIN)/python examples/champ_problems.py $@
@@ -251,23 +251,23 @@ $(B0_TEXT)/_SUCCESS: | $(VENV)/.installed
 $(OUTSIDE)/_SUCCESS: | $(VENV)/.installed
 	$(CPTKIT) demo-corpus --out $(@D) 'corpus.sources=[anarchism]' -q
 $(XP)/b0_split/_SUCCESS: $(B0_TEXT)/_SUCCESS
-	$(BIN)/python -m cptkit.training.base_text split --in $(B0_TEXT) --out $(@D) --heldout $(B0_HELDOUT) \
+	$(CPTKIT) base-text split --in $(B0_TEXT) --out $(@D) --heldout $(B0_HELDOUT) \
 	    --replay $(B0_REPLAY) --seed 0
 $(XP)/b0_stream/_SUCCESS: $(XP)/b0_split/_SUCCESS
 	$(CPTKIT) build-mix --in $(XP)/b0_split/train --out $(@D) $(B0_MIX) tokenizer=$(TOKENIZER) seed=0 -q
 $(XP)/b0.json: $(XP)/b0_stream/_SUCCESS
-	$(BIN)/python -m cptkit.training.b0 --base $(BASE_MODEL) --stream $(<D) --link $(XP)/b0 \
+	$(CPTKIT) b0 --base $(BASE_MODEL) --stream $(<D) --link $(XP)/b0 \
 	    --horizon $(ARM_TOKENS) --flat $(B0_FLAT) -- $(B0_ARGS) -q
 # the probe and the held-out base text, drawn per seed (their sampling is in the seed variance);
 # probe.jsonl (seed 0) is the v1 design's fixed probe, which make reproduce reads
 $(XP)/probe.jsonl: $(XP)/b0.json
-	$(BIN)/python -m cptkit.eval.probe --model $(B0) --out $@ --docs $(PROBE_DOCS) --tokens $(PROBE_TOKENS) \
+	$(CPTKIT) probe --model $(B0) --out $@ --docs $(PROBE_DOCS) --tokens $(PROBE_TOKENS) \
 	    --seed 0 --threads 2
 $(XP)/probe_s%.jsonl: $(XP)/b0.json
-	$(BIN)/python -m cptkit.eval.probe --model $(B0) --out $@ --docs $(XP_PROBE_DOCS) --tokens $(PROBE_TOKENS) \
+	$(CPTKIT) probe --model $(B0) --out $@ --docs $(XP_PROBE_DOCS) --tokens $(PROBE_TOKENS) \
 	    --seed $* --threads 2
 $(XP)/heldout_s%/_SUCCESS: $(XP)/b0_split/_SUCCESS
-	$(BIN)/python -m cptkit.training.base_text sample --in $(XP)/b0_split/heldout --out $(@D) \
+	$(CPTKIT) base-text sample --in $(XP)/b0_split/heldout --out $(@D) \
 	    --docs $(HELDOUT_DOCS) --seed $*
 
 $(XP)/stream_r0_s%/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) | $(VENV)/.installed
@@ -340,7 +340,7 @@ $(XP)/contamination/_SUCCESS: $(DATA)/labelled/_SUCCESS $(CORPUS_DEP) $(XP)/b0_s
 comma       := ,
 csv          = $(subst $(eval) ,$(comma),$(strip $(1)))
 xp_evals     = $(foreach s,$(2),$(XP)/eval/$(1)_s$(s))
-xp_report    = $(BIN)/python -m cptkit.training.report b0=$(call csv,$(call xp_evals,b0,$(1))) \
+xp_report    = $(CPTKIT) cpt-report b0=$(call csv,$(call xp_evals,b0,$(1))) \
                $(foreach a,$(ARMS),$(a)=$(call csv,$(call xp_evals,$(a),$(1)))) \
                --shipped $(XP)/eval/shipped_s$(firstword $(1)) --claims $(CPT_CLAIMS) --task=$(CPT_TASK) \
                --scale '$(CPT_SCALE)' --contamination $(XP)/contamination --out $@ --curves $(basename $@)-curves.png \
@@ -402,7 +402,7 @@ demo:
 
 .PHONY: base-model
 base-model: | $(VENV)/.installed  # a GGUF is dequantized once into $$CPTKIT_CACHE/gguf (cptkit/models/gguf_cache.py)
-	@$(BIN)/python -m cptkit.models.convert $(BASE_MODEL) > /dev/null
+	@$(CPTKIT) convert-model $(BASE_MODEL) > /dev/null
 
 .SECONDARY:  # keep every intermediate _SUCCESS: finished members are never redone nor deleted
 .PHONY: cpt-experiment

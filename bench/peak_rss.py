@@ -1,6 +1,6 @@
 """Peak memory of every cptkit step on one huge record (issue #22 §3, "Bounded memory on any record").
 
-Each step is run through the real CLI (``python -m cptkit.cli STEP ...``) in a fresh child
+Each step is run through the real CLI (the ``cptkit STEP ...`` command line) in a fresh child
 process, once per record size:
 
 * ``small``    - a normal record (one Python documentation page, about 4,000 characters): the baseline;

@@ -8,10 +8,12 @@ and runs the step (:func:`cptkit.core.discovery.execute`). With ``-m`` the same 
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sys
 from typing import Annotated, Any
 
+import click
 import typer
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -36,8 +38,50 @@ class StepCommand(TyperCommand):
         formatter.write("\n" + config_help(self.name))
 
 
+# The commands that run a module's own ``main(argv)``: name -> (module, one-line help). The module's
+# argparse parses the words after the name (its ``--help`` too), as before; nothing is imported
+# until the command runs.
+MODULE_COMMANDS: dict[str, tuple[str, str]] = {
+    "convert-model": ("cptkit.models.convert", "Make a model spec loadable now (a GGUF dequantized once) and print its folder."),
+    "expansion-arms": ("cptkit.eval.expansion_arms", "Claim expansion's query sets: keyword seeds, then round 0, round 1 and RM3 queries per topic."),
+    "retrieval-relevance": ("cptkit.eval.retrieval_relevance", "Precision and recall of retrieve outputs against relevance labels (writes DIR/_relevance.json)."),
+    "score-quality-train-report": ("cptkit.steps.score_quality_train", "Print a score-quality-train output's held-out accuracy, macro-F1 and AUC."),
+    "label-topics-report": ("cptkit.steps.label_topics", "Print the topic distribution of a label-topics output (from its manifest)."),
+    "qa-heldout": ("cptkit.eval.qa_heldout", "Claim synthetic_share's answers group: solutions of QA pairs from held-out seed problems."),
+    "pairs": ("cptkit.eval.pairs", "Held-out clean/corrupted sentence pairs from domain text, for margin (split, make)."),
+    "base-text": ("cptkit.training.base_text", "B0's re-adaptation text in disjoint parts (split), and per-seed samples of a part (sample)."),
+    "b0": ("cptkit.training.b0", "Build B0, the re-adapted base (cached by content), until its held-out loss levels off."),
+    "probe": ("cptkit.eval.probe", "The forgetting probe: texts a model samples itself, as a JSONL file."),
+    "build-tasks": ("cptkit.eval.build_tasks", "Build cptkit's own benchmark tasks' data (gcide_defs, wordnet_defs, champ_math, ...)."),
+    "margin": ("cptkit.eval.margin", "The preference margin: log p(clean) - log p(corrupted) of held-out sentence pairs."),
+    "cpt-report": ("cptkit.training.report", "The CPT result table: every arm against B0 per seed, and the pre-registered claims."),
+    "reproduce-report": ("cptkit.eval.reproduce", "The papers' claims against sweep outputs: tables, plots and verdicts as markdown."),
+}
+
 # The place of the commands that are not steps among the steps' declared ``order``s.
-COMMAND_ORDER = {"evaluate-compare": 165}
+COMMAND_ORDER = {"convert-model": 12, "expansion-arms": 25, "retrieval-relevance": 45,
+                 "score-quality-train-report": 61, "label-topics-report": 101, "qa-heldout": 115,
+                 "pairs": 121, "base-text": 127, "b0": 142, "probe": 146, "build-tasks": 148,
+                 "margin": 155, "evaluate-compare": 165, "cpt-report": 166, "reproduce-report": 170}
+
+
+class ModuleCommand(click.Command):
+    """A command that hands every word after its name, unparsed, to its module's ``main(argv)``
+    (the module's own argparse: arguments, ``--help`` and exit codes as they were)."""
+
+    def __init__(self, name: str, module: str, help: str) -> None:
+        super().__init__(name, help=help, short_help=help, add_help_option=False)
+        self.module = module
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["argv"] = list(args)
+        return []
+
+    def invoke(self, ctx: click.Context) -> None:
+        main = importlib.import_module(self.module).main
+        rc = main(ctx.meta["argv"])
+        if rc:
+            raise typer.Exit(rc)
 
 
 class Commands(TyperGroup):
@@ -46,12 +90,14 @@ class Commands(TyperGroup):
     step)."""
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
-        names = set(super().list_commands(ctx)) | set(step_names())
+        names = set(super().list_commands(ctx)) | set(step_names()) | set(MODULE_COMMANDS)
         return ordered(sorted(names), COMMAND_ORDER)
 
     def get_command(self, ctx: typer.Context, cmd_name: str) -> Any | None:
         cmd = super().get_command(ctx, cmd_name)
-        if cmd is None and cmd_name in step_names():
+        if cmd is None and cmd_name in MODULE_COMMANDS:
+            cmd = ModuleCommand(cmd_name, *MODULE_COMMANDS[cmd_name])
+        elif cmd is None and cmd_name in step_names():
             cmd = step_command(cmd_name)
         return cmd
 
@@ -60,6 +106,8 @@ class Commands(TyperGroup):
         for name in self.list_commands(ctx):
             if name in steps:
                 rows.append((name, step_help(name)))
+            elif name in MODULE_COMMANDS:
+                rows.append((name, MODULE_COMMANDS[name][1]))
             elif (cmd := super().get_command(ctx, name)) is not None and not cmd.hidden:
                 rows.append((name, " ".join((cmd.short_help or cmd.help or "").split())))
         with formatter.section("Commands"):

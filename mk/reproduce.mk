@@ -154,7 +154,7 @@ REPRO_V2_CPU := $(V2E_RELEVANCE) $(V2_SMALL_MEMBERS) $(V2_CORRUPTION) $(V2_REPLA
 # The readings under the verdicts (conf/reproduce/readings.yaml) are written after a run, apart from the
 # claims, each keyed by the numbers it read: the report shows one only beside those numbers.
 REPRO_READINGS ?= conf/reproduce/readings.yaml
-REPRO_REPORT  = $(BIN)/python -m cptkit.eval.reproduce conf/reproduce/claims.yaml --root $(REPRO) --outputs $(V2) \
+REPRO_REPORT  = $(CPTKIT) reproduce-report conf/reproduce/claims.yaml --root $(REPRO) --outputs $(V2) \
                 --out docs/reproductions.md --preamble conf/reproduce/preamble.md \
                 $(if $(wildcard $(REPRO_READINGS)),--readings $(REPRO_READINGS))
 reproduce: $(REPRO_V2_CPU) conf/reproduce/claims.yaml conf/reproduce/preamble.md
@@ -163,5 +163,5 @@ reproduce-report: | $(VENV)/.installed
 	$(REPRO_REPORT) --partial
 
 reproduce-v1: $(EXP)/_SUCCESS $(addprefix $(R)/,$(REPRO_SWEEPS)) conf/reproduce/claims_v1.yaml conf/reproduce/preamble_v1.md
-	$(BIN)/python -m cptkit.eval.reproduce conf/reproduce/claims_v1.yaml --root $(REPRO) --out docs/reproductions_v1.md \
+	$(CPTKIT) reproduce-report conf/reproduce/claims_v1.yaml --root $(REPRO) --out docs/reproductions_v1.md \
 	    --preamble conf/reproduce/preamble_v1.md

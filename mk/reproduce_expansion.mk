@@ -58,7 +58,7 @@ $(EXP)/retrieved/%/_SUCCESS: $(EXP)/queries/%/_SUCCESS $(EXP_CORPUS_DEP) | $(DAT
 
 # Precision and recall of every member (the corpus is read once for all of them).
 $(EXP_RELEVANCE) &: $(EXP_RETRIEVED) $(EXP_LABELS)
-	$(BIN)/python -m cptkit.eval.retrieval_relevance $(foreach m,$(EXP_MEMBERS),--retrieved $(EXP)/retrieved/$(m)) \
+	$(CPTKIT) retrieval-relevance $(foreach m,$(EXP_MEMBERS),--retrieved $(EXP)/retrieved/$(m)) \
 	    --corpus $(CORPUS) --labels $(EXP_LABELS) --budget $(EXP_BUDGET)
 
 $(EXP)/_SUCCESS: $(EXP_RELEVANCE)

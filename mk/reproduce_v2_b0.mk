@@ -60,13 +60,13 @@ V2C              := $(V2)/corruption_work
 
 define v2_corruption_seed
 $(V2C)/split_s$(1)/_split.json: $(DATA)/labelled/_SUCCESS | $(VENV)/.installed
-	$(BIN)/python -m cptkit.eval.pairs split --in $(DATA)/labelled --out $$(@D) --seed $(1) \
+	$(CPTKIT) pairs split --in $(DATA)/labelled --out $$(@D) --seed $(1) \
 	    --heldout-docs $(V2_HELDOUT_DOCS) --train-chars $$(V2_TRAIN_CHARS)
 $(V2C)/heldout_c_s$(1)/_SUCCESS: $(V2C)/split_s$(1)/_split.json
 	$(CPTKIT) corrupt --in $(V2C)/split_s$(1)/heldout.jsonl --out $$(@D) corrupt.ratio=$(V2_PAIR_RATIO) corrupt.seed=$(1) \
 	    $(V2_CORRUPT_ARGS) -q
 $(V2C)/pairs_s$(1).jsonl: $(V2C)/heldout_c_s$(1)/_SUCCESS
-	$(BIN)/python -m cptkit.eval.pairs make --clean $(V2C)/split_s$(1)/heldout.jsonl --corrupted $$(<D) \
+	$(CPTKIT) pairs make --clean $(V2C)/split_s$(1)/heldout.jsonl --corrupted $$(<D) \
 	    --out $$@ --n $(V2_PAIRS) --seed $(1)
 endef
 
@@ -81,7 +81,7 @@ $(V2C)/runs/c$(1)_s$(2)/_SUCCESS: $(V2C)/stream_c$(1)_s$(2)/_SUCCESS $(XP)/b0.js
 	$(TRAIN) --in $$(<D) --out $$(@D) seed=$(2) train.max_steps=$(V2_CORRUPT_STEPS) train.mixture=staged \
 	    $(V2_TRAIN_OFF) -q
 $(V2)/corruption/c$(1)_s$(2)/_SUCCESS: $(V2C)/runs/c$(1)_s$(2)/_SUCCESS $(V2C)/pairs_s$(2).jsonl
-	$(BIN)/python -m cptkit.eval.margin --model $(V2C)/runs/c$(1)_s$(2)/model --pairs $(V2C)/pairs_s$(2).jsonl \
+	$(CPTKIT) margin --model $(V2C)/runs/c$(1)_s$(2)/model --pairs $(V2C)/pairs_s$(2).jsonl \
 	    --out $$(@D) --meta ratio=$(1) --meta seed=$(2) $(V2_MARGIN_ARGS)
 endef
 
@@ -159,7 +159,7 @@ v2_syn_weights   = $(if $(filter real0.2,$(1)),{domain:0.84$(comma)zh:0.16},$(sh
 
 define v2_synthetic_seed
 $(V2S)/split_s$(1)/_split.json: $(DATA)/champ.jsonl | $(VENV)/.installed
-	$(BIN)/python -m cptkit.eval.pairs split --in $(DATA)/champ.jsonl --out $$(@D) --seed $(1) --lang '' --require '' \
+	$(CPTKIT) pairs split --in $(DATA)/champ.jsonl --out $$(@D) --seed $(1) --lang '' --require '' \
 	    --heldout-docs $(V2_SYN_HELDOUT) --train-chars 0
 $(V2S)/qa_s$(1)/_SUCCESS: $(V2S)/split_s$(1)/_split.json
 	$(CPTKIT) synthesize-qa --in $(V2S)/split_s$(1)/train.jsonl --out $$(@D) $(V2_SYN_ARGS) \
@@ -168,7 +168,7 @@ $(V2S)/qa_heldout_s$(1)/_SUCCESS: $(V2S)/split_s$(1)/_split.json
 	$(CPTKIT) synthesize-qa --in $(V2S)/split_s$(1)/heldout.jsonl --out $$(@D) $(V2_SYN_ARGS) \
 	    synth.code.num_problems=$(V2_SYN_EVAL_QA) seed=$(1) $(LLM) -q
 $(V2S)/answers_s$(1).jsonl: $(V2S)/qa_heldout_s$(1)/_SUCCESS
-	$(BIN)/python -m cptkit.eval.qa_heldout --in $$(<D) --out $$@
+	$(CPTKIT) qa-heldout --in $$(<D) --out $$@
 endef
 
 define v2_synthetic_member
@@ -196,4 +196,4 @@ reproduce-v2-b0: $(V2)/b0.md
 	@cat $<
 # the report of every claim whose members exist (the others: "not run yet"); Holm over the primaries measured
 $(V2)/b0.md: $(V2_CORRUPTION) $(V2_REPLAY) conf/reproduce/claims.yaml
-	$(BIN)/python -m cptkit.eval.reproduce conf/reproduce/claims.yaml --root $(REPRO) --out $@ --partial
+	$(CPTKIT) reproduce-report conf/reproduce/claims.yaml --root $(REPRO) --out $@ --partial

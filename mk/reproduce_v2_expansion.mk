@@ -42,14 +42,14 @@ V2E_RELEVANCE := $(V2E_MEMBERS:%=$(V2E)/%/_relevance.json)
 reproduce-expansion-v2: $(REPRO)/v2/report_expansion.md
 
 $(V2W)/seeds.jsonl: $(V2E_TOPICS) | $(VENV)/.installed
-	$(BIN)/python -m cptkit.eval.expansion_arms seeds --topics $< --out $@
+	$(CPTKIT) expansion-arms seeds --topics $< --out $@
 
 $(V2W)/round1/_SUCCESS: $(V2W)/seeds.jsonl
 	$(CPTKIT) expand-queries --in $< --out $(@D) $(V2E_ARGS) seed=$(V2E_SEED) llm.seed=$(V2E_SEED) \
 	    llm.cache_dir=$(V2W)/_llm_cache -q
 
 $(V2W)/queries/_SUCCESS: $(V2W)/round1/_SUCCESS $(V2E_TOPICS) | $(DATA)/index/index.json
-	$(BIN)/python -m cptkit.eval.expansion_arms queries --topics $(V2E_TOPICS) --round1 $(V2W)/round1 \
+	$(CPTKIT) expansion-arms queries --topics $(V2E_TOPICS) --round1 $(V2W)/round1 \
 	    --index $(DATA)/index --out $(@D) $(V2E_RM3)
 
 $(V2E)/method$(v2e_eq)%/_SUCCESS: $(V2W)/queries/_SUCCESS $(EXP_CORPUS_DEP) | $(DATA)/index/index.json
@@ -58,8 +58,8 @@ $(V2E)/method$(v2e_eq)%/_SUCCESS: $(V2W)/queries/_SUCCESS $(EXP_CORPUS_DEP) | $(
 
 # Recall at the budget of every member against its keyword's relevant set (the corpus is read once).
 $(V2E_RELEVANCE) &: $(V2E_RETRIEVED) $(V2E_TOPICS)
-	$(BIN)/python -m cptkit.eval.retrieval_relevance --corpus $(CORPUS) --topics $(V2E_TOPICS) --budget $(V2E_BUDGET) \
+	$(CPTKIT) retrieval-relevance --corpus $(CORPUS) --topics $(V2E_TOPICS) --budget $(V2E_BUDGET) \
 	    $(foreach m,$(V2E_MEMBERS),--retrieved '$(V2E)/$(m)' --topic $(lastword $(subst $(v2e_eq), ,$(m))))
 
 $(REPRO)/v2/report_expansion.md: $(V2E_RELEVANCE) conf/reproduce/claims.yaml
-	$(BIN)/python -m cptkit.eval.reproduce conf/reproduce/claims.yaml --root $(REPRO) --out $@ --partial
+	$(CPTKIT) reproduce-report conf/reproduce/claims.yaml --root $(REPRO) --out $@ --partial

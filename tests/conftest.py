@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from outputs import read_jsonl_dir  # noqa: F401 - the tests' output reader (tests/outputs.py), as conftest named it
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS_SLICE = 150
@@ -61,13 +62,6 @@ def write_jsonl(path: str | Path, records) -> Path:
         data = gzip.compress(data, mtime=0)
     path.write_bytes(data)
     return path
-
-
-def read_jsonl_dir(directory: str | Path) -> list[dict]:
-    """All records of a step's output directory, in shard order."""
-    from cptkit.core.shards import read_records, resolve_inputs
-
-    return [r for inp in resolve_inputs(str(directory)) for r in read_records(inp)]
 
 
 def _corpus_key(limit: int) -> str:

@@ -9,13 +9,13 @@ commands, plus one nvidia-smi / rocm-smi item whose target cannot run here), not
 
 from __future__ import annotations
 
-import gzip
 import json
 import socket
 import uuid
 from pathlib import Path
 
 import pytest
+from outputs import records
 from typer.testing import CliRunner
 
 from cptkit.cli import app
@@ -184,7 +184,7 @@ def test_evaluate_end_to_end_with_a_tiny_model_and_the_suite_table(tmp_path):
             lo = -1.0 if k.endswith("_sim") else 0.0
             assert lo <= m[k] <= 1.0 and isinstance(m[f"{k}_stderr"], float), (name, k, m)
         assert "n_executable" in e["note"] and e["data"]["test"].endswith(f"cmdgen/{name[7:]}/test.jsonl")
-    recs = [json.loads(x) for f in sorted(out.glob("part-*.jsonl.gz")) for x in gzip.open(f, "rt")]
+    recs = records(out)
     nv = [x for x in recs if x["task"] == "cmdgen_nvidia"]
     assert len(nv) == 6 and nv[5]["target_status"] == "failed" and nv[5]["sr"] is None
     assert all(x["target_status"] == "ok" for x in nv[:5]) and nv[0]["target_output"] == "hello"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import gzip
-import json
 import re
 from pathlib import Path
 
 import pytest
 from conftest import CORPUS_SLICE, read_jsonl_dir
+from outputs import read_manifest, shard_paths
 from typer.testing import CliRunner
 
 from cptkit.cli import app
@@ -85,7 +85,7 @@ def test_slice_min_lengths(corpus_records):
 def test_shards_load_with_datasets(corpus_dir):
     import datasets
 
-    files = sorted(str(p) for p in corpus_dir.glob("part-*.jsonl.gz"))
+    files = [str(p) for p in shard_paths(corpus_dir, ".jsonl.gz")]
     assert len(files) == 6
     ds = datasets.load_dataset("json", data_files=files, split="train")
     assert ds.num_rows == 6 * CORPUS_SLICE
@@ -225,10 +225,10 @@ def test_step_resume_determinism_and_cli(tmp_path):
     out1, out2 = tmp_path / "a", tmp_path / "b"
     res = runner.invoke(app, ["demo-corpus", "--out", str(out1), "-q", *args])
     assert res.exit_code == 0, res.output
-    manifest = json.loads((out1 / "_manifest.json").read_text())
+    manifest = read_manifest(out1)
     assert manifest["extra"]["docs fortunes-zh"] == 40 and manifest["extra"]["docs debian-reference-zh"] == 40
     # task names follow the fixed source order, whatever the configured order
-    assert sorted(p.name for p in out1.glob("part-*")) == ["part-00004-0000.jsonl.gz", "part-00005-0000.jsonl.gz"]
+    assert [p.name for p in shard_paths(out1)] == ["part-00004-0000.jsonl.gz", "part-00005-0000.jsonl.gz"]
     from cptkit.steps.demo_corpus import run
 
     # kill-and-resume: drop one task's marker and shard; the rerun redoes only that task

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import random
@@ -14,6 +13,7 @@ import pytest
 from classify_realtext import python_docs
 from conftest import read_jsonl_dir as read_out
 from conftest import write_jsonl
+from outputs import shard_paths, shard_text
 
 from cptkit.core.config import compose_step
 from cptkit.core.errors import CptkitError
@@ -219,12 +219,12 @@ def test_same_output_in_other_processes(qa_dir, tmp_path):
         r = subprocess.run([sys.executable, "-m", "cptkit.cli", "corrupt", "--in", str(qa_dir), "--out", str(out),
                             "-q", "corrupt.ratio=0.5", "corrupt.seed=7"], env=env, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-        outs.append([gzip.open(f).read() for f in sorted(out.glob("part-*.jsonl.gz"))])
+        outs.append([shard_text(f) for f in shard_paths(out, ".jsonl.gz")])
     assert outs[0] == outs[1]
     # and in this process too
     corrupt.run(compose_step("corrupt", [f"io.inputs=[{qa_dir}]", f"io.output={tmp_path / 'here'}",
                                          "corrupt.ratio=0.5", "corrupt.seed=7", "quiet=true"]))
-    assert [gzip.open(f).read() for f in sorted((tmp_path / "here").glob("part-*.jsonl.gz"))] == outs[0]
+    assert [shard_text(f) for f in shard_paths(tmp_path / "here", ".jsonl.gz")] == outs[0]
     # another seed changes it
     assert rng_for(7, "x").random() != rng_for(8, "x").random()
 

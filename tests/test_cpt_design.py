@@ -151,7 +151,7 @@ def test_cpt_design_at_toy_size_through_make(corpus_records, tmp_path):
     else:
         assert table.count("Holm over 4") == 4 and "not testable here" not in table
     # B0 is cached by content: a second experiment dir links the same B0 without training it again
-    r2 = subprocess.run([sys.executable, "-m", "cptkit.training.b0", "--base", str(model), "--stream",
+    r2 = subprocess.run([sys.executable, "-m", "cptkit.cli", "b0", "--base", str(model), "--stream",
                          str(xp / "b0_stream"), "--link", str(tmp_path / "again"), "--",
                          *b0["overrides"]], cwd=ROOT, env=env, capture_output=True, text=True)
     assert r2.returncode == 0 and "cached at" in r2.stderr, r2.stderr[-2000:]
@@ -187,7 +187,7 @@ def test_base_text_cli_writes_three_parts_and_refuses_repeated_ids(tmp_path):
     inp = tmp_path / "b0_text"
     _marked(inp, _recs(300))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = [sys.executable, "-m", "cptkit.training.base_text"]
+    run = [sys.executable, "-m", "cptkit.cli", "base-text"]
     r = subprocess.run([*run, "split", "--in", str(inp), "--out", str(tmp_path / "split")], env=env,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -357,11 +357,11 @@ def test_v3_plan_every_arm_its_stream_tokens_curves_and_evaluation(tmp_path):
         for k in ("r0", "tm", "gen"):
             assert _arg(streams[f"stream_{k}_s{s}"], "mix.replay.share") == "0"
     # B0 trains on the split's train part only; the measure and the replay source are the other two
-    assert any(f"base_text split --in {tmp_path}/data/b0_text --out {xp}/b0_split" in c for c in plan)
+    assert any(f"cptkit base-text split --in {tmp_path}/data/b0_text --out {xp}/b0_split" in c for c in plan)
     assert f"--in {xp}/b0_split/train " in streams["b0_stream"]
-    samples = [c for c in plan if "base_text sample" in c]
+    samples = [c for c in plan if "cptkit base-text sample" in c]
     assert len(samples) == 5 and all(f"--in {xp}/b0_split/heldout " in c for c in samples)
-    probes = sorted(int(c.split("--seed ")[1].split()[0]) for c in plan if "cptkit.eval.probe" in c)
+    probes = sorted(int(c.split("--seed ")[1].split()[0]) for c in plan if "cptkit probe " in c)
     assert probes == list(seeds)
     # merge-back of each seed's no-replay model at three alphas; no training
     merges = [c for c in plan if " merge --base " in c]
@@ -379,7 +379,7 @@ def test_v3_plan_every_arm_its_stream_tokens_curves_and_evaluation(tmp_path):
             c = evals[f"{m}_s{s}"]
             assert f"--in {xp}/heldout_s{s} --in {xp}/probe_s{s}.jsonl" in c and _arg(c, "eval.sample_seed") == str(s)
     assert any("evaluate-contamination" in c and f"--in {xp}/b0_split/train" in c for c in plan)
-    report = next(c for c in plan if "cptkit.training.report" in c)
+    report = next(c for c in plan if "cptkit cpt-report " in c)
     assert "--claims conf/cpt/claims_v3.yaml" in report and f"--pareto {xp}/cpt-pareto.png" in report
     assert "10240 tokens per arm" in report and all(f" {m}=" in report for m in models[1:])
-    assert [c for c in _plan(tmp_path, "forgetting-remedies") if "cptkit.training.report" in c] == [report]
+    assert [c for c in _plan(tmp_path, "forgetting-remedies") if "cptkit cpt-report " in c] == [report]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import read_jsonl_dir, write_jsonl
+from outputs import read_manifest, shard_paths
 
 from cptkit.core.config import compose_step
 from cptkit.core.errors import CptkitError
@@ -92,7 +93,7 @@ def result(planted, tmp_path_factory) -> dict:
     summary = dedup(planted["dir"], out)
     return {"out": out, "summary": summary, "removed": removed_of(out),
             "kept": [r["id"] for r in read_jsonl_dir(out)],
-            "manifest": json.loads((out / "_manifest.json").read_text())}
+            "manifest": read_manifest(out)}
 
 
 def test_planted_near_duplicates_found(planted, result):
@@ -173,7 +174,7 @@ def test_signature_cache_is_reused(planted, result, tmp_path):
     stamps = {p.name: p.stat().st_mtime_ns for p in state.glob("sig-*.npy")}
     assert len(stamps) == NSHARDS
     # drop everything after phase 1: the rerun must reuse the signatures and give the same output
-    for p in [*out.glob("part-*"), *out.glob("_*"), state / "clusters.npz", *(state / "done").iterdir()]:
+    for p in [*shard_paths(out), *out.glob("_*"), state / "clusters.npz", *(state / "done").iterdir()]:
         p.unlink()
     dedup(planted["dir"], out)
     assert {p.name: p.stat().st_mtime_ns for p in state.glob("sig-*.npy")} == stamps
@@ -184,7 +185,7 @@ def test_outputs_load_with_datasets(result, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     import datasets
 
-    files = sorted(str(p) for p in result["out"].glob("part-*.jsonl.gz"))
+    files = [str(p) for p in shard_paths(result["out"], ".jsonl.gz")]
     ds = datasets.load_dataset("json", data_files=files, split="train", cache_dir=str(tmp_path))
     assert ds.num_rows == len(result["kept"]) and ds["id"] == result["kept"]
     rm = datasets.load_dataset("json", data_files=str(result["out"] / "_removed.jsonl"), split="train",
@@ -196,7 +197,7 @@ def test_outputs_load_with_datasets(result, tmp_path, monkeypatch):
 def test_estimate_verification_and_explicit_banding(planted, result, tmp_path):
     out = tmp_path / "est"
     dedup(planted["dir"], out, "dedup.verify=estimate", "dedup.bands=16", "dedup.rows=8")
-    m = json.loads((out / "_manifest.json").read_text())["extra"]
+    m = read_manifest(out)["extra"]
     assert (m["bands"], m["rows"]) == (16, 8) and m["verify"].startswith("estimate")
     assert m["p_candidate_at_threshold"] == pytest.approx(0.9470, abs=1e-4)
     removed = removed_of(out)
@@ -257,7 +258,7 @@ def test_two_workers_give_the_same_bytes(planted, result, tmp_path):
     assert names == sorted(p.name for p in out.iterdir() if p.is_file() and p.name != "_manifest.json")
     for n in names:
         assert (out / n).read_bytes() == (result["out"] / n).read_bytes(), n
-    m = json.loads((out / "_manifest.json").read_text())
+    m = read_manifest(out)
     assert m["counts"] == result["manifest"]["counts"] and m["config_hash"] == result["manifest"]["config_hash"]
     assert m["files"] == result["manifest"]["files"]
     assert summary["records_in"] == result["summary"]["records_in"]

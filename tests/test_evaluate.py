@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from outputs import read_jsonl_dir
 from typer.testing import CliRunner
 
 from cptkit.cli import app
@@ -75,12 +76,6 @@ def heldout(tmp_path_factory, texts) -> Path:
             lic = "gpl" if "GPL" in t else "other"
             f.write(json.dumps({"id": f"doc{i}", "text": t, "license": lic}) + "\n")
     return d
-
-
-def read_jsonl_dir(directory: Path) -> list[dict]:
-    from cptkit.core.shards import read_records, resolve_inputs
-
-    return [r for inp in resolve_inputs(str(directory)) for r in read_records(inp)]
 
 
 # --- cptkit.models.scoring ---------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import signal
@@ -13,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from outputs import read_manifest, records
 
 from cptkit.core.config import compose_step
 from cptkit.core.errors import CptkitError
@@ -103,10 +103,6 @@ def _overrides(seeds: Path, out: Path, cache: Path | None, *extra: str) -> list[
             "expand.clean.min_alpha_ratio=0.5", "expand.clean.min_words=2", *extra]
 
 
-def _records(out: Path) -> list[dict]:
-    return [json.loads(line) for f in sorted(out.glob("part-*.jsonl.gz")) for line in gzip.open(f, "rt")]
-
-
 @pytest.fixture(scope="module")
 def seeds_file(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("seeds") / "seeds.jsonl"
@@ -118,7 +114,7 @@ def test_expand_rounds_provenance_and_counts(seeds_file, tmp_path):
     out = tmp_path / "q"
     res = run(compose_step("expand-queries", _overrides(seeds_file, out, tmp_path / "c", "expand.rounds=2",
                                                         "expand.questions_per_seed=2")))
-    recs = _records(out)
+    recs = records(out)
     st = json.loads((out / "_expand_stats.json").read_text())
     by_id = {r["id"]: r for r in recs}
     assert len(by_id) == len(recs)
@@ -163,13 +159,13 @@ def test_expand_rounds_provenance_and_counts(seeds_file, tmp_path):
     assert sum(st["dropped"].values()) + n_q + st["kept"]["answer"] + st["kept"]["thought"] == n_q_req + 2 * n_q
     assert st["llm"]["requests"] == n_q_req + n_q and st["llm"]["completion_tokens"] > 0
     assert res["llm"]["generated"] == st["llm"]["requests"]
-    manifest = json.loads((out / "_manifest.json").read_text())
+    manifest = read_manifest(out)
     assert manifest["extra"]["llm requests"] == st["llm"]["requests"] and manifest["extra"]["rounds"] == 2
     # a rerun into a new directory is served from the cache and writes the same queries
     out2 = tmp_path / "q2"
     res2 = run(compose_step("expand-queries", _overrides(seeds_file, out2, tmp_path / "c", "expand.rounds=2",
                                                          "expand.questions_per_seed=2")))
-    assert _records(out2) == recs
+    assert records(out2) == recs
     assert res2["llm"]["cache_hits"] == res2["llm"]["requests"] and res2["llm"]["generated"] == 0
 
 
@@ -178,13 +174,13 @@ def test_zero_rounds_are_the_seeds_alone(seeds_file, tmp_path):
     out = tmp_path / "q0"
     res = run(compose_step("expand-queries", [f"io.inputs=[{seeds_file}]", f"io.output={out}", "quiet=true",
                                               "expand.rounds=0", "llm.model=/nonexistent/model"]))
-    recs = _records(out)
+    recs = records(out)
     assert [(r["id"], r["text"], r["kind"], r["round"], r["parent"]) for r in recs] == \
         [(s["id"], s["text"], "seed", 0, None) for s in SEEDS]
     st = json.loads((out / "_expand_stats.json").read_text())
     assert st["rounds"] == 0 and st["per_round"] == [] and st["generator"] is None and st["llm"] is None
     assert st["kept"] == {"seed": 3, "question": 0, "answer": 0, "thought": 0} and res["kept"]["seed"] == 3
-    extra = json.loads((out / "_manifest.json").read_text())["extra"]
+    extra = read_manifest(out)["extra"]
     assert extra == {"rounds": 0, "seeds": 3, "questions": 0, "answers": 0, "thoughts": 0}
 
 
@@ -231,7 +227,7 @@ def test_kill_and_resume_gives_identical_output(seeds_file, tmp_path):
     assert not (out / "_SUCCESS").exists()
     res = run(compose_step("expand-queries", _overrides(seeds_file, out, cache, *extra)))
     assert res["llm"]["cache_hits"] >= 6 and res["llm"]["generated"] > 0
-    assert _records(out) == _records(ref)
+    assert records(out) == records(ref)
 
 
 @pytest.mark.slow
@@ -245,7 +241,7 @@ def test_expand_with_embedded_smollm2(seeds_file, tmp_path, smollm2):
                                         "expand.keyword_prompt.max_new_tokens=40",
                                         "expand.thought_prompt.max_new_tokens=48"]))
     st = json.loads((out / "_expand_stats.json").read_text())
-    recs = _records(out)
+    recs = records(out)
     assert st["per_round"][0]["question_requests"] == 2 and st["llm"]["requests"] == 2 + st["kept"]["question"]
     assert st["kept"]["question"] + sum(v for k, v in st["dropped"].items() if k != "no_thought") >= 2
     assert st["generator"]["backend"] == "llamacpp"

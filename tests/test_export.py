@@ -185,10 +185,10 @@ def test_gguf_cache_loads_bit_identical_and_follows_the_file(trained, tmp_path, 
     f16.replace(q)  # the same path, other weights: a new cache entry, never the stale one
     assert lm.resolve_loadable(str(q))[0] != str(entry)
     assert len(list((tmp_path / "cache" / "gguf").iterdir())) == 2
-    # `python -m cptkit.models.convert SPEC` (make demo's base-model): converts, prints the folder
-    r = subprocess.run([sys.executable, "-m", "cptkit.models.convert", str(q)], capture_output=True, text=True,
+    # `cptkit convert-model SPEC` (make demo's base-model): converts, prints the folder
+    r = subprocess.run([sys.executable, "-m", "cptkit.cli", "convert-model", str(q)], capture_output=True, text=True,
                        env={**os.environ, "CPTKIT_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 0 and r.stdout.strip() == lm.resolve_loadable(str(q))[0], r.stderr[-500:]
-    r = subprocess.run([sys.executable, "-m", "cptkit.models.convert", str(tmp_path / "none.gguf")],
+    r = subprocess.run([sys.executable, "-m", "cptkit.cli", "convert-model", str(tmp_path / "none.gguf")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1

@@ -145,9 +145,9 @@ def test_a_key_the_server_puts_into_a_completion_is_masked_in_the_records(api, t
 
 
 def test_a_url_given_as_a_path_is_masked_in_a_module_error(tmp_path):
-    """A ``python -m`` entry point (cptkit.core.errors.cli_main) reports as the CLI does, secrets masked,
+    """A module command (``cptkit margin``: cptkit.core.errors.cli_main) reports as the CLI does, secrets masked,
     also after pathlib has folded the URL's ``//`` into ``/`` (``https:/user:pw@host``)."""
-    r = subprocess.run([sys.executable, "-m", "cptkit.eval.margin", "--model", str(tmp_path / "none"),
+    r = subprocess.run([sys.executable, "-m", "cptkit.cli", "margin", "--model", str(tmp_path / "none"),
                         "--pairs", "https://user:hunter2@example.invalid/p.jsonl", "--out", str(tmp_path / "m.json")],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and "p.jsonl: no such file" in r.stderr, r.stderr

@@ -4,7 +4,6 @@ input cannot reach is refused with its numbers, leaving nothing in the output.""
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import write_jsonl
+from outputs import records
 
 from cptkit.text.fasttext_model import FastTextFileError, check_fasttext_file, fasttext_layout
 from cptkit.text.langid import model_path
@@ -139,7 +139,7 @@ def test_genuine_models_still_load(examples, quality_model, tmp_path):
     r = run_cli(["label-topics", "--in", tmp_path / "nolang", "--out", tmp_path / "labelled", "-q",
                  f"topics.model={root}", "topics.languages=[en]"], timeout=120)
     assert r.returncode == 0, r.stderr
-    rows = [json.loads(x) for f in sorted((tmp_path / "labelled").glob("part-*.jsonl.gz")) for x in gzip.open(f, "rt")]
+    rows = records(tmp_path / "labelled")
     assert [row["lang"] for row in rows] == ["en"] * 3 and all(row["topic"] for row in rows)
 
 

@@ -5,6 +5,7 @@ the CLI; a step imports another step only when it is that step's sibling command
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "cptkit"
@@ -262,3 +263,81 @@ def test_the_deferred_import_check_catches_an_unexplained_one(tmp_path):
                  "    from cptkit.core.shards import (\n        resolve_inputs,\n    )\n"
                  "    def g():\n        import cptkit.eval.stats\n        from . import sibling  # deferred:\n")
     assert unexplained_in_function_imports(f) == [8, 12, 13]
+
+
+ROOT = PKG.parent
+# Where the commands a user or a Makefile runs are written down.
+COMMAND_FILES = ("Makefile", "mk/*.mk", "README.md", "docs/*.md", "bench/gpu/*.sh")
+# A module run as a program: ``python -m cptkit.X`` / ``$(BIN)/python -m cptkit`` / ``${PYTHON:-python3} -m
+# cptkit``. Launchers that need a module (``torchrun -m cptkit.cli``, ``deepspeed --module``) are not programs.
+MODULE_RUN = re.compile(r"(python[0-9.]*|\$\{PYTHON[^}]*\})\s+-m\s+cptkit\b")
+# The one allowed: the line that writes a ``cptkit`` wrapper script (bench/gpu/lease.sh, no venv there).
+WRAPPER = re.compile(r">\s*\S*/bin/cptkit\b")
+
+
+def module_runs(path: Path) -> list[str]:
+    """``file:line: text`` of each line of ``path`` that runs a cptkit module with ``python -m``."""
+    return [f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{n}: {line.strip()}"
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            if MODULE_RUN.search(line) and not WRAPPER.search(line)]
+
+
+def test_every_command_in_make_docs_and_scripts_is_a_cptkit_subcommand():
+    """No ``python -m cptkit...`` in the Makefile, mk/, the README, docs/ or bench/gpu/: each command is
+    ``cptkit NAME`` (``$(CPTKIT) NAME`` in make), listed in ``cptkit --help``."""
+    paths = [p for pattern in COMMAND_FILES for p in sorted(ROOT.glob(pattern))]
+    assert len(paths) > 20
+    bad = [hit for p in paths for hit in module_runs(p)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_module_run_check_finds_a_planted_one(tmp_path):
+    f = tmp_path / "x.mk"
+    f.write_text("a:\n\t$(CPTKIT) probe --out $@\nb:\n\t$(BIN)/python -m cptkit.eval.probe --out $@\n"
+                 "c:\n\t${PYTHON:-python3} -m cptkit.eval.reproduce x\nd:\n\tpython -m cptkit train\n"
+                 "printf 'exec python3 -m cptkit \"$@\"' >/tmp/v/bin/cptkit\n"
+                 "torchrun --nproc_per_node 8 -m cptkit.cli train\n")
+    assert [h.split(":")[1] for h in module_runs(f)] == ["4", "6", "8"]
+
+
+def test_every_cptkit_word_in_make_is_a_command():
+    """``$(CPTKIT) NAME`` in the Makefile and mk/ names a command of ``cptkit --help``."""
+    import click
+    import typer
+
+    from cptkit.cli import app
+
+    group = typer.main.get_group(app)
+    names = set(group.list_commands(click.Context(group)))
+    used = {(p.name, m) for p in [ROOT / "Makefile", *sorted(ROOT.glob("mk/*.mk"))]
+            for m in re.findall(r"\$\(CPTKIT\) ([a-z][a-z0-9-]*)", p.read_text(encoding="utf-8"))}
+    assert {"probe", "margin", "b0", "cpt-report", "reproduce-report"} <= {m for _, m in used}
+    assert not [u for u in used if u[1] not in names | PENDING]
+
+
+PENDING = {"merge"}  # the remedies of issue 51 (tests/test_cpt_design.py: _remedies_merged), on their own branch
+
+
+def test_only_the_cli_has_a_program_entry_point():
+    """A module of its own ``if __name__ == "__main__"`` is a command outside ``cptkit --help``: only
+    the CLI (cli.py, __main__.py) has one; a module's ``main(argv)`` is a ``cptkit`` subcommand."""
+    mains = [p.relative_to(PKG.parent).as_posix() for p in files()
+             if '\nif __name__ == "__main__":' in p.read_text(encoding="utf-8")]
+    assert mains == ["cptkit/__main__.py", "cptkit/cli.py"]
+
+
+def test_tests_read_outputs_through_one_module():
+    """A test reads a step's shards, records and manifest with tests/outputs.py: no test spells the
+    shard names in a glob of its own or defines its own copy of a reader."""
+    import outputs
+
+    tests = sorted(p for p in (ROOT / "tests").glob("*.py") if p.name != "outputs.py")
+    mine = {n for n in vars(outputs) if callable(vars(outputs)[n]) and not n[0].isupper()} - {"Path", "Any"}
+    bad = []
+    for p in tests:
+        text = p.read_text(encoding="utf-8")
+        bad += [f"{p.name}:{n}: globs the shard names" for n, line in enumerate(text.splitlines(), 1)
+                if re.search(r"""glob\(\s*f?["']part-""", line)]
+        bad += [f"{p.name}:{node.lineno}: defines {node.name} (tests/outputs.py has it)"
+                for node in ast.parse(text).body if isinstance(node, ast.FunctionDef) and node.name in mine]
+    assert not bad, "\n".join(bad)

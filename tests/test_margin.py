@@ -68,7 +68,7 @@ def test_margin_command_writes_a_member_the_aggregator_reads(tmp_path):
                                      "corrupted": f"There are {i + 3} files in the archive.", "types": ["number"]}) + "\n"
                          for i in range(4)))
     out = tmp_path / "v2" / "corruption" / "c0.3_s1"
-    cmd = [sys.executable, "-m", "cptkit.eval.margin", "--model", str(d), "--pairs", str(p), "--out", str(out)]
+    cmd = [sys.executable, "-m", "cptkit.cli", "margin", "--model", str(d), "--pairs", str(p), "--out", str(out)]
     r = subprocess.run([*cmd, "--meta", "ratio=0.3", "--meta", "seed=1", "--threads", "1"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     res = json.loads((out / "_margin.json").read_text())
@@ -80,7 +80,7 @@ def test_margin_command_writes_a_member_the_aggregator_reads(tmp_path):
     # a pair that is no pair, and a seed label the model's own run contradicts, are refused
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"id": "x", "clean": "Same text here.", "corrupted": "Same text here."}) + "\n")
-    r = subprocess.run([sys.executable, "-m", "cptkit.eval.margin", "--model", str(d), "--pairs", str(bad),
+    r = subprocess.run([sys.executable, "-m", "cptkit.cli", "margin", "--model", str(d), "--pairs", str(bad),
                         "--out", str(tmp_path / "o")], capture_output=True, text=True)
     assert r.returncode == 2 and "the same text" in r.stderr
     run_dir = tmp_path / "run"

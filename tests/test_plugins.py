@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import subprocess
@@ -10,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from outputs import records
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = ROOT / "tests" / "fixtures" / "plugins"
@@ -28,7 +28,7 @@ def test_an_llm_backend_of_your_own_runs_a_step(tmp_path):
     r = cptkit("expand-queries", "--in", str(seeds), "--out", str(out), "llm.backend=echo_backend:EchoGenerator",
                "llm.cache=false", "expand.rounds=1", "expand.questions_per_seed=1", "-q")
     assert r.returncode == 0, r.stderr
-    recs = [json.loads(x) for p in sorted(out.glob("part-*")) for x in gzip.open(p, "rt")]
+    recs = records(out, "")
     questions = [x for x in recs if x["kind"] == "question"]
     assert questions and questions[0]["text"].startswith("Echo of the prompt: Suppose you are a question creator")
     assert questions[0]["meta"]["generator"]["backend"] == "echo"
@@ -135,7 +135,7 @@ def test_a_classifier_backend_of_your_own_trains_saves_and_scores(tmp_path):
     r = cptkit("score-quality", "--in", str(docs), "--out", str(tmp_path / "scored"), "-q", f"quality.model={model}",
                "quality.plugins=[word_votes:WordVotes]")
     assert r.returncode == 0, r.stderr[-2000:]
-    rows = [json.loads(x) for p in sorted((tmp_path / "scored").glob("part-*")) for x in gzip.open(p, "rt")]
+    rows = records(tmp_path / "scored", "")
     assert rows[0]["quality"] > 0.5 > rows[1]["quality"]
     r = cptkit("score-quality-train", "--positives", str(tmp_path / "hq.jsonl"), "--negatives",
                str(tmp_path / "lq.jsonl"), "--out", str(tmp_path / "bad"), "-q", "train.backend=word_votes:Counter")

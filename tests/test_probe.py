@@ -36,7 +36,7 @@ def test_probe_is_seeded_and_follows_its_writer(tmp_path):
 def test_probe_command_writes_records_and_refuses_bad_sizes(tmp_path):
     d, _, _ = make_tiny(tmp_path / "m")
     out = tmp_path / "probe.jsonl"
-    cmd = [sys.executable, "-m", "cptkit.eval.probe", "--model", str(d), "--out", str(out), "--tokens", "8"]
+    cmd = [sys.executable, "-m", "cptkit.cli", "probe", "--model", str(d), "--out", str(out), "--tokens", "8"]
     r = subprocess.run([*cmd, "--docs", "5"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(x) for x in out.read_text().splitlines()]

@@ -116,7 +116,7 @@ def test_readme_examples_run_as_written(tmp_path: Path, corpus_dir: Path, smollm
     # the whole demo graph is sound (a dry run); then only what the README's commands read is made: the
     # other three arms, their evaluations and the table run in tests/test_cpt_design.py (same recipes)
     dry = subprocess.run([*make, "-n", "pipeline"], capture_output=True, text=True, timeout=120)
-    assert dry.returncode == 0 and "cptkit.training.report" in dry.stdout, dry.stdout[-3000:] + dry.stderr[-3000:]
+    assert dry.returncode == 0 and "cptkit cpt-report " in dry.stdout, dry.stdout[-3000:] + dry.stderr[-3000:]
     r = subprocess.run([*make, *(f"{data}/{t}/_SUCCESS" for t in README_INPUTS)], capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import read_jsonl_dir, write_jsonl
 from mixdata import build_stream, make_tokenizer
+from outputs import read_jsonl, read_manifest
 
 from cptkit.core.config import compose_step
 from cptkit.core.errors import CptkitError
@@ -25,10 +26,6 @@ def train(stream: Path, out: Path, *overrides: str) -> dict:
     from cptkit.steps.train import run
 
     return run(compose_step("train", [f"io.inputs=['{stream}']", f"io.output='{out}'", *COMMON, *overrides]))
-
-
-def jsonl(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 def sequence_stages(metrics: list[dict]) -> list[tuple[int, int, str, dict[str, int]]]:
@@ -136,7 +133,7 @@ def test_upsampling_tail_is_followed_by_default(corpus_dir, tok, tmp_path):
     assert [(x["name"], x["start"], x["end"]) for x in s["stages"]] == [("main", 0, 140), ("tail", 140, 200)]
     out = tmp_path / "run"
     train(tmp_path / "stream", out, "train.lr=1e-3", "train.warmup=2")  # default settings: 25 steps of 8
-    m = jsonl(out / "metrics.jsonl")
+    m = read_jsonl(out / "metrics.jsonl")
     assert len(m) == 25
     segs = sequence_stages(m)
     assert segs[-1][1] == 200
@@ -149,7 +146,7 @@ def test_upsampling_tail_is_followed_by_default(corpus_dir, tok, tmp_path):
     # step 18 (sequences 136..143) straddles the boundary: 4 + 4
     assert [(x["stage"], sum(x["counts"].values())) for x in m[17]["draws"]] == [("main", 4), ("tail", 4)]
     assert m[-1]["weights"] == {"web": 0.0, "domain": 0.5, "zh": 0.5}
-    events = [(w["step"], w["stage"]) for w in jsonl(out / "weights.jsonl") if w.get("event") == "stage"]
+    events = [(w["step"], w["stage"]) for w in read_jsonl(out / "weights.jsonl") if w.get("event") == "stage"]
     assert events == [(17, "tail")]
 
 
@@ -163,10 +160,10 @@ def test_shipped_upsample_tail_recipe_scaled_to_a_short_run(corpus_dir, tok, tmp
     out = tmp_path / "run"
     train(tmp_path / "stream", out, "recipe=upsample_tail", "train.max_steps=20", "train.lr=1e-3", "train.warmup=2")
     # the paper's training setup (Table 1, §2): LionW, inverse-sqrt LR with a cooldown over the last 10%
-    lrs = [r["lr"] for r in jsonl(out / "metrics.jsonl")]
+    lrs = [r["lr"] for r in read_jsonl(out / "metrics.jsonl")]
     assert lrs[5] == pytest.approx(1e-3 * math.sqrt(2 / 5)) and lrs[-1] < lrs[17] < lrs[5]
-    assert json.loads((out / "_manifest.json").read_text())["extra"]["optimizer"] == "lion"
-    segs = sequence_stages(jsonl(out / "metrics.jsonl"))
+    assert read_manifest(out)["extra"]["optimizer"] == "lion"
+    segs = sequence_stages(read_jsonl(out / "metrics.jsonl"))
     boundary = round(tail["start"] / s["total_sequences"] * 160)
     assert boundary == 144 and segs[-1][1] == 160
     assert all(x[2] == "tail" and "web" not in x[3] for x in segs if x[0] >= boundary)
@@ -222,7 +219,7 @@ def test_synE_cpt_two_stages_in_one_run(corpus_dir, tok, scorer, tmp_path):
     assert rand != list(range(5, 25)) and [k for _, k in sp.draw(2, w)] == [5, 6]  # the order resumes
     out = tmp_path / "run"
     train(tmp_path / "stream", out, "recipe=synE_cpt")  # 50 steps of 8 sequences = 25600 tokens
-    m = jsonl(out / "metrics.jsonl")
+    m = read_jsonl(out / "metrics.jsonl")
     segs = sequence_stages(m)
     zh = {d["name"] for d in s["domains"] if d["parent"] == "zh"}
     assert all(x[2] == "stage1" and "synthetic" not in x[3] for x in segs if x[1] <= 370)
@@ -237,7 +234,7 @@ def test_synE_cpt_two_stages_in_one_run(corpus_dir, tok, scorer, tmp_path):
     assert lrs[0] == pytest.approx(1e-7) and lrs[4] < 1e-5 and all(v == pytest.approx(1e-5) for v in lrs[5:])
     # topic-PPL rounds of 0.4 × 25600 tokens = 10240 tokens (20 steps): evaluations at steps 0, 20, 40,
     # all in stage 1, and every update keeps ZH:EN = 1:4 (topics move within their language)
-    ups = [w for w in jsonl(out / "weights.jsonl") if w.get("event") == "update"]
+    ups = [w for w in read_jsonl(out / "weights.jsonl") if w.get("event") == "update"]
     assert [u["step"] for u in ups] == [0, 20, 40] and all("ppl" in u for u in ups)
     # each topic's loss comes with its standard error over the held-out docs (2 per domain here)
     assert all(u["eval_loss_se"].keys() == u["eval_loss"].keys() for u in ups)
@@ -246,7 +243,7 @@ def test_synE_cpt_two_stages_in_one_run(corpus_dir, tok, scorer, tmp_path):
     for u in ups:
         assert sum(v for d, v in u["weights"].items() if d in zh) == pytest.approx(0.2, abs=1e-9)
     assert ups[-1]["weights"] != ups[0]["weights"]  # the rule moved the topics
-    assert [(w["step"], w["stage"]) for w in jsonl(out / "weights.jsonl") if w.get("event") == "stage"] == \
+    assert [(w["step"], w["stage"]) for w in read_jsonl(out / "weights.jsonl") if w.get("event") == "stage"] == \
         [(46, "stage2")]
 
 

@@ -313,9 +313,9 @@ def test_make_reproduce_runs_the_v2_sweeps_the_cpu_can_then_one_report(tmp_path,
         f"replay/{a}_s{s}" for a in ("rp0.0", "rp0.1", "rp0.2", "rp0.3", "tm0.2", "neutral") for s in (0, 1)}
     assert "synthetic" not in out and "claims_v1" not in out and f"{tmp_path}/r/.done" not in out
     last = out.strip().splitlines()[-1]
-    assert last.endswith(f"cptkit.eval.reproduce conf/reproduce/claims.yaml --root {tmp_path}/r --outputs {v2} "
+    assert last.endswith(f"cptkit reproduce-report conf/reproduce/claims.yaml --root {tmp_path}/r --outputs {v2} "
                          "--out docs/reproductions.md --preamble conf/reproduce/preamble.md "
                          "--readings conf/reproduce/readings.yaml")  # the readings, written after a run
     v1 = plan("reproduce-v1")
-    assert "cptkit.eval.reproduce conf/reproduce/claims_v1.yaml" in v1 and "--out docs/reproductions_v1.md" in v1
+    assert "cptkit reproduce-report conf/reproduce/claims_v1.yaml" in v1 and "--out docs/reproductions_v1.md" in v1
     assert f"{v2}/" not in v1

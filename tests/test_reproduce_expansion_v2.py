@@ -153,7 +153,7 @@ def test_the_sweep_targets(tmp_path):
     assert "--budget 400" in out and "retrieve.top_k=400" in out
     assert "expand.rounds=1" in out and "llm.num_threads=1" in out and "seed=0 llm.seed=0" in out
     assert "--fb-docs 10 --fb-terms 10 --original-query-weight 0.5" in out
-    assert "cptkit.eval.reproduce conf/reproduce/claims.yaml" in out
+    assert "cptkit reproduce-report conf/reproduce/claims.yaml" in out
 
 
 def test_retrieval_relevance_topics_arguments(tmp_path, capsys):

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import gzip
-import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from _retrieve_data import queries_from, write_corpus, write_queries
+from outputs import output_text, read_manifest, records, shard_paths
 from typer.testing import CliRunner
 
 from cptkit.cli import app
@@ -33,17 +31,6 @@ def cli(*args: str):
     return runner.invoke(app, ["retrieve", "-q", *args], catch_exceptions=True)
 
 
-def read_out(d: Path) -> list[dict]:
-    out = []
-    for f in sorted(d.glob("part-*.jsonl.gz")):
-        out += [json.loads(line) for line in gzip.open(f, "rt", encoding="utf-8")]
-    return out
-
-
-def shard_bytes(d: Path) -> bytes:
-    return b"".join(gzip.open(f).read() for f in sorted(d.glob("part-*.jsonl.gz")))
-
-
 def test_build_then_reuse_identical(data, tmp_path):
     root, recs, queries, qfile = data
     out1, out2 = tmp_path / "r1", tmp_path / "r2"
@@ -53,10 +40,10 @@ def test_build_then_reuse_identical(data, tmp_path):
     r = cli("--queries", str(qfile), "--index", str(out1 / "_index"), "--out", str(out2), "retrieve.top_k=25")
     assert r.exit_code == 0, r.output
     assert not (out2 / "_index").exists()
-    assert shard_bytes(out1) == shard_bytes(out2)
+    assert output_text(out1) == output_text(out2)
     assert (out1 / "_run.tsv").read_bytes() == (out2 / "_run.tsv").read_bytes()
 
-    docs = read_out(out1)
+    docs = records(out1)
     by_id = {x["id"]: x for x in recs}
     ids = [d["id"] for d in docs]
     assert len(ids) == len(set(ids))  # each document once
@@ -84,7 +71,7 @@ def test_build_then_reuse_identical(data, tmp_path):
     zh_q = [q for q in top1 if src[q].startswith("zh-")]
     assert zh_q and all(top1[q].startswith("zh-") for q in zh_q)
 
-    manifest = json.loads((out1 / "_manifest.json").read_text())
+    manifest = read_manifest(out1)
     ex = manifest["extra"]
     assert ex["queries"] == len(queries) and ex["docs retrieved"] == len(docs) and ex["index docs"] == len(recs)
     assert ex["idf"] == "lucene" and ex["k1"] == 1.2 and ex["b"] == 0.75 and ex["tokenizer"]["cjk"] == "bigram"
@@ -98,7 +85,7 @@ def test_output_loads_with_datasets(data, tmp_path):
     out = tmp_path / "r"
     r = cli("--queries", str(qfile), "--corpus", str(root / "corpus"), "--out", str(out), "retrieve.top_k=5")
     assert r.exit_code == 0, r.output
-    ds = datasets.load_dataset("json", data_files=sorted(str(f) for f in out.glob("part-*.jsonl.gz")),
+    ds = datasets.load_dataset("json", data_files=[str(f) for f in shard_paths(out, ".jsonl.gz")],
                                split="train", cache_dir=str(tmp_path / "hf"))
     assert set(ds.column_names) >= {"id", "text", "source", "lang", "hits"}
     assert sum(len(h) for h in ds["hits"]) == 5 * (len(queries) - 1)

@@ -5,12 +5,12 @@ The result must equal the single index over the same corpus: same ranks, same sc
 
 from __future__ import annotations
 
-import gzip
 import json
 
 import numpy as np
 import pytest
 from _retrieve_data import queries_from, write_corpus, write_queries
+from outputs import output_text, read_manifest
 from typer.testing import CliRunner
 
 from cptkit.cli import app
@@ -61,11 +61,10 @@ def test_sharded_run_equals_single_index(data, tmp_path):
     assert [x[:3] for x in a] == [x[:3] for x in b]  # same documents at the same ranks
     assert max(abs(float(x[3]) - float(y[3])) for x, y in zip(a, b, strict=True)) <= 1e-6
     assert a == b  # in fact byte-identical: per-posting scores are bit-identical
-    docs = lambda d: b"".join(gzip.open(f).read() for f in sorted(d.glob("part-*.jsonl.gz")))  # noqa: E731
-    assert docs(single) == docs(sharded)
-    ex = json.loads((sharded / "_manifest.json").read_text())["extra"]
+    assert output_text(single) == output_text(sharded)
+    ex = read_manifest(sharded)["extra"]
     assert ex["index shards"] == 3 and ex["index docs"] == len(recs)
-    ex1 = json.loads((single / "_manifest.json").read_text())["extra"]
+    ex1 = read_manifest(single)["extra"]
     assert ex["index terms"] == ex1["index terms"] and ex["index postings"] == ex1["index postings"]
     assert ex["index avgdl"] == ex1["index avgdl"]
 

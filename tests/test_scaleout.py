@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import slurm_cluster
 from conftest import read_jsonl_dir, write_jsonl
+from outputs import read_manifest, shard_files, shard_paths
 
 CLI = [sys.executable, "-c", "from cptkit.cli import main; main()"]
 PER_FILE = "shard.task_bytes=0"  # a task per input shard (small shards share one by default): members split the work
@@ -22,10 +23,6 @@ def cptkit(*args: str, cwd: Path, env=None, check: bool = True) -> subprocess.Co
     if check and r.returncode != 0:
         raise AssertionError(f"cptkit {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
     return r
-
-
-def shard_bytes(d: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(d.glob("part-*"))}
 
 
 @pytest.fixture(scope="module")
@@ -60,18 +57,18 @@ def test_sweep_basic_launcher_outputs_never_collide(qa):
     changed = sum(a["text"] != b["text"] for a, b in zip(half, src, strict=True))
     assert changed > len(src) // 4
     for out, ratio in (("c0.0", "0.0"), ("c0.5", "0.5")):
-        manifest = json.loads((qa / out / "_manifest.json").read_text())
+        manifest = read_manifest(qa / out)
         assert f"corrupt.ratio={ratio}" in manifest["config"]["overrides"]
         assert manifest["config"]["corrupt"]["ratio"] == float(ratio)
     # Without a placeholder, members nest under OUT/<their overrides>.
     cptkit("corrupt", "--in", "qa", "--out", "nested", "-q", "-m", "corrupt.ratio=0.0,0.3", cwd=qa)
     assert sorted(p.name for p in (qa / "nested").iterdir()) == ["corrupt.ratio=0.0", "corrupt.ratio=0.3"]
-    assert shard_bytes(qa / "nested" / "corrupt.ratio=0.0") == shard_bytes(qa / "c0.0")
+    assert shard_files(qa / "nested" / "corrupt.ratio=0.0") == shard_files(qa / "c0.0")
     # --in placeholders too: each member reads its own input (here: the member of the sweep above).
     cptkit("corrupt", "--in", "c{corrupt.ratio}", "--out", "cc{corrupt.ratio}", "-q", "-m", "corrupt.ratio=0.0,0.5",
            cwd=qa)
-    assert shard_bytes(qa / "cc0.0") == shard_bytes(qa / "c0.0")  # ratio 0 of c0.0, not of c0.5
-    assert json.loads((qa / "cc0.5" / "_manifest.json").read_text())["config"]["io"]["inputs"] == ["c0.5"]
+    assert shard_files(qa / "cc0.0") == shard_files(qa / "c0.0")  # ratio 0 of c0.0, not of c0.5
+    assert read_manifest(qa / "cc0.5")["config"]["io"]["inputs"] == ["c0.5"]
 
 
 def test_a_failing_sweep_member_is_one_line_naming_it(qa):
@@ -93,7 +90,7 @@ def test_sweep_on_slurm_is_a_job_array_with_identical_results(qa, cluster):
     for ratio in ("0.0", "0.5"):
         if not (qa / f"c{ratio}").exists():
             cptkit("corrupt", "--in", "qa", "--out", f"c{ratio}", "-q", f"corrupt.ratio={ratio}", cwd=qa)
-        assert shard_bytes(qa / f"s{ratio}") == shard_bytes(qa / f"c{ratio}")
+        assert shard_files(qa / f"s{ratio}") == shard_files(qa / f"c{ratio}")
 
 
 @pytest.mark.slow
@@ -110,17 +107,17 @@ def test_job_array_over_input_shards_and_requeue(qa, cluster):
                          env=cluster.env, capture_output=True, text=True, timeout=600)
     assert sub.returncode == 0, sub.stderr + "".join(p.read_text() for p in qa.glob("arr-*.log"))
     assert (arr / "_SUCCESS").exists()
-    assert shard_bytes(arr) == shard_bytes(whole)
+    assert shard_files(arr) == shard_files(whole)
     # Requeue after losing one task's output: only that task runs again, with the same bytes.
-    before = shard_bytes(arr)
+    before = shard_files(arr)
     (arr / ".cptkit" / "done" / "00001.json").unlink()
     (arr / "_SUCCESS").unlink()
-    for p in arr.glob("part-00001-*"):
+    for p in shard_paths(arr, task=1):
         p.unlink()
     r = cptkit("corrupt", "--in", "qa", "--out", str(arr), "corrupt.ratio=0.4", PER_FILE, "shard.index=1", "shard.count=2",
                cwd=qa)
     assert "records in" in r.stderr and (arr / "_SUCCESS").exists()
-    assert shard_bytes(arr) == before
+    assert shard_files(arr) == before
 
 
 @pytest.mark.slow
@@ -138,7 +135,7 @@ def test_two_task_deepspeed_training_through_srun(corpus_dir, corpus_records, tm
            "model.heads=2", "train.micro_batch=2", "train.threads=1", "train.max_steps=3", "quiet=true"]
     r = subprocess.run(cmd, env=cluster.env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    manifest = json.loads((out / "_manifest.json").read_text())
+    manifest = read_manifest(out)
     assert manifest["extra"]["world size"] == 2
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert len(steps) == 3 and all(s["loss"] > 0 for s in steps)
@@ -152,7 +149,7 @@ def test_job_array_as_a_hydra_sweep_shares_one_output(qa):
     whole = qa / "whole_sweep"
     cptkit("corrupt", "--in", "qa", "--out", str(whole), "-q", "corrupt.ratio=0.4", PER_FILE, cwd=qa)
     assert (qa / "arr_sweep" / "_SUCCESS").exists()
-    assert shard_bytes(qa / "arr_sweep") == shard_bytes(whole)
+    assert shard_files(qa / "arr_sweep") == shard_files(whole)
 
 
 @pytest.mark.slow(minutes=2)

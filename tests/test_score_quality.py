@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import gzip
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from classify_realtext import dictionary, fortunes_en, maxima_docs, python_docs
+from conftest import write_jsonl
+from outputs import read_manifest, records
 from typer.testing import CliRunner
 
 from cptkit.cli import app
@@ -20,19 +20,6 @@ from cptkit.labels.metrics import evaluate, expected_value
 from cptkit.steps import score_quality, score_quality_train
 
 runner = CliRunner()
-
-
-def write_jsonl(path: Path, recs: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))
-    return path
-
-
-def read_out(d: Path) -> list[dict]:
-    out = []
-    for f in sorted(d.glob("part-*.jsonl.gz")):
-        out += [json.loads(line) for line in gzip.open(f, "rt")]
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +60,7 @@ def test_train_beats_majority_and_is_recorded(data, quality_model):
     assert m["accuracy"] >= 0.9, m
     assert m["accuracy"] - m["majority_accuracy"] >= 0.3, m
     assert m["macro_f1"] >= 0.88
-    manifest = json.loads((quality_model / "_manifest.json").read_text())
+    manifest = read_manifest(quality_model)
     assert manifest["extra"]["quality accuracy"] == pytest.approx(m["accuracy"])
     assert manifest["extra"]["heldout"] == m["n"]
 
@@ -98,7 +85,7 @@ def test_score_fields_then_threshold(data, quality_model, tmp_path):
     r = runner.invoke(app, ["score-quality", "--in", str(mixed), "--out", str(scored), "-q",
                             f"quality.model={quality_model}"])
     assert r.exit_code == 0, r.output
-    out = read_out(scored)
+    out = records(scored)
     assert len(out) == len(hq) + len(lq)  # no threshold: nothing dropped
     by = {rec["id"]: rec["quality"] for rec in out}
     assert all(0.0 <= v <= 1.0 for v in by.values())
@@ -110,9 +97,9 @@ def test_score_fields_then_threshold(data, quality_model, tmp_path):
     r = runner.invoke(app, ["score-quality", "--in", str(mixed), "--out", str(kept_dir), "-q",
                             f"quality.model={quality_model}", "quality.min_score=0.8"])
     assert r.exit_code == 0, r.output
-    kept = read_out(kept_dir)
+    kept = records(kept_dir)
     assert {x["id"] for x in kept} == {k for k, v in by.items() if v >= 0.8}
-    manifest = json.loads((kept_dir / "_manifest.json").read_text())
+    manifest = read_manifest(kept_dir)
     assert manifest["extra"]["dropped (quality < 0.8)"] == len(out) - len(kept)
 
 
@@ -140,20 +127,20 @@ def test_keep_fraction_calibrates_the_threshold(data, quality_model, tmp_path):
     for name in ("one", "two"):
         r = runner.invoke(app, ["score-quality", "--in", str(tmp_path / name), "--out", str(tmp_path / f"k_{name}"), *args])
         assert r.exit_code == 0, r.output
-        kept[name] = sorted(x["id"] for x in read_out(tmp_path / f"k_{name}"))
+        kept[name] = sorted(x["id"] for x in records(tmp_path / f"k_{name}"))
     assert kept["one"] == kept["two"]  # one sample of all inputs, not one per shard
     clf = load_classifier(quality_model)
     scores = np.round(clf.predict_proba([r["text"] for r in recs])[:, clf.labels.index("hq")], 6)
     t = score_quality.keep_threshold(scores, 0.3)  # every record is in the sample (n < calibration_docs)
     assert kept["one"] == sorted(r["id"] for r, v in zip(recs, scores, strict=True) if v >= t)
     assert len(kept["one"]) == pytest.approx(0.3 * len(recs), abs=3)
-    manifest = json.loads((tmp_path / "k_one" / "_manifest.json").read_text())
+    manifest = read_manifest(tmp_path / "k_one")
     assert manifest["config"]["quality"]["min_score"] == t and "keeps 30%" in manifest["extra"]["quality threshold"]
     # a smaller seeded sample: deterministic, and the threshold is the sample's
     small = [f"quality.model={quality_model}", "quality.keep_fraction=0.3", "calibration_docs=20", "-q"]
     for out in ("s1", "s2"):
         assert runner.invoke(app, ["score-quality", "--in", str(tmp_path / "one"), "--out", str(tmp_path / out), *small]).exit_code == 0
-    assert read_out(tmp_path / "s1") == read_out(tmp_path / "s2")
+    assert records(tmp_path / "s1") == records(tmp_path / "s2")
     # changed input, same --out: the threshold moves, so the run is refused (not silently stale)
     write_jsonl(tmp_path / "two" / "b.jsonl", recs[::2][: len(recs) // 8])
     r = runner.invoke(app, ["score-quality", "--in", str(tmp_path / "two"), "--out", str(tmp_path / "k_two"), *args])
@@ -183,7 +170,7 @@ def test_edu_score_three_classes(data, tmp_path):
                                                            f"io.output={tmp_path / 'edu_scored'}",
                                                            f"edu.model={model}", "quiet=true"]))
     assert res["records_out"] == len(probe)
-    out = read_out(tmp_path / "edu_scored")
+    out = records(tmp_path / "edu_scored")
     scores = np.array([x["edu_score"] for x in out])
     assert ((scores >= 0) & (scores <= 2)).all()
     n = len(probe) // 2
@@ -278,7 +265,7 @@ def test_bare_fasttext_file_scores_as_fasttext_reports(data, tmp_path):
     for rec in recs[::7]:
         labels, probs = model.predict(raw_line(rec["text"]), k=-1)
         expect[rec["id"]] = float(dict(zip(labels, probs, strict=True))["__label__hq"])
-    kept = read_out(out)
+    kept = records(out)
     assert [x["id"] for x in kept] == [k for k, v in expect.items() if v >= 0.5]
     assert all(x["quality"] == pytest.approx(expect[x["id"]], abs=1e-7) for x in kept)
     assert 0 < len(kept) < len(expect)
@@ -291,11 +278,11 @@ def test_language_filter_keeps_one_language(corpus_records, tmp_path):
     r = runner.invoke(app, ["score-quality", "--in", str(tmp_path / "in"), "--out", str(out), "-q",
                             "lang.keep=[en]", "lang.min_score=0.65"])
     assert r.exit_code == 0, r.output
-    kept = read_out(out)
+    kept = records(out)
     truth = {r["id"]: r["lang"] for r in corpus_records[::5]}
     assert kept and all(x["lang"] == "en" and x["lang_score"] >= 0.65 for x in kept)
     assert sum(truth[x["id"]] == "en" for x in kept) >= 0.95 * len(kept)
     assert not any(truth[x["id"]] == "zh" for x in kept)
-    extra = json.loads((out / "_manifest.json").read_text())["extra"]
+    extra = read_manifest(out)["extra"]
     assert extra["dropped (lang not in ['en'])"] + extra.get("dropped (lang_score < 0.65)", 0) \
         == len(truth) - len(kept)

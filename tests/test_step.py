@@ -15,6 +15,7 @@ import pytest
 from conftest import read_jsonl_dir, run_main, write_jsonl
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
+from outputs import read_manifest, shard_files
 from typer.testing import CliRunner
 
 import cptkit.steps
@@ -72,7 +73,7 @@ def test_a_map_step_runs_tasks_merges_their_stats_and_resumes(tmp_path):
     got = read_jsonl_dir(out)
     assert len(got) == 25 - 3 + 12 - 2 and all(r["text"].startswith("DOC ") for r in got)
     assert res["extra"] == {"kept": 32, "dropped": 5, "batches": 3 + 2}
-    man = json.loads((out / "_manifest.json").read_text())
+    man = read_manifest(out)
     assert man["extra"] == res["extra"] and man["counts"]["records_out"] == 32
     markers = sorted((out / ".cptkit" / "done").glob("*.json"))
     assert [json.loads(m.read_text())["extra"]["shout"]["batches"] for m in markers] == [3, 2]
@@ -176,7 +177,7 @@ def test_a_new_step_is_one_file(tmp_path, monkeypatch):
                                 "shout.suffix=?"])
         assert r.exit_code == 0, r.output
         assert [x["text"] for x in read_jsonl_dir(tmp_path / "out")] == [f"DOC {i}?" for i in range(6)]
-        man = json.loads((tmp_path / "out" / "_manifest.json").read_text())
+        man = read_manifest(tmp_path / "out")
         assert man["step"] == "shout-words" and man["extra"] == {"shouted": 6}
         r = runner.invoke(app, ["shout-words", "--in", str(tmp_path / "in"), "--out", str(tmp_path / "o2"),
                                 "shout.suffix=abcd"])
@@ -223,10 +224,6 @@ def rare_words(tmp_path, monkeypatch):
     sys.modules.pop("cptkit.steps.rare_words", None)
 
 
-def shards_of(out: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(out.glob("part-*"))}
-
-
 def test_a_multi_phase_step_runs_its_phases_as_waves_of_local_workers(tmp_path, rare_words):
     """executor.workers=2 runs the declared phases as two waves of two forked slices (every slice
     counts before any writes); the output is the one-process run's, byte for byte."""
@@ -236,8 +233,8 @@ def test_a_multi_phase_step_runs_its_phases_as_waves_of_local_workers(tmp_path, 
     assert [x["text"] for x in read_jsonl_dir(tmp_path / "one")] == RARE_TEXTS
     r = runner.invoke(app, [*rare_words, "--out", str(tmp_path / "two"), "-q", "executor.workers=2"])
     assert r.exit_code == 0, r.output
-    assert shards_of(tmp_path / "two") == shards_of(tmp_path / "one") and len(shards_of(tmp_path / "one")) == 2
-    man = json.loads((tmp_path / "two" / "_manifest.json").read_text())
+    assert shard_files(tmp_path / "two") == shard_files(tmp_path / "one") and len(shard_files(tmp_path / "one")) == 2
+    man = read_manifest(tmp_path / "two")
     assert man["config"]["shard"]["count"] == 2 and man["config"]["rare"]["phase"] == "all"
     assert man["counts"]["records_in"] == 4
 
@@ -268,4 +265,4 @@ def test_a_multi_phase_step_on_slurm_is_one_dependent_job_array_per_phase(tmp_pa
             args = [w.replace("$SLURM_ARRAY_TASK_ID", str(i)) for w in words[3:]]
             assert run_main(args) == 0
     r = CliRunner().invoke(app, [*rare_words, "--out", str(tmp_path / "one"), "-q"])
-    assert shards_of(out) == shards_of(tmp_path / "one") and (out / "_SUCCESS").is_file()
+    assert shard_files(out) == shard_files(tmp_path / "one") and (out / "_SUCCESS").is_file()

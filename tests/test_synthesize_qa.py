@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
 import pytest
+from outputs import read_manifest, records
 
 from cptkit.core.config import compose_step
 from cptkit.core.errors import CptkitError
@@ -129,10 +129,6 @@ def _tiny(*extra: str) -> list[str]:
             "synth.length_tolerance=0", "synth.trim_truncated=true", *extra]
 
 
-def _records(out: Path) -> list[dict]:
-    return [json.loads(line) for f in sorted(out.glob("part-*.jsonl.gz")) for line in gzip.open(f, "rt")]
-
-
 @pytest.fixture(scope="module")
 def seed_docs(corpus_records, tmp_path_factory) -> Path:
     """Real documents: 6 Python docs, 6 Maxima docs, 4 GCIDE entries (no listed domain), and two
@@ -163,7 +159,7 @@ def test_scientific_selection_generation_and_rejections(seed_docs, tmp_path):
     assert res["skipped"]["no_discipline"] == 4 and res["skipped"]["unknown_discipline"] == 1
     assert res["kept"] + sum(res["rejected"].values()) == n_prompts
     assert res["kept"] > 0 and set(res["rejected"]) <= {"truncated", "malformed", "short_problem", "too_short", "too_long"}
-    recs = _records(out)
+    recs = records(out)
     assert len(recs) == res["kept"] == sum(res["per_discipline"].values())
     ids = {d: {r["id"] for r in v} for d, v in expect.items()}
     for r in recs:
@@ -172,28 +168,28 @@ def test_scientific_selection_generation_and_rejections(seed_docs, tmp_path):
         assert 3 <= count_words(r["solution"]) <= 200 and count_words(r["problem"]) >= 2
         assert r["model"] == str(cached_tiny_model()) and r["gen"]["max_new_tokens"] == 120
         assert count_words(r["snippet"]) <= 12
-    assert json.loads((out / "_manifest.json").read_text())["extra"]["QA pairs kept"] == res["kept"]
+    assert read_manifest(out)["extra"]["QA pairs kept"] == res["kept"]
     # only one discipline, two samples per snippet
     out2 = tmp_path / "qa2"
     res2 = run(compose_step("synthesize-qa", [f"io.inputs=[{seed_docs}]", f"io.output={out2}", *_tiny(),
                                               "synth.disciplines=[mathematics]", "synth.samples_per_snippet=2"]))
     assert res2["prompts"] == 2 * len(expect["mathematics"])
     assert res2["skipped"]["other_discipline"] == len(expect["computer_science"]) + 1
-    assert {r["discipline"] for r in _records(out2)} <= {"mathematics"}
+    assert {r["discipline"] for r in records(out2)} <= {"mathematics"}
 
 
-def test_generator_provenance_and_no_records(seed_docs, tmp_path, caplog, capfd):
+def test_generator_provenance_and_norecords(seed_docs, tmp_path, caplog, capfd):
     """Every record names its generator; 0 kept warns with the reasons, or fails with synth.min_records."""
     out = tmp_path / "qa"
     res = run(compose_step("synthesize-qa", [f"io.inputs=[{seed_docs}]", f"io.output={out}", *_tiny(),
                                              "synth.prompt.max_new_tokens=4", "llm.max_new_tokens=120"]))
-    recs = _records(out)
+    recs = records(out)
     assert recs and len(recs) == res["kept"]
     for r in recs:
         # the same fields as expand-queries' records (Generator.provenance), the backend included
         assert r["meta"]["generator"] == {"prompt": "scientific_qa", "model": str(cached_tiny_model()), "backend": "transformers",
                                           "temperature": 0.5, "top_p": 1.0, "max_new_tokens": 120, "seed": 0}
-    manifest = json.loads((out / "_manifest.json").read_text())["extra"]
+    manifest = read_manifest(out)["extra"]
     assert manifest["acceptance rate"] == round(res["kept"] / res["prompts"], 4)
     # nothing can pass a 10,000-word minimum: exit 0 with a warning naming the reason ...
     import logging
@@ -242,7 +238,7 @@ def test_code_mode_in_context_expansion(tmp_path):
     res = run(compose_step("synthesize-qa", [f"io.output={out}", *args]))
     assert res["prompts"] == 8 and res["seeds_used"] == len(PROBLEMS) == 8
     assert res["kept"] + sum(res["rejected"].values()) == 8
-    recs = _records(out)
+    recs = records(out)
     assert len(recs) == res["kept"] > 0
     for r in recs:
         assert len(r["demo_ids"]) == 2 and len(set(r["demo_ids"])) == 2 and r["seed_id"] == r["demo_ids"][0]
@@ -250,7 +246,7 @@ def test_code_mode_in_context_expansion(tmp_path):
         assert r["problem"] not in PROBLEMS
     out2 = tmp_path / "code2"
     run(compose_step("synthesize-qa", [f"io.output={out2}", *args]))
-    assert _records(out2) == recs  # deterministic: same demonstrations, same samples
+    assert records(out2) == recs  # deterministic: same demonstrations, same samples
 
 
 def test_champ_problems_seed_set(tmp_path):
@@ -278,7 +274,7 @@ def test_scientific_with_embedded_smollm2(seed_docs, tmp_path, smollm2):
 
 
 @pytest.mark.slow
-def test_demo_qa_settings_keep_records(tmp_path, smollm2):
+def test_demo_qa_settings_keeprecords(tmp_path, smollm2):
     """The Makefile's SYNTH_ARGS (CHAMP seeds, code mode, SmolLM2) keep at least one record, with provenance."""
     import re
     import runpy
@@ -295,5 +291,5 @@ def test_demo_qa_settings_keep_records(tmp_path, smollm2):
                                              *args, "synth.code.num_problems=2", "llm.cache=false", "llm.device=cpu",
                                              "quiet=true"]))
     assert res["prompts"] == 2 and res["kept"] >= 1, res
-    for r in _records(tmp_path / "qa"):
+    for r in records(tmp_path / "qa"):
         assert r["meta"]["generator"]["prompt"] == "code_solution" and r["meta"]["generator"]["max_new_tokens"] == 128

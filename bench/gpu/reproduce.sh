@@ -87,5 +87,9 @@ start=$(date +%s)
 make -j"$JOBS" ${MAKE_ARGS:-} DATA="$DATA" REPRO="$REPRO" XP="$XP" BASE_MODEL="$MODEL" REPRO_V2_SEEDS="$SEEDS" \
   "${SIZES[@]}" reproduce-synthetic-v2 reproduce-corruption-v2 reproduce-replay-v2
 echo "members: $(( $(date +%s) - start )) s"
-${PYTHON:-python3} -m cptkit.eval.reproduce conf/reproduce/claims.yaml --root "$REPRO" --out "$REPRO/v2/gpu.md" --partial \
+# the cptkit command: $CPTKIT, else the one beside $PYTHON, else the one on PATH, else lease.sh's
+py=$(command -v "${PYTHON:-python3}" || true)
+if [ -z "${CPTKIT:-}" ] && [ -x "${py%/*}/cptkit" ]; then CPTKIT=${py%/*}/cptkit; fi
+CPTKIT=${CPTKIT:-$(command -v cptkit || echo /tmp/v/bin/cptkit)}
+"$CPTKIT" reproduce-report conf/reproduce/claims.yaml --root "$REPRO" --out "$REPRO/v2/gpu.md" --partial \
   ${GPU:+--gpu "$GPU"}

@@ -103,8 +103,8 @@ def print_error(e: CptkitError) -> None:
 
 
 def cli_main(main: Callable[P, int]) -> Callable[P, int]:
-    """A ``python -m`` entry point that ends as the ``cptkit`` CLI does on a :class:`CptkitError`: the
-    one line of :func:`print_error` (secrets masked), exit code 2, no traceback."""
+    """A module's ``main(argv)`` (run by its ``cptkit`` subcommand) that ends as a step does on a
+    :class:`CptkitError`: the one line of :func:`print_error` (secrets masked), exit code 2, no traceback."""
 
     @functools.wraps(main)
     def run(*args: P.args, **kwargs: P.kwargs) -> int:

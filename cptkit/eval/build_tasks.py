@@ -15,7 +15,7 @@
 All are deterministic (sorted candidates, a fixed seed). The data is not shipped in the
 repository (licences); it is built into ``data_dir`` on first use or by::
 
-    python -m cptkit.eval.build_tasks [--data-dir DIR] [gcide_defs wordnet_defs champ_math simple_arithmetic]
+    cptkit build-tasks [--data-dir DIR] [gcide_defs wordnet_defs champ_math simple_arithmetic]
 """
 
 from __future__ import annotations
@@ -386,13 +386,9 @@ def build(name: str, data_dir: str | Path) -> dict:
 def main(argv: list[str] | None = None) -> None:
     import os
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="cptkit build-tasks", description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", default=os.environ.get("CPTKIT_EVAL_DATA", "~/.cache/cptkit/eval"))
     ap.add_argument("tasks", nargs="*", default=list(BUILDERS))
     args = ap.parse_args(argv)
     for t in args.tasks:
         print(t, json.dumps(build(t, args.data_dir)))
-
-
-if __name__ == "__main__":
-    main()

@@ -2,8 +2,8 @@
 (the keyword alone), round 1 (its ``cptkit expand-queries`` output) and BM25 + RM3 with as many
 queries as round 1 (:mod:`cptkit.index.rm3`).
 
-``python -m cptkit.eval.expansion_arms seeds --topics conf/reproduce/topics_v2.yaml --out seeds.jsonl``
-writes one keyword seed per topic (id ``kw-SLUG``). ``python -m cptkit.eval.expansion_arms queries
+``cptkit expansion-arms seeds --topics conf/reproduce/topics_v2.yaml --out seeds.jsonl``
+writes one keyword seed per topic (id ``kw-SLUG``). ``cptkit expansion-arms queries
 --topics T --round1 DIR --index DIR --out DIR`` writes ``DIR/method=M,keyword=SLUG.jsonl`` for M in
 round0, round1, rm3 (the names of the sweep members that retrieve with them), ``DIR/_arms.json`` (the
 settings and per topic the query counts and RM3 terms) and ``DIR/_SUCCESS`` last.
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -148,7 +147,7 @@ def write_arms(topics: list[Topic], round1: list[dict[str, Any]], index_dir: Pat
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cptkit.eval.expansion_arms", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cptkit expansion-arms", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("seeds", help="one keyword seed per topic (expand-queries input)")
     s.add_argument("--topics", type=Path, required=True)
@@ -176,7 +175,3 @@ def main(argv: list[str] | None = None) -> int:
     n = {m: sum(t["queries"][m] for t in res["topics"].values()) for m in METHODS}
     print(f"{a.out}: {len(topics)} topics; queries " + ", ".join(f"{m} {n[m]}" for m in METHODS))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """The preference margin: how much more a model believes a held-out sentence than its corrupted copy.
 
-``python -m cptkit.eval.margin --model M --pairs P --out DIR [--meta ratio=0.3 --meta seed=1]``
+``cptkit margin --model M --pairs P --out DIR [--meta ratio=0.3 --meta seed=1]``
 
 ``P`` holds pairs ``{id, clean, corrupted, types}`` (:mod:`cptkit.eval.pairs`: held-out domain
 sentences and the same sentences after ``cptkit corrupt``). Each pair's margin is
@@ -154,7 +154,7 @@ def run(model_spec: str, pairs_path: Path, out: Path, meta: dict[str, Any], batc
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cptkit.eval.margin", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cptkit margin", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="the model (HF folder, .gguf or smollm2)")
     p.add_argument("--pairs", type=Path, required=True, help="JSONL of {id, clean, corrupted} (cptkit.eval.pairs)")
     p.add_argument("--out", type=Path, required=True, help="the output folder (_margin.json, _manifest.json)")
@@ -170,7 +170,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{a.out}: mean margin {rep['mean_margin']:+.4f} ± {rep['se']:.4f} nats over {rep['pairs']} pairs "
           f"({rep['unequal_length']} of unequal length)", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,14 +2,14 @@
 
 Two commands, used by ``make reproduce-corruption-v2`` (mk/reproduce_v2_b0.mk):
 
-``python -m cptkit.eval.pairs split --in DIR --out DIR --seed S --heldout-docs N --train-chars C``
+``cptkit pairs split --in DIR --out DIR --seed S --heldout-docs N --train-chars C``
     The domain documents (``--lang`` records with a ``--require`` field: the CPT mix's domain), in the
     order of a hash of ``(seed, id)``: the first ``N`` are held out (``heldout.jsonl``), the next ones up
     to ``C`` characters are the training text (``train.jsonl``); no document is in both. A document
     longer than ``--max-doc-chars`` keeps its beginning (cut at whitespace). ``_split.json`` (written
     last) lists the ids and counts.
 
-``python -m cptkit.eval.pairs make --clean heldout.jsonl --corrupted DIR --out pairs.jsonl --n 200 --seed S``
+``cptkit pairs make --clean heldout.jsonl --corrupted DIR --out pairs.jsonl --n 200 --seed S``
     ``DIR`` is ``cptkit corrupt``'s output for the held-out documents: the same ids, each with the edits
     it made (``corruption.edits``: type, replacement, spans in the original text). Each document's
     replacements are recovered from its edits and checked to rebuild the corrupted text exactly (a
@@ -199,7 +199,7 @@ def make_pairs(clean_docs: Sequence[dict[str, Any]], corrupted_docs: Sequence[di
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cptkit.eval.pairs", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cptkit pairs", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("split", help="held-out and training documents of the domain, disjoint, by the seed")
     s.add_argument("--in", dest="inputs", action="append", required=True, help="domain records (files, folders)")
@@ -236,7 +236,3 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_bytes(a.out, jsonl_bytes(pairs))
         print(f"{a.out}: " + ", ".join(f"{k} {v}" for k, v in stats.items()), file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

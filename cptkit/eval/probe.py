@@ -1,6 +1,6 @@
 """The forgetting probe: texts a model writes itself, so that its own loss on them is the reference.
 
-``python -m cptkit.eval.probe --model data/xp/b0/model --out data/xp/probe.jsonl --docs 64 --tokens 128``
+``cptkit probe --model data/xp/b0/model --out data/xp/probe.jsonl --docs 64 --tokens 128``
 samples ``--docs`` documents of ``--tokens`` tokens from the model by ancestral sampling (temperature
 1, no top-k or top-p: the model's own distribution), each started from its BOS token alone, in
 batches, with every random draw from ``--seed``. Records: ``{id, text, domain: "probe", lang}``.
@@ -51,7 +51,7 @@ def probe_records(texts: list[str], lang: str = "en") -> list[dict[str, str]]:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cptkit.eval.probe", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cptkit probe", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="the model that writes the probe (HF folder, .gguf or smollm2)")
     p.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
     p.add_argument("--docs", type=int, default=64)
@@ -78,7 +78,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{a.out}: {len(recs)} probe documents from {a.model} (seed {a.seed}, sha256 "
           f"{hashlib.sha256(data).hexdigest()[:12]})", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

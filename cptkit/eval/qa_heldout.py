@@ -1,6 +1,6 @@
 """The ``answers`` group of claim synthetic_share: solutions of QA pairs written from held-out seed problems.
 
-``python -m cptkit.eval.qa_heldout --in QA_DIR --out answers.jsonl [--limit N]``
+``cptkit qa-heldout --in QA_DIR --out answers.jsonl [--limit N]``
 
 ``QA_DIR`` is ``cptkit synthesize-qa``'s output for seed problems that no training stream's QA came
 from. Each record becomes ``{id, text: its solution, domain: "answers"}``, for ``cptkit evaluate
@@ -29,7 +29,7 @@ def answer_records(qa: list[dict], limit: int = 0) -> list[dict[str, str]]:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cptkit.eval.qa_heldout", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cptkit qa-heldout", description=__doc__.splitlines()[0])
     p.add_argument("--in", dest="inputs", action="append", required=True, help="synthesize-qa output(s)")
     p.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
     p.add_argument("--limit", type=int, default=0, help="at most this many records (0: all)")
@@ -40,7 +40,3 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_bytes(a.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs).encode())
     print(f"{a.out}: {len(recs)} answers", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """The papers' claims against sweep outputs: aggregate members over seeds, compare, give a verdict.
 
-``python -m cptkit.eval.reproduce CLAIMS.yaml --out docs/reproductions.md`` reads each claim's
+``cptkit reproduce-report CLAIMS.yaml --out docs/reproductions.md`` reads each claim's
 sweep members (output directories of a Hydra ``-m`` run), takes the claim's metric from each,
 groups members by the ablation axis and pairs them by seed, and writes per claim: the paper's
 words, the sweep's command, a table (mean ± SE over seeds), a plot, the comparisons the claim
@@ -63,7 +63,6 @@ import json
 import os
 import platform
 import re
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -673,7 +672,7 @@ def describe(root: Path, gpu: str = "") -> str:
             continue
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    return (f"Written by `python -m cptkit.eval.reproduce` (the last step of `make reproduce`) on "
+    return (f"Written by `cptkit reproduce-report` (the last step of `make reproduce`) on "
             f"{time.strftime('%Y-%m-%d')}, on {os.cpu_count()} CPU cores ({cpu}), {gpu or 'no GPU'}, from the {n} step outputs "
             f"under `{root}` (corpus slice, base model, streams, members, evaluations), which took "
             f"{seconds / 60:.1f} minutes of their own run time in all.")
@@ -681,7 +680,7 @@ def describe(root: Path, gpu: str = "") -> str:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cptkit.eval.reproduce", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cptkit reproduce-report", description=__doc__.splitlines()[0])
     p.add_argument("claims", type=Path, help="the claims YAML")
     p.add_argument("--out", type=Path, required=True, help="the markdown report to write")
     p.add_argument("--root", type=Path, default=None, help="where member globs start (default: the YAML's folder)")
@@ -706,7 +705,3 @@ def main(argv: list[str] | None = None) -> int:
     for cid, v in verdicts:
         print(f"{cid}: {v}" + (f" (measured {digests[cid]})" if cid in digests else ""))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

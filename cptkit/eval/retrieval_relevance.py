@@ -1,6 +1,6 @@
 """Precision and recall of a retrieved set against relevance labels that do not come from the retriever.
 
-``python -m cptkit.eval.retrieval_relevance --retrieved DIR [--retrieved DIR ...] --corpus DIR
+``cptkit retrieval-relevance --retrieved DIR [--retrieved DIR ...] --corpus DIR
 --labels conf/reproduce/relevance_stem.yaml [--budget B]`` writes ``DIR/_relevance.json`` into each
 ``cptkit retrieve`` output (atomically; the corpus is read once for all of them).
 
@@ -39,7 +39,6 @@ import hashlib
 import json
 import math
 import re
-import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -266,7 +265,7 @@ def evaluate(retrieved: Path, labels: Labels, corpus_docs: int, relevant_in_corp
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cptkit.eval.retrieval_relevance", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cptkit retrieval-relevance", description=__doc__.splitlines()[0])
     p.add_argument("--retrieved", type=Path, action="append", required=True,
                    help="a finished `cptkit retrieve` output (repeatable); its _relevance.json is written")
     p.add_argument("--corpus", action="append", required=True,
@@ -313,7 +312,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{d}: precision {view['precision']:.4f} recall {view['recall']:.4f} "
               f"({view['relevant_retrieved']}/{view['retrieved']} retrieved, {rel} relevant in the corpus)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

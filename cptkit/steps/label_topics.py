@@ -9,6 +9,8 @@ Sibling commands: ``label-topics-annotate`` (LLM zero-shot labels) and ``label-t
 
 from __future__ import annotations
 
+import argparse
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,8 +141,13 @@ def distribution_text(extra: dict[str, Any], max_share: float = 0.6) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m cptkit.steps.label_topics LABELLED_DIR: print the topic distribution
-    import json
-    import sys
-
-    print(distribution_text(json.loads((Path(sys.argv[1]) / "_manifest.json").read_text())["extra"]))
+def main(argv: list[str] | None = None) -> int:
+    """``cptkit label-topics-report DIR``: print the topic distribution of a label-topics output,
+    read from its ``_manifest.json``."""
+    p = argparse.ArgumentParser(prog="cptkit label-topics-report", description=main.__doc__.splitlines()[0])
+    p.add_argument("output", type=Path, help="a label-topics output directory")
+    manifest = p.parse_args(argv).output / "_manifest.json"
+    if not manifest.is_file():
+        raise CptkitError(f"{manifest}: no such file (not a finished label-topics output)")
+    print(distribution_text(json.loads(manifest.read_text())["extra"]))
+    return 0

@@ -14,8 +14,11 @@ The output directory is the model (``classifier.json`` + weights) with the usual
 
 from __future__ import annotations
 
+import argparse
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from cptkit.core.config import JobConfig
 from cptkit.core.errors import CptkitError
@@ -105,12 +108,16 @@ def run(conf: ScoreQualityTrainJob, ctx: Run) -> dict:
         return job.finish(extra=extra)
 
 
-if __name__ == "__main__":  # python -m cptkit.steps.score_quality_train MODEL_DIR: held-out scores
-    import json
-    import sys
-    from pathlib import Path
-
-    m = json.loads((Path(sys.argv[1]) / "metrics.json").read_text())["metrics"]
+def main(argv: list[str] | None = None) -> int:
+    """``cptkit score-quality-train-report DIR``: print the held-out scores of a score-quality-train
+    output, read from its ``metrics.json``."""
+    p = argparse.ArgumentParser(prog="cptkit score-quality-train-report", description=main.__doc__.splitlines()[0])
+    p.add_argument("output", type=Path, help="a score-quality-train output directory (the model)")
+    path = p.parse_args(argv).output / "metrics.json"
+    if not path.is_file():
+        raise CptkitError(f"{path}: no such file (not a finished score-quality-train output)")
+    m = json.loads(path.read_text())["metrics"]
     print(f"quality classifier, held-out n={m['n']}: accuracy {m['accuracy']:.4f} (majority class "
           f"{m['majority_accuracy']:.4f}), macro-F1 {m['macro_f1']:.4f}, AUC positive vs negative "
           f"{m.get('auc', float('nan')):.4f}")
+    return 0

@@ -1,6 +1,6 @@
 """B0, the re-adapted base: the shipped model continued on general text until its loss levels off.
 
-``python -m cptkit.training.b0 --base smollm2 --stream data/xp/b0_stream --link data/xp/b0 -- TRAIN_OVERRIDES``
+``cptkit b0 --base smollm2 --stream data/xp/b0_stream --link data/xp/b0 -- TRAIN_OVERRIDES``
 
 The shipped SmolLM2 is an *instruct* model, quantized, then dequantized. Continued on any raw text,
 its loss first falls for reasons that have nothing to do with that text: recovery from quantization,
@@ -113,7 +113,7 @@ def build(base: str, stream: Path, link: Path, overrides: list[str], flat: float
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cptkit.training.b0", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cptkit b0", description=__doc__.splitlines()[0])
     p.add_argument("--base", required=True, help="the shipped model (smollm2, a .gguf or an HF folder)")
     p.add_argument("--stream", type=Path, required=True, help="a build-mix stream of general text")
     p.add_argument("--link", type=Path, required=True, help="the symlink to B0's train output")
@@ -130,7 +130,3 @@ def main(argv: list[str] | None = None) -> int:
           f"{info['drift']:+.4f} over {info['horizon']:.0f} tokens at that rate (< {a.flat:g}: {verdict})",
           file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

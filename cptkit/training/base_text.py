@@ -1,6 +1,6 @@
 """B0's re-adaptation text in disjoint parts, and the per-seed samples drawn from a part.
 
-``python -m cptkit.training.base_text split --in data/b0_text --out data/xp/b0_split`` puts every
+``cptkit base-text split --in data/b0_text --out data/xp/b0_split`` puts every
 record of the B0 text in exactly one of three parts, by a seeded hash of its id (so a record's part
 does not depend on the others, nor on their order):
 
@@ -9,7 +9,7 @@ does not depend on the others, nor on their order):
   trained on (``domain: heldout``, for ``evaluate``'s per-domain groups);
 * ``replay``: the base-text replay source of the ``replay_b0text`` arm, disjoint from both.
 
-``python -m cptkit.training.base_text sample --in data/xp/b0_split/heldout --out data/xp/heldout_s3
+``cptkit base-text sample --in data/xp/b0_split/heldout --out data/xp/heldout_s3
 --docs 32 --seed 3`` draws one seed's documents of a part (the ``docs`` records whose seeded hash is
 smallest), so that which texts measure forgetting is part of the seed-to-seed variance.
 
@@ -87,7 +87,7 @@ def _write_part(out: Path, records: list[Record]) -> None:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cptkit.training.base_text", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cptkit base-text", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("split", help="the B0 text in three disjoint parts: train, heldout, replay")
     s.add_argument("--in", dest="inp", type=Path, required=True)
@@ -118,7 +118,3 @@ def main(argv: list[str] | None = None) -> int:
         _write_part(a.out, sample_records(recs, a.docs, a.seed))
         print(f"{a.out}: {a.docs} of {len(recs)} records of {a.inp} (seed {a.seed})", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """The CPT result table: every arm against the re-adapted base B0, and the pre-registered claims.
 
-``python -m cptkit.training.report b0=eval/b0_s0,eval/b0_s1 noreplay=... replay=... --claims
+``cptkit cpt-report b0=eval/b0_s0,eval/b0_s1 noreplay=... replay=... --claims
 conf/cpt/claims.yaml [--shipped eval/shipped]`` reads ``cptkit evaluate`` outputs (one directory per
 seed, comma-separated; B0 first) and prints one markdown table: the shipped model's and B0's
 held-out losses, then each arm's change against B0 *of the same seed*, as mean ± standard error over
@@ -32,7 +32,7 @@ from cptkit.core.shards import atomic_write_bytes
 from cptkit.eval.compare import load_results
 from cptkit.eval.stats import HOLDS, NOT_TESTABLE, Comparison, Effect, decide, doc_se, mean_se, tost
 from cptkit.training.metrics import run_dir_of
-from cptkit.training.plots import overlay_curves
+from cptkit.training.plots import overlay_curves, pareto_plot
 
 Seed = dict[str, Any]  # {group: loss, "task": points | None, "docs": {group: [per-document loss]}}
 DEFAULT_GROUPS = ["domain", "zh", "general", "outside", "probe"]  # the v1 design's columns
@@ -268,7 +268,7 @@ def _curves(named: dict[str, list[dict[str, Any]]], out: str) -> None:
 
 def contamination_line(out: Path, task: str) -> str:
     """One sentence: how many of the task's test items ``evaluate-contamination`` found in the text it read."""
-    from cptkit.eval.contamination import REPORT
+    from cptkit.eval.contamination import REPORT  # deferred: numpy
 
     try:
         rep = json.loads((out / REPORT).read_text())["benchmarks"][task]
@@ -301,7 +301,6 @@ def pareto_points(runs: dict[str, list[Seed]], spec: dict[str, Any]) -> dict[str
 
 
 def _pareto(runs: dict[str, list[Seed]], claims: dict[str, Any], out: Path, scale: str | None) -> None:
-    from cptkit.training.plots import pareto_plot
 
     spec = claims.get("pareto")
     if not spec:
@@ -319,7 +318,7 @@ def _pareto(runs: dict[str, list[Seed]], claims: dict[str, Any], out: Path, scal
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cptkit.training.report", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cptkit cpt-report", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", help="NAME=EVALDIR or NAME=DIR1,DIR2,... (one per seed; DIR+DIR: parts of one evaluation), B0 first")
     p.add_argument("--claims", default="conf/cpt/claims.yaml", help="the pre-registered claims")
     p.add_argument("--groups", default=None,
@@ -357,7 +356,3 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_bytes(Path(a.out), text.encode())
     sys.stdout.write(text)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
