@@ -52,6 +52,7 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "base-text": ("cptkit.training.base_text", "B0's re-adaptation text in disjoint parts (split), and per-seed samples of a part (sample)."),
     "b0": ("cptkit.training.b0", "Build B0, the re-adapted base (cached by content), until its held-out loss levels off."),
     "probe": ("cptkit.eval.probe", "The forgetting probe: texts a model samples itself, as a JSONL file."),
+    "self-samples": ("cptkit.models.self_samples", "Texts a base samples from BOS, for self replay (mix.replay.source=FILE)."),
     "build-tasks": ("cptkit.eval.build_tasks", "Build cptkit's own benchmark tasks' data (gcide_defs, wordnet_defs, champ_math, ...)."),
     "margin": ("cptkit.eval.margin", "The preference margin: log p(clean) - log p(corrupted) of held-out sentence pairs."),
     "cpt-report": ("cptkit.training.report", "The CPT result table: every arm against B0 per seed, and the pre-registered claims."),
@@ -61,7 +62,7 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
 # The place of the commands that are not steps among the steps' declared ``order``s.
 COMMAND_ORDER = {"convert-model": 12, "expansion-arms": 25, "retrieval-relevance": 45,
                  "score-quality-train-report": 61, "label-topics-report": 101, "qa-heldout": 115,
-                 "pairs": 121, "base-text": 127, "b0": 142, "probe": 146, "build-tasks": 148,
+                 "pairs": 121, "base-text": 127, "b0": 142, "probe": 146, "self-samples": 147, "build-tasks": 148,
                  "margin": 155, "evaluate-compare": 165, "cpt-report": 166, "reproduce-report": 170}
 
 

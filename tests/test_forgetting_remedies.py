@@ -298,7 +298,7 @@ def test_self_samples_command_writes_replay_records(base, tmp_path):
     import sys
 
     out = tmp_path / "samples.jsonl"
-    cmd = [sys.executable, "-m", "cptkit.models.self_samples", "--model", str(base), "--out", str(out)]
+    cmd = [sys.executable, "-m", "cptkit", "self-samples", "--model", str(base), "--out", str(out)]
     r = subprocess.run([*cmd, "--docs", "4", "--max-tokens", "6", "--topk", "3"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(x) for x in out.read_text().splitlines()]

@@ -328,6 +328,16 @@ def _whole_chars(text: bytearray) -> bytearray:
         del text[m.start():]
 
 
+def _key_meaning(key: bytearray) -> bytearray:
+    """A JSON key's bytes as it means them: an escaped key (``"\\u0074ext"``) decoded, else as written."""
+    if b"\\" in key:
+        try:
+            return bytearray(json.loads(b'"' + key + b'"').encode())
+        except ValueError:
+            pass
+    return key
+
+
 def _cut_line(head: bytes, fh: IO[bytes], max_chars: int, cap: int) -> bytes | None:
     """A line longer than ``cap`` bytes, of which ``head`` was read, with its top-level ``"text"``
     value cut to ``12 · max_chars + 12`` bytes (more than ``max_chars`` characters: a JSON character is
@@ -404,12 +414,7 @@ def _cut_line(head: bytes, fh: IO[bytes], max_chars: int, cap: int) -> bytes | N
                 out += b'"'
                 i = q + 1
             if is_key:
-                key_next = False
-                if b"\\" in key:  # an escaped key ("\u0074ext"): compare what it means
-                    try:
-                        key = bytearray(json.loads(b'"' + key + b'"').encode())
-                    except ValueError:
-                        pass
+                key_next, key = False, _key_meaning(key)
 
 
 def read_records(

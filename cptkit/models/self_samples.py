@@ -15,7 +15,7 @@ at any seed its samples are not the probe's.
 token_ids}``, plus ``topk_ids`` / ``topk_logprobs`` (one row per token and one for the EOS) with
 ``topk > 0``.
 
-``python -m cptkit.models.self_samples --model M --out FILE [--docs N --max-tokens T --seed S --topk K]``
+``cptkit self-samples --model M --out FILE [--docs N --max-tokens T --seed S --topk K]``
 writes the same records to a file of one's own (``mix.replay.source=FILE``).
 """
 
@@ -176,7 +176,7 @@ def cached_samples(model_spec: str, docs: int, max_tokens: int, seed: int, topk:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cptkit.models.self_samples", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cptkit self-samples", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="the base (HF folder, .gguf or smollm2)")
     p.add_argument("--out", type=Path, required=True, help="the JSONL(.gz) file to write")
     p.add_argument("--docs", type=int, default=256)
@@ -192,7 +192,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{a.out}: {len(recs)} self samples from {a.model} (seed {a.seed}, {cost['tokens']} tokens, "
           f"{cost['tokens_per_s']:.1f} tokens/s, sha256 {hashlib.sha256(data).hexdigest()[:12]})", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
