@@ -143,7 +143,12 @@ def test_cpt_design_at_toy_size_through_make(corpus_records, tmp_path):
         for claim in ("domain_gain", "forgetting", "task_control", "task_forgetting", "replay_b0text",
                       "self_vs_pool", "distill", "merge_forgetting", "merge_gain"):
             assert f"- **{claim}**:" in table
-        assert table.count("Holm over 4, family cpt") == 4 and table.count("Holm over 5, family remedies") == 5
+        for family, members in (("cpt", ("domain_gain", "forgetting", "task_control", "task_forgetting")),
+                                ("remedies", ("replay_b0text", "self_vs_pool", "distill", "merge_forgetting", "merge_gain"))):
+            lines = [ln for ln in table.splitlines() if any(ln.startswith(f"- **{c}**:") for c in members)]
+            decided = [ln for ln in lines if "not testable here" not in ln]  # a toy's 2 task items may not move
+            assert len(lines) == len(members) and decided, lines
+            assert all(f"Holm over {len(decided)}, family {family}" in ln for ln in decided), decided
         assert "| merge_a050 − b0 | 2 |" in table and "domain gain, arm − neutral" in table
         assert (xp / "cpt-pareto.png").read_bytes()[:4] == b"\x89PNG"
         distill = json.loads((xp / "runs" / "self_kl_s0" / "_manifest.json").read_text())["config"]["train"]["distill"]

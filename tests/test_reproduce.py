@@ -284,10 +284,11 @@ def test_v2_rule_primary_comparisons_holm_tost_contrast_and_not_testable(tmp_pat
     assert got == {"peak": HOLDS, "tost": HOLDS, "clamped": NOT_TESTABLE, "gpu": NOT_TESTABLE, "small": INCONCLUSIVE}
     text = (tmp_path / "r.md").read_text()
     assert "| 2·score(0.2) − score(0.1) − score(0.4) | primary | > 0.02 |" in text
-    assert "paired t, 4 df, Holm over 4" in text  # the declared-untestable claim is not in the family
+    # neither the declared-untestable claim nor the clamped one (no p) is among the comparisons Holm adjusts
+    assert "paired t, 4 df, Holm over 3" in text
     assert "| score(0.4) − score(0.1) | secondary | > 0 |" in text  # shown, never the verdict
     assert "| claim | verdict |" in text and "| gpu | not testable here |" in text
-    assert "TOST ±0.02, 4 df, Holm over 4 | holds" in text
+    assert "TOST ±0.02, 4 df, Holm over 3 | holds" in text
     assert "**Verdict: not testable here** (needs a GPU: bench/gpu/reproduce.sh)." in text
     assert "**Control:** the control" in text and "**Why the measure could have failed:** because" in text
     assert "does not clear the minimum effect 0.05" in text and "minimum detectable effect" in text

@@ -326,7 +326,7 @@ def decide(family: Sequence[tuple[Comparison, Sequence[float]]], alpha: float = 
         if e.verdict == NOT_TESTABLE:
             out.append(e)
             continue
-        e = replace(e, p=p, test=e.test + (f", Holm over {len(family)}" if len(family) > 1 else ""))
+        e = replace(e, p=p, test=e.test + (f", Holm over {m}" if m > 1 else ""))  # the comparisons it adjusted
         out.append(_tost_verdict(e, c.margin, alpha, pz, m) if c.kind == "equivalence"
                    else _effect_verdict(e, c.expect, c.min_effect, alpha, m))
     return out
