@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests._tiny_llm import cached_tiny_model
+from tests.test_hostile_serve import post
 
 ROOT = Path(__file__).resolve().parent.parent
 PANIC = "a" * 40 + "!"  # with the pre-tokenizer Split (a+)+b: catastrophic backtracking, and the Rust tokenizer panics
@@ -51,17 +52,6 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         proc.kill()
-
-
-def post(server, body: bytes | dict, headers: dict[str, str] | None = None, path: str = "/v1/completions"):
-    """(status, parsed JSON answer) of one POST on a fresh connection."""
-    conn = http.client.HTTPConnection(*server, timeout=120)
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    conn.request("POST", path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
-    resp = conn.getresponse()
-    out = resp.status, json.loads(resp.read())
-    conn.close()
-    return out
 
 
 def health(server) -> tuple[int, dict]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cptkit.core.config import IOConfig
-from cptkit.core.shards import STDIO, InputFile, open_new
+from cptkit.core.shards import STDIO, InputFile, open_new, pid_alive
 
 CACHE_FILE = "hashes.json"
 BOOKKEEPING = frozenset({"_manifest.json", "_SUCCESS"})  # a cptkit output's run records (timings), not its data
@@ -86,17 +86,6 @@ class HashCache:
 
 
 _TMP_PID = re.compile(r"^\..*(?:\.(\d+)\.tmp|\.tmp-(\d+))$")  # .NAME.<pid>.tmp, .NAME.tmp-<pid>
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` lives on this host (another user's live process counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's live process
-        return True
-    return True
 
 
 def remove_dead_tmps(path: Path, pattern: str | None = None,

@@ -43,12 +43,18 @@ from cptkit.core.fingerprint import (
     describe_change,
     fingerprint,
     input_changes,
-    pid_alive,
     remove_dead_tmps,
     same_read,
 )
 from cptkit.core.progress import log
-from cptkit.core.shards import STDIO, InputFile, atomic_write_bytes, atomic_write_json, open_new
+from cptkit.core.shards import (
+    STDIO,
+    InputFile,
+    atomic_write_bytes,
+    atomic_write_json,
+    open_new,
+    pid_alive,
+)
 
 STATE_DIR = ".cptkit"
 SUCCESS = "_SUCCESS"

@@ -737,7 +737,7 @@ def staged(dst: Path) -> Iterator[Path]:
     dst = Path(dst)
     for old in dst.glob(".staged.tmp-*"):
         pid = old.name.rsplit("-", 1)[-1]
-        if old.is_dir() and not old.is_symlink() and pid.isdigit() and not _pid_alive(int(pid)):
+        if old.is_dir() and not old.is_symlink() and pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     tmp = tmp_name(dst / "staged")
     if tmp.is_symlink() or tmp.is_file():
@@ -754,7 +754,8 @@ def staged(dst: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` lives on this host (another user's live process counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
