@@ -162,7 +162,8 @@ def content_hash(path: str | Path) -> tuple[str, int] | None:
 
 # -- what a run is: its config hash and the fingerprints of what it reads ----------------------
 
-IO_DEFAULTS = {"max_record_chars": IOConfig().max_record_chars, "oversize": IOConfig().oversize}
+IO_DEFAULTS = {"max_record_chars": IOConfig().max_record_chars, "oversize": IOConfig().oversize,
+               "html_extractor": IOConfig().html_extractor}
 
 
 def config_hash(cfg: dict) -> str:
@@ -172,7 +173,7 @@ def config_hash(cfg: dict) -> str:
     keep = {k: v for k, v in cfg.items() if k not in ("io", "quiet", "overrides")}
     keep["shard"] = {k: v for k, v in cfg.get("shard", {}).items() if k not in ("index", "count")}
     io = cfg.get("io", {})
-    for key in ("max_record_chars", "oversize"):  # they change what is read
+    for key in ("max_record_chars", "oversize", "html_extractor"):  # they change what is read
         if key in io and io[key] != IO_DEFAULTS.get(key):
             keep[f"io.{key}"] = io[key]
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]

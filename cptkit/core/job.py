@@ -46,6 +46,7 @@ from cptkit.core.workers import in_workers
 __all__ = ["Hooks", "Job", "Task", "TaskResult"]
 
 V = TypeVar("V")
+SKIPPED = "records_skipped"  # a task marker's extra: WARC records that are no text record, by reason
 
 
 @dataclass
@@ -258,7 +259,7 @@ class Job:
         ids = self._ids
         for inp in task.inputs:
             st = stats or ReadStats()
-            seen = 0
+            seen, skipped_before = 0, dict(st.skipped)
             for rec in read_records(inp, skip_bad=skip, stats=st, plain_ids=plain_ids, **io_cfg.limits()):
                 if check_ids:
                     h = hash(rec["id"])
@@ -272,6 +273,10 @@ class Job:
                     self.progress.update(self._bar, advance=st.bytes - seen)
                     seen = st.bytes
             res.bad += st.bad
+            if st.skipped and count:  # WARC records that are no text record: counted by reason
+                kept = res.extra.setdefault(SKIPPED, {})
+                for why, n in st.skipped.items():
+                    kept[why] = kept.get(why, 0) + n - skipped_before.get(why, 0)
             if self._bar is not None and count:
                 self.progress.update(self._bar, advance=max(inp.size - seen, 0))
 
@@ -371,12 +376,16 @@ class Job:
             "records_out": sum(r["records_out"] for r in results.values()),
             "bad_lines_skipped": sum(r["bad"] for r in results.values()),
         }
+        skipped = self.merged(SKIPPED)
+        if skipped:  # archive records read but not records (WARC input): by reason
+            counts[SKIPPED] = dict(sorted(skipped.items()))
         mine = {t.name: self.results[t.name] for t in self.mine() if t.name in self.results}
         here_in = sum(r.records_in for r in mine.values())
         rows: dict[str, Any] = {
             "records in": here_in,
             "records out": sum(r.records_out for r in mine.values()),
             "bad lines skipped": sum(r.bad for r in mine.values()),
+            **({"archive records skipped": sum(skipped.values())} if skipped else {}),
             **extra,
             "seconds": seconds,
             "records/s": (here_in or sum(r.records_out for r in mine.values())) / seconds if seconds > 0 else 0.0,

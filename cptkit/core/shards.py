@@ -1,7 +1,8 @@
 """Sharded JSONL I/O: resolve inputs, read records with precise errors, write atomic shards.
 
-Readers accept ``.jsonl``, ``.jsonl.gz`` and ``.jsonl.zst`` (and ``.json`` lines), Parquet files and
-``datasets.save_to_disk`` folders (Arrow files, read with pyarrow). Files whose
+Readers accept ``.jsonl``, ``.jsonl.gz`` and ``.jsonl.zst`` (and ``.json`` lines), Parquet files,
+``datasets.save_to_disk`` folders (Arrow files, read with pyarrow) and Common Crawl's WARC and WET
+archives (:mod:`cptkit.core.warc`). Files whose
 name starts with ``_`` or ``.`` are metadata (manifests, markers, side outputs) and are never
 read as data. Writers produce size-bounded shards, each written under a temporary name and
 renamed when complete; gzip output is byte-reproducible (no timestamp, no file name).
@@ -27,10 +28,11 @@ from typing import IO, Any
 from cptkit.core.errors import BadInput, CptkitError
 from cptkit.core.records import Record, dumps, plain_id_problem, validate
 from cptkit.core.redact import mask_known, redact
+from cptkit.core.warc import WARC_SUFFIXES, is_warc, warc_records
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")
 TABLE_SUFFIXES = (".parquet", ".arrow")
-DATA_SUFFIXES = JSONL_SUFFIXES + (".parquet",)
+DATA_SUFFIXES = JSONL_SUFFIXES + (".parquet",) + WARC_SUFFIXES
 # a JSON \uD800-\uDFFF escape: json.loads accepts a lone surrogate that UTF-8 cannot encode
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
 STDIO = "-"
@@ -149,7 +151,7 @@ def resolve_inputs(specs: list[str] | str, allow_partial: bool = False) -> list[
             if not files and (p / "_SUCCESS").exists():
                 continue  # the finished, empty output of a step (everything was filtered out)
             if not files:
-                raise CptkitError(f"{spec}: directory holds no .jsonl/.jsonl.gz/.jsonl.zst/.parquet shards")
+                raise CptkitError(f"{spec}: directory holds no .jsonl/.jsonl.gz/.jsonl.zst/.parquet shards or .warc.gz/.wet.gz archives")
         elif p.is_file():
             files = [_input_file(p)]
         elif any(ch in spec for ch in "*?["):
@@ -227,6 +229,7 @@ class ReadStats:
     bytes: int = 0
     line: int = 0  # line (JSONL) or row (Parquet/Arrow, 1-based) of the record last yielded
     truncated: int = 0  # records whose text was cut to max_chars (oversize=truncate)
+    skipped: dict[str, int] = field(default_factory=dict)  # WARC records that are no text record, by reason
 
 
 def _check_record(obj: object, raw: bytes | None, max_chars: int, oversize: str,
@@ -291,6 +294,7 @@ def read_records(
     max_chars: int = 0,
     oversize: str = "error",
     plain_ids: bool = False,
+    html_extractor: str = "resiliparse",
 ) -> Iterator[Record]:
     """Yield the records of one shard.
 
@@ -299,13 +303,17 @@ def read_records(
     ``stats.bad`` and skipped when ``skip_bad`` (``oversize=skip`` skips long texts,
     ``truncate`` cuts them). With ``plain_ids``, an id holding a tab, line break or control character is
     such a line too (for steps that write ids into tab- or space-separated files). An empty shard is an
-    error: it almost always means an upstream step failed.
+    error: it almost always means an upstream step failed. A WARC or WET archive is read by
+    :func:`_read_warc` (``html_extractor``: for the HTML of WARC response records).
     """
     if isinstance(inp, str):
         inp = InputFile(inp, 0)
     stats = stats if stats is not None else ReadStats()
     if inp.path.endswith(TABLE_SUFFIXES):
         yield from _read_table(inp, skip_bad, stats, validate_records, max_chars, oversize, plain_ids)
+        return
+    if is_warc(inp.path):
+        yield from _read_warc(inp, skip_bad, stats, validate_records, max_chars, oversize, plain_ids, html_extractor)
         return
     fh, counter = open_binary(inp.path)
     n_lines = 0
@@ -353,6 +361,32 @@ def read_records(
             fh.close()
     if n_lines == 0:
         raise BadInput(inp.name, None, "input is empty")
+
+
+def _read_warc(inp: InputFile, skip_bad: bool, stats: ReadStats, validate_records: bool, max_chars: int,
+               oversize: str, plain_ids: bool, extractor: str) -> Iterator[Record]:
+    """Records of a WARC or WET archive (:func:`cptkit.core.warc.warc_records`); an error names the
+    file and the record's byte offset (the decompressed archive's); ``stats.line`` counts archive
+    records yielded."""
+    counter = _CountingReader(open(inp.path, "rb"))  # noqa: SIM115
+    n = 0
+    try:
+        for offset, obj in warc_records(io.BufferedReader(counter), inp.name, skipped=stats.skipped,
+                                        extractor=extractor, skip_bad=skip_bad):
+            n += 1
+            stats.bytes = counter.consumed
+            if isinstance(obj, str):
+                err, truncated = obj, False
+            else:
+                err, truncated = (_check_record(obj, None, max_chars, oversize, plain_ids) if validate_records
+                                  else (None, False))
+            if err is not None and not skip_bad and not (oversize == "skip" and "io.max_record_chars" in err):
+                raise BadInput(inp.name, None, err if err.startswith(("truncated", "record at byte"))
+                               else f"record at byte {offset}: {err}")
+            if _accept(err, truncated, inp.name, n, stats, True, oversize):
+                yield obj  # type: ignore[misc]
+    finally:
+        counter.close()
 
 
 def _json_types(schema) -> bool:
