@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from cptkit.core import signals
+from cptkit.core import remote, signals
 from cptkit.core.errors import BadInput, CptkitError
 from cptkit.core.fingerprint import cache as hash_cache
 from cptkit.core.fingerprint import config_hash, fingerprint_path
@@ -65,7 +65,12 @@ def step_inputs(ctx: Run) -> list[InputFile]:
     """The run's ``--in`` files, less any inside its ``--out`` (never read our own shards)."""
     inputs = ctx.resolve_inputs()
     out = ctx.io.output
-    if out is not None and str(out) != STDIO:
+    if out is not None and remote.is_url(out):
+        own = str(out).rstrip("/") + "/"
+        inputs = [f for f in inputs if not f.path.startswith(own)]
+        if not inputs:
+            raise CptkitError(f"--in {' '.join(map(str, ctx.io.inputs))}: holds no data files outside --out {out}")
+    elif out is not None and str(out) != STDIO:
         own = os.path.realpath(str(out)) + os.sep
         inputs = [f for f in inputs if f.path == STDIO or not (f.real or os.path.realpath(f.path)).startswith(own)]
         if not inputs:
@@ -399,4 +404,4 @@ class Job:
             log.info("slice %d/%d done; %d of %d tasks finished overall", self.shard_index, self.shard_count,
                      len(results), len(self.tasks))
         print_summary(title or f"cptkit {self.step}", rows, self.quiet)
-        return counts | {"seconds": seconds, "extra": extra, "output": str(self.out)}
+        return counts | {"seconds": seconds, "extra": extra, "output": self.output.name}

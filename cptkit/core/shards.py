@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from cptkit.core import remote
 from cptkit.core.errors import BadInput, CptkitError
 from cptkit.core.records import Record, dumps, plain_id_problem, validate
 from cptkit.core.redact import mask_known, redact
@@ -72,8 +73,12 @@ class InputFile:
         return "<stdin>" if self.path == STDIO else self.path
 
 
+def _data_name(name: str) -> bool:
+    return name.endswith(DATA_SUFFIXES) and name[:1] not in ("_", ".", "")
+
+
 def is_data_file(path: Path) -> bool:
-    return path.is_file() and path.name.endswith(DATA_SUFFIXES) and path.name[0] not in "_."
+    return path.is_file() and _data_name(path.name)
 
 
 def _input_file(f: Path) -> InputFile:
@@ -137,9 +142,12 @@ def resolve_inputs(specs: list[str] | str, allow_partial: bool = False) -> list[
         raise CptkitError("no input given: pass --in PATH (a file, a directory, a glob or -)")
     found: list[InputFile] = []
     for spec in specs:
-        spec = str(spec)
+        spec = remote.local_path(str(spec))
         if spec == STDIO:
             found.append(InputFile(STDIO, 0))
+            continue
+        if remote.is_url(spec):  # an object, a prefix or a glob in a store
+            found.extend(remote.resolve(spec, _data_name, allow_partial))
             continue
         p = Path(spec)
         if p.is_dir():
@@ -206,12 +214,17 @@ class _CountingReader(io.RawIOBase):
         super().close()
 
 
+def open_raw(path: str) -> IO[bytes]:
+    """A shard's bytes as stored: a local file, or an object read as a stream (:mod:`cptkit.core.remote`)."""
+    return remote.open_raw(path) if remote.is_url(path) else open(path, "rb")  # noqa: SIM115
+
+
 def open_binary(path: str) -> tuple[IO[bytes], _CountingReader]:
     """Open a shard for binary line reading, decompressing by suffix."""
     if path == STDIO:
         counter = _CountingReader(sys.stdin.buffer)
         return io.BufferedReader(counter), counter
-    counter = _CountingReader(open(path, "rb"))  # noqa: SIM115
+    counter = _CountingReader(open_raw(path))
     if path.endswith(".gz"):
         return gzip.GzipFile(fileobj=io.BufferedReader(counter), mode="rb"), counter  # type: ignore[return-value]
     if path.endswith(".zst"):
@@ -368,7 +381,7 @@ def _read_warc(inp: InputFile, skip_bad: bool, stats: ReadStats, validate_record
     """Records of a WARC or WET archive (:func:`cptkit.core.warc.warc_records`); an error names the
     file and the record's byte offset (the decompressed archive's); ``stats.line`` counts archive
     records yielded."""
-    counter = _CountingReader(open(inp.path, "rb"))  # noqa: SIM115
+    counter = _CountingReader(open_raw(inp.path))
     n = 0
     try:
         for offset, obj in warc_records(io.BufferedReader(counter), inp.name, skipped=stats.skipped,
@@ -412,12 +425,12 @@ def _read_table(inp: InputFile, skip_bad: bool, stats: ReadStats, validate_recor
 
     try:
         if inp.path.endswith(".parquet"):
-            pf = pq.ParquetFile(inp.path)
+            pf = pq.ParquetFile(open_raw(inp.path) if remote.is_url(inp.path) else inp.path)
             total = pf.metadata.num_rows
             batches = pf.iter_batches(batch_size=1024)
         else:
             total = 0
-            src = pa.memory_map(inp.path)
+            src = pa.PythonFile(open_raw(inp.path)) if remote.is_url(inp.path) else pa.memory_map(inp.path)
             try:
                 batches = iter(pa.ipc.open_stream(src))
             except pa.ArrowInvalid:
