@@ -447,7 +447,11 @@ class OutputDir:
 
     def is_complete(self, task: Task) -> bool:
         """Whether ``task`` has a marker of a run that read what this run reads."""
-        if self.stdout or not self.marker(task).exists():
+        if self.stdout:
+            return False
+        if not self.marker(task).exists() and self.remote is not None:  # another slice's, since open
+            self.remote.fetch(self.marker(task).relative_to(self.path).as_posix(), self.marker(task))
+        if not self.marker(task).exists():
             return False
         try:
             read = json.loads(self.marker(task).read_text()).get("read")

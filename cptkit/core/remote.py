@@ -125,6 +125,7 @@ def resolve(spec: str, data_name, allow_partial: bool = False) -> list:
     from cptkit.core.shards import InputFile
 
     fs, path = fs_of(spec)
+    fs.invalidate_cache()  # listings are read fresh: another process may have written since
     if any(ch in path for ch in "*?["):
         found = _call(spec, fs.glob, path, detail=True)
         files = [InputFile(_url(fs, p), int(i.get("size") or 0), _url(fs, p)) for p, i in sorted(found.items())
@@ -167,8 +168,24 @@ def open_raw(url: str, block_size: int = 4 * 2**20) -> IO[bytes]:
 def fingerprint(url: str) -> dict[str, Any]:
     """What a task read from an object: its URL, size and ETag (the store's checksum of its bytes)."""
     fs, path = fs_of(url)
+    fs.invalidate_cache(path)
     info = _call(url, fs.info, path)
     return {"path": url, "size": int(info.get("size") or 0), "mtime_ns": None, "etag": _etag(info)}
+
+
+def output_file(out: str, name: str) -> bytes | None:
+    """The bytes of the file ``name`` of the output ``out`` (a directory or a store URL), or None."""
+    out = local_path(out)
+    if not is_url(out):
+        p = Path(out) / name
+        return p.read_bytes() if p.is_file() else None
+    fs, path = fs_of(out)
+    try:
+        return fs.cat_file(f"{path.rstrip('/')}/{name}")
+    except FileNotFoundError:
+        return None
+    except Exception as e:  # noqa: BLE001
+        raise store_error(out, e) from None
 
 
 def staging_dir(url: str, index: int, count: int) -> Path:
@@ -204,6 +221,7 @@ class RemoteOutput:
     def listing(self, sub: str = "") -> dict[str, dict]:
         """Objects under the output (or under ``sub``), by relative path."""
         base = self.root + "/" + sub if sub else self.root
+        self.fs.invalidate_cache()
         try:
             found = self.fs.find(base.rstrip("/"), detail=True)
         except FileNotFoundError as e:
@@ -297,6 +315,22 @@ class RemoteOutput:
             self.pushed[rel] = (st.st_size, st.st_mtime_ns)
             self.known.add(rel)
         return found
+
+    def fetch(self, rel: str, dest: Path) -> bool:
+        """Download the object ``rel`` to ``dest`` if the store has it (a marker another process wrote)."""
+        try:
+            data = self.fs.cat_file(self.key(rel))
+        except FileNotFoundError:
+            return False
+        except Exception as e:  # noqa: BLE001
+            raise store_error(self.url, e) from None
+        from cptkit.core.shards import atomic_write_bytes
+
+        atomic_write_bytes(dest, data)
+        st = dest.stat()
+        self.pushed[rel] = (st.st_size, st.st_mtime_ns)
+        self.known.add(rel)
+        return True
 
     def push(self, staging: Path, final: bool = False) -> None:
         """Upload what changed in ``staging`` since the last push: data files and side outputs, then run
