@@ -73,3 +73,16 @@ def start() -> S3Server:
     iam.put_user_policy(UserName="cptkit", PolicyName="all", PolicyDocument=json.dumps(
         {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
     return S3Server(endpoint, key["AccessKeyId"], key["SecretAccessKey"], proc)
+
+
+if __name__ == "__main__":  # python tests/s3_server.py: a server for trying things by hand (docs/retrieve.md)
+    import signal
+
+    srv = start()
+    for k, v in srv.env().items():
+        print(f"export {k}={v}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: (srv.stop(), sys.exit(0)))
+    try:
+        srv.proc.wait()
+    except KeyboardInterrupt:
+        srv.stop()

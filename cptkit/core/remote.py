@@ -188,6 +188,27 @@ def output_file(out: str, name: str) -> bytes | None:
         raise store_error(out, e) from None
 
 
+def local_copy(url: str) -> Path:
+    """A local copy of everything under the prefix ``url`` but locks (an index to memory-map), in a
+    directory of this process under ``$CPTKIT_STAGING`` that is removed when the process exits."""
+    import atexit
+
+    fs, path = fs_of(url)
+    fs.invalidate_cache()
+    root = path.rstrip("/")
+    found = {p[len(root) + 1:]: p for p in _call(url, fs.find, root) if p.startswith(root + "/")}
+    if not found:
+        raise CptkitError(f"{url}: no such object or prefix")
+    dest = staging_dir(url, 0, 1)
+    atexit.register(shutil.rmtree, dest, True)
+    for rel, key in sorted(found.items()):
+        if rel.rsplit("/", 1)[-1].startswith("lock-"):
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        _call(url, fs.get_file, key, str(dest / rel))
+    return dest
+
+
 def staging_dir(url: str, index: int, count: int) -> Path:
     """A new local directory (made by :meth:`OutputDir.open`) where this process writes its slice of the output ``url`` before it is
     uploaded: under ``$CPTKIT_STAGING`` (default: the system's temporary directory), its own for each
