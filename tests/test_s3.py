@@ -105,6 +105,7 @@ def corpus(corpus_records, tmp_path_factory) -> Path:
     return d
 
 
+@pytest.mark.slow(minutes=1)
 def test_a_step_writes_to_the_store_and_another_reads_it_equal_to_local_runs(s3, corpus, corpus_records, tmp_path,
                                                                              capsys):
     """dedup from the store to the store, then build-mix from the store: every object equals the
@@ -181,6 +182,7 @@ def test_a_second_writer_is_refused_by_a_conditional_put(s3, corpus, tmp_path, c
     assert [k for k in objects("s3://bkt/t3/out", data_only=False) if not k.startswith(".cptkit/lock-")] == []
 
 
+@pytest.mark.slow(minutes=2)
 def test_a_killed_run_resumes_to_byte_identical_output_and_redoes_an_edited_input(s3, corpus_records, tmp_path):
     """SIGKILL a run writing to the store once a task's marker is there; edit an input in place to the
     same size (a new ETag); the rerun redoes that task and its output equals a fresh local run's."""
