@@ -250,3 +250,11 @@ def test_bad_input_in_a_new_store_output_leaves_nothing(s3, tmp_path, capsys):
     rc = run_main(["dedup", "--in", tmp_path / "in", "--out", "s3://bkt/t6/out", "--quiet"])
     assert rc == 2 and "a.jsonl:2: record 'b' has no 'text'" in capsys.readouterr().err
     assert objects("s3://bkt/t6/out", data_only=False) == {}
+
+
+def test_file_urls_are_local_paths(tmp_path, capsys):
+    """``file://`` in --in and --out is the local path: the same output as the plain paths give."""
+    write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": "a", "text": "one two three"}, {"id": "b", "text": "one two three"}])
+    assert run_main(["dedup", "--in", f"file://{tmp_path}/in", "--out", f"file://{tmp_path}/o1", "--quiet"]) == 0
+    assert run_main(["dedup", "--in", tmp_path / "in", "--out", tmp_path / "o2", "--quiet"]) == 0
+    assert files(tmp_path / "o1") == files(tmp_path / "o2") and (tmp_path / "o1" / "_SUCCESS").is_file()

@@ -64,7 +64,7 @@ class Hooks:
 def step_inputs(ctx: Run) -> list[InputFile]:
     """The run's ``--in`` files, less any inside its ``--out`` (never read our own shards)."""
     inputs = ctx.resolve_inputs()
-    out = ctx.io.output
+    out = remote.local_path(str(ctx.io.output)) if ctx.io.output is not None else None
     if out is not None and remote.is_url(out):
         own = str(out).rstrip("/") + "/"
         inputs = [f for f in inputs if not f.path.startswith(own)]
