@@ -81,8 +81,11 @@ if __name__ == "__main__":  # python tests/s3_server.py: a server for trying thi
     srv = start()
     for k, v in srv.env().items():
         print(f"export {k}={v}", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: (srv.stop(), sys.exit(0)))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        srv.proc.wait()
-    except KeyboardInterrupt:
+        while srv.proc.poll() is None:
+            time.sleep(0.5)
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
         srv.stop()

@@ -366,7 +366,7 @@ class RemoteOutput:
             for n in sorted(names):
                 p = Path(root) / n
                 rel = p.relative_to(staging).as_posix()
-                if _TMP_PID.match(n) or n.startswith(("lock-", *UNSHARED_STATE)) and rel.startswith(".cptkit/"):
+                if _TMP_PID.match(n) or (rel.startswith(".cptkit/") and n.startswith(("lock-", *UNSHARED_STATE))):
                     continue
                 if not p.is_file() or p.is_symlink():
                     continue
