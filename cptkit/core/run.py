@@ -29,6 +29,7 @@ LATER_KEYS: dict[str, Any] = {
     "train.weights_from": None,
     "train.branch_from": None,
     "train.callbacks": [],
+    "io.html_extractor": "resiliparse",  # IOConfig.html_extractor: how WARC archives' HTML is read
 }
 
 
