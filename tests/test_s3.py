@@ -258,3 +258,14 @@ def test_file_urls_are_local_paths(tmp_path, capsys):
     assert run_main(["dedup", "--in", f"file://{tmp_path}/in", "--out", f"file://{tmp_path}/o1", "--quiet"]) == 0
     assert run_main(["dedup", "--in", tmp_path / "in", "--out", tmp_path / "o2", "--quiet"]) == 0
     assert files(tmp_path / "o1") == files(tmp_path / "o2") and (tmp_path / "o1" / "_SUCCESS").is_file()
+
+
+def test_a_prefix_holding_other_objects_is_not_written_into(s3, tmp_path, capsys):
+    fs().pipe_file("bkt/t7/out/notes.txt", b"someone else's")
+    write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": "a", "text": "x"}])
+    staging = Path(os.environ["CPTKIT_STAGING"])
+    before = set(staging.iterdir())
+    rc = run_main(["dedup", "--in", tmp_path / "in", "--out", "s3://bkt/t7/out", "--quiet"])
+    assert set(staging.iterdir()) == before  # no staging directory left behind
+    assert rc == 2 and "s3://bkt/t7/out: holds objects and is not a cptkit output" in capsys.readouterr().err
+    assert list(objects("s3://bkt/t7/out", data_only=False)) == ["notes.txt"]  # its lock released, nothing added

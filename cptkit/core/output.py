@@ -432,14 +432,14 @@ class OutputDir:
                     log.warning("%s", e)
         finally:
             self.release()
-            if self.remote is not None and not self.stdout:
-                shutil.rmtree(self.path, ignore_errors=True)
 
     def release(self) -> None:
         if self.lock is not None:
             self.lock.release()
-        if self.remote is not None:
+        if self.remote is not None:  # the store holds the state: the staging directory goes with the lock
             self.remote.release()
+            if not self.stdout:
+                shutil.rmtree(self.path, ignore_errors=True)
 
     # -- task markers ----------------------------------------------------------------------
     def marker(self, task: Task) -> Path:
