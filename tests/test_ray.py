@@ -174,3 +174,44 @@ def test_a_dead_cluster_fails_the_run_in_one_line(tmp_path: Path, shards: Path):
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: ray") and address in last, err
     assert not (tmp_path / "o" / "_SUCCESS").exists()
+
+
+def test_dedup_on_ray_with_no_shared_directory_writes_to_s3(shards: Path, tmp_path: Path, monkeypatch):
+    """The output is a bucket on a real S3 server (moto's, tests/s3_server.py), not a shared directory:
+    each member writes into a staging directory of its own process and the store holds the run state
+    between the map, reduce and final waves. The objects equal a local run's files byte for byte."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    sys.path.insert(0, str(Path(__file__).parent))
+    import s3_server
+    import s3fs
+
+    srv = s3_server.start()
+    tmp = Path(tempfile.mkdtemp(prefix="cptkit-ray-"))
+    try:
+        for k, v in srv.env().items():  # every node reads its credentials from its own environment
+            monkeypatch.setenv(k, v)
+        staging = tmp_path / "staging"
+        monkeypatch.setenv("CPTKIT_STAGING", str(staging))
+        srv.make_bucket("bkt")
+        fs = s3fs.S3FileSystem(skip_instance_cache=True)
+        for p in sorted(shards.iterdir()):
+            fs.put_file(str(p), f"bkt/in/{p.name}")
+        address, pgid = start_cluster(tmp)
+        try:
+            opts = ["dedup.cluster=mapreduce", "shard.task_bytes=0"]
+            on_ray = cptkit("dedup", "--in", "s3://bkt/in/", "--out", "s3://bkt/out/", *opts, "executor=ray",
+                            f"executor.address={address}", "executor.workers=3")
+        finally:
+            stop_cluster(pgid)
+        assert on_ray.returncode == 0, on_ray.stderr
+        local = cptkit("dedup", "--in", str(shards), "--out", str(tmp_path / "local"), *opts)
+        assert local.returncode == 0, local.stderr
+        got = {p.rsplit("/", 1)[-1]: fs.cat_file(p) for p in fs.find("bkt/out", maxdepth=1)
+               if not p.endswith("_manifest.json")}
+        assert got == tree(tmp_path / "local") and "_SUCCESS" in got
+        assert len([n for n in got if n.startswith("part-")]) == 6
+        assert not any(staging.iterdir())  # every member's staging directory is gone: the store holds it all
+    finally:
+        srv.stop()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from cptkit.core.errors import CptkitError
 from cptkit.core.redact import redact, redact_text
 from cptkit.core.registry import Registry
+from cptkit.core.warc import EXTRACTORS
 
 __all__ = ["redact", "redact_text", "check", "compose_step", "finalize", "register_step", "validate"]
 
@@ -68,15 +69,19 @@ class IOConfig:
     unique_ids: bool = True  # a record id read twice in one run is an error (file:line)
     max_record_chars: int = 5_000_000  # longest record text read (bounds memory); 0: no limit
     oversize: str = "error"  # a longer record: error | skip (counted as bad) | truncate (its text)
+    html_extractor: str = "resiliparse"  # the HTML of WARC response records: resiliparse | trafilatura
 
     def __post_init__(self) -> None:
         check(self.lock_wait_s >= 0, "lock_wait_s", self.lock_wait_s, "must be >= 0 seconds")
         check(self.max_record_chars >= 0, "max_record_chars", self.max_record_chars, "must be >= 0 (0: no limit)")
         check(self.oversize in OVERSIZE, "oversize", self.oversize, f"must be one of {', '.join(OVERSIZE)}")
+        check(self.html_extractor in EXTRACTORS, "html_extractor", self.html_extractor,
+              f"must be one of {', '.join(EXTRACTORS)}")
 
     def limits(self) -> dict[str, Any]:
-        """The record-size limit as ``read_records``/``iter_records`` keywords: every reader applies it."""
-        return {"max_chars": self.max_record_chars, "oversize": self.oversize}
+        """The record-size limit (and the HTML extractor of WARC archives) as ``read_records``/``iter_records``
+        keywords: every reader applies them."""
+        return {"max_chars": self.max_record_chars, "oversize": self.oversize, "html_extractor": self.html_extractor}
 
 
 @dataclass

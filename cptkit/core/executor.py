@@ -36,9 +36,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from cptkit.core import remote
 from cptkit.core.config import compose_step
 from cptkit.core.discovery import execute, step_module
 from cptkit.core.errors import CptkitError, print_error
@@ -154,12 +154,13 @@ def run_waves(decl: Step, overrides: list[str], cfg: Any, n: int, where: str,
             if "error" in o:
                 raise CptkitError(f"{where} member {' '.join(m)}: {o['error']}")
         last = outcomes[-1]["result"]
-    if not (Path(str(cfg.io.output)) / "_SUCCESS").exists() and "{" not in str(cfg.io.output):
+    out = str(cfg.io.output)
+    if remote.output_file(out, "_SUCCESS") is None and "{" not in out:
         raise CptkitError(f"{where}: every wave ran but {cfg.io.output} has no _SUCCESS")
     rows: dict[str, Any] = {"executor": where, "members per wave": n, "waves": len(plan)}
-    manifest = Path(str(cfg.io.output)) / "_manifest.json"
-    if manifest.exists():
-        rows |= {k.replace("_", " "): v for k, v in json.loads(manifest.read_text())["counts"].items()}
+    manifest = remote.output_file(out, "_manifest.json")
+    if manifest is not None:
+        rows |= {k.replace("_", " "): v for k, v in json.loads(manifest)["counts"].items()}
     rows["seconds"] = time.time() - t0
     print_summary(f"cptkit {decl.name} on {where}", rows, bool(cfg.get("quiet", False)))
     return last

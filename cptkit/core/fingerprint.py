@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from cptkit.core import remote
 from cptkit.core.config import IOConfig
 from cptkit.core.shards import STDIO, InputFile, open_new, pid_alive
 
@@ -152,7 +153,8 @@ def content_hash(path: str | Path) -> tuple[str, int] | None:
 
 # -- what a run is: its config hash and the fingerprints of what it reads ----------------------
 
-IO_DEFAULTS = {"max_record_chars": IOConfig().max_record_chars, "oversize": IOConfig().oversize}
+IO_DEFAULTS = {"max_record_chars": IOConfig().max_record_chars, "oversize": IOConfig().oversize,
+               "html_extractor": IOConfig().html_extractor}
 
 
 def config_hash(cfg: dict) -> str:
@@ -162,7 +164,7 @@ def config_hash(cfg: dict) -> str:
     keep = {k: v for k, v in cfg.items() if k not in ("io", "quiet", "overrides")}
     keep["shard"] = {k: v for k, v in cfg.get("shard", {}).items() if k not in ("index", "count")}
     io = cfg.get("io", {})
-    for key in ("max_record_chars", "oversize"):  # they change what is read
+    for key in ("max_record_chars", "oversize", "html_extractor"):  # they change what is read
         if key in io and io[key] != IO_DEFAULTS.get(key):
             keep[f"io.{key}"] = io[key]
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -173,6 +175,8 @@ def fingerprint(inp: InputFile) -> dict[str, Any]:
     sha256 of its contents (cached: :func:`cache`)."""
     if inp.path == STDIO:
         return {"path": STDIO}
+    if remote.is_url(inp.path):  # an object in a store: its size and ETag
+        return remote.fingerprint(inp.path)
     return fingerprint_path(inp.path, inp.real)
 
 
@@ -200,6 +204,8 @@ def same_read(old: dict, new: dict) -> bool:
     (an edit that keeps the size and restores the mtime is a change; a touch is not), else by size and mtime."""
     if old.get("path") == STDIO or new.get("path") == STDIO:
         return False
+    if "etag" in old and "etag" in new:  # an object in a store: its checksum, never a time
+        return old.get("size") == new.get("size") and old["etag"] == new["etag"] and old["etag"] is not None
     keys = ("size", "sha256") if "sha256" in old and "sha256" in new else ("size", "mtime_ns")
     return all(old.get(k) == new.get(k) for k in keys)
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from cptkit.core import signals
+from cptkit.core import remote, signals
 from cptkit.core.errors import BadInput, CptkitError
 from cptkit.core.fingerprint import cache as hash_cache
 from cptkit.core.fingerprint import config_hash, fingerprint_path
@@ -46,6 +46,7 @@ from cptkit.core.workers import in_workers
 __all__ = ["Hooks", "Job", "Task", "TaskResult"]
 
 V = TypeVar("V")
+SKIPPED = "records_skipped"  # a task marker's extra: WARC records that are no text record, by reason
 
 
 @dataclass
@@ -63,8 +64,13 @@ class Hooks:
 def step_inputs(ctx: Run) -> list[InputFile]:
     """The run's ``--in`` files, less any inside its ``--out`` (never read our own shards)."""
     inputs = ctx.resolve_inputs()
-    out = ctx.io.output
-    if out is not None and str(out) != STDIO:
+    out = remote.local_path(str(ctx.io.output)) if ctx.io.output is not None else None
+    if out is not None and remote.is_url(out):
+        own = str(out).rstrip("/") + "/"
+        inputs = [f for f in inputs if not f.path.startswith(own)]
+        if not inputs:
+            raise CptkitError(f"--in {' '.join(map(str, ctx.io.inputs))}: holds no data files outside --out {out}")
+    elif out is not None and str(out) != STDIO:
         own = os.path.realpath(str(out)) + os.sep
         inputs = [f for f in inputs if f.path == STDIO or not (f.real or os.path.realpath(f.path)).startswith(own)]
         if not inputs:
@@ -258,7 +264,7 @@ class Job:
         ids = self._ids
         for inp in task.inputs:
             st = stats or ReadStats()
-            seen = 0
+            seen, skipped_before = 0, dict(st.skipped)
             for rec in read_records(inp, skip_bad=skip, stats=st, plain_ids=plain_ids, **io_cfg.limits()):
                 if check_ids:
                     h = hash(rec["id"])
@@ -272,6 +278,10 @@ class Job:
                     self.progress.update(self._bar, advance=st.bytes - seen)
                     seen = st.bytes
             res.bad += st.bad
+            if st.skipped and count:  # WARC records that are no text record: counted by reason
+                kept = res.extra.setdefault(SKIPPED, {})
+                for why, n in st.skipped.items():
+                    kept[why] = kept.get(why, 0) + n - skipped_before.get(why, 0)
             if self._bar is not None and count:
                 self.progress.update(self._bar, advance=max(inp.size - seen, 0))
 
@@ -371,12 +381,16 @@ class Job:
             "records_out": sum(r["records_out"] for r in results.values()),
             "bad_lines_skipped": sum(r["bad"] for r in results.values()),
         }
+        skipped = self.merged(SKIPPED)
+        if skipped:  # archive records read but not records (WARC input): by reason
+            counts[SKIPPED] = dict(sorted(skipped.items()))
         mine = {t.name: self.results[t.name] for t in self.mine() if t.name in self.results}
         here_in = sum(r.records_in for r in mine.values())
         rows: dict[str, Any] = {
             "records in": here_in,
             "records out": sum(r.records_out for r in mine.values()),
             "bad lines skipped": sum(r.bad for r in mine.values()),
+            **({"archive records skipped": sum(skipped.values())} if skipped else {}),
             **extra,
             "seconds": seconds,
             "records/s": (here_in or sum(r.records_out for r in mine.values())) / seconds if seconds > 0 else 0.0,
@@ -390,4 +404,4 @@ class Job:
             log.info("slice %d/%d done; %d of %d tasks finished overall", self.shard_index, self.shard_count,
                      len(results), len(self.tasks))
         print_summary(title or f"cptkit {self.step}", rows, self.quiet)
-        return counts | {"seconds": seconds, "extra": extra, "output": str(self.out)}
+        return counts | {"seconds": seconds, "extra": extra, "output": self.output.name}

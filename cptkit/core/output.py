@@ -22,6 +22,11 @@ input and created ``OUT`` (or found it empty), :meth:`OutputDir.close` empties i
 Nothing is written through a link: every file is written under a new temporary name
 (``O_EXCL|O_NOFOLLOW``) and renamed over its final name; opening an output removes the
 temporary files of writers that are gone.
+
+An object-store ``--out`` (``s3://...``, :mod:`cptkit.core.remote`) is written the same way into a
+local staging directory, which the store mirrors: the lock is a conditional put, the run state is
+pulled at :meth:`OutputDir.open`, each task's shards and then its marker are uploaded when it
+completes, and :meth:`OutputDir.finish` uploads ``_SUCCESS`` last (docs/records.md).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from cptkit import __version__
+from cptkit.core import remote
 from cptkit.core.errors import PLACE_ERRNOS, CptkitError
 from cptkit.core.fingerprint import (
     describe_change,
@@ -211,11 +217,15 @@ class OutputDir:
         if path is None:
             raise CptkitError("no output given: pass --out PATH (a directory, or - for stdout)")
         self.stdout = str(path) == STDIO
-        self.path = Path(str(path))
         self.step, self.config, self.identity = step, config, identity
         self.index, self.count = index, count
         if not 0 <= index < count:
             raise CptkitError(f"shard.index={index} must be in [0, shard.count={count})")
+        path = remote.local_path(str(path))
+        # an object store: written into a local staging directory that the store mirrors
+        self.remote = remote.RemoteOutput(path) if remote.is_url(path) else None
+        self.path = remote.staging_dir(path, index, count) if self.remote is not None else Path(path)
+        self.name = self.remote.url if self.remote is not None else str(self.path)  # in messages
         self.overwrite, self.lock_wait_s = overwrite, lock_wait_s
         self.created = False  # this run made OUT (or found it empty): bad input empties it again
         self._made_dir = False
@@ -243,6 +253,8 @@ class OutputDir:
         over with ``io.overwrite``, and compare ``fingerprints`` and the identity with the earlier
         run's (refusing another config or input set, or a finished output whose inputs changed)."""
         out = self.path
+        if self.remote is not None:
+            self._open_remote()
         if out.exists() and not out.is_dir():
             raise CptkitError(f"--out {out}: is an existing file, not a directory; pass a directory (or - for stdout)")
         try:
@@ -256,7 +268,7 @@ class OutputDir:
         self.remove_dead_tmps()
         if self.overwrite and self.count > 1 and not self.created:
             raise CptkitError("io.overwrite=true with shard.count > 1 would delete the other slices' work: "
-                              f"delete {out} once before starting the array")
+                              f"delete {self.name} once before starting the array")
         if self.overwrite and not self.created:
             log.info("%s: io.overwrite=true: starting over", out)
             self.clear()
@@ -274,10 +286,21 @@ class OutputDir:
                 # another slice of this run may have made OUT a moment ago: its state directory is the
                 # first thing it writes there, so it is looked for again after the listing
                 if entries and not state.exists():
-                    raise CptkitError(f"{out}: exists and is not a cptkit output; refusing to write into it "
+                    raise CptkitError(f"{self.name}: exists and is not a cptkit output; refusing to write into it "
                                       "(pass another --out)") from None
                 self.created = not entries  # an empty directory: ours to fill
         _real_dir(state)
+
+    def _open_remote(self) -> None:
+        """Take the store's lock (a conditional put), then start the staging directory anew with the
+        output's run state pulled from the store; a prefix holding other objects is refused."""
+        assert self.remote is not None
+        self.remote.acquire(self.index, self.count, self.lock_wait_s)
+        remote.fresh_dir(self.path)
+        found = [r for r in self.remote.pull(self.path) if not r.startswith(".cptkit/lock-")]
+        if found and not any(r.startswith(".cptkit/") or r == SUCCESS for r in found):
+            raise CptkitError(f"{self.name}: holds objects and is not a cptkit output; refusing to write into it "
+                              "(pass another --out)")
 
     def _old_identity(self) -> tuple[str | None, list[dict] | None]:
         state = self.state()
@@ -298,7 +321,7 @@ class OutputDir:
         old_hash, old_fps = self._old_identity()
         what = "a finished output" if self.finished else "an unfinished run"
         if old_hash is not None and old_hash != self.identity:
-            raise CptkitError(f"{out}: holds {what} of another config; pass io.overwrite=true to start over, "
+            raise CptkitError(f"{self.name}: holds {what} of another config; pass io.overwrite=true to start over, "
                               "or choose another --out")
         self._fps, self._old_fps = fps, old_fps
         earlier = Earlier()
@@ -306,7 +329,7 @@ class OutputDir:
             return earlier
         set_diff, changed = input_changes(old_fps, fps)
         if set_diff:
-            raise CptkitError(f"{out}: holds {what} of another input set ({set_diff[0]}); "
+            raise CptkitError(f"{self.name}: holds {what} of another input set ({set_diff[0]}); "
                               "pass io.overwrite=true to start over, or choose another --out")
         earlier.layout = self._layout()
         if changed:
@@ -314,7 +337,7 @@ class OutputDir:
             earlier.changed = changed
             earlier.why = describe_change(changed[0], old_by.get(changed[0]), {f["path"]: f for f in fps}[changed[0]])
             if self.finished:
-                raise CptkitError(f"{out}: is a finished output of inputs that changed since ({earlier.why}); "
+                raise CptkitError(f"{self.name}: is a finished output of inputs that changed since ({earlier.why}); "
                                   "pass io.overwrite=true to redo it, or choose another --out")
         return earlier
 
@@ -341,6 +364,7 @@ class OutputDir:
             if layout is not None:
                 atomic_write_json(state / TASKS, layout, indent=None)
         _real_dir(state / "done")
+        self.push()
 
     def reopen(self) -> None:
         """A finished output is to be extended (a training run given more steps): its work runs
@@ -358,8 +382,15 @@ class OutputDir:
         remove_dead_tmps(self.path, ".*.tmp-*", live=live)
         remove_dead_tmps(self.state(), "**/.*.tmp-*", live=live)
 
+    def push(self, final: bool = False) -> None:
+        """Upload what changed in the staging directory to the store (nothing for a local output)."""
+        if self.remote is not None and not self.stdout:
+            self.remote.push(self.path, final=final)
+
     def clear(self) -> None:
         """Empty OUT, keeping the directory and the live locks in ``.cptkit``."""
+        if self.remote is not None:
+            self.remote.remove([r for r in self.remote.listing() if not r.startswith(".cptkit/lock-")])
         if not self.path.is_dir():
             return
         for p in self.path.iterdir():
@@ -378,27 +409,45 @@ class OutputDir:
         for stale in self.path.glob(f"*-{task.name}-*"):
             if stale.is_file() and not stale.name.startswith(("_", ".")):
                 stale.unlink()
+        if self.remote is not None:
+            mark = self.marker(task).relative_to(self.path).as_posix()
+            self.remote.remove([r for r in self.remote.listing() if r == mark or (
+                "/" not in r and f"-{task.name}-" in r and not r.startswith(("_", ".")))])
 
     def close(self, exc_type: type[BaseException] | None) -> None:
         """Release the lock; a run that failed leaves no temporary files, and one that failed on bad
         input (a :class:`CptkitError`) in an output it created leaves it as it found it."""
         try:
-            if exc_type is None or self.stdout:
+            if self.stdout:
+                return
+            if exc_type is None:
+                self.push()
                 return
             self.remove_dead_tmps(gone=os.getpid())
             if issubclass(exc_type, CptkitError) and self.created and self.count == 1:
+                if self.remote is not None:  # what this run uploaded goes, then its lock
+                    self.clear()
                 self.release()
                 if self._made_dir:
                     shutil.rmtree(self.path, ignore_errors=True)
                 else:  # it was empty: leave it empty
                     self.clear()
                     shutil.rmtree(self.state(), ignore_errors=True)
+            elif self.remote is not None:
+                try:  # what the run finished (whole shards, their markers) is kept for the rerun
+                    self.push()
+                except CptkitError as e:
+                    log.warning("%s", e)
         finally:
             self.release()
 
     def release(self) -> None:
         if self.lock is not None:
             self.lock.release()
+        if self.remote is not None:  # the store holds the state: the staging directory goes with the lock
+            self.remote.release()
+            if not self.stdout:
+                shutil.rmtree(self.path, ignore_errors=True)
 
     # -- task markers ----------------------------------------------------------------------
     def marker(self, task: Task) -> Path:
@@ -406,7 +455,11 @@ class OutputDir:
 
     def is_complete(self, task: Task) -> bool:
         """Whether ``task`` has a marker of a run that read what this run reads."""
-        if self.stdout or not self.marker(task).exists():
+        if self.stdout:
+            return False
+        if not self.marker(task).exists() and self.remote is not None:  # another slice's, since open
+            self.remote.fetch(self.marker(task).relative_to(self.path).as_posix(), self.marker(task))
+        if not self.marker(task).exists():
             return False
         try:
             read = json.loads(self.marker(task).read_text()).get("read")
@@ -425,10 +478,13 @@ class OutputDir:
         atomic_write_json(self.marker(task), {"task": task.name, "inputs": [f.path for f in task.inputs],
                                               "read": [self.fp(f) for f in task.inputs],
                                               "config_hash": self.identity, **result.__dict__}, indent=None)
+        self.push()  # the task's shards, then its marker
 
     def results(self) -> dict[str, dict]:
         """Every task marker of the output (this run's, earlier runs' and other slices'), by task name."""
         done = {}
+        if self.remote is not None:  # other slices' markers, from other machines
+            self.remote.pull(self.path, ".cptkit/done/")
         for p in sorted((self.state() / "done").glob("*.json")):
             done[p.stem] = json.loads(p.read_text())
         return done
@@ -437,6 +493,8 @@ class OutputDir:
         """How many task markers the output holds (None: it keeps none)."""
         if self.stdout or not (self.state() / "done").is_dir():
             return None
+        if self.remote is not None:
+            self.remote.pull(self.path, ".cptkit/done/")
         return len(list((self.state() / "done").glob("*.json")))
 
     # -- the end ---------------------------------------------------------------------------
@@ -464,7 +522,12 @@ class OutputDir:
             manifest |= manifest_extra()
         atomic_write_json(self.path / MANIFEST, manifest)
         write_card(self.path, self.step, files)
+        if self.remote is not None:  # a killed run's shards that no task kept: gone before _SUCCESS
+            listed = set(files) | {MANIFEST, CARD}
+            self.remote.remove([r for r in self.remote.listing() if "/" not in r and r not in listed
+                                and not r.startswith(("_", "."))])
         atomic_write_bytes(self.path / SUCCESS, b"")  # last; never through a link planted there
+        self.push(final=True)  # in the store too: _SUCCESS after everything else
 
 
 def _nearest(path: Path) -> Path | None:

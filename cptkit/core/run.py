@@ -35,6 +35,7 @@ LATER_KEYS: dict[str, Any] = {
     "quality.plugins": [],  # score-quality, label-topics: backend plugins a classifier folder may name
     "edu.plugins": [],
     "topics.plugins": [],
+    "io.html_extractor": "resiliparse",  # IOConfig.html_extractor: how WARC archives' HTML is read
 }
 
 

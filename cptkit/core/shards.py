@@ -1,7 +1,8 @@
 """Sharded JSONL I/O: resolve inputs, read records with precise errors, write atomic shards.
 
-Readers accept ``.jsonl``, ``.jsonl.gz`` and ``.jsonl.zst`` (and ``.json`` lines), Parquet files and
-``datasets.save_to_disk`` folders (Arrow files, read with pyarrow). Files whose
+Readers accept ``.jsonl``, ``.jsonl.gz`` and ``.jsonl.zst`` (and ``.json`` lines), Parquet files,
+``datasets.save_to_disk`` folders (Arrow files, read with pyarrow) and Common Crawl's WARC and WET
+archives (:mod:`cptkit.core.warc`). Files whose
 name starts with ``_`` or ``.`` are metadata (manifests, markers, side outputs) and are never
 read as data. Writers produce size-bounded shards, each written under a temporary name and
 renamed when complete; gzip output is byte-reproducible (no timestamp, no file name).
@@ -26,13 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from cptkit.core import remote
 from cptkit.core.errors import BadInput, CptkitError
 from cptkit.core.records import Record, dumps, plain_id_problem, validate
 from cptkit.core.redact import mask_known, redact
+from cptkit.core.warc import WARC_SUFFIXES, is_warc, warc_records
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst")
 TABLE_SUFFIXES = (".parquet", ".arrow")
-DATA_SUFFIXES = JSONL_SUFFIXES + (".parquet",)
+DATA_SUFFIXES = JSONL_SUFFIXES + (".parquet",) + WARC_SUFFIXES
 # a JSON \uD800-\uDFFF escape: json.loads accepts a lone surrogate that UTF-8 cannot encode
 _SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
 STDIO = "-"
@@ -72,8 +75,12 @@ class InputFile:
         return "<stdin>" if self.path == STDIO else self.path
 
 
+def _data_name(name: str) -> bool:
+    return name.endswith(DATA_SUFFIXES) and name[:1] not in ("_", ".", "")
+
+
 def is_data_file(path: Path) -> bool:
-    return path.is_file() and path.name.endswith(DATA_SUFFIXES) and path.name[0] not in "_."
+    return path.is_file() and _data_name(path.name)
 
 
 def _input_file(f: Path) -> InputFile:
@@ -137,9 +144,12 @@ def resolve_inputs(specs: list[str] | str, allow_partial: bool = False) -> list[
         raise CptkitError("no input given: pass --in PATH (a file, a directory, a glob or -)")
     found: list[InputFile] = []
     for spec in specs:
-        spec = str(spec)
+        spec = remote.local_path(str(spec))
         if spec == STDIO:
             found.append(InputFile(STDIO, 0))
+            continue
+        if remote.is_url(spec):  # an object, a prefix or a glob in a store
+            found.extend(remote.resolve(spec, _data_name, allow_partial))
             continue
         p = Path(spec)
         if p.is_dir():
@@ -151,7 +161,7 @@ def resolve_inputs(specs: list[str] | str, allow_partial: bool = False) -> list[
             if not files and (p / "_SUCCESS").exists():
                 continue  # the finished, empty output of a step (everything was filtered out)
             if not files:
-                raise CptkitError(f"{spec}: directory holds no .jsonl/.jsonl.gz/.jsonl.zst/.parquet shards")
+                raise CptkitError(f"{spec}: directory holds no .jsonl/.jsonl.gz/.jsonl.zst/.parquet shards or .warc.gz/.wet.gz archives")
         elif p.is_file():
             files = [_input_file(p)]
         elif any(ch in spec for ch in "*?["):
@@ -206,12 +216,17 @@ class _CountingReader(io.RawIOBase):
         super().close()
 
 
+def open_raw(path: str) -> IO[bytes]:
+    """A shard's bytes as stored: a local file, or an object read as a stream (:mod:`cptkit.core.remote`)."""
+    return remote.open_raw(path) if remote.is_url(path) else open(path, "rb")  # noqa: SIM115
+
+
 def open_binary(path: str) -> tuple[IO[bytes], _CountingReader]:
     """Open a shard for binary line reading, decompressing by suffix."""
     if path == STDIO:
         counter = _CountingReader(sys.stdin.buffer)
         return io.BufferedReader(counter), counter
-    counter = _CountingReader(open(path, "rb"))  # noqa: SIM115
+    counter = _CountingReader(open_raw(path))
     if path.endswith(".gz"):
         return gzip.GzipFile(fileobj=io.BufferedReader(counter), mode="rb"), counter  # type: ignore[return-value]
     if path.endswith(".zst"):
@@ -229,6 +244,7 @@ class ReadStats:
     bytes: int = 0
     line: int = 0  # line (JSONL) or row (Parquet/Arrow, 1-based) of the record last yielded
     truncated: int = 0  # records whose text was cut to max_chars (oversize=truncate)
+    skipped: dict[str, int] = field(default_factory=dict)  # WARC records that are no text record, by reason
 
 
 def _check_record(obj: object, raw: bytes | None, max_chars: int, oversize: str,
@@ -426,6 +442,7 @@ def read_records(
     max_chars: int = 0,
     oversize: str = "error",
     plain_ids: bool = False,
+    html_extractor: str = "resiliparse",
 ) -> Iterator[Record]:
     """Yield the records of one shard.
 
@@ -434,13 +451,17 @@ def read_records(
     ``stats.bad`` and skipped when ``skip_bad`` (``oversize=skip`` skips long texts,
     ``truncate`` cuts them). With ``plain_ids``, an id holding a tab, line break or control character is
     such a line too (for steps that write ids into tab- or space-separated files). An empty shard is an
-    error: it almost always means an upstream step failed.
+    error: it almost always means an upstream step failed. A WARC or WET archive is read by
+    :func:`_read_warc` (``html_extractor``: for the HTML of WARC response records).
     """
     if isinstance(inp, str):
         inp = InputFile(inp, 0)
     stats = stats if stats is not None else ReadStats()
     if inp.path.endswith(TABLE_SUFFIXES):
         yield from _read_table(inp, skip_bad, stats, validate_records, max_chars, oversize, plain_ids)
+        return
+    if is_warc(inp.path):
+        yield from _read_warc(inp, skip_bad, stats, validate_records, max_chars, oversize, plain_ids, html_extractor)
         return
     fh, counter = open_binary(inp.path)
     n_lines = 0
@@ -494,6 +515,32 @@ def read_records(
             fh.close()
     if n_lines == 0:
         raise BadInput(inp.name, None, "input is empty")
+
+
+def _read_warc(inp: InputFile, skip_bad: bool, stats: ReadStats, validate_records: bool, max_chars: int,
+               oversize: str, plain_ids: bool, extractor: str) -> Iterator[Record]:
+    """Records of a WARC or WET archive (:func:`cptkit.core.warc.warc_records`); an error names the
+    file and the record's byte offset (the decompressed archive's); ``stats.line`` counts archive
+    records yielded."""
+    counter = _CountingReader(open_raw(inp.path))
+    n = 0
+    try:
+        for offset, obj in warc_records(io.BufferedReader(counter), inp.name, skipped=stats.skipped,
+                                        extractor=extractor, skip_bad=skip_bad):
+            n += 1
+            stats.bytes = counter.consumed
+            if isinstance(obj, str):
+                err, truncated = obj, False
+            else:
+                err, truncated = (_check_record(obj, None, max_chars, oversize, plain_ids) if validate_records
+                                  else (None, False))
+            if err is not None and not skip_bad and not (oversize == "skip" and "io.max_record_chars" in err):
+                raise BadInput(inp.name, None, err if err.startswith(("truncated", "record at byte"))
+                               else f"record at byte {offset}: {err}")
+            if _accept(err, truncated, inp.name, n, stats, True, oversize):
+                yield obj  # type: ignore[misc]
+    finally:
+        counter.close()
 
 
 def _json_types(schema) -> bool:
@@ -618,13 +665,13 @@ def _read_table(inp: InputFile, skip_bad: bool, stats: ReadStats, validate_recor
     cap = 12 * max_chars + 65536 if max_chars else 0
     try:
         if inp.path.endswith(".parquet"):
-            pf = pq.ParquetFile(inp.path)
+            pf = pq.ParquetFile(open_raw(inp.path) if remote.is_url(inp.path) else inp.path)
             total = pf.metadata.num_rows
             batches = (b for g in range(pf.metadata.num_row_groups)
                        for b in pf.iter_batches(batch_size=_batch_rows(inp.path, pf, g), row_groups=[g]))
         else:
             total = 0
-            src = pa.memory_map(inp.path)
+            src = pa.PythonFile(open_raw(inp.path)) if remote.is_url(inp.path) else pa.memory_map(inp.path)
             try:
                 batches = iter(pa.ipc.open_stream(src))
             except pa.ArrowInvalid:

@@ -30,10 +30,11 @@ import numpy as np
 
 from cptkit.core.config import IOConfig, check
 from cptkit.core.errors import BadInput
-from cptkit.core.job import Job, Task, TaskResult
+from cptkit.core.job import SKIPPED, Job, Task, TaskResult
 from cptkit.core.output import STATE_DIR
 from cptkit.core.records import dumps
 from cptkit.core.shards import ReadStats, ShardWriter, atomic_write_bytes, open_binary, read_records
+from cptkit.core.warc import is_warc
 from cptkit.core.workers import in_workers, n_workers
 from cptkit.dedup import minhash as mh
 from cptkit.dedup import scale
@@ -133,18 +134,22 @@ class Store:
             return None
         return ShardWriter(self.dir, f"lines-{task.name}", compression="zst", max_bytes=0, zstd_level=1, mask=False)
 
-    def lines(self, task: Task) -> tuple[Path, int] | None:
-        """(the lines file, records the task's inputs had skipped as bad), or None: read the inputs."""
+    def lines(self, task: Task) -> tuple[Path, int, dict[str, int]] | None:
+        """(the lines file, records the task's inputs had skipped as bad, archive records skipped by
+        reason), or None: read the inputs."""
         if self.dir is None:
             return None
         meta = self.dir / f"lines-{task.name}.json"
         if not meta.exists() or not self.lines_path(task).exists():
             return None
-        return self.lines_path(task), int(json.loads(meta.read_text())["bad"])
+        info = json.loads(meta.read_text())
+        return self.lines_path(task), int(info["bad"]), info.get("skipped", {})
 
-    def lines_done(self, task: Task, bad: int) -> None:
-        """The task's lines are written: record how many bad lines its inputs had."""
-        atomic_write_bytes(self.dir / f"lines-{task.name}.json", json.dumps({"bad": bad}).encode())  # type: ignore[operator]
+    def lines_done(self, task: Task, bad: int, skipped: dict[str, int] | None = None) -> None:
+        """The task's lines are written: record how many bad lines its inputs had (and the archive
+        records they skipped, by reason)."""
+        info: dict[str, Any] = {"bad": bad, **({"skipped": skipped} if skipped else {})}
+        atomic_write_bytes(self.dir / f"lines-{task.name}.json", json.dumps(info).encode())  # type: ignore[operator]
 
     def drop_lines(self, task: Task) -> None:
         if self.dir is not None:
@@ -195,6 +200,7 @@ def _signature_task(job: Job, store: Store, sh: mh.Shingler, d: Any, skip: bool,
     sigs, exact, ids, texts = [], [], [], []
     lines = store.lines_writer(task)
     bad = 0
+    skipped: dict[str, int] = {}
     with lines if lines is not None else nullcontext():
         for inp in task.inputs:
             st = ReadStats()
@@ -208,10 +214,12 @@ def _signature_task(job: Job, store: Store, sh: mh.Shingler, d: Any, skip: bool,
                     sigs.append(sh.signatures(texts))
                     texts = []
             bad += st.bad
+            for why, n in st.skipped.items():
+                skipped[why] = skipped.get(why, 0) + n
         if texts:
             sigs.append(sh.signatures(texts))
     if lines is not None:
-        store.lines_done(task, bad)
+        store.lines_done(task, bad, skipped)
     sig = np.concatenate(sigs) if sigs else np.empty((0, sh.num_perm), dtype=np.uint32)
     store.put(task, sig, np.array(exact, dtype=np.uint64).reshape(-1, 2), ids)
 
@@ -248,7 +256,7 @@ def _shingle_sets(job: Job, sh: mh.Shingler, offsets: np.ndarray, docs: np.ndarr
                 if row in rows:
                     idx.append(base + row)
                     texts.append(json.loads(line)["text"])
-        elif skip:
+        elif skip or any(is_warc(f.path) for f in task.inputs):  # (an archive has no record lines)
             want = set(mine)
             for row, rec in _texts(job, task, skip):
                 if base + row in want:
@@ -439,7 +447,9 @@ def write_task(job: Job, store: Store, res: dict, task: Task) -> TaskResult:
                 else:
                     removed += 1
         else:  # the records as phase 1 serialised them: the same bytes, no second parse
-            path, done.bad = cached
+            path, done.bad, skipped = cached
+            if skipped:
+                done.extra[SKIPPED] = skipped
             for row, line in enumerate(_read_lines(path)):
                 if root[base + row] == base + row:
                     w.write_line(line[:-1].decode("utf-8"))
@@ -448,5 +458,5 @@ def write_task(job: Job, store: Store, res: dict, task: Task) -> TaskResult:
                 done.records_in += 1
             job.advance_read(task)
     done.records_out, done.files = w.records, list(w.files)
-    done.extra = {"removed": removed, "seconds": round(time.time() - t0, 3)}
+    done.extra |= {"removed": removed, "seconds": round(time.time() - t0, 3)}
     return done

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from cptkit.core import remote
 from cptkit.core.config import JobConfig, check
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
@@ -114,7 +115,7 @@ def _specs(value: Any) -> list[str]:
 
 
 def _sources(inputs: list[InputFile]) -> list[dict]:
-    return [{"path": str(Path(f.path).resolve()), "size": f.size} for f in inputs]
+    return [{"path": f.path if remote.is_url(f.path) else str(Path(f.path).resolve()), "size": f.size} for f in inputs]
 
 
 def _same_sources(meta: dict, corpus: list[InputFile]) -> bool:
@@ -141,7 +142,9 @@ def _open_or_build(job: Job, rc: RetrieveConfig, corpus: list[InputFile], skip_b
         return _open_es(job, rc, corpus, skip_bad)
     if job.stdout and not rc.index:
         raise CptkitError("with --out - pass --index DIR (the index cannot live in the output)")
-    index_dir = Path(rc.index) if rc.index else job.out / INDEX_SUBDIR
+    # an index in a store is copied here first: its arrays are memory-mapped
+    index_dir = (remote.local_copy(rc.index) if remote.is_url(rc.index) else Path(rc.index)) if rc.index \
+        else job.out / INDEX_SUBDIR
     tokenizer, params = bm25_tokenizer(rc), bm25_params(rc)
     build_s = 0.0
     if is_sharded(index_dir):
@@ -288,7 +291,7 @@ def _search_and_write(job: Job, task: Task, idx: Any, rc: RetrieveConfig, params
         "queries/s": len(qtexts) / search_s if search_s > 0 else 0.0,
         "index build s": build_s,
         "index reused": build_s == 0.0,
-        "index dir": str(idx.dir),
+        "index dir": rc.index if remote.is_url(rc.index) else str(idx.dir),
         "index shards": m.get("shards", 1),
         "index docs": m["docs"],
         "index terms": m["terms"],

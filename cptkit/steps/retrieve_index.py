@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from cptkit.core import remote
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.records import Record
@@ -44,7 +45,7 @@ def run(conf: RetrieveJob, ctx: Run) -> dict:
         built = []
         for task in job.pending():
             t0 = time.time()
-            sources = [{"path": str(Path(f.path).resolve()), "size": f.size, "file_index": position[f.path],
+            sources = [{"path": f.path if remote.is_url(f.path) else str(Path(f.path).resolve()), "size": f.size, "file_index": position[f.path],
                         "docs": 0} for f in task.inputs]
 
             def records(task: Task = task, sources: list[dict] = sources) -> Iterator[Record]:
@@ -66,5 +67,5 @@ def run(conf: RetrieveJob, ctx: Run) -> dict:
             "shards finished": len(results),
             "docs (finished shards)": sum(r.get("extra", {}).get("docs", 0) for r in results.values()),
             "postings (finished shards)": sum(r.get("extra", {}).get("postings", 0) for r in results.values()),
-            "index dir": str(job.out),
+            "index dir": job.output.name,
         })
