@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import stat
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -23,7 +22,8 @@ from typing import Any
 
 from cptkit.core import remote
 from cptkit.core.config import IOConfig
-from cptkit.core.shards import STDIO, InputFile, open_new, pid_alive
+from cptkit.core.procs import TMP_PID, pid_alive
+from cptkit.core.shards import STDIO, InputFile, open_new
 
 CACHE_FILE = "hashes.json"
 BOOKKEEPING = frozenset({"_manifest.json", "_SUCCESS"})  # a cptkit output's run records (timings), not its data
@@ -86,7 +86,6 @@ class HashCache:
             pass
 
 
-_TMP_PID = re.compile(r"^\..*(?:\.(\d+)\.tmp|\.tmp-(\d+))$")  # .NAME.<pid>.tmp, .NAME.tmp-<pid>
 
 
 def remove_dead_tmps(path: Path, pattern: str | None = None,
@@ -99,7 +98,7 @@ def remove_dead_tmps(path: Path, pattern: str | None = None,
     found = list(path.glob(pattern) if pattern else path.parent.glob(f".{path.name}.*.tmp"))
     pids = {}
     for t in found:
-        m = _TMP_PID.match(t.name)
+        m = TMP_PID.match(t.name)
         if m is not None and int(m.group(1) or m.group(2)) > 0 and (t.is_symlink() or not t.is_dir()):
             pids[t] = int(m.group(1) or m.group(2))
     working = set(live()) if live is not None and pids else None

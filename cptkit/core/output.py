@@ -458,7 +458,7 @@ class OutputDir:
         if self.stdout:
             return False
         if not self.marker(task).exists() and self.remote is not None:  # another slice's, since open
-            self.remote.fetch(self.marker(task).relative_to(self.path).as_posix(), self.marker(task))
+            self.remote.fetch(self.marker(task).relative_to(self.path).as_posix(), self.marker(task), atomic_write_bytes)
         if not self.marker(task).exists():
             return False
         try:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from cptkit.core.errors import CptkitError
+from cptkit.core.procs import TMP_PID, pid_alive
 
 LOCAL_SCHEMES = ("file", "local")
 # run state that is a cache, never mirrored: dedup's serialised records of phase 1 (re-read from the inputs)
@@ -118,17 +119,17 @@ def _url(fs, path: str) -> str:
     return fs.unstrip_protocol(path)
 
 
-def resolve(spec: str, data_name, allow_partial: bool = False) -> list:
+def resolve(spec: str, data_name, allow_partial: bool = False, make: Any = tuple) -> list:
     """The input shards an object-store ``spec`` names: an object, a prefix (its data objects,
     recursively, sorted; ``_``/``.`` names skipped) or a glob. ``data_name(name)``: whether an object
-    name is a data file. A step's output without ``_SUCCESS`` is refused unless ``allow_partial``."""
-    from cptkit.core.shards import InputFile
+    name is a data file. A step's output without ``_SUCCESS`` is refused unless ``allow_partial``.
+    ``make(url, size, key)`` builds each (:class:`cptkit.core.shards.InputFile`, which reads through here)."""
 
     fs, path = fs_of(spec)
     fs.invalidate_cache()  # listings are read fresh: another process may have written since
     if any(ch in path for ch in "*?["):
         found = _call(spec, fs.glob, path, detail=True)
-        files = [InputFile(_url(fs, p), int(i.get("size") or 0), _url(fs, p)) for p, i in sorted(found.items())
+        files = [make(_url(fs, p), int(i.get("size") or 0), _url(fs, p)) for p, i in sorted(found.items())
                  if i.get("type") != "directory" and data_name(p.rsplit("/", 1)[-1])]
         if not files:
             raise CptkitError(f"{spec}: glob matches no data objects")
@@ -139,14 +140,14 @@ def resolve(spec: str, data_name, allow_partial: bool = False) -> list:
     if not inside:
         if path.rstrip("/") in listing or _call(spec, fs.isfile, path):
             info = listing.get(path.rstrip("/")) or _call(spec, fs.info, path)
-            return [InputFile(_url(fs, path.rstrip("/")), int(info.get("size") or 0), _url(fs, path.rstrip("/")))]
+            return [make(_url(fs, path.rstrip("/")), int(info.get("size") or 0), _url(fs, path.rstrip("/")))]
         raise CptkitError(f"{spec}: no such object or prefix")
     rows = []
     for rel, info in inside.items():
         parts = rel.split("/")
         if info.get("type") == "directory" or any(p[:1] in ("_", ".") for p in parts) or not data_name(parts[-1]):
             continue
-        rows.append((tuple(parts), InputFile(_url(fs, prefix + rel), int(info.get("size") or 0), _url(fs, prefix + rel))))
+        rows.append((tuple(parts), make(_url(fs, prefix + rel), int(info.get("size") or 0), _url(fs, prefix + rel))))
     state = any(r.startswith(".cptkit/") for r in inside)
     done = "_SUCCESS" in inside
     if state and not done and not allow_partial:
@@ -298,9 +299,7 @@ class RemoteOutput:
 
     def _stale(self, rel: str, info: dict) -> bool:
         """A lock of a process on this host that is gone: removed (then False: the caller retries)."""
-        from cptkit.core.output import _alive
-
-        if info.get("host") != self.host or _alive(int(info.get("pid", 0) or 0)):
+        if info.get("host") != self.host or pid_alive(int(info.get("pid", 0) or 0)):
             return False
         try:
             self.fs.rm_file(self.key(rel))
@@ -337,17 +336,16 @@ class RemoteOutput:
             self.known.add(rel)
         return found
 
-    def fetch(self, rel: str, dest: Path) -> bool:
-        """Download the object ``rel`` to ``dest`` if the store has it (a marker another process wrote)."""
+    def fetch(self, rel: str, dest: Path, write: Any) -> bool:
+        """Download the object ``rel`` to ``dest`` with ``write(dest, data)`` (an atomic writer) if the
+        store has it (a marker another process wrote)."""
         try:
             data = self.fs.cat_file(self.key(rel))
         except FileNotFoundError:
             return False
         except Exception as e:  # noqa: BLE001
             raise store_error(self.url, e) from None
-        from cptkit.core.shards import atomic_write_bytes
-
-        atomic_write_bytes(dest, data)
+        write(dest, data)
         st = dest.stat()
         self.pushed[rel] = (st.st_size, st.st_mtime_ns)
         self.known.add(rel)
@@ -358,15 +356,13 @@ class RemoteOutput:
         state, then task markers; with ``final``, ``_SUCCESS`` last of all. Each file is one complete
         object (a PUT, or a multipart upload completed at its end). A file this process uploaded or
         pulled and has since removed (a task redone, an output cleared) is deleted from the store."""
-        from cptkit.core.fingerprint import _TMP_PID
-
         files: dict[str, tuple[int, int]] = {}
         for root, dirs, names in os.walk(staging):
             dirs.sort()
             for n in sorted(names):
                 p = Path(root) / n
                 rel = p.relative_to(staging).as_posix()
-                if _TMP_PID.match(n) or (rel.startswith(".cptkit/") and n.startswith(("lock-", *UNSHARED_STATE))):
+                if TMP_PID.match(n) or (rel.startswith(".cptkit/") and n.startswith(("lock-", *UNSHARED_STATE))):
                     continue
                 if not p.is_file() or p.is_symlink():
                     continue

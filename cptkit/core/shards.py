@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from cptkit.core import remote
 from cptkit.core.errors import BadInput, CptkitError
+from cptkit.core.procs import pid_alive
 from cptkit.core.records import Record, dumps, plain_id_problem, validate
 from cptkit.core.redact import mask_known, redact
 from cptkit.core.warc import WARC_SUFFIXES, is_warc, warc_records
@@ -149,7 +150,7 @@ def resolve_inputs(specs: list[str] | str, allow_partial: bool = False) -> list[
             found.append(InputFile(STDIO, 0))
             continue
         if remote.is_url(spec):  # an object, a prefix or a glob in a store
-            found.extend(remote.resolve(spec, _data_name, allow_partial))
+            found.extend(remote.resolve(spec, _data_name, allow_partial, InputFile))
             continue
         p = Path(spec)
         if p.is_dir():
@@ -433,6 +434,22 @@ def _cut_line(head: bytes, fh: IO[bytes], max_chars: int, cap: int) -> bytes | N
                 key_next, key = False, _key_meaning(key)
 
 
+def _decode_line(raw: bytes) -> tuple[Any, str | None]:
+    """``(object, None)`` for a line of JSON, or ``(None, why)`` when it is not one."""
+    try:
+        return _loads(raw.decode("utf-8")), None
+    except UnicodeDecodeError as e:
+        return None, f"invalid UTF-8 at byte {e.start}"
+    except json.JSONDecodeError as e:
+        return None, f"malformed JSON: {e.msg} (column {e.colno})"
+    except NotJSON as e:
+        return None, f"malformed JSON: {e} is not JSON (RFC 8259 has no NaN or Infinity)"
+    except RecursionError:
+        return None, "malformed JSON: nested too deeply"
+    except ValueError as e:  # an integer over Python's int_max_str_digits (4300)
+        return None, f"malformed JSON: {str(e).split(';')[0]}"
+
+
 def read_records(
     inp: InputFile | str,
     *,
@@ -492,22 +509,9 @@ def read_records(
             if not raw.strip():
                 continue
             n_lines += 1
-            truncated = False
-            try:
-                obj = _loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as e:
-                err = f"invalid UTF-8 at byte {e.start}"
-            except json.JSONDecodeError as e:
-                err = f"malformed JSON: {e.msg} (column {e.colno})"
-            except NotJSON as e:
-                err = f"malformed JSON: {e} is not JSON (RFC 8259 has no NaN or Infinity)"
-            except RecursionError:
-                err = "malformed JSON: nested too deeply"
-            except ValueError as e:  # an integer over Python's int_max_str_digits (4300)
-                err = f"malformed JSON: {str(e).split(';')[0]}"
-            else:
-                err, truncated = (_check_record(obj, raw, max_chars, oversize, plain_ids) if validate_records
-                                  else (None, False))
+            (obj, err), truncated = _decode_line(raw), False
+            if err is None and validate_records:
+                err, truncated = _check_record(obj, raw, max_chars, oversize, plain_ids)
             if _accept(err, truncated, inp.name, lineno, stats, skip_bad, oversize):
                 yield obj
     finally:
@@ -799,17 +803,6 @@ def staged(dst: Path) -> Iterator[Path]:
             os.replace(f, dst / f.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` lives on this host (another user's live process counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's live process
-        return True
-    return True
 
 
 class ShardWriter:
