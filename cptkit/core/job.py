@@ -145,6 +145,11 @@ class Job:
         self.output.unfinish()
 
     # -- a step's own files (OutputDir: inside OUT, mirrored to an object store) ------------
+    @property
+    def state_dir(self) -> Path:
+        """The output's state directory ``OUT/.cptkit``, where a step keeps caches a rerun reuses."""
+        return self.output.state()
+
     def file(self, name: str) -> Path:
         """The path of the side file ``OUT/name`` (:meth:`OutputDir.file`)."""
         return self.output.file(name)
