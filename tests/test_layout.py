@@ -341,3 +341,53 @@ def test_tests_read_outputs_through_one_module():
         bad += [f"{p.name}:{node.lineno}: defines {node.name} (tests/outputs.py has it)"
                 for node in ast.parse(text).body if isinstance(node, ast.FunctionDef) and node.name in mine]
     assert not bad, "\n".join(bad)
+
+
+# -- one owner of every output (core/job.py, core/output.py) --------------------------------
+OWNED_NAMES = ("SUCCESS", "STATE_DIR")  # core.output's names of what the output protocol owns
+# Files outside core/ that may still touch an output's owned files by hand, each with why (keep short;
+# none today: a folder handed whole to a library writer, `save_classifier(res, job.out)`, is not caught)
+OWNER_ALLOWED: dict[str, str] = {}
+
+
+def output_violations(path: Path) -> list[str]:
+    """Where ``path`` writes into an output past :mod:`cptkit.core`: ``job.out / ...``, the literal
+    ``_SUCCESS`` or state directory ``.cptkit`` (docstrings and messages aside), or core's names of them."""
+    tree = ast.parse(path.read_text(), str(path))
+    docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    bad = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
+            v = n.value
+            if v == "_SUCCESS" or v.endswith("/_SUCCESS") or v == ".cptkit" or v.startswith(".cptkit/"):
+                bad.append(f"{n.lineno}: the literal {v!r}")
+        elif (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and isinstance(n.left, ast.Attribute)
+              and n.left.attr == "out" and isinstance(n.left.value, ast.Name) and n.left.value.id == "job"):
+            bad.append(f"{n.lineno}: job.out / ...")
+        elif isinstance(n, ast.ImportFrom) and n.module == "cptkit.core.output":
+            bad += [f"{n.lineno}: imports {a.name}" for a in n.names if a.name in OWNED_NAMES]
+    return sorted(bad, key=lambda b: int(b.split(":")[0]))
+
+
+def test_every_output_file_is_written_through_core():
+    bad = []
+    for p in files():
+        rel = p.relative_to(PKG.parent).as_posix()
+        if rel.startswith("cptkit/core/") or rel in OWNER_ALLOWED:
+            continue
+        bad += [f"{rel}:{v} (use Job.file/write_bytes/write_json/state_path, Hooks, core.output.writing)"
+                for v in output_violations(p)]
+    assert not bad, "\n".join(bad)
+    assert all((PKG.parent / rel).is_file() for rel in OWNER_ALLOWED), "an allowed file is gone: drop it"
+
+
+def test_the_owner_check_finds_planted_violations(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text('"""Writes ``_SUCCESS`` (a docstring may say so)."""\n'
+                 "from cptkit.core.output import STATE_DIR\n"
+                 "def run(job):\n"
+                 '    (job.out / "_removed.jsonl").write_text("")\n'
+                 '    (job.out.parent / "_SUCCESS").touch()\n'
+                 '    return job.output.path / ".cptkit/tmp", f"no _SUCCESS in {job}"\n')
+    assert output_violations(f) == ["2: imports STATE_DIR", "4: job.out / ...", "5: the literal '_SUCCESS'",
+                                    "6: the literal '.cptkit/tmp'"]

@@ -132,3 +132,53 @@ def test_no_step_converts_or_mutates_its_config():
                 if [a.arg for a in node.args.args] != ["conf", "ctx"]:
                     bad.append(f"{p.name}:{node.lineno} run({', '.join(a.arg for a in node.args.args)})")
     assert not bad, bad
+
+
+def test_a_step_writes_its_own_files_through_job_and_cleans_up_after_success(tmp_path):
+    """Side files and run state go through Job (inside OUT, never a file the protocol owns); the
+    after-success hook runs once ``_SUCCESS`` exists, and again on a rerun that finds it finished."""
+    from cptkit.core.job import Hooks
+    from cptkit.core.output import is_finished
+
+    write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": "a", "text": "one doc"}])
+    step_module("corrupt")
+    out = tmp_path / "o"
+    cfg = compose_step("corrupt", [f"io.inputs=[{tmp_path / 'in'}]", f"io.output={out}"])
+    seen: list[bool] = []
+    hooks = Hooks(after_success=lambda job: seen.append(is_finished(job.out)))
+    with Job(Run.of(cfg), hooks=hooks) as job:
+        assert job.write_bytes("_removed.jsonl", b"x\n") == out / "_removed.jsonl"
+        job.write_json("_stats.json", {"n": 1})
+        assert job.state_path("cache/sig.npy") == out / ".cptkit" / "cache" / "sig.npy"
+        assert job.file("tokens") == out / "tokens" and job.state_dir == out / ".cptkit"
+        for bad in ("_SUCCESS", "_manifest.json", ".cptkit/x", "../x", str(tmp_path / "x"), ""):
+            with pytest.raises(ValueError):
+                job.file(bad)
+        for bad in ("done/t.json", "tasks.json", "lock-00000-of-00001", "../x"):
+            with pytest.raises(ValueError):
+                job.state_path(bad)
+        for task in job.pending():
+            with job.writer(task) as w:
+                w.write({"id": "a", "text": "one doc"})
+            job.complete(task, w)
+            assert seen == []  # not finished yet
+        job.finish()
+    assert seen == [True] and (out / "_removed.jsonl").read_bytes() == b"x\n"
+    assert json.loads((out / "_stats.json").read_text()) == {"n": 1}
+    with Job(Run.of(cfg), hooks=hooks) as job:
+        job.finish()
+    assert seen == [True, True]
+
+
+def test_a_folder_written_in_one_go_is_unfinished_until_it_succeeds(tmp_path):
+    """core.output.writing: an earlier ``_SUCCESS`` goes first, and a failure leaves none."""
+    from cptkit.core.output import is_finished, writing
+
+    out = tmp_path / "f"
+    with writing(out):
+        (out / "a.txt").write_text("a")
+    assert is_finished(out)
+    with pytest.raises(RuntimeError), writing(out):
+        assert not is_finished(out)
+        raise RuntimeError("killed")
+    assert not is_finished(out)

@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from cptkit.core import remote, signals
@@ -53,12 +54,15 @@ SKIPPED = "records_skipped"  # a task marker's extra: WARC records that are no t
 class Hooks:
     """What a step adds to :class:`Job`'s lifecycle, so that nothing touches an output after its
     ``_SUCCESS``: ``after_task(task, result)`` runs once a task's marker is written,
-    ``before_complete(job)`` once every task is done (before the manifest), and
-    ``manifest_extra()`` returns top-level keys added to ``_manifest.json``."""
+    ``before_complete(job)`` once every task is done (before the manifest),
+    ``manifest_extra()`` returns top-level keys added to ``_manifest.json``, and
+    ``after_success(job)`` runs once the output is finished (this run wrote its ``_SUCCESS``, or
+    found it finished): what the finished output no longer needs (a training run's checkpoints)."""
 
     after_task: Callable[[Task, TaskResult], None] | None = None
     before_complete: Callable[[Job], None] | None = None
     manifest_extra: Callable[[], dict[str, Any]] | None = None
+    after_success: Callable[[Job], None] | None = None
 
 
 def step_inputs(ctx: Run) -> list[InputFile]:
@@ -135,6 +139,32 @@ class Job:
     def reopen(self) -> None:
         """Extend a finished output (:meth:`OutputDir.reopen`)."""
         self.output.reopen()
+
+    def unfinish(self) -> None:
+        """Remove the reopened output's ``_SUCCESS`` (:meth:`OutputDir.unfinish`), once it may go."""
+        self.output.unfinish()
+
+    # -- a step's own files (OutputDir: inside OUT, mirrored to an object store) ------------
+    @property
+    def state_dir(self) -> Path:
+        """The output's state directory ``OUT/.cptkit``, where a step keeps caches a rerun reuses."""
+        return self.output.state()
+
+    def file(self, name: str) -> Path:
+        """The path of the side file ``OUT/name`` (:meth:`OutputDir.file`)."""
+        return self.output.file(name)
+
+    def state_path(self, name: str) -> Path:
+        """The path of the run state ``OUT/.cptkit/name`` (:meth:`OutputDir.state_path`)."""
+        return self.output.state_path(name)
+
+    def write_bytes(self, name: str, data: bytes) -> Path:
+        """Write the side file ``OUT/name`` atomically; returns its path."""
+        return self.output.write_bytes(name, data)
+
+    def write_json(self, name: str, obj: Any, indent: int | None = 2) -> Path:
+        """Write the side file ``OUT/name`` as JSON atomically (secrets masked); returns its path."""
+        return self.output.write_json(name, obj, indent=indent)
 
     def _grouped(self) -> list[Task]:
         """The default tasks: the inputs, in order, in groups of up to ``shard.task_bytes`` bytes."""
@@ -373,6 +403,8 @@ class Job:
         self.progress.stop()
         seconds = time.time() - self.t0
         if self.is_finished:
+            if self.hooks.after_success is not None:
+                self.hooks.after_success(self)
             return self.output.manifest()["counts"] | {"seconds": seconds, "skipped": True}
         extra = redact(extra or {})
         results = self.all_results()
@@ -400,6 +432,8 @@ class Job:
             if self.hooks.before_complete is not None:
                 self.hooks.before_complete(self)
             self.output.finish(self.inputs, results, counts, extra, self.t0, seconds, self.hooks.manifest_extra)
+            if self.hooks.after_success is not None:
+                self.hooks.after_success(self)
         elif not self.stdout:
             log.info("slice %d/%d done; %d of %d tasks finished overall", self.shard_index, self.shard_count,
                      len(results), len(self.tasks))

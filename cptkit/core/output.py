@@ -37,7 +37,8 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,6 +247,34 @@ class OutputDir:
 
     def state(self) -> Path:
         return self.path / STATE_DIR
+
+    # -- a step's own files ----------------------------------------------------------------
+    def file(self, name: str) -> Path:
+        """The path of a step's side file ``OUT/name`` (``_removed.jsonl``, ``results.json``, a folder
+        a library writes into): inside OUT, so an object store mirrors it, and never a file the output
+        protocol owns (``_SUCCESS``, ``_manifest.json``, the state directory)."""
+        return self.path / _inside(name, owned=(SUCCESS, MANIFEST, STATE_DIR))
+
+    def state_path(self, name: str) -> Path:
+        """The path of a step's run state ``OUT/.cptkit/name`` (caches a rerun reuses; never a lock
+        or a task marker)."""
+        return self.state() / _inside(name, owned=("done", TASKS, INPUTS, "config_hash"), lock=True)
+
+    def write_bytes(self, name: str, data: bytes) -> Path:
+        """Write the side file ``OUT/name`` atomically (:meth:`file`); returns its path."""
+        path = self.file(name)
+        atomic_write_bytes(path, data)
+        return path
+
+    def write_json(self, name: str, obj: Any, indent: int | None = 2) -> Path:
+        """Write the side file ``OUT/name`` as JSON atomically (secrets masked); returns its path."""
+        path = self.file(name)
+        atomic_write_json(path, obj, indent=indent)
+        return path
+
+    def unfinish(self) -> None:
+        """Remove ``_SUCCESS``: a finished output being extended is unfinished until :meth:`finish`."""
+        (self.path / SUCCESS).unlink(missing_ok=True)
 
     # -- opening ---------------------------------------------------------------------------
     def open(self, fingerprints: list[dict]) -> Earlier:
@@ -569,6 +598,36 @@ def check_output_file(path: Any, option: str = "--out") -> Path:
 def is_finished(out: Path) -> bool:
     """Whether ``out`` is a finished output: its ``_SUCCESS`` is a file (a link is never one cptkit wrote)."""
     return (out / SUCCESS).is_file() and not (out / SUCCESS).is_symlink()
+
+
+def _inside(name: str, owned: tuple[str, ...], lock: bool = False) -> str:
+    """``name`` as a relative path below a directory, refusing one that climbs out or names a file
+    the output protocol owns (a step's bug, not bad input: ValueError)."""
+    parts = Path(name).parts
+    if not parts or Path(name).is_absolute() or ".." in parts or parts[0] in owned or (lock and parts[0].startswith("lock-")):
+        raise ValueError(f"{name!r}: not a step's own file name inside an output")
+    return name
+
+
+@contextmanager
+def writing(out: Path) -> Iterator[Path]:
+    """A folder written in one go outside a step run (a ``python -m`` tool): made, unfinished while it
+    is written (an earlier ``_SUCCESS`` removed), and given ``_SUCCESS`` last when the block succeeds."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SUCCESS).unlink(missing_ok=True)
+    yield out
+    atomic_write_bytes(out / SUCCESS, b"")
+
+
+def read_manifest(out: Path) -> dict[str, Any]:
+    """An output's ``_manifest.json`` (OSError when it has none, ValueError when it is no JSON)."""
+    return json.loads((Path(out) / MANIFEST).read_text())
+
+
+def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    """Write ``out/_manifest.json`` of a folder written with :func:`writing` (secrets masked)."""
+    atomic_write_json(Path(out) / MANIFEST, manifest)
 
 
 def _real_dir(path: Path) -> None:

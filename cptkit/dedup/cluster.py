@@ -31,7 +31,6 @@ import numpy as np
 from cptkit.core.config import IOConfig, check
 from cptkit.core.errors import BadInput
 from cptkit.core.job import SKIPPED, Job, Task, TaskResult
-from cptkit.core.output import STATE_DIR
 from cptkit.core.records import dumps
 from cptkit.core.shards import ReadStats, ShardWriter, atomic_write_bytes, open_binary, read_records
 from cptkit.core.warc import is_warc
@@ -92,7 +91,7 @@ class Store:
     """Phase-1 results per task: files under ``OUT/.cptkit`` (or memory when writing to stdout)."""
 
     def __init__(self, job: Job):
-        self.dir = None if job.stdout else job.out / STATE_DIR
+        self.dir = None if job.stdout else job.state_dir
         self.mem: dict[str, tuple[np.ndarray, np.ndarray, list[str]]] = {}
 
     def has(self, task: Task) -> bool:
@@ -399,7 +398,7 @@ def _line_of(task: Task, row: int, io_cfg: IOConfig) -> tuple[str, int]:
 
 def load_or_cluster(job: Job, store: Store, io_cfg: IOConfig, compute) -> dict:
     """The clustering, from ``OUT/.cptkit/clusters.npz`` or ``compute()`` (then cached there)."""
-    path = None if job.stdout else job.out / STATE_DIR / "clusters.npz"
+    path = None if job.stdout else job.state_path("clusters.npz")
     if path is not None and path.exists():
         z = np.load(path)
         return {k: z[k] for k in ("offsets", "root", "kind", "similarity")} | {
@@ -427,7 +426,7 @@ def write_removed(job: Job, store: Store, res: dict) -> None:
             ids[g] = shard_ids[g - base]
     lines = [dumps({"id": ids[i], "duplicate_of": ids[int(root[i])], "kind": KINDS[int(kind[i])],
                     "similarity": round(float(sim[i]), 4)}) + "\n" for i in removed.tolist()]
-    atomic_write_bytes(job.out / "_removed.jsonl", "".join(lines).encode("utf-8"))
+    job.write_bytes("_removed.jsonl", "".join(lines).encode("utf-8"))
 
 
 def write_task(job: Job, store: Store, res: dict, task: Task) -> TaskResult:

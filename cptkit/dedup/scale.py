@@ -33,7 +33,6 @@ import numpy as np
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
-from cptkit.core.output import STATE_DIR
 from cptkit.core.progress import log
 from cptkit.core.redact import redact_url
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json
@@ -77,7 +76,7 @@ class Backend:
         self.all_pairs_max: int = d.bucket_all_pairs_max
         self.exact: bool = d.exact
         self.seed: int = d.seed
-        self.state = job.out / STATE_DIR
+        self.state = job.state_dir
 
     # -- markers ---------------------------------------------------------------------------
     def map_marker(self, task: Task) -> Path:

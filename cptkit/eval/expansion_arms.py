@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError, cli_main
+from cptkit.core.output import writing
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json, iter_records, resolve_inputs
 from cptkit.eval.retrieval_relevance import Topic, load_topics
 from cptkit.index.base import BM25Params
@@ -123,25 +124,25 @@ def _jsonl(records: list[dict[str, Any]]) -> bytes:
 def write_arms(topics: list[Topic], round1: list[dict[str, Any]], index_dir: Path, out: Path,
                p: RM3Params = RM3Params(), resolution: int = 100) -> dict[str, Any]:
     """Write every topic's three query files into ``out`` (``_SUCCESS`` last); returns ``_arms.json``."""
-    groups = round1_by_topic(round1, topics)
-    fb = Feedback(index_dir)
-    try:
-        per: dict[str, Any] = {}
-        for t in topics:
-            arms = {"round0": groups[t.slug][:1], "round1": groups[t.slug],
-                    "rm3": rm3_arm(t, len(groups[t.slug]), fb, p, resolution)}
-            for m in METHODS:
-                atomic_write_bytes(out / f"{member_name(m, t.slug)}.jsonl", _jsonl(arms[m]))
-            per[t.slug] = {"keyword": t.keyword, "queries": {m: len(arms[m]) for m in METHODS},
-                           "round1_kinds": [r.get("kind") for r in arms["round1"]],
-                           "rm3_terms": [list(r["terms"]) for r in arms["rm3"][1:]]}
-        summary = {"methods": list(METHODS), "rm3": asdict(p), "resolution": resolution,
-                   "feedback_bm25": fb.params.as_dict(), "index": str(Path(index_dir).resolve()),
-                   "index_docs": fb.n_docs, "topics": per}
-    finally:
-        fb.close()
-    atomic_write_json(out / ARMS_FILE, summary)
-    (out / "_SUCCESS").touch()
+    with writing(out):  # _SUCCESS last
+        groups = round1_by_topic(round1, topics)
+        fb = Feedback(index_dir)
+        try:
+            per: dict[str, Any] = {}
+            for t in topics:
+                arms = {"round0": groups[t.slug][:1], "round1": groups[t.slug],
+                        "rm3": rm3_arm(t, len(groups[t.slug]), fb, p, resolution)}
+                for m in METHODS:
+                    atomic_write_bytes(out / f"{member_name(m, t.slug)}.jsonl", _jsonl(arms[m]))
+                per[t.slug] = {"keyword": t.keyword, "queries": {m: len(arms[m]) for m in METHODS},
+                               "round1_kinds": [r.get("kind") for r in arms["round1"]],
+                               "rm3_terms": [list(r["terms"]) for r in arms["rm3"][1:]]}
+            summary = {"methods": list(METHODS), "rm3": asdict(p), "resolution": resolution,
+                       "feedback_bm25": fb.params.as_dict(), "index": str(Path(index_dir).resolve()),
+                       "index_docs": fb.n_docs, "topics": per}
+        finally:
+            fb.close()
+        atomic_write_json(out / ARMS_FILE, summary)
     return summary
 
 

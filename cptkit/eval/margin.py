@@ -39,8 +39,9 @@ import yaml
 
 from cptkit import __version__
 from cptkit.core.errors import CptkitError, cli_main
+from cptkit.core.output import write_manifest, writing
 from cptkit.core.records import read_jsonl
-from cptkit.core.shards import atomic_write_bytes, atomic_write_json
+from cptkit.core.shards import atomic_write_json
 from cptkit.eval.stats import mean_se
 
 MARGIN = "_margin.json"
@@ -138,17 +139,15 @@ def run(model_spec: str, pairs_path: Path, out: Path, meta: dict[str, Any], batc
     tok = load_tokenizer(model_spec)
     model = load_causal_lm(model_spec, device=device)
     report = margin_report(pair_margins(model, tok, pairs, batch_size))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "_SUCCESS").unlink(missing_ok=True)
-    atomic_write_json(out / MARGIN, report, indent=1)
-    config = {"model": model_spec, "pairs": str(pairs_path),
-              "pairs_sha256": hashlib.sha256(pairs_path.read_bytes()).hexdigest(), "batch_size": batch_size, **meta}
-    finished = time.time()
-    atomic_write_json(out / "_manifest.json", {
-        "step": "margin", "cptkit": __version__, "config": config,
-        "extra": {k: v for k, v in report.items() if k != "per_pair"},
-        "timings": {"started": started, "finished": finished, "seconds_last_run": finished - started}})
-    atomic_write_bytes(out / "_SUCCESS", b"")
+    with writing(out):  # _SUCCESS last
+        atomic_write_json(out / MARGIN, report, indent=1)
+        config = {"model": model_spec, "pairs": str(pairs_path),
+                  "pairs_sha256": hashlib.sha256(pairs_path.read_bytes()).hexdigest(), "batch_size": batch_size, **meta}
+        finished = time.time()
+        write_manifest(out, {
+            "step": "margin", "cptkit": __version__, "config": config,
+            "extra": {k: v for k, v in report.items() if k != "per_pair"},
+            "timings": {"started": started, "finished": finished, "seconds_last_run": finished - started}})
     return report
 
 

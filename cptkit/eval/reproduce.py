@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError, cli_main
+from cptkit.core.output import is_finished
 from cptkit.core.records import read_jsonl
 from cptkit.core.shards import atomic_write_bytes
 from cptkit.eval.stats import (
@@ -261,7 +262,7 @@ def member_point(d: Path, claim: Claim, root: Path | None = None,
                  files: dict[Path, Any] | None = None) -> tuple[Any, Any, dict[str, float]]:
     """``(axis value, seed, {metric: value})`` of one sweep member's output directory."""
     man_path = d / "_manifest.json"
-    if not (d / "_SUCCESS").exists() or not man_path.exists():
+    if not is_finished(d) or not man_path.exists():
         raise CptkitError(f"{d}: not a finished step output (no _SUCCESS/_manifest.json): rerun the sweep")
     where = claim.config or {"file": "_manifest.json", "path": ["config"]}
     files = {} if files is None else files

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from cptkit.core.errors import CptkitError, cli_main
+from cptkit.core.output import is_finished
 from cptkit.core.shards import atomic_write_json, iter_records, resolve_inputs
 from cptkit.eval.stats import bootstrap_ci
 
@@ -235,7 +236,7 @@ def evaluate(retrieved: Path, labels: Labels, corpus_docs: int, relevant_in_corp
              budget: int | None = None, seed: int = 0) -> dict[str, Any]:
     """The content of ``retrieved/_relevance.json`` (reads the retrieve output, writes nothing)."""
     man_path = retrieved / "_manifest.json"
-    if not (retrieved / "_SUCCESS").exists() or not man_path.is_file():
+    if not is_finished(retrieved) or not man_path.is_file():
         raise CptkitError(f"{retrieved}: not a finished retrieve output (no _SUCCESS/_manifest.json)")
     manifest = json.loads(man_path.read_text())
     if manifest.get("step") != "retrieve":

@@ -29,7 +29,7 @@ from cptkit.core.config import JobConfig
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Hooks, Job, Task, TaskResult
 from cptkit.core.run import Run
-from cptkit.core.shards import InputFile, atomic_write_bytes, atomic_write_json, iter_records
+from cptkit.core.shards import InputFile, iter_records
 from cptkit.core.step import step
 from cptkit.mixtures.recipe import MixConfig, Router, stage_fractions
 from cptkit.mixtures.stream import (
@@ -177,7 +177,7 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
         if not job.pending():
             return job.finish()
         t0 = time.time()
-        tmp_dir, tok_dir = job.out / ".cptkit" / "tmp", job.out / "tokens"
+        tmp_dir, tok_dir = job.state_path("tmp"), job.file("tokens")
         for d in (tmp_dir, tok_dir):
             d.mkdir(parents=True, exist_ok=True)
         files = DomainFiles(s, tmp_dir, tok, dtype, scorer)
@@ -186,10 +186,10 @@ def run(conf: BuildMixJob, ctx: Run) -> dict:
         read_s = time.time() - t0
         stream_domains = write_domains(files, s, tok_dir)
         plan = plan_stream(stream_domains, files.leaves, s)
-        atomic_write_bytes(job.out / "plan.npy", npy_bytes(plan.rows))
-        atomic_write_bytes(job.out / EVAL, eval_bytes(stream_domains, files.leaves))
+        job.write_bytes("plan.npy", npy_bytes(plan.rows))
+        job.write_bytes(EVAL, eval_bytes(stream_domains, files.leaves))
         stream = stream_info(s, conf.tokenizer, tok, dtype, stream_domains, plan, read)
-        atomic_write_json(job.out / STREAM, stream)
+        job.write_json(STREAM, stream)
         tmp_dir.rmdir()
         topk_files = [sd["topk"][k] for sd in stream_domains if "topk" in sd for k in ("ids", "logprobs")]
         wrote = TaskResult(records_out=sum(sd["docs"] for sd in stream_domains),

@@ -255,10 +255,10 @@ def run(conf: EvaluateJob, ctx: Run) -> dict:
                 results["contamination"] = {"report": contam["_path"], "ngram": contam.get("ngram")}
             results["config"] = job.config
             results["seconds"] = time.time() - t0
-            atomic_write_json(job.out / RESULTS, results)
+            job.write_json(RESULTS, results)
             job.complete(task, w, seconds=results["seconds"])
-        if not results and (job.out / RESULTS).exists():
-            results = json.loads((job.out / RESULTS).read_text())
+        if not results and job.file(RESULTS).exists():
+            results = json.loads(job.file(RESULTS).read_text())
         if results and not job.quiet:
             print_results(results)
             if suite:
@@ -275,11 +275,11 @@ def write_lm_eval_results(job: Job) -> None:
     named by the run's start as ``_manifest.json`` records it (``timings.started``); nothing when no task
     ran. The folder starts with ``_`` so that the output read as data (``--in OUT``) skips it, and the
     name keeps ``/results_``, which lm-eval's helpers look for."""
-    f = job.out / RESULTS
+    f = job.file(RESULTS)
     results = json.loads(f.read_text()) if f.exists() else {}
     if not results.get("tasks"):
         return
-    folder = job.out / LM_EVAL_DIR
+    folder = job.file(LM_EVAL_DIR)
     folder.mkdir(exist_ok=True)
     for old in folder.glob("results_*.json"):  # an earlier, unfinished run's
         old.unlink()

@@ -21,7 +21,6 @@ from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job
 from cptkit.core.progress import console
 from cptkit.core.run import Run
-from cptkit.core.shards import atomic_write_json
 from cptkit.core.step import step
 
 ACTIONS = ("none", "flag", "drop")
@@ -138,8 +137,8 @@ def run(conf: EvaluateContaminationJob, ctx: Run) -> dict:
             dh = {k: sum(r["extra"]["docs_hit"].get(k, 0) for r in results.values()) for k in indexes}
             ih = {k: set().union(*(r["extra"]["items_hit"].get(k, []) for r in results.values())) for k in indexes}
             report = contamination_report(total, dh, ih, indexes, ids)
-            atomic_write_json(job.out / REPORT, {"ngram": n, "action": ec.action, "item_text": ec.item_text,
-                                                 "benchmarks": report})
+            job.write_json(REPORT, {"ngram": n, "action": ec.action, "item_text": ec.item_text,
+                                    "benchmarks": report})
             print_report(report, quiet=job.quiet)
             for k, v in report.items():
                 extra[f"{k} docs %"] = 100 * v["docs_share"]

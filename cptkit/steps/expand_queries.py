@@ -35,7 +35,6 @@ from cptkit.core.job import Job, Task
 from cptkit.core.progress import log
 from cptkit.core.records import Record
 from cptkit.core.run import Run
-from cptkit.core.shards import atomic_write_json
 from cptkit.core.step import step
 from cptkit.llm import load_generator
 from cptkit.llm.config import LLMConfig
@@ -178,7 +177,7 @@ def run(conf: ExpandQueriesJob, ctx: Run) -> dict[str, Any]:
             job.complete(t, w, seconds=time.time() - t0, **stats)
         done = job.all_results().get(task.name, {}).get("extra", {}) if not job.stdout else stats
         if not job.stdout and done and not job.is_finished:
-            atomic_write_json(job.out / "_expand_stats.json", done)
+            job.write_json("_expand_stats.json", done)
         job.finish(extra=summary_rows(done))
         return {"output": str(job.out), **done}
 

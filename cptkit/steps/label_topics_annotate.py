@@ -30,7 +30,7 @@ from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
 from cptkit.core.records import Record
 from cptkit.core.run import Run
-from cptkit.core.shards import atomic_write_bytes, read_records
+from cptkit.core.shards import read_records
 from cptkit.core.step import step
 from cptkit.labels.topics import (
     NORMS,
@@ -280,8 +280,7 @@ def run(conf: LabelTopicsAnnotateJob, ctx: Run) -> dict:
             with job.writer(task) as w:
                 for rec in labelled:
                     w.write(rec)
-            atomic_write_bytes(job.out / "_rejected.jsonl",
-                               "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejected).encode())
+            job.write_bytes("_rejected.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejected).encode())
             timing = {"mode": mode, "pages": len(todo), "seconds": round(secs, 3), "few_shot": a.few_shot,
                       **({"norm": a.norm, "calibrate": a.calibrate} if mode == "loglikelihood" else {}),
                       "pages_per_s": round(len(todo) / secs, 3) if secs > 0 else None}

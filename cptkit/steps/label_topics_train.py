@@ -78,7 +78,7 @@ def run(conf: LabelTopicsTrainJob, ctx: Run) -> dict:
             if not all_metrics:
                 raise CptkitError(f"no language in {conf.topics.languages} has labelled records in 2+ topics")
             for lang, res, params in trained:  # written once every language passed train.min_f1
-                save_classifier(res, job.out / lang, params, conf.seed,
+                save_classifier(res, job.file(lang), params, conf.seed,
                                 extra={"language": lang, "taxonomy": taxes[lang].topics})
             job.complete(task, None, seconds=time.time() - t0, metrics=all_metrics)
         return job.finish(extra=extra)

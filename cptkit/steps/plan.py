@@ -37,11 +37,10 @@ from rich.table import Table
 from cptkit.core.config import JobConfig, check
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job, Task
-from cptkit.core.output import TaskResult
+from cptkit.core.output import TaskResult, is_finished
 from cptkit.core.progress import console, log
 from cptkit.core.records import read_jsonl
 from cptkit.core.run import Run
-from cptkit.core.shards import atomic_write_bytes, atomic_write_json
 from cptkit.core.step import IN, OUT, QUIET, step
 from cptkit.mixtures import law as dcpt
 from cptkit.training.metrics import eval_curves
@@ -161,7 +160,7 @@ def model_params(run: Path) -> int | None:
 
 
 def read_run(run: Path, cfg: PlanConfig) -> RunData:
-    if not (run / "_SUCCESS").exists():
+    if not is_finished(run):
         raise CptkitError(f"{run}: not a finished train run (no _SUCCESS)")
     sdir, smeta = stream_of(run)
     metrics = run / "metrics.jsonl"
@@ -410,16 +409,16 @@ def run(conf: PlanJob, ctx: Run) -> dict:
         ans: dict[str, Any] = {}
         for task in job.pending():
             ans, laws = plan_answer(runs, cfg, conf.seed)
-            atomic_write_json(job.out / RESULTS, ans | {"config": job.config})
-            atomic_write_bytes(job.out / REPORT, report_md(ans).encode())
-            atomic_write_bytes(job.out / FIGURE, figure_png(runs, ans, laws, cfg))
+            job.write_json(RESULTS, ans | {"config": job.config})
+            job.write_bytes(REPORT, report_md(ans).encode())
+            job.write_bytes(FIGURE, figure_png(runs, ans, laws, cfg))
             files = [RESULTS, REPORT, FIGURE]
             if cfg.predict_ratios:
-                atomic_write_bytes(job.out / PREDICTION, prediction_yaml(ans, cfg).encode())
+                job.write_bytes(PREDICTION, prediction_yaml(ans, cfg).encode())
                 files.append(PREDICTION)
             job.complete(task, result=TaskResult(files=files))
-        if not ans and (job.out / RESULTS).exists():
-            ans = json.loads((job.out / RESULTS).read_text())
+        if not ans and job.file(RESULTS).exists():
+            ans = json.loads(job.file(RESULTS).read_text())
         if ans and not job.quiet:
             print_answer(ans)
         return job.finish(extra={"runs": len(runs), "domain shares": len(ratios),

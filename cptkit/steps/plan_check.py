@@ -33,7 +33,6 @@ from cptkit.core.job import Job, Task
 from cptkit.core.output import TaskResult
 from cptkit.core.progress import console
 from cptkit.core.run import Run
-from cptkit.core.shards import atomic_write_bytes, atomic_write_json
 from cptkit.core.step import IN, OUT, QUIET, step
 from cptkit.steps.plan import PlanConfig, RunData, read_run, run_dirs
 
@@ -162,11 +161,11 @@ def run(conf: PlanCheckJob, ctx: Run) -> dict:
         res: dict[str, Any] = {}
         for task in job.pending():
             res = score(pred, held, grid, cfg)
-            atomic_write_json(job.out / RESULTS, res | {"config": job.config})
-            atomic_write_bytes(job.out / REPORT, report_md(res).encode())
+            job.write_json(RESULTS, res | {"config": job.config})
+            job.write_bytes(REPORT, report_md(res).encode())
             job.complete(task, result=TaskResult(files=[RESULTS, REPORT]))
-        if not res and (job.out / RESULTS).exists():
-            res = json.loads((job.out / RESULTS).read_text())
+        if not res and job.file(RESULTS).exists():
+            res = json.loads(job.file(RESULTS).read_text())
         if res and not job.quiet:
             console.print(report_md(res))
         return job.finish(extra={"held-out runs": len(held), "useful": res.get("useful")})

@@ -144,7 +144,7 @@ def _open_or_build(job: Job, rc: RetrieveConfig, corpus: list[InputFile], skip_b
         raise CptkitError("with --out - pass --index DIR (the index cannot live in the output)")
     # an index in a store is copied here first: its arrays are memory-mapped
     index_dir = (remote.local_copy(rc.index) if remote.is_url(rc.index) else Path(rc.index)) if rc.index \
-        else job.out / INDEX_SUBDIR
+        else job.file(INDEX_SUBDIR)
     tokenizer, params = bm25_tokenizer(rc), bm25_params(rc)
     build_s = 0.0
     if is_sharded(index_dir):
@@ -271,7 +271,7 @@ def _search_and_write(job: Job, task: Task, idx: Any, rc: RetrieveConfig, params
                            for o in order[i:j]]
             w.write(rec)
             i = j
-    run_path = job.out / RUN_FILE
+    run_path = job.file(RUN_FILE)
     if not job.stdout:
         tmp = run_path.with_name(f".{RUN_FILE}.tmp-{os.getpid()}")
         with open(tmp, "w", encoding="utf-8") as fh:

@@ -103,7 +103,7 @@ def run(conf: ScoreQualityTrainJob, ctx: Run) -> dict:
         if not extra:  # resumed after completion
             import json
 
-            info = json.loads((job.out / "classifier.json").read_text()) if (job.out / "classifier.json").exists() else {}
+            info = json.loads(job.file("classifier.json").read_text()) if job.file("classifier.json").exists() else {}
             extra = {"classes": ",".join(info.get("labels", []))}
         return job.finish(extra=extra)
 

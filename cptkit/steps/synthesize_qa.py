@@ -33,7 +33,6 @@ from cptkit.core.job import Job, Task
 from cptkit.core.progress import log
 from cptkit.core.records import Record
 from cptkit.core.run import Run
-from cptkit.core.shards import atomic_write_json
 from cptkit.core.step import step
 from cptkit.llm import load_generator
 from cptkit.llm.config import LLMConfig
@@ -178,7 +177,7 @@ def run(conf: SynthesizeQAJob, ctx: Run) -> dict[str, Any]:
         results = job.all_results() if not job.stdout else {k: {"extra": v} for k, v in task_stats.items()}
         total = aggregate([r.get("extra", {}) for r in results.values()])
         if not job.stdout and results and not job.is_finished:
-            atomic_write_json(job.out / "_synth_stats.json", total)
+            job.write_json("_synth_stats.json", total)
         rows = summary_rows(total, gen.model_id if gen is not None else None)
         check_kept(total, sy.min_records)
         job.finish(extra=rows)

@@ -78,14 +78,13 @@ def run(conf: TrainJob, ctx: Run) -> dict:
                  str(weights_file(tcfg.weights_from)) if tcfg.weights_from else None,
                  str(branch_file(tcfg.branch_from)) if tcfg.branch_from else None]
         data = {"data": stream_record(conf.io.inputs[0], stream.meta)}  # the model card shows the same
+        # finished: the model is what is read, so the checkpoints go (unless train.keep_checkpoints)
+        drop = None if tcfg.keep_checkpoints else (lambda _job: shutil.rmtree(ckdir, ignore_errors=True))
         job = Job(ctx, tasks=[Task(0, [], name="train")], needs_inputs=False, reads=reads,
-                  hooks=Hooks(manifest_extra=lambda: data), identity=run_identity(ctx.record))
+                  hooks=Hooks(manifest_extra=lambda: data, after_success=drop), identity=run_identity(ctx.record))
         extend = reopen_finished(out, ckdir, tcfg.max_steps, resume)
     with job if job is not None else nullcontext():
         if job is not None and extend:
             job.reopen()
         torch.distributed.barrier()
-        result = train(RunSpec(conf, stream, proxy, resume, rank, world, out, job))
-    if rank == 0 and not tcfg.keep_checkpoints and (out / "_SUCCESS").exists():
-        shutil.rmtree(ckdir, ignore_errors=True)  # finished: the model is what is read
-    return result
+        return train(RunSpec(conf, stream, proxy, resume, rank, world, out, job))

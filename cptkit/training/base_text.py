@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from cptkit.core.errors import CptkitError, cli_main
+from cptkit.core.output import writing
 from cptkit.core.records import Record
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json, iter_records, resolve_inputs
 from cptkit.text.hashing import fast_seeded_hash
@@ -81,8 +82,8 @@ def _read(path: Path) -> list[Record]:
 
 def _write_part(out: Path, records: list[Record]) -> None:
     data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
-    atomic_write_bytes(out / "part-00000.jsonl", data)
-    atomic_write_bytes(out / "_SUCCESS", b"")
+    with writing(out):  # _SUCCESS last
+        atomic_write_bytes(out / "part-00000.jsonl", data)
 
 
 @cli_main
@@ -107,11 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         empty = [k for k, v in parts.items() if not v]
         if empty:
             raise CptkitError(f"{a.inp}: {len(recs)} records leave the {empty[0]} part empty: give more text or a larger share")
-        for k in PARTS:
-            _write_part(a.out / k, parts[k])
-        atomic_write_json(a.out / "_split.json", {"input": str(a.inp), "seed": a.seed, "heldout": a.heldout,
-                                                   "replay": a.replay, "records": {k: len(v) for k, v in parts.items()}})
-        atomic_write_bytes(a.out / "_SUCCESS", b"")
+        with writing(a.out):  # _SUCCESS last
+            for k in PARTS:
+                _write_part(a.out / k, parts[k])
+            atomic_write_json(a.out / "_split.json", {"input": str(a.inp), "seed": a.seed, "heldout": a.heldout,
+                                                       "replay": a.replay, "records": {k: len(v) for k, v in parts.items()}})
         print(f"{a.out}: " + ", ".join(f"{k} {len(v)}" for k, v in parts.items()) + f" records (seed {a.seed})",
               file=sys.stderr)
     else:

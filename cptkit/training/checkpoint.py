@@ -12,7 +12,6 @@ inside the checkpoint folder.
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import re
@@ -24,7 +23,7 @@ import torch
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.fingerprint import config_hash
-from cptkit.core.output import MANIFEST, SUCCESS
+from cptkit.core.output import is_finished, read_manifest
 from cptkit.core.progress import log
 from cptkit.training.state import Engine, RunSpec, Stateful, TrainState, client_state, restore
 
@@ -195,7 +194,7 @@ def branch_file(run_dir: str | Path) -> Path:
     ckdir = Path(run_dir) / "checkpoints"
     tag = latest_tag(ckdir) if ckdir.is_dir() else None
     if tag is None:
-        if (Path(run_dir) / "_SUCCESS").exists():  # finished, its checkpoints dropped (train.keep_checkpoints=false)
+        if is_finished(Path(run_dir)):  # finished, its checkpoints dropped (train.keep_checkpoints=false)
             raise CptkitError(f"train.branch_from={run_dir}: the run finished without its checkpoints "
                               "(train.keep_checkpoints=false): train the trunk again with keep_checkpoints=true")
         raise CptkitError(f"train.branch_from={run_dir}: no checkpoint there (is the trunk run finished?)")
@@ -239,7 +238,7 @@ def same_stream(run_dir: str | Path, stream: str | Path) -> bool:
     """Whether the run in ``run_dir`` trained on ``stream`` (by its manifest): a branch then continues
     its data order instead of drawing the stream's first sequences again."""
     try:
-        inputs = json.loads((Path(run_dir) / MANIFEST).read_text())["config"]["io"]["inputs"]
+        inputs = read_manifest(Path(run_dir))["config"]["io"]["inputs"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return bool(inputs) and os.path.realpath(inputs[0]) == os.path.realpath(stream)
@@ -258,11 +257,11 @@ def reopen_finished(out: Path, ckdir: Path, max_steps: int, resume: bool) -> boo
 
     Returns True when the run is to be extended: it resumes from its final checkpoint, and its
     ``_SUCCESS`` is removed once that checkpoint has loaded."""
-    if not (out / SUCCESS).exists() or max_steps <= 0 or not (out / MANIFEST).exists():
+    if not is_finished(out) or max_steps <= 0:
         return False
     try:
-        done = int(json.loads((out / MANIFEST).read_text())["extra"]["steps"])
-    except (ValueError, KeyError, TypeError):
+        done = int(read_manifest(out)["extra"]["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
         return False
     if max_steps == done:
         return False
@@ -317,7 +316,7 @@ def resume(spec: RunSpec, engine: Engine, engine_name: str, state: TrainState, s
     if path is None or saved is None:
         raise CptkitError(f"{spec.ckdir}: cannot load the latest checkpoint")
     restore(saved, state, sampler, callbacks)
-    if spec.rank == 0:
-        (spec.out / SUCCESS).unlink(missing_ok=True)  # extending a finished run: unfinished until it ends
+    if spec.job is not None:  # rank 0
+        spec.job.unfinish()  # extending a finished run: unfinished until it ends
         log.info("resumed from %s at step %d (%d tokens)", path, state.step, state.tokens)
     return state.step

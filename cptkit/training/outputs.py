@@ -14,7 +14,6 @@ from omegaconf import OmegaConf
 
 from cptkit.core.progress import log
 from cptkit.core.records import read_jsonl
-from cptkit.core.shards import atomic_write_bytes, atomic_write_json
 from cptkit.mixtures.rules import normalize
 from cptkit.mixtures.velocitune import ProxyRun
 from cptkit.training.card import base_model, stream_record, write_model_card
@@ -51,15 +50,16 @@ def write_outputs(spec: RunSpec, engine: Engine, tokenizer: Any, state: TrainSta
     """Rank 0's end of run: time-averaged weights (and as a recipe), plots, the proxy's targets, the model."""
     out, tcfg = spec.out, spec.tcfg
     final_sd = full_state_dict(engine)  # ZeRO-3: gathered from every rank (collective); else None
-    if spec.rank != 0:
+    job = spec.job  # rank 0's: it owns the output
+    if job is None:
         return
     avg = normalize(state.weight_sum) if sum(state.weight_sum.values()) > 0 else {}
-    atomic_write_json(out / "avg_weights.json", {"weights": avg, "steps": state.step})
+    job.write_json("avg_weights.json", {"weights": avg, "steps": state.step})
     recipe = {"name": f"reweighted_{out.name}", "stages": [{"name": "reweighted", "weights": avg}]}
-    atomic_write_bytes(out / "mix_reweighted.yaml",
-                       ("# time-averaged weights of this run; use: train.mixture=static "
-                        "train.weights=<these weights>, or as a mix stage\n"
-                        + OmegaConf.to_yaml(OmegaConf.create(recipe))).encode())
+    job.write_bytes("mix_reweighted.yaml",
+                    ("# time-averaged weights of this run; use: train.mixture=static "
+                     "train.weights=<these weights>, or as a mix stage\n"
+                     + OmegaConf.to_yaml(OmegaConf.create(recipe))).encode())
     plots = []
     if tcfg.plot and (out / "weights.jsonl").exists():
         plots.append(lambda: plot_weights(out / "weights.jsonl", out / "weights.png"))
@@ -73,7 +73,7 @@ def write_outputs(spec: RunSpec, engine: Engine, tokenizer: Any, state: TrainSta
             log.warning(note)
     if proxy_run is not None:
         res = proxy_run.result(spec.stream.domains, str(spec.stream.path), state.step)
-        atomic_write_json(out / "_velocitune_targets.json", res)
+        job.write_json("_velocitune_targets.json", res)
         if not res["converged"]:
             log.warning("velocitune proxy: stopped at proxy_fraction (%d steps) with the targets still moving "
                         "by %.4g (>= sigma %.4g): a run using them needs train.velocitune.allow_unconverged=true",
@@ -84,7 +84,7 @@ def write_outputs(spec: RunSpec, engine: Engine, tokenizer: Any, state: TrainSta
     shutil.rmtree(tmp, ignore_errors=True)
     engine.module.save_pretrained(str(tmp), state_dict=final_sd)
     tokenizer.save_pretrained(str(tmp))
-    write_model_card(tmp, spec.job.config if spec.job is not None else {},
+    write_model_card(tmp, job.config,
                      stream_record(spec.conf.io.inputs[0], spec.stream.meta), extra, out / "metrics.jsonl",
                      base_model(spec.conf.model))
     shutil.rmtree(model_dir, ignore_errors=True)
