@@ -159,14 +159,16 @@ def test_callbacks_by_name_with_arguments_stop_close_and_on_error(tmp_path, corp
                       "train.engine=torch", "train.precision=fp32", "train.max_steps=6", "train.eval_every=2", *args)
 
     hooks = tmp_path / "hooks.txt"
-    r = train("stop", f"train.callbacks=[{{name: stop_after:StopAfter, args: {{step: 3, log: '{hooks}'}}}},"
-                      "{name: evaluator, enabled: false}]")
-    assert r.returncode == 0, r.stderr[-2000:]
-    rows = [json.loads(x) for x in (tmp_path / "stop" / "metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in rows if "loss" in x] == [1, 2, 3]  # stopped after step 3, not 6
-    assert not [x for x in rows if "eval_loss" in x]  # the evaluator was off
-    assert sorted(p.name for p in (tmp_path / "stop" / "checkpoints").glob("step*")) == ["step00000003"]
-    assert hooks.read_text().split() == ["pre_train", "close"]
+    for hook in ("post_step", "pre_step"):  # asked after step 3, or before it: the run ends after step 3
+        hooks.unlink(missing_ok=True)
+        r = train(hook, f"train.callbacks=[{{name: stop_after:StopAfter, args: {{step: 3, hook: {hook}, "
+                        f"log: '{hooks}'}}}}, {{name: evaluator, enabled: false}}]")
+        assert r.returncode == 0, r.stderr[-2000:]
+        rows = [json.loads(x) for x in (tmp_path / hook / "metrics.jsonl").read_text().splitlines()]
+        assert [x["step"] for x in rows if "loss" in x] == [1, 2, 3]  # stopped after step 3, not 6
+        assert not [x for x in rows if "eval_loss" in x]  # the evaluator was off
+        assert sorted(p.name for p in (tmp_path / hook / "checkpoints").glob("step*")) == ["step00000003"]
+        assert hooks.read_text().split() == ["pre_train", "close"]
 
     hooks.unlink()
     r = train("fail", f"train.callbacks=[{{name: stop_after:StopAfter, args: {{fail_at: 2, log: '{hooks}'}}}}]")

@@ -80,6 +80,7 @@ class Trainer:
         self.mixture = make_controller(tcfg, stream, spec.proxy, self.total_steps * self.global_seqs, full_budget)
         self.proxy_run: ProxyRun | None = None
         self._stop_reason: str | None = None
+        self._before_update = False  # in a step's pre_step (or on_stage): its update has not run yet
         if spec.proxy:  # the proxy follows the real run's schedule and stops early (Velocitune App. B)
             self.proxy_run = ProxyRun(tcfg.velocitune, self.total_steps, self.global_seqs * spec.seq_len)
             self._total_steps = self.proxy_run.max_steps
@@ -137,11 +138,14 @@ class Trainer:
         self.mix_s += seconds
 
     def request_stop(self, reason: str) -> None:
-        """End the run after the current step (a callback's ``post_step``; later ones see it as the last)."""
+        """End the run after the current step (asked in ``pre_step``: the step about to run; in
+        ``post_step``: the one just done, and later callbacks, the checkpointer among them, see it as
+        the last; in ``pre_train``: before any further step)."""
+        last = self.state.step + (1 if self._before_update else 0)
         if self._stop_reason is None:
-            log.info("training stops at step %d: %s", self.state.step, reason)
+            log.info("training stops at step %d: %s", last, reason)
         self._stop_reason = reason
-        self._total_steps = min(self._total_steps, self.state.step)
+        self._total_steps = min(self._total_steps, last)
 
     def callback_states(self) -> dict[str, Stateful]:
         return {cb.key: cb for cb in self.callbacks}
@@ -184,6 +188,7 @@ class Trainer:
         step_tokens = self.global_seqs * spec.seq_len
         t0, c0 = time.time(), time.process_time()
         self._info = {}
+        self._before_update = True
         self._each("pre_step")
         td = time.time()
         pairs, mix_info = draw_batch(self.mixture, self.sampler, self.global_seqs, stream.domains,
@@ -196,6 +201,7 @@ class Trainer:
         if self.distiller is not None:
             self._info["distill_kl"] = self.distiller.take(spec.world)  # the term's own line in metrics.jsonl
         state.step += 1
+        self._before_update = False
         state.tokens += step_tokens
         self.w_now = w_now = mix_info.pop("weights_used")
         for d in stream.domains:
