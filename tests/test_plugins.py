@@ -141,3 +141,46 @@ def test_a_classifier_backend_of_your_own_trains_saves_and_scores(tmp_path):
                str(tmp_path / "lq.jsonl"), "--out", str(tmp_path / "bad"), "-q", "train.backend=word_votes:Counter")
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "is not a cptkit.labels.backends.base.ClassifierBackend" in lines[0]
+
+
+def test_callbacks_by_name_with_arguments_stop_close_and_on_error(tmp_path, corpus_dir, corpus_records):
+    """train.callbacks names a callback with arguments (tests/fixtures/plugins/stop_after.py) and turns a
+    built-in off: the run ends where the callback's request_stop says, with its final checkpoint there,
+    no evaluation points (evaluator off), and close called; a callback that raises gets on_error, then
+    close, and the run fails. Turning off a built-in the run needs is one line, nothing written."""
+    from mixdata import TWO_DOMAINS, build_stream, make_tokenizer
+
+    tok = make_tokenizer(corpus_records, tmp_path / "tok")
+    build_stream(corpus_dir, tok, tmp_path / "s", [*TWO_DOMAINS, "mix.budget_tokens=8000", "mix.seq_len=32"])
+
+    def train(out: str, *args: str) -> subprocess.CompletedProcess:
+        return cptkit("train", "--in", str(tmp_path / "s"), "--out", str(tmp_path / out), "-q", "model.hidden=32",
+                      "model.layers=1", "model.heads=2", "train.micro_batch=2", "train.threads=1", "train.warmup=0",
+                      "train.engine=torch", "train.precision=fp32", "train.max_steps=6", "train.eval_every=2", *args)
+
+    hooks = tmp_path / "hooks.txt"
+    for hook in ("post_step", "pre_step"):  # asked after step 3, or before it: the run ends after step 3
+        hooks.unlink(missing_ok=True)
+        r = train(hook, f"train.callbacks=[{{name: stop_after:StopAfter, args: {{step: 3, hook: {hook}, "
+                        f"log: '{hooks}'}}}}, {{name: evaluator, enabled: false}}]")
+        assert r.returncode == 0, r.stderr[-2000:]
+        rows = [json.loads(x) for x in (tmp_path / hook / "metrics.jsonl").read_text().splitlines()]
+        assert [x["step"] for x in rows if "loss" in x] == [1, 2, 3]  # stopped after step 3, not 6
+        assert not [x for x in rows if "eval_loss" in x]  # the evaluator was off
+        assert sorted(p.name for p in (tmp_path / hook / "checkpoints").glob("step*")) == ["step00000003"]
+        assert hooks.read_text().split() == ["pre_train", "close"]
+
+    hooks.unlink()
+    r = train("fail", f"train.callbacks=[{{name: stop_after:StopAfter, args: {{fail_at: 2, log: '{hooks}'}}}}]")
+    assert r.returncode != 0 and "failing at step 2 as asked" in r.stderr, r.stderr[-2000:]
+    assert hooks.read_text().split() == ["pre_train", "on_error:RuntimeError", "close"]
+    assert not (tmp_path / "fail" / "_SUCCESS").exists()
+
+    for bad, why in (("train.callbacks={mixture: {enabled: false}}", "the run cannot do without it"),
+                     ("train.callbacks={checkpointer: {enabled: false}}", "train.keep_checkpoints=false"),
+                     ("train.callbacks={evaluator: {every: 3}}", "a built-in takes no arguments"),
+                     ("train.callbacks=[{name: stop_after:StopAfter, args: {nope: 1}}]", "cannot be built with")):
+        r = train("bad", bad)
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and why in lines[0], (bad, r.stderr[-2000:])
+        assert not (tmp_path / "bad").exists()  # nothing half-written

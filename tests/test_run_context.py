@@ -118,6 +118,11 @@ def test_keys_added_later_leave_the_record_at_their_unused_values_for_every_step
     assert {"branch_from", "weights_from"}.isdisjoint(train.record["train"])
     tied = Run.of(compose_step("train", [*io, "model=tiny_llama", "model.tie_embeddings=true"]))
     assert tied.record["model"]["tie_embeddings"] is True
+    # train.callbacks' default became null (it also takes a mapping): an explicit [] is still left out, and a
+    # list of classes is recorded as before
+    assert "callbacks" not in Run.of(compose_step("train", [*io, "train.callbacks=[]"])).record["train"]
+    named = Run.of(compose_step("train", [*io, "train.callbacks=[a.b:C]"])).record["train"]["callbacks"]
+    assert named == ["a.b:C"]
 
 
 def test_no_step_converts_or_mutates_its_config():

@@ -20,15 +20,24 @@ from cptkit.core.config import IOConfig, ShardConfig, format_path, to_dict
 from cptkit.core.redact import redact
 from cptkit.core.shards import InputFile, resolve_inputs
 
-#: Keys added after outputs were recorded without them, each with the value that means "not used": at that
-#: value the recorded config (manifest, resume keys, model card) leaves the key out, so outputs written
-#: before it existed keep their identity. One table for every step; a key a step does not have is skipped.
+
+@dataclass(frozen=True)
+class OneOf:
+    """Several values that each mean "not used" (a key whose default changed form, e.g. ``[]`` to null)."""
+
+    values: tuple[Any, ...]
+
+
+#: Keys added after outputs were recorded without them, each with the value that means "not used" (or a
+#: :class:`OneOf` them): at that value the recorded config (manifest, resume keys, model card) leaves the key
+#: out, so outputs written before it existed keep their identity. One table for every step; a key a step
+#: does not have is skipped.
 LATER_KEYS: dict[str, Any] = {
     "arm": None,  # JobConfig.arm: a sweep member's label
     "model.tie_embeddings": False,
     "train.weights_from": None,
     "train.branch_from": None,
-    "train.callbacks": [],
+    "train.callbacks": OneOf((None, [])),  # null since it also takes a mapping; [] before
     "train.distill": {"kl": 0.0, "on": "replay", "teacher": None},
     "mix.replay.source": "pool",
     "mix.replay.self": {"model": None, "docs": 256, "max_tokens": 256, "seed": 0, "topk": 0, "temperature": 1.0},
@@ -55,7 +64,7 @@ class Run:
         for key, unused in LATER_KEYS.items():
             *parents, leaf = key.split(".")
             node = _node(record, parents)
-            if isinstance(node, dict) and leaf in node and node[leaf] == unused:
+            if isinstance(node, dict) and leaf in node and _unused(node[leaf], unused):
                 del node[leaf]
         return cls(step=str(cfg.step), io=OmegaConf.to_object(cfg.io), shard=OmegaConf.to_object(cfg.shard),
                    quiet=bool(cfg.get("quiet", False)), record=record)
@@ -88,6 +97,10 @@ class Run:
             node = node.get(p, {})
         node.pop(leaf, None)
         return dataclasses.replace(self, record=record)
+
+
+def _unused(value: Any, unused: Any) -> bool:
+    return value in unused.values if isinstance(unused, OneOf) else value == unused
 
 
 def _node(record: dict[str, Any], parents: list[str]) -> Any:

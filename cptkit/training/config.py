@@ -5,6 +5,7 @@ its key). These checks are the one place: the engine and the loop take the value
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +96,65 @@ class DistillConfig:
         check(self.on in DISTILL_ON, "on", self.on, f"use one of {', '.join(DISTILL_ON)}")
 
 
+#: The built-in callbacks by name (cptkit/training/callbacks/), in the order they are added; ``proxy``
+#: exists in a Velocitune proxy run only.
+BUILTIN_CALLBACKS = ("mixture", "evaluator", "metrics", "proxy", "checkpointer")
+#: Built-ins no run can do without, and why: ``train.callbacks`` cannot disable them.
+MANDATORY = {"mixture": "it enters the mixture's stages and updates its weights",
+             "metrics": "metrics.jsonl is one of the run's outputs"}
+
+
+@dataclass(frozen=True)
+class CallbackSpec:
+    """One entry of ``train.callbacks``: a built-in's name or ``package.module:Class``, the keyword
+    arguments its class is built with, and whether it runs."""
+
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+    enabled: bool = True
+
+
+def callback_specs(raw: Any) -> list[CallbackSpec]:
+    """``train.callbacks`` in any of its forms, as :class:`CallbackSpec` s in the order written; a
+    ``ValueError`` names what is wrong (an unknown built-in, a bad entry, a name given twice)."""
+    if raw is None:
+        return []
+    if isinstance(raw, Mapping):  # {name: {arg: value, ..., enabled: false}} or {name: null}
+        entries = [_entry(name, {} if a is None else a) for name, a in raw.items()]
+    elif isinstance(raw, Sequence) and not isinstance(raw, str):
+        entries = [_entry(e, {}) if isinstance(e, str) else _listed(e) for e in raw]
+    else:
+        raise ValueError("give a list or a mapping of callbacks")
+    names = [e.name for e in entries]
+    twice = [n for i, n in enumerate(names) if n in names[:i]]
+    if twice:
+        raise ValueError(f"{twice[0]} is named twice")
+    return entries
+
+
+def _listed(e: Any) -> CallbackSpec:
+    if not isinstance(e, Mapping) or "name" not in e or set(e) - {"name", "args", "enabled"}:
+        raise ValueError(f"{dict(e) if isinstance(e, Mapping) else e!r}: an entry is package.module:Class or "
+                         "{name: ..., args: {...}, enabled: true|false}")
+    return _entry(e["name"], {**(e.get("args") or {}), "enabled": e.get("enabled", True)})
+
+
+def _entry(name: Any, args: Any) -> CallbackSpec:
+    name = str(name)
+    if ":" not in name and name not in BUILTIN_CALLBACKS:
+        raise ValueError(f"{name}: not a built-in ({', '.join(BUILTIN_CALLBACKS)}); name your own as "
+                         "package.module:Class")
+    if not isinstance(args, Mapping):
+        raise ValueError(f"{name}: its arguments must be a mapping, got {args!r}")
+    kwargs = dict(args)
+    enabled = kwargs.pop("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ValueError(f"{name}: enabled must be true or false, got {enabled!r}")
+    if ":" not in name and kwargs:
+        raise ValueError(f"{name}: a built-in takes no arguments (its settings are train.*), only enabled")
+    return CallbackSpec(name, kwargs, enabled)
+
+
 @dataclass
 class TrainOptions:
     mixture: str = "static"  # static | static_avg | staged | topic_ppl | velocitune | dbl | package.module:Class (a Controller)
@@ -152,7 +212,9 @@ class TrainOptions:
     wandb: Any = "auto"  # auto: log to W&B when wandb is installed and WANDB_PROJECT/WANDB_MODE/WANDB_API_KEY is set
     log_every: int = 0  # progress lines when stderr is not a terminal (0: every ~10% of the steps)
     backend: str = "auto"  # gloo on CPU, nccl on GPU
-    callbacks: list[str] = field(default_factory=list)  # your training callbacks: [package.module:Class, ...]
+    # the training callbacks (docs/training.md, "Callbacks"): [package.module:Class, ...], a list of
+    # {name, args, enabled} or {name: {arg: value, enabled: false}}; a name is a built-in or package.module:Class
+    callbacks: Any = None
     topic_ppl: TopicPPLConfig = field(default_factory=TopicPPLConfig)
     velocitune: VelocituneConfig = field(default_factory=VelocituneConfig)
     dbl: DBLConfig = field(default_factory=DBLConfig)
@@ -190,8 +252,18 @@ class TrainOptions:
               "use 0, 1, 2 or 3 (or null: the deepspeed group's)")
         check(str(self.gradient_checkpointing).lower() in ("auto", "true", "false"), "gradient_checkpointing",
               self.gradient_checkpointing, "use auto, true or false")  # Any: a bool or auto
-        for cb in self.callbacks:
-            check(":" in str(cb), "callbacks", cb, "name each callback as package.module:Class")
+        try:
+            specs = callback_specs(self.callbacks)
+        except ValueError as e:
+            check(False, "callbacks", self.callbacks, str(e))
+        for cb in specs:
+            if not cb.enabled:
+                check(cb.name not in MANDATORY, "callbacks", cb.name, f"the run cannot do without it ({MANDATORY.get(cb.name)})")
+                check(cb.name != "checkpointer" or (not self.keep_checkpoints and not self.save_every), "callbacks",
+                      cb.name, "disabling it needs train.keep_checkpoints=false and train.save_every=0 (a run "
+                               "that keeps or resumes from checkpoints needs them written)")
+                check(cb.name != "proxy" or not self.velocitune.proxy, "callbacks", cb.name,
+                      "train.velocitune.proxy=true runs stop through it")
         check(self.distill.kl == 0 or self.kernels == "none", "kernels", self.kernels,
               "train.distill needs the model's logits, which the fused loss never forms; use train.kernels=none")
 

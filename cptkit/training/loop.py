@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -21,13 +23,14 @@ from cptkit.mixtures.factory import make_controller
 from cptkit.mixtures.stages import draw_batch, plan_read
 from cptkit.mixtures.stream import Sampler
 from cptkit.mixtures.velocitune import ProxyRun
-from cptkit.training.callbacks import Callback, load_callbacks
+from cptkit.training.callbacks import Callback, arrange, load_callbacks
 from cptkit.training.callbacks.checkpointer import CheckpointerCallback
 from cptkit.training.callbacks.evaluator import EvaluatorCallback
 from cptkit.training.callbacks.metrics import MetricsCallback
 from cptkit.training.callbacks.mixture import MixtureCallback
 from cptkit.training.callbacks.proxy import ProxyStopCallback
 from cptkit.training.checkpoint import branch, branch_file, prepare_checkpoints, resume, same_stream
+from cptkit.training.config import callback_specs
 from cptkit.training.distill import Distiller
 from cptkit.training.engine import make_engine
 from cptkit.training.evaluation import EvalPoints
@@ -42,7 +45,7 @@ from cptkit.training.model import (
 from cptkit.training.monitor import Monitor
 from cptkit.training.outputs import write_outputs
 from cptkit.training.schedule import Schedule, make_schedule
-from cptkit.training.state import Engine, RunSpec, TrainState
+from cptkit.training.state import Engine, RunSpec, Stateful, TrainState
 
 
 def plan_steps(spec: RunSpec) -> tuple[int, int, int, Schedule]:
@@ -69,15 +72,18 @@ class Trainer:
 
     def __init__(self, spec: RunSpec, has_ckpt: bool):
         conf, tcfg, stream = spec.conf, spec.tcfg, spec.stream
-        user_callbacks = load_callbacks(tcfg.callbacks)  # a bad name fails before any work
+        specs = callback_specs(tcfg.callbacks)
+        user_callbacks = load_callbacks(specs)  # a bad name or argument fails before any work
         self.spec = spec
         self.tokenizer = load_run_tokenizer(spec)
-        self.global_seqs, self.total_steps, full_budget, schedule = plan_steps(spec)
+        self.global_seqs, self._total_steps, full_budget, schedule = plan_steps(spec)
         self.mixture = make_controller(tcfg, stream, spec.proxy, self.total_steps * self.global_seqs, full_budget)
         self.proxy_run: ProxyRun | None = None
+        self._stop_reason: str | None = None
+        self._before_update = False  # in a step's pre_step (or on_stage): its update has not run yet
         if spec.proxy:  # the proxy follows the real run's schedule and stops early (Velocitune App. B)
             self.proxy_run = ProxyRun(tcfg.velocitune, self.total_steps, self.global_seqs * spec.seq_len)
-            self.total_steps = self.proxy_run.max_steps
+            self._total_steps = self.proxy_run.max_steps
         self.plan_note = self._plan_read(stream)
         self.evals = EvalPoints(spec, self.mixture)
         torch.manual_seed(conf.seed)
@@ -102,14 +108,47 @@ class Trainer:
         proxy = [ProxyStopCallback(self.proxy_run)] if self.proxy_run is not None else []
         builtin: list[Callback] = [MixtureCallback(), EvaluatorCallback(), MetricsCallback(), *proxy,
                                    CheckpointerCallback()]
-        self.callbacks = sorted([*builtin, *user_callbacks], key=lambda cb: -cb.priority)  # stable: ties keep order
+        self.callbacks = arrange(builtin, user_callbacks, specs)
         for cb in self.callbacks:
             cb.attach(self)
-        self.info: dict[str, Any] = {}
+        self._info: dict[str, Any] = {}
         self.losses: list[float] = []
         self.w_now: dict[str, float] | None = None
         self.data_s = self.mix_s = 0.0
         self.log = self._open_log(has_ckpt)
+
+    @property
+    def total_steps(self) -> int:
+        """The step the run ends after: planned, or lowered by :meth:`request_stop`."""
+        return self._total_steps
+
+    @property
+    def step_metrics(self) -> Mapping[str, Any]:
+        return MappingProxyType(self._info)
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self._stop_reason
+
+    def add_metrics(self, values: Mapping[str, Any]) -> None:
+        """Add ``values`` to this step's metrics row (callbacks' ``pre_step``)."""
+        self._info.update(values)
+
+    def add_mixture_seconds(self, seconds: float) -> None:
+        self.mix_s += seconds
+
+    def request_stop(self, reason: str) -> None:
+        """End the run after the current step (asked in ``pre_step``: the step about to run; in
+        ``post_step``: the one just done, and later callbacks, the checkpointer among them, see it as
+        the last; in ``pre_train``: before any further step)."""
+        last = self.state.step + (1 if self._before_update else 0)
+        if self._stop_reason is None:
+            log.info("training stops at step %d: %s", last, reason)
+        self._stop_reason = reason
+        self._total_steps = min(self._total_steps, last)
+
+    def callback_states(self) -> dict[str, Stateful]:
+        return {cb.key: cb for cb in self.callbacks}
 
     def _plan_read(self, stream: Any) -> str | None:
         """A ``staged`` run that reads other than exactly its stream's plan: the largest share gap, warned
@@ -133,7 +172,7 @@ class Trainer:
         resumed_at = None
         if spec.resume and has_ckpt:
             resumed_at = resume(spec, self.engine, self.engine_info["engine"], state, self.sampler,
-                                {cb.key: cb for cb in self.callbacks})
+                                self.callback_states())
         job = spec.job
         return MetricsLog(spec, Monitor(spec.out, spec.tcfg, job, self.total_steps, state.step,
                                         redact(job.config) if job is not None else None), resumed_at)
@@ -148,7 +187,8 @@ class Trainer:
         spec, state, stream = self.spec, self.state, self.spec.stream
         step_tokens = self.global_seqs * spec.seq_len
         t0, c0 = time.time(), time.process_time()
-        self.info = {}
+        self._info = {}
+        self._before_update = True
         self._each("pre_step")
         td = time.time()
         pairs, mix_info = draw_batch(self.mixture, self.sampler, self.global_seqs, stream.domains,
@@ -159,8 +199,9 @@ class Trainer:
         loss = optimizer_step(self.engine, data, spec.tcfg.micro_batch, spec.tcfg.grad_accum, spec.rank, spec.world,
                               self.distiller, pairs)
         if self.distiller is not None:
-            self.info["distill_kl"] = self.distiller.take(spec.world)  # the term's own line in metrics.jsonl
+            self._info["distill_kl"] = self.distiller.take(spec.world)  # the term's own line in metrics.jsonl
         state.step += 1
+        self._before_update = False
         state.tokens += step_tokens
         self.w_now = w_now = mix_info.pop("weights_used")
         for d in stream.domains:
@@ -171,10 +212,38 @@ class Trainer:
         self._each("post_step", {"step": state.step, "tokens": state.tokens, "loss": loss, "lr": lr_used,
                                  "tokens_per_s": step_tokens / dt if dt > 0 else 0.0, "seconds": dt,
                                  "cpu_seconds": dc, "weights": {d: round(v, 6) for d, v in w_now.items()},
-                                 **mix_info, **self.info})
+                                 **mix_info, **self._info})
 
     def run(self) -> dict[str, Any]:
-        """Step to the end, write the outputs; the run's numbers for the manifest."""
+        """Step to the end, write the outputs; the run's numbers for the manifest. When anything here
+        raises, every callback's ``on_error`` sees it before it propagates; ``close`` runs always."""
+        try:
+            extra = self._run()
+        except BaseException as e:
+            for cb in self.callbacks:
+                try:
+                    cb.on_error(e)
+                except Exception as inner:  # the run's own error is the one to report
+                    log.warning("%s.on_error raised %s: %s", cb.key, type(inner).__name__, inner)
+            self._close(failed=True)
+            raise
+        self._close(failed=False)
+        return extra
+
+    def _close(self, failed: bool) -> None:
+        """Every callback's ``close``, each one even if an earlier one raised; the first such error is
+        raised after all of them, unless the run ``failed`` already (its own error is the one to report)."""
+        first: Exception | None = None
+        for cb in self.callbacks:
+            try:
+                cb.close()
+            except Exception as e:
+                log.warning("%s.close raised %s: %s", cb.key, type(e).__name__, e)
+                first = first or e
+        if first is not None and not failed:
+            raise first
+
+    def _run(self) -> dict[str, Any]:
         spec, state = self.spec, self.state
         self._each("pre_train")
         t_run = time.time()

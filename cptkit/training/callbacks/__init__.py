@@ -1,12 +1,16 @@
 """Training callbacks (OLMo-core's shape): everything the loop does besides drawing a batch and
 stepping the optimizer: checkpoints, evaluations, the metrics log, the mixture's weight events and
-the Velocitune proxy's stop, and your own (``train.callbacks=[package.module:Class, ...]``).
+the Velocitune proxy's stop, and your own. ``train.callbacks`` names them, with arguments, and turns
+built-ins off (:func:`cptkit.training.config.callback_specs`: ``[package.module:Class, ...]``, a list
+of ``{name, args, enabled}``, or ``{name: {arg: value, enabled: false}}``).
 
 A :class:`Callback` has a ``priority`` (higher runs first, in every hook; equal priorities keep the
 order they were added in: the built-ins, then ``train.callbacks`` as written), hooks the
 :class:`~cptkit.training.loop.Trainer` calls, and a ``state_dict`` saved in every checkpoint under
 its ``key`` and restored by ``load_state_dict`` when the run resumes, so a resumed run continues
-exactly. The built-ins, one module each:
+exactly. A callback changes the run only through the :class:`Loop` methods (``add_metrics``,
+``request_stop``, ``add_mixture_seconds``). ``on_error`` runs when the run raises, ``close`` always,
+last. The built-ins, one module each (``mixture`` and ``metrics`` cannot be turned off):
 
 ====================================  ========  ==============================================
 callback                              priority  what it does
@@ -26,19 +30,22 @@ your ``train.callbacks``              0         (the default)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.registry import load_plugin
 from cptkit.mixtures.stages import StageMixture
 from cptkit.mixtures.stream import Sampler
+from cptkit.training.config import CallbackSpec
 from cptkit.training.evaluation import EvalPoints
 from cptkit.training.metrics import MetricsLog
-from cptkit.training.state import Engine, RunSpec, TrainState
+from cptkit.training.state import Engine, RunSpec, Stateful, TrainState
 
 
 class Loop(Protocol):
-    """What a callback sees of the trainer (:class:`cptkit.training.loop.Trainer`)."""
+    """What a callback sees of the trainer (:class:`cptkit.training.loop.Trainer`): read the run
+    through the attributes, change it only through the methods."""
 
     spec: RunSpec
     state: TrainState  # step and tokens done so far (``step`` already counts the step in post_step)
@@ -48,14 +55,35 @@ class Loop(Protocol):
     mixture: StageMixture
     evals: EvalPoints  # the held-out documents and tasks
     log: MetricsLog  # metrics.jsonl and weights.jsonl (rank 0; a no-op elsewhere)
-    total_steps: int  # lower it to stop the run after this step
-    info: dict[str, Any]  # what this step's pre_step hooks measured: merged into its metrics row
-    mix_s: float  # seconds spent on the mixture's evaluations and updates
-    callbacks: list[Callback]
+
+    @property
+    def total_steps(self) -> int:
+        """The step the run ends after (:meth:`request_stop` lowers it)."""
+
+    @property
+    def step_metrics(self) -> Mapping[str, Any]:
+        """What this step's pre_step hooks measured so far (read-only): merged into its metrics row."""
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the run stops early (None: it runs to its planned end)."""
+
+    def add_metrics(self, values: Mapping[str, Any]) -> None:
+        """Add ``values`` to this step's metrics row (from ``pre_step``)."""
+
+    def add_mixture_seconds(self, seconds: float) -> None:
+        """Count ``seconds`` spent on the mixture's evaluations and updates (the manifest's share)."""
+
+    def request_stop(self, reason: str) -> None:
+        """End the run after the current step (from ``post_step``: later callbacks see it as the last)."""
+
+    def callback_states(self) -> dict[str, Stateful]:
+        """Every callback by its state's key: what a checkpoint saves."""
 
 
 class Callback:
-    """A training callback: override the hooks you need. ``self.trainer`` is set before ``pre_train``."""
+    """A training callback: override the hooks you need. ``self.trainer`` is set before ``pre_train``;
+    ``train.callbacks`` builds it with its ``args`` as keyword arguments."""
 
     priority: ClassVar[int] = 0
     name: ClassVar[str] = ""  # the key of its state in checkpoints (default: package.module:Class)
@@ -72,7 +100,7 @@ class Callback:
         """After setup and resume (states loaded), before the first step."""
 
     def pre_step(self) -> None:
-        """Before the step's batch is drawn (``trainer.state.step`` steps done); may add to ``trainer.info``."""
+        """Before the step's batch is drawn (``trainer.state.step`` steps done); may ``trainer.add_metrics``."""
 
     def on_stage(self, stage: str) -> None:
         """A stage of the mixture begins inside this step's batch."""
@@ -83,6 +111,13 @@ class Callback:
     def post_train(self) -> None:
         """After the last step, before the outputs (the final model) are written."""
 
+    def on_error(self, exc: BaseException) -> None:
+        """The run raised ``exc`` (after setup: in a hook, a step or writing the outputs); it is re-raised
+        after every callback's ``on_error``."""
+
+    def close(self) -> None:
+        """Always the last hook, after success or an error: release what the callback holds."""
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of this callback (tensors, numbers, strings, lists and dicts)."""
         return {}
@@ -91,12 +126,28 @@ class Callback:
         """Restore :meth:`state_dict`'s result when the run resumes (before ``pre_train``)."""
 
 
-def load_callbacks(specs: list[str]) -> list[Callback]:
-    """``train.callbacks``: each ``package.module:Class`` imported, checked to be a :class:`Callback`
-    and built without arguments; a class named twice is refused (its states would collide)."""
-    out = [load_plugin(spec, "train.callbacks", Callback)() for spec in specs]
+def load_callbacks(specs: list[CallbackSpec]) -> list[Callback]:
+    """The ``package.module:Class`` entries of ``train.callbacks`` that are on, each imported, checked
+    to be a :class:`Callback` and built with its ``args`` (one line naming the entry if any fails)."""
+    out = []
+    for s in specs:
+        if ":" not in s.name or not s.enabled:
+            continue
+        cls = load_plugin(s.name, "train.callbacks", Callback)
+        try:
+            out.append(cls(**s.args))
+        except TypeError as e:
+            raise CptkitError(f"train.callbacks: {s.name} cannot be built with {s.args}: {e}") from None
+    return out
+
+
+def arrange(builtins: list[Callback], user: list[Callback], specs: list[CallbackSpec]) -> list[Callback]:
+    """The run's callbacks in the order they run: the ``builtins`` that ``specs`` leave on, then
+    ``user``, sorted by priority, higher first (ties keep this order); two with one state key are refused."""
+    off = {s.name for s in specs if not s.enabled}
+    out = [cb for cb in builtins if cb.name not in off] + user
     keys = [cb.key for cb in out]
     twice = [k for i, k in enumerate(keys) if k in keys[:i]]
     if twice:
         raise CptkitError(f"train.callbacks: {twice[0]} is named twice")
-    return out
+    return sorted(out, key=lambda cb: -cb.priority)  # stable: ties keep order

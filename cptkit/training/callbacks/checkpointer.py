@@ -22,4 +22,4 @@ class CheckpointerCallback(Callback):
         if last and not t.spec.tcfg.keep_checkpoints:
             return
         if (every and t.state.step % every == 0) or last:
-            checkpoint.save(t.spec, t.engine, t.state, t.sampler, {cb.key: cb for cb in t.callbacks})
+            checkpoint.save(t.spec, t.engine, t.state, t.sampler, t.callback_states())

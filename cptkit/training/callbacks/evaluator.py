@@ -13,9 +13,9 @@ class EvaluatorCallback(Callback):
     def pre_step(self) -> None:
         t = self.trainer
         every = t.spec.tcfg.eval_every
-        if "eval_loss" in t.info or not every or t.state.step % every:  # the mixture evaluated this step
+        if "eval_loss" in t.step_metrics or not every or t.state.step % every:  # the mixture evaluated this step
             return
-        t.info.update({**t.evals.point(t.engine.module, t.tokenizer, initial=t.state.step == 0),
+        t.add_metrics({**t.evals.point(t.engine.module, t.tokenizer, initial=t.state.step == 0),
                        "eval_tokens": t.state.tokens})
 
     def post_train(self) -> None:

@@ -34,8 +34,8 @@ class MixtureCallback(Callback):
         info = {"eval_loss": losses, "eval_loss_se": ses, "eval_tokens": state.tokens,
                 **mixture.update(state.step, state.tokens, losses)}
         self._event({"event": "update", **info})
-        t.info.update(info)
-        t.mix_s += time.time() - te
+        t.add_metrics(info)
+        t.add_mixture_seconds(time.time() - te)
 
     def on_stage(self, stage: str) -> None:
         self._event({"event": "stage", "stage": stage})

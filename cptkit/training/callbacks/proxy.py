@@ -25,7 +25,7 @@ class ProxyStopCallback(Callback):
         losses, _ = t.evals.losses(t.engine.module, t.tokenizer, proxy.eval_docs)
         self.log.append((float(t.state.tokens), losses))
         if proxy.add(t.state.tokens, losses):
-            t.total_steps = t.state.step  # the targets settled: stop the proxy here
+            t.request_stop("the proxy's predicted targets settled")
 
     def state_dict(self) -> dict[str, Any]:
         return {"log": self.log}
