@@ -92,7 +92,9 @@ def test_a_run_is_frozen_and_records_changes_as_copies(tmp_path):
                                    "corrupt.ratio=0.25"])
     before = to_dict(cfg)
     ctx = Run.of(cfg)
-    assert to_dict(cfg) == before and ctx.record == {k: v for k, v in redact(before).items() if k != "arm"}
+    expected = {k: v for k, v in redact(before).items() if k != "arm"}
+    del expected["io"]["html_extractor"]  # a LATER_KEYS key at its default is left out of the record
+    assert to_dict(cfg) == before and ctx.record == expected
     with pytest.raises(dataclasses.FrozenInstanceError):
         ctx.quiet = True  # type: ignore[misc]
     other = ctx.recording("io.unique_ids", False).recording("corrupt.ratio", 0.5)

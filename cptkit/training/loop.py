@@ -7,6 +7,7 @@ continues to byte-identical files."""
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -87,6 +88,7 @@ class Trainer:
         self.plan_note = self._plan_read(stream)
         self.evals = EvalPoints(spec, self.mixture)
         torch.manual_seed(conf.seed)
+        random.seed(conf.seed)  # its state is checkpointed too: the same bytes on every run of a seed
         model = build_model(conf.model, self.tokenizer, spec.seq_len, conf.trust_remote_code)
         check_vocab(model, stream)
         save_initial(spec, model, self.tokenizer)
