@@ -72,7 +72,7 @@ def tiny_b0(corpus_dir, tmp_path_factory) -> tuple[Path, Path]:
 def b0(model: Path, stream: Path, link: Path, cache_dir: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CPTKIT_CACHE": str(cache_dir)}
     link.parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "cptkit.training.b0", "--base", str(model), "--stream", str(stream),
+    return subprocess.run([sys.executable, "-m", "cptkit", "b0", "--base", str(model), "--stream", str(stream),
                            "--link", str(link), "--group", "en", "--", *B0_ARGS],
                           capture_output=True, text=True, env=env, timeout=600)
 

@@ -280,6 +280,7 @@ def test_stop_strings_end_a_row_at_the_token_that_completes_them():
     from cptkit.llm.hf import RowSampler
     from tests._tiny_llm import llm_cfg
 
+    STOP_STRING_EMBEDDING_CACHE.clear()  # process-wide: evaluate's generation (models/scoring.py) may have filled it
     gen = load_generator(llm_cfg(cached_tiny_model(), chat=False))
     prompt, params = "Psychology studies", gen.params(max_new_tokens=24, temperature=0.0)
     ids = gen._run([gen._prompt_ids(prompt)], params, RowSampler([0], 0.0, 1.0, gen.device), 24)[0]

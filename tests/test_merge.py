@@ -113,7 +113,7 @@ def weights(d: Path) -> dict[str, torch.Tensor]:
 def test_sweep_alpha_0_is_base_and_1_is_model(parents, tmp_path, capsys) -> None:
     base, model = parents
     code, err = cli(["--base", base, "--model", model, "--out", tmp_path / "m{merge.alpha}", "-q",
-                     "-m", "merge.alpha=0.0,1.0,0.5"], capsys)
+                     "-m", "merge.alpha=0.0,1.0,0.5", f"hydra.sweep.dir={tmp_path / 'sweep'}"], capsys)
     assert code == 0, err
     wb, wm = weights(base), weights(model)
     w0, w1, wh = (weights(tmp_path / f"m{a}") for a in ("0.0", "1.0", "0.5"))

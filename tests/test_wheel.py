@@ -52,7 +52,7 @@ def test_wheel_in_fresh_venv_runs_dedup(wheel: Path, corpus_dir: Path, tmp_path:
     # Dependencies from this interpreter's site-packages (a plain path line: its .pth files, the
     # editable install of this checkout among them, are not processed).
     (site / "_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)],
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--ignore-installed", str(wheel)],
                    check=True, capture_output=True)
     work = tmp_path / "elsewhere"
     work.mkdir()

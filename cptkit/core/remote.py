@@ -386,15 +386,7 @@ class RemoteOutput:
             self.call(self.fs.put_file, str(staging / rel), self.key(rel))
             self.pushed[rel] = files[rel]
             self.known.add(rel)
-        for rel in sorted(self.known - set(files)):
-            try:
-                self.fs.rm_file(self.key(rel))
-            except FileNotFoundError:
-                pass
-            except Exception as e:  # noqa: BLE001
-                raise store_error(self.url, e) from None
-            self.known.discard(rel)
-            self.pushed.pop(rel, None)
+        self.remove(sorted(self.known - set(files)))
 
     def remove(self, rels: list[str]) -> None:
         """Delete objects of the output (relative paths), e.g. a redone task's earlier shards."""
