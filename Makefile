@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 CPTKIT := $(BIN)/cptkit
 DATA   ?= data
 PYTEST_ARGS ?= -n $(TEST_WORKERS) --durations=40
-TEST_WORKERS ?= 2  # pytest-xdist workers (one OpenMP thread each: tests/conftest.py); the suite took 20:51 on 2 idle cores on 2026-11-28 (2,247 CPU-s)
+TEST_WORKERS ?= 2  # pytest-xdist workers (one OpenMP thread each: tests/conftest.py); the suite took 18:23 on 2 idle cores on 2026-12-07 (936 passed, 1 skipped)
 
 .PHONY: install test lint demo cpt-experiment bench clean-demo help
 
