@@ -71,10 +71,18 @@ def test_self_samples_are_seeded_and_disjoint_from_the_probe(base):
     a = sample_from_bos(model, tok, docs=20, max_tokens=12, seed=3)
     assert a == sample_from_bos(model, tok, docs=20, max_tokens=12, seed=3)
     assert [s["text"] for s in a] != [s["text"] for s in sample_from_bos(model, tok, docs=20, max_tokens=12, seed=4)]
-    # the sampler is the probe's: given the probe's batch seeds it writes the probe's texts ...
+    # the one sampler (the probe's too) draws what transformers' ancestral sampling draws from BOS with the
+    # same seed: the probe files written before it (with model.generate) stay the same texts ...
     probe = sample_texts(model, tok, docs=20, tokens=12, seed=3)
-    as_probe = sample_from_bos(model, tok, docs=20, max_tokens=12, seed=3, seeds=lambda s, b: s * 1_000_003 + b)
-    assert [s["text"] for s in as_probe] == probe
+    ref = []
+    for start in range(0, 20, 16):
+        torch.manual_seed(3 * 1_000_003 + start)
+        ids = torch.full((min(16, 20 - start), 1), tok.bos_token_id, dtype=torch.long)
+        with torch.no_grad():
+            gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
+                                 top_k=0, top_p=1.0, max_new_tokens=12, min_new_tokens=1, pad_token_id=tok.eos_token_id)
+        ref += [tok.decode(row[1:], skip_special_tokens=True).strip() for row in gen.tolist()]
+    assert probe == ref
     # ... and its own seed namespace makes them other texts at every seed
     for seed in (0, 3):
         own = {s["text"] for s in sample_from_bos(model, tok, docs=20, max_tokens=12, seed=seed)}

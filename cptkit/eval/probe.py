@@ -22,26 +22,19 @@ from typing import Any
 
 from cptkit.core.errors import CptkitError, cli_main
 from cptkit.core.shards import atomic_write_bytes
+from cptkit.models.self_samples import sample_from_bos
+
+
+def probe_seed(seed: int, start: int) -> int:
+    """The torch seed of the probe's batch that begins at sample ``start`` (self replay hashes its own:
+    :func:`cptkit.models.self_samples.batch_seed`, so the two never share a draw)."""
+    return seed * 1_000_003 + start
 
 
 def sample_texts(model: Any, tokenizer: Any, docs: int, tokens: int, seed: int, batch: int = 16) -> list[str]:
-    """``docs`` texts of up to ``tokens`` new tokens each, sampled at temperature 1 from BOS."""
-    import torch  # deferred: --help without torch
-
-    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    if bos is None:
-        raise CptkitError("the tokenizer has neither a BOS nor an EOS token to start sampling from")
-    out: list[str] = []
-    for start in range(0, docs, batch):
-        n = min(batch, docs - start)
-        torch.manual_seed(seed * 1_000_003 + start)  # each batch its own draw, the same on every run
-        ids = torch.full((n, 1), bos, dtype=torch.long)
-        with torch.no_grad():
-            gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                                 top_k=0, top_p=1.0, max_new_tokens=tokens, min_new_tokens=1,
-                                 pad_token_id=tokenizer.eos_token_id if tokenizer.eos_token_id is not None else bos)
-        out += [tokenizer.decode(row[1:], skip_special_tokens=True).strip() for row in gen.tolist()]
-    return out
+    """``docs`` texts of up to ``tokens`` new tokens each, sampled at temperature 1 from BOS (the one
+    sampler, :func:`cptkit.models.self_samples.sample_from_bos`, with the probe's batch seeds)."""
+    return [s["text"] for s in sample_from_bos(model, tokenizer, docs, tokens, seed, batch=batch, seeds=probe_seed)]
 
 
 def probe_records(texts: list[str], lang: str = "en") -> list[dict[str, str]]:

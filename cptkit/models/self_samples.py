@@ -35,7 +35,7 @@ from cptkit.core.fingerprint import cache_path, content_hash
 from cptkit.core.progress import log
 from cptkit.core.shards import atomic_write_bytes
 
-NAMESPACE = "self-replay"  # the probe seeds batch b with seed * 1_000_003 + b; these seeds are hashed
+NAMESPACE = "self-replay"  # the probe seeds batch b with seed * 1_000_003 + b (eval/probe.py); these are hashed
 BATCH = 16  # rows sampled together: part of what a sample is (its batch shares one torch seed)
 FORMAT = 1  # bump when the sampler's output changes (a cache key part)
 
