@@ -137,18 +137,20 @@ class DomainFiles:
         """The batch's token ids (a long text in pieces: bounded memory). Touches nothing else, so it
         may run in a thread beside the reading (the Rust tokenizer releases the GIL)."""
         t = time.perf_counter()
+        # self samples keep the ids the base sampled; only the other records are tokenized
+        sampled = {i: self.sampled_ids(rec) for i, (name, rec) in enumerate(batch)
+                   if name == REPLAY and rec.get("token_ids") is not None}
+        texts = [r["text"] for i, (_, r) in enumerate(batch) if i not in sampled]
         try:
             with quiet_panics():  # a Rust panic: one line below, not the hook's notice and backtrace too
-                enc = encode_many(self.tok, [r["text"] for _, r in batch])
+                encoded = iter(encode_many(self.tok, texts) if texts else [])
         except BaseException as e:  # a Rust panic is no Exception
             if not is_panic(e):
                 raise
             with quiet_panics():
                 err = self.panic(batch, e)
             raise err from None
-        for i, (name, rec) in enumerate(batch):
-            if name == REPLAY and rec.get("token_ids") is not None:  # self samples: the ids the base sampled
-                enc[i] = self.sampled_ids(rec)
+        enc = [sampled[i] if i in sampled else next(encoded) for i in range(len(batch))]
         self.tokenize_s += time.perf_counter() - t
         return enc
 
