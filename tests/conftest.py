@@ -9,11 +9,13 @@ of the corpus code and config, so edits rebuild it) and reused by later sessions
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -123,3 +125,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return float(mark.kwargs.get("minutes", 0)) if mark else 0.0
 
     items.sort(key=lambda item: -minutes(item))
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, options: str):
+    """A tmpfs mounted at ``path`` (``mount -o OPTIONS``: ``size=192k``, ``ro,size=1m``) for the block, unmounted
+    after; skips the test, saying why, where it cannot mount (it needs root or CAP_SYS_ADMIN)."""
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs ({options}) here: {(r.stderr or r.stdout).strip()[:200]}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import tmpfs
 from mixdata import TWO_DOMAINS, build_stream, make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,16 +20,9 @@ SMALL = ["model.hidden=32", "model.layers=2", "model.heads=2", "train.micro_batc
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 192 KiB tmpfs at ``tmp_path/disk`` (unmounted after the test); skips where it cannot mount."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192k", "tmpfs", str(disk)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill (needs root or CAP_SYS_ADMIN): {r.stderr.strip()[:200]}")
-    try:
+    """A 192 KiB tmpfs at ``tmp_path/disk``, to fill; skips where it cannot mount."""
+    with tmpfs(tmp_path / "disk", "size=192k") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def leftovers(out: Path) -> list[str]:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_jsonl
+from conftest import tmpfs, write_jsonl
 from mixdata import TWO_DOMAINS, make_tokenizer
 
 CLI = [sys.executable, "-m", "cptkit.cli"]
@@ -203,14 +203,9 @@ def data(tmp_path) -> Path:
 
 @pytest.fixture
 def read_only(tmp_path):
-    """A read-only tmpfs mounted at ``tmp_path/ro`` (we run as root); skipped, saying why, where it cannot be."""
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here: {(r.stderr or r.stdout).strip()[:200]}")
-    yield ro
-    subprocess.run(["umount", str(ro)], check=True)
+    """A read-only tmpfs at ``tmp_path/ro``; skipped, saying why, where it cannot be mounted."""
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as ro:
+        yield ro
 
 
 def test_out_on_a_read_only_file_system_is_one_line(data, read_only, trained):
