@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from cptkit.core.config import IOConfig, check
+from cptkit.core.config import IOConfig
 from cptkit.core.errors import BadInput
 from cptkit.core.job import SKIPPED, Job, Task, TaskResult
 from cptkit.core.records import dumps
@@ -37,29 +37,13 @@ from cptkit.core.warc import is_warc
 from cptkit.core.workers import in_workers, n_workers
 from cptkit.dedup import minhash as mh
 from cptkit.dedup import scale
+from cptkit.dedup.config import DedupConfig
 
 KEPT, EXACT, NEAR = 0, 1, 2
 KINDS = {EXACT: "exact", NEAR: "near"}
 
 
-def banding(d: Any) -> tuple[int, int]:
-    """The ``(bands, rows)`` of a config: given, half given (the other fills num_perm), or computed."""
-    num_perm, bands, rows = d.num_perm, d.bands, d.rows
-    if bands is None and rows is None:
-        check(0.0 < d.target_recall < 1.0, "target_recall", d.target_recall, "must be in (0, 1)")
-        try:
-            return mh.lsh_params(d.threshold, num_perm, d.target_recall)
-        except ValueError as e:
-            check(False, "target_recall", d.target_recall, str(e))
-    key, value = ("bands", bands) if bands is not None else ("rows", rows)
-    bands = bands if bands is not None else num_perm // rows  # type: ignore[operator]
-    rows = rows if rows is not None else num_perm // bands
-    check(bands >= 1 and rows >= 1 and bands * rows <= num_perm, key, value,
-          f"bands x rows = {bands} x {rows} must be >= 1 each and use at most num_perm={num_perm} permutations")
-    return bands, rows
-
-
-def describe(d: Any, bands: int, rows: int) -> dict:
+def describe(d: DedupConfig, bands: int, rows: int) -> dict:
     """Shingling, hashing and banding for the manifest's ``extra`` (to compare counts across tools)."""
     n, seed, t = d.ngram, d.seed, d.threshold
     tok = {"words": "runs of word characters, each CJK/kana/hangul character alone",
@@ -193,7 +177,7 @@ def _wanted_texts(task: Task, rows: set[int], max_chars: int = 0):
             fh.close()
 
 
-def _signature_task(job: Job, store: Store, sh: mh.Shingler, d: Any, skip: bool, task: Task) -> None:
+def _signature_task(job: Job, store: Store, sh: mh.Shingler, d: DedupConfig, skip: bool, task: Task) -> None:
     """Phase 1 for one shard: its signatures, exact hashes and ids into ``store``."""
     batch = d.batch_docs
     sigs, exact, ids, texts = [], [], [], []
@@ -223,7 +207,7 @@ def _signature_task(job: Job, store: Store, sh: mh.Shingler, d: Any, skip: bool,
     store.put(task, sig, np.array(exact, dtype=np.uint64).reshape(-1, 2), ids)
 
 
-def phase_signatures(job: Job, store: Store, sh: mh.Shingler, d: Any, skip: bool) -> None:
+def phase_signatures(job: Job, store: Store, sh: mh.Shingler, d: DedupConfig, skip: bool) -> None:
     """Phase 1: signatures and exact hashes of this slice's shards that have none yet."""
     todo = [t for t in job.mine() if not store.has(t)]
     if not todo:
@@ -276,7 +260,7 @@ def _shingle_sets(job: Job, sh: mh.Shingler, offsets: np.ndarray, docs: np.ndarr
     return sets
 
 
-def phase_cluster(job: Job, store: Store, sh: mh.Shingler, d: Any, skip: bool, bands: int,
+def phase_cluster(job: Job, store: Store, sh: mh.Shingler, d: DedupConfig, skip: bool, bands: int,
                   rows: int) -> dict:
     """Phase 2 in memory: exact duplicates and LSH candidates over all signatures, then clusters."""
     sigs = [store.sig(t) for t in job.tasks]
@@ -296,7 +280,7 @@ def phase_cluster(job: Job, store: Store, sh: mh.Shingler, d: Any, skip: bool, b
     return cluster_candidates(job, sh, d, skip, offsets, exact_first, pairs, lambda docs: sig[docs], store)
 
 
-def phase_cluster_scaled(job: Job, store: Store, sh: mh.Shingler, d: Any, skip: bool,
+def phase_cluster_scaled(job: Job, store: Store, sh: mh.Shingler, d: DedupConfig, skip: bool,
                          backend: scale.Backend) -> dict:
     """Phase 2 after a bucket map/reduce: candidates from the partitions' pair files, then clusters.
 
@@ -311,7 +295,7 @@ def phase_cluster_scaled(job: Job, store: Store, sh: mh.Shingler, d: Any, skip: 
     return cluster_candidates(job, sh, d, skip, offsets, exact_first, pairs, sig_rows, store)
 
 
-def cluster_candidates(job: Job, sh: mh.Shingler, d: Any, skip: bool, offsets: np.ndarray,
+def cluster_candidates(job: Job, sh: mh.Shingler, d: DedupConfig, skip: bool, offsets: np.ndarray,
                        exact_first: np.ndarray, pairs: np.ndarray, sig_rows, store: Store | None = None) -> dict:
     """Verify candidate ``pairs`` (global indices), union-find them, attach exact duplicates.
 

@@ -27,7 +27,6 @@ import io
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -37,9 +36,8 @@ from cptkit.core.progress import log
 from cptkit.core.redact import redact_url
 from cptkit.core.shards import atomic_write_bytes, atomic_write_json
 from cptkit.dedup import minhash as mh
+from cptkit.dedup.config import DedupConfig
 
-CLUSTER = ("memory", "mapreduce", "redis")
-PHASES = ("all", "map", "reduce", "final")
 ROW_BITS = np.uint64(32)
 
 
@@ -70,7 +68,7 @@ class Backend:
 
     name = ""
 
-    def __init__(self, job: Job, d: Any, bands: int):
+    def __init__(self, job: Job, d: DedupConfig, bands: int):
         self.job, self.bands = job, bands
         self.partitions: int = d.partitions
         self.all_pairs_max: int = d.bucket_all_pairs_max
@@ -235,7 +233,7 @@ class RedisBackend(Backend):
 
     name = "redis"
 
-    def __init__(self, job: Job, d: Any, bands: int):
+    def __init__(self, job: Job, d: DedupConfig, bands: int):
         super().__init__(job, d, bands)
         import redis
 
@@ -339,9 +337,9 @@ class RedisBackend(Backend):
         log.info("Redis %s: removed %d keys of %s", self.url, n, self.ns)
 
 
-def make_backend(job: Job, d: Any, bands: int) -> Backend | None:
+def make_backend(job: Job, d: DedupConfig, bands: int) -> Backend | None:
     """The scale-out backend of ``dedup.cluster`` (None for ``memory``); ``d`` is the typed
-    ``dedup`` section (:class:`cptkit.steps.dedup.DedupConfig`)."""
+    ``dedup`` section."""
     name = d.cluster
     if name == "memory":
         return None

@@ -19,8 +19,8 @@ Three resumable phases (docs/dedup.md):
 
 ``dedup.workers=N`` runs the per-shard work of phases 1 and 3 (and the verification re-read) in N
 forked processes (the frame's worker pool, :meth:`cptkit.core.job.Job.in_workers`); the output is
-byte-identical to one process. The pipeline lives in :mod:`cptkit.dedup.cluster`; this module
-declares the step, its config and its phases, and wires them.
+byte-identical to one process. The pipeline lives in :mod:`cptkit.dedup.cluster`, its config in
+:mod:`cptkit.dedup.config`; this module declares the step and its phases, and wires them.
 
 Memory holds the signatures (``num_perm * 4`` bytes per document), not the texts.
 
@@ -34,9 +34,10 @@ The output is identical to the in-memory clustering. The step declares its phase
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from cptkit.core.config import JobConfig, check
+from omegaconf import DictConfig
+
+from cptkit.core.config import JobConfig
 from cptkit.core.errors import CptkitError
 from cptkit.core.job import Job
 from cptkit.core.progress import log
@@ -46,62 +47,13 @@ from cptkit.core.step import Phase, step
 from cptkit.dedup import cluster as dc
 from cptkit.dedup import minhash as mh
 from cptkit.dedup import scale
-from cptkit.dedup.cluster import banding, describe
-
-VERIFY = ("exact", "estimate", "none")
-
-
-@dataclass
-class DedupConfig:
-    """Shingling, MinHash and LSH settings (recorded in the manifest's ``extra``)."""
-
-    ngram: int = 13  # words per shingle; shorter documents are one shingle
-    threshold: float = 0.8  # Jaccard at or above which two documents are duplicates
-    num_perm: int = 128  # MinHash permutations (signature length)
-    bands: int | None = None  # LSH bands; null: from target_recall (lsh_params)
-    rows: int | None = None  # rows per band; null: from target_recall
-    target_recall: float = 0.95  # P(candidate | J = threshold) the computed banding must reach
-    seed: int = 42  # word hashing, permutations and band keys
-    tokenizer: str = "words"  # words (\w runs, CJK chars one by one) | whitespace
-    lowercase: bool = True
-    exact: bool = True  # remove exact duplicates (hash of normalised text) first
-    verify: str = "exact"  # exact (Jaccard of shingle sets) | estimate (signatures) | none
-    bucket_all_pairs_max: int = 16  # bigger buckets give a star + chain of pairs, not all pairs
-    batch_docs: int = 4096  # documents per signature batch
-    cluster: str = "memory"  # memory (all signatures on one node) | mapreduce (bucket files) | redis
-    phase: str = "all"  # all | map | reduce | final: run one phase (job arrays); not part of the run's identity
-    partitions: int = 16  # mapreduce/redis: bucket partitions, the reduce tasks
-    redis_url: str = "redis://127.0.0.1:6379/0"  # cluster=redis
-    redis_namespace: str | None = None  # key prefix; null: cptkit:dedup:<hash of config, output, inputs>
-    redis_batch: int = 4096  # bucket entries per pipelined Redis script call
-    cleanup: bool = True  # mapreduce/redis: drop the bucket files / Redis keys once the output is complete
-    workers: int = 1  # processes for the per-shard phases (signatures, verification re-read, writing); 0: one per CPU
-
-    def __post_init__(self) -> None:
-        check_config(self)
-        banding(self)
+from cptkit.dedup.cluster import describe
+from cptkit.dedup.config import DedupConfig, banding
 
 
 @dataclass
 class DedupJob(JobConfig):
     dedup: DedupConfig = field(default_factory=DedupConfig)
-
-
-
-def check_config(d: DedupConfig) -> None:
-    check(d.ngram >= 1, "ngram", d.ngram, "must be >= 1")
-    check(0.0 < d.threshold <= 1.0, "threshold", d.threshold, "must be in (0, 1]")
-    check(d.num_perm >= 1, "num_perm", d.num_perm, "must be >= 1")
-    check(d.verify in VERIFY, "verify", d.verify, f"must be one of {', '.join(VERIFY)}")
-    check(d.tokenizer in mh.TOKEN_PATTERNS, "tokenizer", d.tokenizer, f"must be one of {', '.join(mh.TOKEN_PATTERNS)}")
-    check(d.batch_docs >= 1, "batch_docs", d.batch_docs, "must be >= 1")
-    check(d.cluster in scale.CLUSTER, "cluster", d.cluster, f"must be one of {', '.join(scale.CLUSTER)}")
-    check(d.phase in scale.PHASES, "phase", d.phase, f"must be one of {', '.join(scale.PHASES)}")
-    check(not (d.phase == "reduce" and d.cluster == "memory"), "phase", d.phase,
-          "needs dedup.cluster=mapreduce or redis (memory has map and final)")
-    check(1 <= d.partitions <= 9999, "partitions", d.partitions, "must be in [1, 9999]")
-    check(d.redis_batch >= 1, "redis_batch", d.redis_batch, "must be >= 1")
-    check(d.workers >= 0, "workers", d.workers, "must be >= 0 (0: one per CPU)")
 
 
 def _recorded(ctx: Run, d: DedupConfig) -> Run:
@@ -123,7 +75,7 @@ def _not_ready(job: Job, phase: str, what: str, missing: list, next_phase: str, 
     return job.finish(extra=extra)
 
 
-def phases(cfg: Any) -> list[Phase]:
+def phases(cfg: DictConfig) -> list[Phase]:
     """The waves of a scaled-out run: every slice's map, then (with a scale-out backend) every
     slice's reduce, then the final phase, slice 0 first (it computes the clustering once, the
     others reuse it)."""
@@ -133,7 +85,7 @@ def phases(cfg: Any) -> list[Phase]:
     return [*plan, Phase("final", ("dedup.phase=final",), leader=True)]
 
 
-def _clustering(job: Job, conf: DedupJob, store: dc.Store, sh: mh.Shingler, backend: Any,
+def _clustering(job: Job, conf: DedupJob, store: dc.Store, sh: mh.Shingler, backend: scale.Backend | None,
                 info: dict) -> dict:
     """Run this slice's map (and reduce); the clustering, or ``{"finished": job.finish(...)}``
     when this phase ends here (an explicit phase, or an earlier phase other slices have not finished)."""
@@ -166,7 +118,7 @@ def _clustering(job: Job, conf: DedupJob, store: dc.Store, sh: mh.Shingler, back
                               lambda: dc.phase_cluster_scaled(job, store, sh, d, skip, backend))
 
 
-def _write(job: Job, d: DedupConfig, store: dc.Store, backend: Any, res: dict) -> None:
+def _write(job: Job, d: DedupConfig, store: dc.Store, backend: scale.Backend | None, res: dict) -> None:
     """The final phase: this slice's kept records, then (once every task is done) ``_removed.jsonl``."""
     workers = 1 if job.stdout else d.workers
     for task, done in job.in_workers(job.pending(), lambda t: dc.write_task(job, store, res, t), workers):
