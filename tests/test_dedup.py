@@ -13,6 +13,7 @@ from outputs import read_manifest, shard_paths
 from cptkit.core.config import compose_step
 from cptkit.core.errors import CptkitError
 from cptkit.dedup import minhash as mh
+from cptkit.dedup.cluster import DedupCounts
 from cptkit.steps.dedup import run
 
 NSHARDS = 4
@@ -179,6 +180,30 @@ def test_signature_cache_is_reused(planted, result, tmp_path):
     dedup(planted["dir"], out)
     assert {p.name: p.stat().st_mtime_ns for p in state.glob("sig-*.npy")} == stamps
     assert (out / "_removed.jsonl").read_bytes() == (result["out"] / "_removed.jsonl").read_bytes()
+
+
+def test_cached_clustering_gives_the_same_output_and_counts(planted, result, tmp_path):
+    """A rerun whose clustering (``clusters.npz``, a :class:`DedupResult`) is cached writes the same
+    shards, ``_removed.jsonl`` and manifest counts; the counts are the manifest's first rows."""
+    out = tmp_path / "cached"
+    dedup(planted["dir"], out)
+    state = out / ".cptkit"
+    for p in [*shard_paths(out), *out.glob("_*"), *(state / "done").iterdir()]:
+        p.unlink()
+    stamp = (state / "clusters.npz").stat().st_mtime_ns
+    dedup(planted["dir"], out)
+    assert (state / "clusters.npz").stat().st_mtime_ns == stamp
+    assert (out / "_removed.jsonl").read_bytes() == (result["out"] / "_removed.jsonl").read_bytes()
+    for a, b in zip(shard_paths(out), shard_paths(result["out"]), strict=True):
+        assert a.read_bytes() == b.read_bytes()
+    extra = read_manifest(out)["extra"]
+    counts = DedupCounts.of_rows({k: extra[k] for k in list(extra)[:7]})
+    assert counts.rows() == {"docs in": counts.docs_in, "docs out": counts.docs_out,
+                             "exact duplicates": counts.exact_duplicates, "near duplicates": counts.near_duplicates,
+                             "duplicate clusters": counts.duplicate_clusters, "candidate pairs": counts.candidate_pairs,
+                             "verified pairs": counts.verified_pairs}
+    assert list(extra.items())[:7] == list(result["manifest"]["extra"].items())[:7] == list(counts.rows().items())
+    assert counts.docs_out == len(result["kept"]) and counts.exact_duplicates == len(planted["exact"])
 
 
 def test_outputs_load_with_datasets(result, tmp_path, monkeypatch):

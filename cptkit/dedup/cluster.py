@@ -21,8 +21,9 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,42 @@ from cptkit.dedup.config import DedupConfig
 
 KEPT, EXACT, NEAR = 0, 1, 2
 KINDS = {EXACT: "exact", NEAR: "near"}
+
+
+@dataclass(frozen=True)
+class DedupCounts:
+    """What the clustering found, over every input document."""
+
+    docs_in: int
+    docs_out: int
+    exact_duplicates: int
+    near_duplicates: int
+    duplicate_clusters: int
+    candidate_pairs: int
+    verified_pairs: int
+
+    def rows(self) -> dict[str, int]:
+        """The manifest's ``extra`` and summary-table rows: ``{"docs in": ..., ...}`` in field order
+        (also the form cached in ``clusters.npz``)."""
+        return {f.name.replace("_", " "): getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def of_rows(cls, rows: dict[str, int]) -> DedupCounts:
+        """The counts of :meth:`rows`' form."""
+        return cls(**{k.replace(" ", "_"): int(v) for k, v in rows.items()})
+
+
+@dataclass(frozen=True)
+class DedupResult:
+    """The clustering (phase 2): per document, by global input index, what phase 3 keeps or removes."""
+
+    offsets: np.ndarray  # each task's first global index, then the total (int64)
+    root: np.ndarray  # the kept document of each document's cluster; itself when it is kept (int64)
+    kind: np.ndarray  # KEPT | EXACT | NEAR (int8)
+    similarity: np.ndarray  # of each removed document (exact: of its exact original) to its root (float32)
+    counts: DedupCounts
+
+    ARRAYS = ("offsets", "root", "kind", "similarity")  # the members cached in clusters.npz, beside counts
 
 
 def describe(d: DedupConfig, bands: int, rows: int) -> dict:
@@ -261,7 +298,7 @@ def _shingle_sets(job: Job, sh: mh.Shingler, offsets: np.ndarray, docs: np.ndarr
 
 
 def phase_cluster(job: Job, store: Store, sh: mh.Shingler, d: DedupConfig, skip: bool, bands: int,
-                  rows: int) -> dict:
+                  rows: int) -> DedupResult:
     """Phase 2 in memory: exact duplicates and LSH candidates over all signatures, then clusters."""
     sigs = [store.sig(t) for t in job.tasks]
     offsets = np.zeros(len(sigs) + 1, dtype=np.int64)
@@ -281,7 +318,7 @@ def phase_cluster(job: Job, store: Store, sh: mh.Shingler, d: DedupConfig, skip:
 
 
 def phase_cluster_scaled(job: Job, store: Store, sh: mh.Shingler, d: DedupConfig, skip: bool,
-                         backend: scale.Backend) -> dict:
+                         backend: scale.Backend) -> DedupResult:
     """Phase 2 after a bucket map/reduce: candidates from the partitions' pair files, then clusters.
 
     Only the signature rows of candidate documents are read (``verify=estimate``)."""
@@ -296,7 +333,7 @@ def phase_cluster_scaled(job: Job, store: Store, sh: mh.Shingler, d: DedupConfig
 
 
 def cluster_candidates(job: Job, sh: mh.Shingler, d: DedupConfig, skip: bool, offsets: np.ndarray,
-                       exact_first: np.ndarray, pairs: np.ndarray, sig_rows, store: Store | None = None) -> dict:
+                       exact_first: np.ndarray, pairs: np.ndarray, sig_rows, store: Store | None = None) -> DedupResult:
     """Verify candidate ``pairs`` (global indices), union-find them, attach exact duplicates.
 
     ``sig_rows(docs)`` returns the signatures of the sorted documents ``docs`` (``verify=estimate``)."""
@@ -328,16 +365,16 @@ def cluster_candidates(job: Job, sh: mh.Shingler, d: DedupConfig, skip: bool, of
     need = src != root[removed]
     a, b = src[need], root[removed][need]
     similarity[removed[need]] = sim_of(np.stack([a, b], axis=1))
-    counts = {
-        "docs in": n,
-        "docs out": int(n - len(removed)),
-        "exact duplicates": int((kind == EXACT).sum()),
-        "near duplicates": int((kind == NEAR).sum()),
-        "duplicate clusters": int(len(np.unique(root[removed]))),
-        "candidate pairs": int(len(pairs)),
-        "verified pairs": int(len(verified)),
-    }
-    return {"offsets": offsets, "root": root, "kind": kind, "similarity": similarity, "counts": counts}
+    counts = DedupCounts(
+        docs_in=n,
+        docs_out=int(n - len(removed)),
+        exact_duplicates=int((kind == EXACT).sum()),
+        near_duplicates=int((kind == NEAR).sum()),
+        duplicate_clusters=int(len(np.unique(root[removed]))),
+        candidate_pairs=int(len(pairs)),
+        verified_pairs=int(len(verified)),
+    )
+    return DedupResult(offsets, root, kind, similarity, counts)
 
 
 def check_unique_ids(job: Job, store: Store, io_cfg: IOConfig) -> None:
@@ -380,26 +417,26 @@ def _line_of(task: Task, row: int, io_cfg: IOConfig) -> tuple[str, int]:
     return task.inputs[-1].name, 0
 
 
-def load_or_cluster(job: Job, store: Store, io_cfg: IOConfig, compute) -> dict:
+def load_or_cluster(job: Job, store: Store, io_cfg: IOConfig, compute: Callable[[], DedupResult]) -> DedupResult:
     """The clustering, from ``OUT/.cptkit/clusters.npz`` or ``compute()`` (then cached there)."""
     path = None if job.stdout else job.state_path("clusters.npz")
     if path is not None and path.exists():
         z = np.load(path)
-        return {k: z[k] for k in ("offsets", "root", "kind", "similarity")} | {
-            "counts": json.loads(str(z["counts"]))}
+        return DedupResult(**{k: z[k] for k in DedupResult.ARRAYS},
+                           counts=DedupCounts.of_rows(json.loads(str(z["counts"]))))
     check_unique_ids(job, store, io_cfg)
     res = compute()
     if path is not None:
         buf = io.BytesIO()
-        np.savez(buf, offsets=res["offsets"], root=res["root"], kind=res["kind"], similarity=res["similarity"],
-                 counts=np.array(json.dumps(res["counts"])))
+        np.savez(buf, **{k: getattr(res, k) for k in DedupResult.ARRAYS},
+                 counts=np.array(json.dumps(res.counts.rows())))
         atomic_write_bytes(path, buf.getvalue())
     return res
 
 
-def write_removed(job: Job, store: Store, res: dict) -> None:
+def write_removed(job: Job, store: Store, res: DedupResult) -> None:
     """``OUT/_removed.jsonl``: one line per removed document, in input order."""
-    offsets, root, kind, sim = res["offsets"], res["root"], res["kind"], res["similarity"]
+    offsets, root, kind, sim = res.offsets, res.root, res.kind, res.similarity
     removed = np.flatnonzero(kind != KEPT)
     needed = np.union1d(removed, root[removed])
     ids: dict[int, str] = {}
@@ -413,12 +450,12 @@ def write_removed(job: Job, store: Store, res: dict) -> None:
     job.write_bytes("_removed.jsonl", "".join(lines).encode("utf-8"))
 
 
-def write_task(job: Job, store: Store, res: dict, task: Task) -> TaskResult:
+def write_task(job: Job, store: Store, res: DedupResult, task: Task) -> TaskResult:
     """Phase 3 for one shard: its kept records; what :meth:`Job.complete` records of it besides
     what :meth:`Job.read` counted."""
     t0 = time.time()
-    root = res["root"]
-    base = int(res["offsets"][task.index])
+    root = res.root
+    base = int(res.offsets[task.index])
     removed = 0
     cached = store.lines(task)
     done = TaskResult()

@@ -34,6 +34,7 @@ The output is identical to the in-memory clustering. The step declares its phase
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -64,7 +65,7 @@ def _recorded(ctx: Run, d: DedupConfig) -> Run:
             .recording("dedup.redis_url", scale.mask_url(d.redis_url)))
 
 
-def _not_ready(job: Job, phase: str, what: str, missing: list, next_phase: str, extra: dict) -> dict:
+def _not_ready(job: Job, phase: str, what: str, missing: list, next_phase: str, extra: dict[str, Any]) -> dict[str, Any]:
     """An earlier phase is unfinished: ``phase=all`` stops quietly (other slices are still at
     work), an explicit phase is an error."""
     if phase != "all":
@@ -86,9 +87,9 @@ def phases(cfg: DictConfig) -> list[Phase]:
 
 
 def _clustering(job: Job, conf: DedupJob, store: dc.Store, sh: mh.Shingler, backend: scale.Backend | None,
-                info: dict) -> dict:
-    """Run this slice's map (and reduce); the clustering, or ``{"finished": job.finish(...)}``
-    when this phase ends here (an explicit phase, or an earlier phase other slices have not finished)."""
+                info: dict[str, Any]) -> dc.DedupResult | dict[str, Any]:
+    """Run this slice's map (and reduce); the clustering, or what :meth:`Job.finish` returned when
+    this phase ends here (an explicit phase, or an earlier phase other slices have not finished)."""
     d, skip, phase = conf.dedup, conf.io.skip_bad_lines, conf.dedup.phase
     bands, rows = banding(d)
     if phase in ("all", "map"):
@@ -96,29 +97,29 @@ def _clustering(job: Job, conf: DedupJob, store: dc.Store, sh: mh.Shingler, back
         if backend is not None:
             backend.map(store, bands, rows)
     if phase == "map":
-        return {"finished": job.finish(extra={"phase": "map"} | info)}
+        return job.finish(extra={"phase": "map"} | info)
     if backend is None:
         missing = [t.name for t in job.tasks if not store.has(t)]
         if missing:
-            return {"finished": _not_ready(job, phase, "the signatures (map)", missing, "map",
-                                           {"phase": "signatures"} | info)}
+            return _not_ready(job, phase, "the signatures (map)", missing, "map", {"phase": "signatures"} | info)
         return dc.load_or_cluster(job, store, conf.io, lambda: dc.phase_cluster(job, store, sh, d, skip, bands, rows))
     missing = backend.missing_maps()
     if missing:
-        return {"finished": _not_ready(job, phase, "the map", missing, "map", {"phase": "map"} | info)}
+        return _not_ready(job, phase, "the map", missing, "map", {"phase": "map"} | info)
     if phase in ("all", "reduce"):
         backend.reduce()
     if phase == "reduce":
-        return {"finished": job.finish(extra={"phase": "reduce"} | info)}
+        return job.finish(extra={"phase": "reduce"} | info)
     missing = backend.missing_reduces()
     if missing:
-        return {"finished": _not_ready(job, phase, "the reduce", [f"p-{p:04d}" for p in missing], "reduce",
-                                       {"phase": "reduce"} | info)}
+        return _not_ready(job, phase, "the reduce", [f"p-{p:04d}" for p in missing], "reduce",
+                          {"phase": "reduce"} | info)
     return dc.load_or_cluster(job, store, conf.io,
                               lambda: dc.phase_cluster_scaled(job, store, sh, d, skip, backend))
 
 
-def _write(job: Job, d: DedupConfig, store: dc.Store, backend: scale.Backend | None, res: dict) -> None:
+def _write(job: Job, d: DedupConfig, store: dc.Store, backend: scale.Backend | None,
+           res: dc.DedupResult) -> None:
     """The final phase: this slice's kept records, then (once every task is done) ``_removed.jsonl``."""
     workers = 1 if job.stdout else d.workers
     for task, done in job.in_workers(job.pending(), lambda t: dc.write_task(job, store, res, t), workers):
@@ -135,7 +136,7 @@ def _write(job: Job, d: DedupConfig, store: dc.Store, backend: scale.Backend | N
 
 
 @step("dedup", DedupJob, order=50, phases=phases)
-def run(conf: DedupJob, ctx: Run) -> dict:
+def run(conf: DedupJob, ctx: Run) -> dict[str, Any]:
     """Remove exact and near duplicates; keep the first document of every cluster."""
     d = conf.dedup
     bands, rows = banding(d)
@@ -152,7 +153,7 @@ def run(conf: DedupJob, ctx: Run) -> dict:
         if d.cluster != "memory":
             info = info | {"cluster": f"{d.cluster}, {backend.partitions} partitions"}
         res = _clustering(job, conf, store, sh, backend, info)
-        if "finished" in res:
-            return res["finished"]
+        if not isinstance(res, dc.DedupResult):
+            return res  # this phase ends here
         _write(job, d, store, backend, res)
-        return job.finish(extra=res["counts"] | info)
+        return job.finish(extra=res.counts.rows() | info)
