@@ -391,3 +391,56 @@ def test_the_owner_check_finds_planted_violations(tmp_path):
                  '    return job.output.path / ".cptkit/tmp", f"no _SUCCESS in {job}"\n')
     assert output_violations(f) == ["2: imports STATE_DIR", "4: job.out / ...", "5: the literal '_SUCCESS'",
                                     "6: the literal '.cptkit/tmp'"]
+
+
+# -- core/ names no step's keys (core/run.py: later_key; each owner declares its own) ---------------
+def step_sections() -> set[str]:
+    """The config sections of every step (``train``, ``mix``, ``dedup``, ...): its schema's dataclass
+    fields beyond the frame's own (``io``, ``shard``, ...)."""
+    import dataclasses
+
+    from cptkit.core.config import JobConfig
+    from cptkit.core.discovery import declaration, step_names
+
+    frame = {f.name for f in dataclasses.fields(JobConfig)}
+    found = set()
+    for name in step_names():
+        for f in dataclasses.fields(declaration(name).schema):
+            value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            if dataclasses.is_dataclass(value) and f.name not in frame:
+                found.add(f.name)
+    return found
+
+
+def step_key_violations(path: Path, sections: set[str]) -> list[str]:
+    """``line: what`` for each step key ``path`` names outside its docstrings: a dotted string starting
+    with a step's section (``"train.weights_from"``, ``f"mix.{k}"``) or a subscript by a section's name."""
+    tree = ast.parse(path.read_text(), str(path))
+    docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    alternatives = "|".join(sorted(map(re.escape, sections)))
+    dotted = re.compile(rf"^({alternatives})\.")
+    bad = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs and dotted.match(n.value):
+            bad.append(f"{n.lineno}: the key {n.value!r}")
+        elif (isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and n.slice.value in sections):
+            bad.append(f"{n.lineno}: [{n.slice.value!r}]")
+    return sorted(bad, key=lambda b: int(b.split(":")[0]))
+
+
+def test_core_names_no_step_key():
+    """A step's keys are declared where its config lives (``later_key`` at import), never listed in core/."""
+    sections = step_sections()
+    assert {"train", "mix", "dedup", "quality", "edu", "topics", "retrieve"} <= sections
+    bad = [f"{p.relative_to(PKG.parent)}:{v}" for p in sorted((PKG / "core").glob("*.py"))
+           for v in step_key_violations(p, sections)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_step_key_check_finds_planted_ones(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text('"""Mentions ``train.weights_from`` (a docstring may)."""\n'
+                 'LATER = {"arm": None, "io.html_extractor": "x", "train.weights_from": None}\n'
+                 'def g(cfg, k):\n    return cfg["dedup"], f"mix.{k}", cfg["io"], "model.safetensors"\n')
+    assert sorted(step_key_violations(f, {"train", "mix", "dedup", "model"})) == [
+        "2: the key 'train.weights_from'", "4: ['dedup']", "4: the key 'mix.'", "4: the key 'model.safetensors'"]

@@ -8,6 +8,7 @@ import ast
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,11 +17,11 @@ from conftest import write_jsonl
 from mixdata import build_stream, make_tokenizer
 
 from cptkit.core.config import compose_step, to_dict
-from cptkit.core.discovery import execute, step_module
+from cptkit.core.discovery import declaration, execute, step_module, step_names
 from cptkit.core.fingerprint import config_hash
 from cptkit.core.job import Job
 from cptkit.core.redact import redact
-from cptkit.core.run import Run
+from cptkit.core.run import LATER_KEYS, OneOf, Run, later_key
 
 STEPS_DIR = Path(__file__).resolve().parent.parent / "cptkit" / "steps"
 
@@ -125,6 +126,60 @@ def test_keys_added_later_leave_the_record_at_their_unused_values_for_every_step
     assert "callbacks" not in Run.of(compose_step("train", [*io, "train.callbacks=[]"])).record["train"]
     named = Run.of(compose_step("train", [*io, "train.callbacks=[a.b:C]"])).record["train"]["callbacks"]
     assert named == ["a.b:C"]
+
+
+# Every key added after outputs were recorded without it, with its unused value, as core/run.py's one table
+# held them before each owner declared its own (core/run.py: later_key): part of old outputs' identity.
+RECORDED_LATER_KEYS = {
+    "arm": None,
+    "io.html_extractor": "resiliparse",
+    "model.tie_embeddings": False,
+    "train.weights_from": None,
+    "train.branch_from": None,
+    "train.callbacks": OneOf((None, [])),
+    "train.distill": {"kl": 0.0, "on": "replay", "teacher": None},
+    "mix.replay.source": "pool",
+    "mix.replay.self": {"model": None, "docs": 256, "max_tokens": 256, "seed": 0, "topk": 0, "temperature": 1.0},
+    "quality.plugins": [],
+    "edu.plugins": [],
+    "topics.plugins": [],
+}
+
+
+def schema_keys(cls: type, prefix: str = "") -> set[str]:
+    """Every dotted key of a config dataclass, nested sections included."""
+    keys = set()
+    for f in dataclasses.fields(cls):
+        keys.add(prefix + f.name)
+        sub = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(sub):
+            keys |= schema_keys(type(sub), f"{prefix}{f.name}.")
+    return keys
+
+
+def test_later_keys_are_declared_by_their_owners_with_their_unused_values():
+    """With every step imported, the declared later keys are the recorded table: none lost, none changed."""
+    for name in step_names():
+        step_module(name)
+    assert LATER_KEYS == RECORDED_LATER_KEYS
+    later_key("train.weights_from", None)  # the same declaration again (a module imported twice) is fine
+    with pytest.raises(ValueError, match="train.weights_from"):
+        later_key("train.weights_from", "")
+
+
+def test_importing_a_step_alone_declares_its_later_keys_before_it_records():
+    """A CLI run, an executor member or a Ray worker imports one step module, then records its config
+    (:meth:`Run.of`): that import alone declares every later key the step's config has."""
+    for name in step_names():
+        step_module(name)
+    owners = {name: keys for name in step_names()
+              if (keys := schema_keys(declaration(name).schema) & (set(LATER_KEYS) - {"arm", "io.html_extractor"}))}
+    assert {"train", "build-mix", "score-quality", "label-topics"} <= set(owners)
+    script = ("import sys\nfrom cptkit.core.discovery import step_module\nfrom cptkit.core.run import LATER_KEYS\n"
+              "step_module(sys.argv[1])\nprint(' '.join(LATER_KEYS))")
+    for name, keys in owners.items():
+        alone = subprocess.run([sys.executable, "-c", script, name], capture_output=True, text=True, check=True)
+        assert keys <= set(alone.stdout.split()), (name, keys - set(alone.stdout.split()))
 
 
 def test_no_step_converts_or_mutates_its_config():

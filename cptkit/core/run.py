@@ -31,21 +31,22 @@ class OneOf:
 #: Keys added after outputs were recorded without them, each with the value that means "not used" (or a
 #: :class:`OneOf` them): at that value the recorded config (manifest, resume keys, model card) leaves the key
 #: out, so outputs written before it existed keep their identity. One table for every step; a key a step
-#: does not have is skipped.
+#: does not have is skipped. The frame's own keys are here; a step's keys are declared with
+#: :func:`later_key` by the module that defines their config section.
 LATER_KEYS: dict[str, Any] = {
     "arm": None,  # JobConfig.arm: a sweep member's label
-    "model.tie_embeddings": False,
-    "train.weights_from": None,
-    "train.branch_from": None,
-    "train.callbacks": OneOf((None, [])),  # null since it also takes a mapping; [] before
-    "train.distill": {"kl": 0.0, "on": "replay", "teacher": None},
-    "mix.replay.source": "pool",
-    "mix.replay.self": {"model": None, "docs": 256, "max_tokens": 256, "seed": 0, "topk": 0, "temperature": 1.0},
-    "quality.plugins": [],  # score-quality, label-topics: backend plugins a classifier folder may name
-    "edu.plugins": [],
-    "topics.plugins": [],
     "io.html_extractor": "resiliparse",  # IOConfig.html_extractor: how WARC archives' HTML is read
 }
+
+
+def later_key(key: str, unused: Any) -> None:
+    """Declare ``key`` (dotted, from the config's root) a key added after outputs were recorded without it,
+    with the value (or :class:`OneOf` the values) that means "not used" (:data:`LATER_KEYS`). Called at
+    import by the module that defines the key's config dataclass, so every step that has the key has
+    declared it before :meth:`Run.of` records a config. Declaring a key again with another value is an error."""
+    if key in LATER_KEYS and LATER_KEYS[key] != unused:
+        raise ValueError(f"later key {key!r} is declared twice: unused {LATER_KEYS[key]!r} and {unused!r}")
+    LATER_KEYS[key] = unused
 
 
 @dataclass(frozen=True)

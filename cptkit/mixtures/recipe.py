@@ -17,6 +17,7 @@ from cptkit.core.config import check
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
 from cptkit.core.records import Record, field_value
+from cptkit.core.run import later_key
 from cptkit.mixtures.rules import epoch_weights
 
 CURRICULUM_ORDERS = ("none", "random", "low_to_high", "high_to_low")
@@ -350,6 +351,11 @@ class ReplayConfig:
               "needs mix.replay.domains (the general domains to replay)")
         check(self.source != "self" or bool(self.self.model), "self.model", self.self.model,
               "mix.replay.source=self needs the base model that writes the samples")
+
+
+# keys added after build-mix outputs were recorded without them: left out of the record at these values
+later_key("mix.replay.source", "pool")
+later_key("mix.replay.self", {"model": None, "docs": 256, "max_tokens": 256, "seed": 0, "topk": 0, "temperature": 1.0})
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 from cptkit.core.config import CONF_DIR, JobConfig
 from cptkit.core.errors import CptkitError
 from cptkit.core.records import Record
-from cptkit.core.run import Run
+from cptkit.core.run import Run, later_key
 from cptkit.core.step import MapStep, step
 from cptkit.labels.backends.base import CLASSIFIER_JSON
 from cptkit.labels.classifiers import load_classifier
@@ -41,6 +41,10 @@ class TopicsConfig:
 @dataclass
 class LabelTopicsJob(JobConfig):
     topics: TopicsConfig = field(default_factory=TopicsConfig)
+
+
+# added after outputs were recorded without it (label-topics, -train, -annotate): left out of the record when []
+later_key("topics.plugins", [])
 
 
 def taxonomies(conf: Any) -> dict[str, Taxonomy]:

@@ -41,7 +41,7 @@ from cptkit.core.config import JobConfig, check
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
 from cptkit.core.records import Record
-from cptkit.core.run import Run
+from cptkit.core.run import Run, later_key
 from cptkit.core.shards import STDIO, iter_records
 from cptkit.core.step import MapStep, step
 from cptkit.labels.classifiers import load_classifier
@@ -96,6 +96,11 @@ class ScoreQualityJob(JobConfig):
 
     def __post_init__(self) -> None:
         check(self.calibration_docs > 0, "calibration_docs", self.calibration_docs, "must be positive")
+
+
+# keys added after outputs were recorded without them: left out of the record at these values
+later_key("quality.plugins", [])
+later_key("edu.plugins", [])
 
 
 def keep_threshold(scores: np.ndarray, fraction: float) -> float:

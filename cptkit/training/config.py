@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cptkit.core.config import JobConfig, check
+from cptkit.core.run import OneOf, later_key
 from cptkit.mixtures.controller import MIXTURES
 from cptkit.training.schedule import DECAY_TYPES, SCHEDULES
 
@@ -266,6 +267,14 @@ class TrainOptions:
                       "train.velocitune.proxy=true runs stop through it")
         check(self.distill.kl == 0 or self.kernels == "none", "kernels", self.kernels,
               "train.distill needs the model's logits, which the fused loss never forms; use train.kernels=none")
+
+
+# keys added after train outputs were recorded without them: left out of the record at these values
+later_key("model.tie_embeddings", False)
+later_key("train.weights_from", None)
+later_key("train.branch_from", None)
+later_key("train.callbacks", OneOf((None, [])))  # null since it also takes a mapping; [] before
+later_key("train.distill", {"kl": 0.0, "on": "replay", "teacher": None})
 
 
 @dataclass
