@@ -19,6 +19,7 @@ from cptkit.mixtures.rules import plan_average, static_from_average
 from cptkit.training.checkpoint import branch, same_stream
 from cptkit.training.engine import TorchEngine, param_groups
 from cptkit.training.schedule import make_schedule
+from cptkit.training.state import EngineKind
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,7 +71,7 @@ def test_a_branch_starts_from_the_trunk_s_weights_and_adam_state_on_its_own_sche
     ckpt = tmp_path / "trunk" / "checkpoints" / "step00000003" / "cptkit_state.pt"
 
     tail = tiny_engine(1, lr=1e-2, decay=4, steps=4)  # another init; decays from the peak at once
-    at, saved = branch(tail, "torch", ckpt)
+    at, saved = branch(tail, EngineKind.TORCH, ckpt)
     assert at == 3 and saved["sampler"] == {"cursor": [3]}
     for (name, a), b in zip(trunk.module.state_dict().items(), tail.module.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
@@ -86,9 +87,9 @@ def test_a_branch_starts_from_the_trunk_s_weights_and_adam_state_on_its_own_sche
     assert tail.get_lr() == [pytest.approx(1e-2 * 3 / 4)] * 2
 
     with pytest.raises(CptkitError, match="does not fit this model"):
-        branch(tiny_engine(2, hidden=32), "torch", ckpt)
+        branch(tiny_engine(2, hidden=32), EngineKind.TORCH, ckpt)
     with pytest.raises(CptkitError, match="needs the torch engine"):
-        branch(tail, "deepspeed", ckpt)
+        branch(tail, EngineKind.DEEPSPEED, ckpt)
 
 
 def test_same_stream_reads_the_trunk_s_manifest(tmp_path):

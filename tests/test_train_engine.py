@@ -281,6 +281,29 @@ def test_liger_kernels_without_cuda_is_one_line(stream, tmp_path):
     assert not out.exists()
 
 
+def test_the_engine_kind_dispatches_and_its_value_is_the_manifest_row(stream, tmp_path):
+    """make_engine says which engine runs as an EngineKind (what resume and branching dispatch on); the
+    manifest's ``engine`` row is its value."""
+    from cptkit.core.errors import CptkitError
+    from cptkit.models.lm import load_tokenizer
+    from cptkit.models.tiny import tiny_llama
+    from cptkit.training.checkpoint import check_resumable
+    from cptkit.training.config import TrainOptions
+    from cptkit.training.engine import make_engine
+    from cptkit.training.schedule import make_schedule
+    from cptkit.training.state import EngineKind
+
+    tok = load_tokenizer(json.loads((stream / "_stream.json").read_text())["tokenizer"])
+    engine, kind, info = make_engine(tiny_llama(tok, hidden=16, layers=1, heads=2),
+                                     TrainOptions(engine="torch", precision="fp32"), deepspeed_base={}, world=1,
+                                     schedule=make_schedule(1e-3, 4, warmup=0))
+    assert kind is EngineKind.TORCH and info["engine"] == "torch" == kind.value
+    engine.save_checkpoint(str(tmp_path / "ck"), "step00000000", {})
+    assert check_resumable(tmp_path / "ck", kind) == "step00000000"
+    with pytest.raises(CptkitError, match="written by the torch engine"):
+        check_resumable(tmp_path / "ck", EngineKind.DEEPSPEED)
+
+
 def test_liger_kernels_refuse_zero3_before_touching_the_model(stream):
     from cptkit.core.errors import CptkitError
     from cptkit.models.lm import load_tokenizer

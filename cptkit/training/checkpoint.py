@@ -25,7 +25,15 @@ from cptkit.core.errors import CptkitError
 from cptkit.core.fingerprint import config_hash
 from cptkit.core.output import is_finished, read_manifest
 from cptkit.core.progress import log
-from cptkit.training.state import Engine, RunSpec, Stateful, TrainState, client_state, restore
+from cptkit.training.state import (
+    Engine,
+    EngineKind,
+    RunSpec,
+    Stateful,
+    TrainState,
+    client_state,
+    restore,
+)
 
 TAG_RE = re.compile(r"step\d{8}")
 TORCH_STATE = "cptkit_state.pt"  # the plain-torch engine's file inside a tag directory
@@ -176,15 +184,15 @@ def load_torch(ckdir: Path, tag: str) -> dict[str, Any]:
     return state
 
 
-def check_resumable(ckdir: Path, engine_kind: str) -> str:
+def check_resumable(ckdir: Path, engine_kind: EngineKind) -> str:
     """The validated latest tag of ``ckdir``, refusing a checkpoint written by the other engine."""
     tag = latest_tag(ckdir)
     if tag is None:
         raise CptkitError(f"{ckdir}: no 'latest' checkpoint to resume from")
     is_torch = (ckdir / tag / TORCH_STATE).exists()
-    if engine_kind == "deepspeed" and is_torch:
+    if engine_kind is EngineKind.DEEPSPEED and is_torch:
         raise CptkitError(f"{ckdir / tag}: written by the torch engine; resume it with train.engine=torch")
-    if engine_kind == "torch" and not is_torch and any((ckdir / tag).glob("*model_states.pt")):
+    if engine_kind is EngineKind.TORCH and not is_torch and any((ckdir / tag).glob("*model_states.pt")):
         raise CptkitError(f"{ckdir / tag}: a DeepSpeed checkpoint; resume it with train.engine=deepspeed")
     return tag
 
@@ -205,11 +213,11 @@ def branch_file(run_dir: str | Path) -> Path:
     return path
 
 
-def branch(engine: Engine, engine_kind: str, path: Path) -> tuple[int, dict[str, Any]]:
+def branch(engine: Engine, engine_kind: EngineKind, path: Path) -> tuple[int, dict[str, Any]]:
     """Start ``engine`` from another run's checkpoint ``path``: its weights and the optimizer's state per
     parameter (AdamW's moments and step counts, so no re-warming of the moments), while this run keeps its
     own hyper-parameters and schedule. Returns the checkpoint's step and its client state (the sampler's)."""
-    if engine_kind != "torch":
+    if engine_kind is not EngineKind.TORCH:
         raise CptkitError("train.branch_from needs the torch engine (train.engine=torch)")
     state = load_torch(path.parent.parent, path.parent.name)
     optimizer = engine.optimizer  # type: ignore[attr-defined]  # the torch engine's
@@ -303,11 +311,11 @@ def save(spec: RunSpec, engine: Engine, state: TrainState, sampler: Stateful, ca
         prune(spec.ckdir, spec.tcfg.keep_last)
 
 
-def resume(spec: RunSpec, engine: Engine, engine_name: str, state: TrainState, sampler: Stateful,
+def resume(spec: RunSpec, engine: Engine, engine_kind: EngineKind, state: TrainState, sampler: Stateful,
            callbacks: dict[str, Stateful]) -> int:
     """Load the latest checkpoint (after checking it fits this engine) into ``state``, the sampler and
     the callbacks; returns its step."""
-    check_resumable(spec.ckdir, engine_name)
+    check_resumable(spec.ckdir, engine_kind)
     try:
         path, saved = engine.load_checkpoint(str(spec.ckdir))
     except (RuntimeError, ValueError, KeyError) as e:  # another model's weights (shapes, names), optimizer

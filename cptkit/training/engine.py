@@ -27,7 +27,7 @@ from cptkit.training.config import TrainOptions
 from cptkit.training.kernels import apply_kernels
 from cptkit.training.optim import make_optimizer
 from cptkit.training.schedule import Schedule, torch_scheduler
-from cptkit.training.state import Engine
+from cptkit.training.state import Engine, EngineKind
 
 
 def on_gpu() -> bool:
@@ -357,11 +357,12 @@ def _engine_config(tcfg: TrainOptions, deepspeed_base: dict[str, Any], world: in
 
 
 def make_engine(model: torch.nn.Module, tcfg: TrainOptions, *, deepspeed_base: dict[str, Any], world: int,
-                schedule: Schedule) -> tuple[Engine, dict[str, Any]]:
+                schedule: Schedule) -> tuple[Engine, EngineKind, dict[str, Any]]:
     """The engine for ``train.*`` (values as ``TrainOptions`` checked them): :class:`TorchEngine` or a
     DeepSpeed engine (checkpoint loads guarded), its learning rate following ``schedule``.
 
-    Returns the engine and what was chosen (engine, ZeRO stage, precision, gradient checkpointing, kernels).
+    Returns the engine, its kind (what resume and branching dispatch on) and what was chosen, as the
+    manifest's rows (engine, ZeRO stage, precision, gradient checkpointing, kernels).
     ``train.kernels`` patches the model (:mod:`cptkit.training.kernels`) before the engine wraps it.
     """
     user = load_user_deepspeed(tcfg.deepspeed_config)
@@ -393,16 +394,16 @@ def make_engine(model: torch.nn.Module, tcfg: TrainOptions, *, deepspeed_base: d
         got = int(engine.zero_optimization_stage())
         if got != stage:  # pragma: no cover - a DeepSpeed that ignores the config
             raise CptkitError(f"DeepSpeed runs ZeRO stage {got}, not the configured {stage}")
-        kind, stage = "deepspeed", got
+        kind, stage = EngineKind.DEEPSPEED, got
     else:
         engine = TorchEngine(model, groups, schedule=schedule, betas=betas, eps=tcfg.eps, grad_clip=tcfg.grad_clip,
                              precision=precision, grad_accum=tcfg.grad_accum, optimizer=tcfg.optimizer,
                              compile_forward=compiled)
-        kind, stage = "torch", 0
-    info = {"engine": kind, "optimizer": str((user.get("optimizer") or {}).get("type") or tcfg.optimizer),
+        kind, stage = EngineKind.TORCH, 0
+    info = {"engine": kind.value, "optimizer": str((user.get("optimizer") or {}).get("type") or tcfg.optimizer),
             "zero stage": stage, "precision": precision, "gradient checkpointing": "on" if ckpt else "off",
             "kernels": kernels, "compile": "on" if compiled else "off", "lr scheduler": lr_by}
-    return engine, info
+    return engine, kind, info
 
 
 def full_state_dict(engine: Any) -> dict[str, torch.Tensor] | None:

@@ -93,8 +93,8 @@ class Trainer:
         check_vocab(model, stream)
         save_initial(spec, model, self.tokenizer)
         self.engine: Engine
-        self.engine, self.engine_info = make_engine(model, tcfg, deepspeed_base=conf.deepspeed or {},
-                                                    world=spec.world, schedule=schedule)
+        self.engine, self.engine_kind, self.engine_info = make_engine(
+            model, tcfg, deepspeed_base=conf.deepspeed or {}, world=spec.world, schedule=schedule)
         self.distiller: Distiller | None = None
         if tcfg.distill.kl > 0:  # train.distill: a frozen teacher (or the stream's stored top-k) beside the student
             self.distiller = Distiller(spec, lambda path: build_teacher(spec, self.tokenizer, path))
@@ -102,7 +102,7 @@ class Trainer:
             self.engine_info["distill"] = f"kl={tcfg.distill.kl:g} on {tcfg.distill.on}, {self.distiller.mode}"
         self.sampler = Sampler(stream, conf.seed)
         if tcfg.branch_from:  # a WSD decay branch: the trunk's weights and AdamW state (a resume below wins)
-            at, saved = branch(self.engine, self.engine_info["engine"], branch_file(tcfg.branch_from))
+            at, saved = branch(self.engine, self.engine_kind, branch_file(tcfg.branch_from))
             self.engine_info["branched at step"] = at
             if same_stream(tcfg.branch_from, stream.path):  # its data order goes on: no sequence seen twice
                 self.sampler.load_state_dict({**saved["sampler"], "position": 0})
@@ -173,7 +173,7 @@ class Trainer:
         spec, state = self.spec, self.state
         resumed_at = None
         if spec.resume and has_ckpt:
-            resumed_at = resume(spec, self.engine, self.engine_info["engine"], state, self.sampler,
+            resumed_at = resume(spec, self.engine, self.engine_kind, state, self.sampler,
                                 self.callback_states())
         job = spec.job
         return MetricsLog(spec, Monitor(spec.out, spec.tcfg, job, self.total_steps, state.step,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,6 +58,14 @@ def set_rng_state(s: dict[str, Any]) -> None:
     random.setstate(s["python"])
     name, key, pos, has_gauss, gauss = s["numpy"]
     np.random.set_state((name, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
+
+
+class EngineKind(Enum):
+    """Which engine runs (:func:`~cptkit.training.engine.make_engine`): what resume and branching dispatch
+    on. Its value is the manifest's ``engine`` row."""
+
+    TORCH = "torch"
+    DEEPSPEED = "deepspeed"
 
 
 class Engine(Protocol):
