@@ -307,6 +307,10 @@ def test_a_new_executor_is_one_class_registered_by_name(tmp_path, rare_words, mo
             assert shard_files(out) == shard_files(tmp_path / "one") and len(shard_files(out)) == 2
             assert read_manifest(out)["config"]["shard"]["count"] == 2
         assert EXECUTORS.get("inline") is inline_executor.Inline
+        doc = (Path(__file__).parents[1] / "docs" / "architecture.md").read_text().split("### Add an executor")[1]
+        code = doc.split("```python\n")[1].split("```")[0]
+        fixture = (PLUGINS / "inline_executor.py").read_text()
+        assert all(ln.split("  #")[0].rstrip() in fixture for ln in code.splitlines())  # the recipe is the fixture
     finally:
         EXECUTORS.unregister("inline")
         sys.modules.pop("inline_executor", None)
