@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cptkit.core.errors import CptkitError
+from cptkit.mixtures.controller import Controller
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class StageMixture:
     ``segments``, ``weights``, ``state_dict``/``load_state_dict``.
     """
 
-    def __init__(self, stages: list[RunStage], controller: Any = None,
+    def __init__(self, stages: list[RunStage], controller: Controller | None = None,
                  controller_stages: Sequence[str] | None = None,
                  init_weights: Callable[[RunStage], dict[str, float]] | None = None,
                  exact_plan: bool = False):
