@@ -61,7 +61,7 @@ def weights_file(path: str) -> Path:
     return p / "avg_weights.json" if p.is_dir() else p
 
 
-def averaged_weights(path: str, stream) -> dict[str, float]:
+def averaged_weights(path: str, stream: Stream) -> dict[str, float]:
     """``train.weights_from``: the time-averaged weights of another run (its ``avg_weights.json``, or the
     run's directory) as one static mixture over this stream's domains."""
     f = weights_file(path)

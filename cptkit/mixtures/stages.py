@@ -19,10 +19,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cptkit.core.errors import CptkitError
 from cptkit.mixtures.controller import Controller
+
+if TYPE_CHECKING:
+    from cptkit.mixtures.stream import Sampler
 
 
 @dataclass(frozen=True)
@@ -213,7 +216,7 @@ class StageMixture:
             self.controller.load_state_dict(state["controller"])
 
 
-def draw_batch(mixture: StageMixture, sampler: Any, n: int, domains: Sequence[str],
+def draw_batch(mixture: StageMixture, sampler: Sampler, n: int, domains: Sequence[str],
                on_stage: Callable[[str], None] | None = None) -> tuple[list[tuple[int, int]], dict[str, Any]]:
     """Draw a global batch of ``n`` sequences stage by stage.
 
