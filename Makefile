@@ -395,10 +395,12 @@ pipeline: $(XP)/demo.md $(DATA)/qa_c30/_SUCCESS
 # in the first CPT step that loads it; B0 and the probe are built beside the data steps too (B0 needs only
 # the shipped model and its own text).
 DEMO_JOBS   ?= 2
-demo:
-	@$(MAKE) --no-print-directory -j$(DEMO_JOBS) base-model $(DATA)/labelled/_SUCCESS $(DATA)/qa_c30/_SUCCESS \
+# The sub-makes are told the venv is made (-o): make does not hand its -o options down, so a caller's
+# `make -o .venv/.installed` (a test's, sharing a venv) would otherwise reinstall from this checkout.
+demo: | $(VENV)/.installed
+	@$(MAKE) --no-print-directory -o $(VENV)/.installed -j$(DEMO_JOBS) base-model $(DATA)/labelled/_SUCCESS $(DATA)/qa_c30/_SUCCESS \
 	    $(XP)/probe_s0.jsonl $(OUTSIDE)/_SUCCESS
-	@$(MAKE) --no-print-directory pipeline
+	@$(MAKE) --no-print-directory -o $(VENV)/.installed pipeline
 
 .PHONY: base-model
 base-model: | $(VENV)/.installed  # a GGUF is dequantized once into $$CPTKIT_CACHE/gguf (cptkit/models/gguf_cache.py)

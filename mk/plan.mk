@@ -69,6 +69,6 @@ plan-prereg-check:
 
 $(PX)/check/_SUCCESS: $(addsuffix /_SUCCESS,$(PLAN_HELDOUT)) | plan-prereg-check
 	$(CPTKIT) plan-check $(addprefix --in ,$(PLAN_HELDOUT)) --out $(@D) plan_check.prediction=$(PLAN_PREREG) -q
-plan-experiment: plan-predict
-	@$(MAKE) --no-print-directory $(PX)/check/_SUCCESS
+plan-experiment: plan-predict | $(VENV)/.installed  # -o: make does not hand a caller's -o down
+	@$(MAKE) --no-print-directory -o $(VENV)/.installed $(PX)/check/_SUCCESS
 	@cat $(PX)/check/check.md

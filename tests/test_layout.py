@@ -172,13 +172,14 @@ def runtime_imports(path: Path) -> list[tuple[str, list[str], int]]:
     return [imp for imp in imports(path) if imp[2] not in typing_only]
 
 
-def climbing_imports(paths: list[Path]) -> list[str]:
-    """``file:line: A (floor a) imports B (floor b)`` for every import of a higher floor."""
+def climbing_imports(paths: list[Path], read=runtime_imports) -> list[str]:
+    """``file:line: A (floor a) imports B (floor b)`` for every import of a higher floor (``read``:
+    which imports count; :func:`imports` counts those for annotations too)."""
     bad = []
     for p in paths:
         me = module_name(p)
         mine = floor_of(me)
-        for mod, names, line in runtime_imports(p):
+        for mod, names, line in read(p):
             targets = [mod] + ([f"{mod}.{n}" for n in names] if mod == "cptkit" else [])
             for t in targets:
                 theirs = floor_of(t)
@@ -209,6 +210,39 @@ def test_the_floor_check_finds_a_climbing_import(tmp_path):
     finally:
         PKG = saved
     assert found == ["cptkit/core/x.py:5: cptkit.core.x (floor 0) imports cptkit.steps (floor 6)"]
+
+
+# Packages that own their config take no type from a higher floor, not even for annotations: the
+# mixtures build from their own MixtureOptions (mixtures/options.py), never from training's TrainOptions.
+OWN_TYPES = ("mixtures", "dedup")  # dedup: DedupConfig in dedup/config.py
+
+
+def annotation_climbs(paths: list[Path]) -> list[str]:
+    """:func:`climbing_imports` of the modules of :data:`OWN_TYPES`, ``if TYPE_CHECKING:`` ones included."""
+    return climbing_imports([p for p in paths if module_name(p).split(".")[1:2] in [[o] for o in OWN_TYPES]],
+                            read=imports)
+
+
+def test_a_package_that_owns_its_config_imports_no_higher_type():
+    """mixtures/ never names training, not even for an annotation (its config is MixtureOptions)."""
+    assert annotation_climbs(files()) == [], "\n".join(annotation_climbs(files()))
+
+
+def test_the_type_floor_check_finds_an_annotation_import(tmp_path):
+    pkg = tmp_path / "cptkit" / "mixtures"
+    pkg.mkdir(parents=True)
+    (pkg / "x.py").write_text("from typing import TYPE_CHECKING\nfrom cptkit.core.errors import CptkitError\n"
+                              "if TYPE_CHECKING:\n    from cptkit.training.config import TrainOptions\n")
+    (pkg.parent / "core").mkdir()
+    (pkg.parent / "core" / "y.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                              "    from cptkit.training import loop\n")  # not a config owner
+    global PKG
+    saved, PKG = PKG, tmp_path / "cptkit"
+    try:
+        found = annotation_climbs([pkg / "x.py", pkg.parent / "core" / "y.py"])
+    finally:
+        PKG = saved
+    assert found == ["cptkit/mixtures/x.py:4: cptkit.mixtures.x (floor 3) imports cptkit.training.config (floor 5)"]
 
 
 def test_docs_list_the_floors_of_the_test():

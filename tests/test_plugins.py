@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from outputs import records
+from outputs import read_jsonl, records
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = ROOT / "tests" / "fixtures" / "plugins"
@@ -70,6 +70,47 @@ def test_a_mixture_rule_of_your_own_reweights_training(tmp_path, corpus_dir, cor
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "cannot import Nope from worst_first" in lines[0], r.stderr
     assert not (tmp_path / "bad").exists()  # nothing half-written
+
+
+def test_a_mixture_rule_registered_by_name_is_built_from_the_run_s_options(tmp_path, corpus_dir, corpus_records,
+                                                                           monkeypatch):
+    """CONTROLLERS.register("behind_target", BehindTarget) (tests/fixtures/plugins/behind_target.py) and
+    train.mixture=behind_target: the rule is built by its from_options, with the targets it reads from
+    the run's MixtureOptions (train.velocitune.targets), and after its first update (after step 2) every
+    batch is drawn from the one domain still above its target."""
+    from mixdata import TWO_DOMAINS, build_stream, make_tokenizer
+
+    from cptkit.core.config import compose_step
+    from cptkit.mixtures.controller import CONTROLLERS
+    from cptkit.steps.train import run
+
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    from behind_target import BehindTarget
+
+    tok = make_tokenizer(corpus_records, tmp_path / "tok")
+    build_stream(corpus_dir, tok, tmp_path / "s", [*TWO_DOMAINS, "mix.budget_tokens=8000", "mix.seq_len=64",
+                                                    "mix.eval_docs=4"])
+    out = tmp_path / "run"
+    CONTROLLERS.register("behind_target", BehindTarget)
+    try:  # zh's target is far above any loss: only en is behind
+        run(compose_step("train", [f"io.inputs=['{tmp_path / 's'}']", f"io.output='{out}'", "quiet=true",
+                                   "model.hidden=32", "model.layers=1", "model.heads=2", "train.micro_batch=4",
+                                   "train.threads=1", "train.max_steps=6", "train.warmup=0",
+                                   "train.mixture=behind_target", "train.velocitune.targets={en:0.0,zh:100.0}"]))
+    finally:
+        CONTROLLERS.unregister("behind_target")
+    updates = [x for x in read_jsonl(out / "weights.jsonl") if "behind" in x]
+    assert [u["step"] for u in updates] == [2, 4]
+    assert all(u["behind"] == ["en"] and u["weights"] == {"en": 1.0, "zh": 0.0} for u in updates)
+    rows = read_jsonl(out / "metrics.jsonl")
+    drawn = {r["step"]: {d for x in r["draws"] for d, n in x["counts"].items() if n} for r in rows}
+    assert "zh" in drawn[1] | drawn[2] and all(drawn[s] == {"en"} for s in range(3, 7)), drawn
+    # named as a plugin, package.module:Class, it takes the same route: the same weights, step for step
+    r = cptkit("train", "--in", str(tmp_path / "s"), "--out", str(tmp_path / "plugin"), "-q", "model.hidden=32",
+               "model.layers=1", "model.heads=2", "train.micro_batch=4", "train.threads=1", "train.max_steps=6",
+               "train.warmup=0", "train.mixture=behind_target:BehindTarget", "train.velocitune.targets={en:0.0,zh:100.0}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert read_jsonl(tmp_path / "plugin" / "weights.jsonl") == read_jsonl(out / "weights.jsonl")
 
 
 def test_a_training_callback_of_your_own_survives_resume(tmp_path, corpus_dir, corpus_records):

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,29 @@ def test_a_reproduce_sweep_on_slurm_through_aggregate_to_verdict(corpus_dir, cor
         return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if '"eval"' in x][-1]["eval_loss"]
 
     assert last_eval(tmp_path / "plain") == last_eval(tmp_path / "runs" / "st8_s1")
+
+
+@pytest.mark.slow
+def test_executor_slurm_submits_each_wave_as_the_job_array_of_its_members(qa, cluster):
+    """`cptkit dedup executor=slurm executor.workers=3` on a real cluster: the map wave is array
+    0-2, the final phase's leader 0-0, then its other members 1-2 (`--array` from the typed members'
+    slices; each array after the previous, afterok); once the jobs ran, the output is the one-process run's."""
+    args = ["dedup", "--in", "qa", "-q", PER_FILE]
+    (qa / "xs-logs").mkdir()
+    env = {**cluster.env, "SBATCH_OUTPUT": str(qa / "xs-logs" / "%A_%a.log")}  # one log per job and array task
+    r = cptkit(*args, "--out", "xs", "executor=slurm", "executor.workers=3", cwd=qa, env=env)
+    assert not (qa / "xs" / "_SUCCESS").exists()  # submitted, not waited for
+    deadline = time.time() + 300
+    while True:
+        q = subprocess.run(["squeue", "-h", "-o", "%i %r"], env=env, capture_output=True, text=True, check=True).stdout
+        logs = "".join(p.read_text() for p in sorted((qa / "xs-logs").glob("*.log")))
+        assert "DependencyNeverSatisfied" not in q and time.time() < deadline, q + logs[-3000:]
+        if not q.strip():
+            break
+        time.sleep(1)
+    ran = sorted(tuple(p.stem.split("_")) for p in (qa / "xs-logs").glob("*.log"))
+    ids = sorted({job for job, _ in ran}, key=int)
+    assert len(ids) == 3, (r.stdout, r.stderr, ran)
+    assert [(ids.index(job), int(task)) for job, task in ran] == [(0, 0), (0, 1), (0, 2), (1, 0), (2, 1), (2, 2)]
+    cptkit(*args, "--out", "xs-one", cwd=qa)
+    assert (qa / "xs" / "_SUCCESS").exists() and shard_files(qa / "xs") == shard_files(qa / "xs-one")

@@ -22,8 +22,10 @@ import cptkit.steps
 from cptkit.cli import app
 from cptkit.core.config import compose_step, schema_of
 from cptkit.core.discovery import declaration, step_help, step_module, step_names
+from cptkit.core.errors import CptkitError
+from cptkit.core.executor import EXECUTORS, split_executor_args
 from cptkit.core.run import Run
-from cptkit.core.step import STEPS, MapStep, map_batches
+from cptkit.core.step import STEPS, MapStep, Member, Phase, map_batches
 
 
 def test_map_batches_cuts_batches_of_the_given_size_and_a_shorter_last_one():
@@ -206,7 +208,8 @@ def test_cli_order_comes_from_the_step_declarations(tmp_path, monkeypatch):
         < listed.index("evaluate-compare") < listed.index("serve-llm") < listed.index("aaa-plugin")
 
 
-RARE = (Path(__file__).parent / "fixtures" / "plugins" / "rare_words.py").read_text()  # docs/architecture.md
+PLUGINS = Path(__file__).parent / "fixtures" / "plugins"
+RARE = (PLUGINS / "rare_words.py").read_text()  # docs/architecture.md
 RARE_TEXTS = ["z", "q", "w", ""]  # x is in 4 documents, y in 2: with rare.max_docs=1 both go
 
 
@@ -266,3 +269,48 @@ def test_a_multi_phase_step_on_slurm_is_one_dependent_job_array_per_phase(tmp_pa
             assert run_main(args) == 0
     r = CliRunner().invoke(app, [*rare_words, "--out", str(tmp_path / "one"), "-q"])
     assert shard_files(out) == shard_files(tmp_path / "one") and (out / "_SUCCESS").is_file()
+
+
+def test_a_plan_is_waves_of_typed_members_that_render_their_overrides():
+    """dedup's plan over 3 slices: map, reduce, then the final phase led by slice 0; each member is
+    a slice of a phase and renders its process's overrides from typed settings."""
+    plan = declaration("dedup").plan(compose_step("dedup", ["dedup.cluster=mapreduce"]), 3)
+    assert [(w.number, w.phase.name, w.first, w.last) for w in plan] == \
+        [(1, "map", 0, 2), (2, "reduce", 0, 2), (3, "final", 0, 0), (4, "final", 1, 2)]
+    assert plan[3].members[0] == Member(1, 3, Phase("final", {"dedup.phase": "final"}, leader=True))
+    assert plan[3].members[0].overrides() == ["shard.index=1", "shard.count=3", "dedup.phase=final"]
+    typed = Phase("p", {"a.name": "map", "a.n": 3, "a.r": 0.5, "a.on": True, "a.off": None, "a.s": "two words",
+                        "a.t": "true", "a.d": "7"})
+    assert Member(0, 1, typed).shared() == ["shard.count=1", "a.name=map", "a.n=3", "a.r=0.5", "a.on=true",
+                                            "a.off=null", "a.s='two words'", "a.t='true'", "a.d='7'"]
+    assert len({typed, Phase("p", dict(typed.settings))}) == 1  # hashable, by value
+
+
+def test_a_new_executor_is_one_class_registered_by_name(tmp_path, rare_words, monkeypatch):
+    """tests/fixtures/plugins/inline_executor.py (docs/architecture.md, "Add an executor"): unknown
+    until imported; then executor=inline (and executor=inline_executor:Inline) runs rare-words' two
+    phases as waves of two members, and the output is the one-process run's, byte for byte."""
+    with pytest.raises(CptkitError, match=r"executor='inline': must be one of local, ray, slurm "):
+        split_executor_args(["executor=inline"])
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    import inline_executor
+
+    try:
+        runner = CliRunner()
+        r = runner.invoke(app, [*rare_words, "--out", str(tmp_path / "one"), "-q"])
+        assert r.exit_code == 0, r.output
+        for name in ("inline", "inline_executor:Inline"):
+            assert split_executor_args([f"executor={name}"])[0].kind == name
+            out = tmp_path / name.replace(":", "-")
+            r = runner.invoke(app, [*rare_words, "--out", str(out), "-q", f"executor={name}", "executor.workers=2"])
+            assert r.exit_code == 0, r.output
+            assert shard_files(out) == shard_files(tmp_path / "one") and len(shard_files(out)) == 2
+            assert read_manifest(out)["config"]["shard"]["count"] == 2
+        assert EXECUTORS.get("inline") is inline_executor.Inline
+        doc = (Path(__file__).parents[1] / "docs" / "architecture.md").read_text().split("### Add an executor")[1]
+        code = doc.split("```python\n")[1].split("```")[0]
+        fixture = (PLUGINS / "inline_executor.py").read_text()
+        assert all(ln.split("  #")[0].rstrip() in fixture for ln in code.splitlines())  # the recipe is the fixture
+    finally:
+        EXECUTORS.unregister("inline")
+        sys.modules.pop("inline_executor", None)

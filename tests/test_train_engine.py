@@ -265,12 +265,26 @@ def test_safe_load_reads_both_engines_checkpoints(tmp_path):
     ("train.decay_type=foo", "train.decay_type=foo: use one of linear, cosine, 1-sqrt, exponential"),
     ("train.precision=fp8", "train.precision=fp8"),
     ("train.kernels=triton", "train.kernels=triton: use one of none, liger"),
+    ("train.controller_stages=[{a:1}]", "train.controller_stages=[{'a': 1}]: give a stage's name or a list of them"),
 ])
 def test_bad_options_are_one_line(stream, tmp_path, override, needle):
     out = tmp_path / "out"
     r = cli(stream, out, override)
     one_line_error(r, needle)
     assert not out.exists()
+
+
+def test_the_mixture_options_are_the_train_settings_the_mixture_reads():
+    """TrainOptions.mixture_options(): what mixtures/ builds the run's mixture from; one stage's name
+    is that stage (it once became its letters), a list is its names as strings."""
+    from cptkit.training.config import TrainOptions
+
+    t = TrainOptions(mixture="dbl", weights={"en": 1}, init_weights="uniform", controller_stages="tail")
+    o = t.mixture_options()
+    assert (o.mixture, o.weights, o.init_weights, o.weights_from) == ("dbl", {"en": 1}, "uniform", None)
+    assert o.controller_stages == ["tail"] and (o.topic_ppl, o.velocitune, o.dbl) == (t.topic_ppl, t.velocitune, t.dbl)
+    assert TrainOptions(controller_stages=["main", 2]).mixture_options().controller_stages == ["main", "2"]
+    assert TrainOptions().mixture_options().controller_stages is None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal")

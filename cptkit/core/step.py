@@ -47,10 +47,11 @@ datatrove's ``Stats``), the summary table and the manifest.
 from __future__ import annotations
 
 import functools
+import re
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from omegaconf import DictConfig, OmegaConf
@@ -162,30 +163,90 @@ ALLOW_PARTIAL = Option(("--allow-partial",), "io.allow_partial",
 DATA = (IN, OUT, QUIET, SKIP_BAD, ALLOW_PARTIAL)  # the options of a step that maps input shards to output shards
 
 
+Setting = str | int | float | bool | None  # a config value a phase sets
+
+
+def render(key: str, value: Setting) -> str:
+    """The Hydra override setting ``key`` to ``value``: ``true``/``null`` for a bool/None; a string
+    stays a string (quoted unless it is a plain word that Hydra would not read as another type)."""
+    if value is None or isinstance(value, bool):
+        text = "null" if value is None else str(value).lower()
+    elif isinstance(value, str):
+        plain = re.fullmatch(r"[A-Za-z_][\w.\-/]*", value) and value.lower() not in ("true", "false", "null", "nan", "inf")
+        text = value if plain else quote(value)
+    else:
+        text = repr(value)
+    return f"{key}={text}"
+
+
 @dataclass(frozen=True)
 class Phase:
     """One phase of a multi-phase step, run as a wave: every slice (``shard.index`` of
-    ``shard.count``) runs it with ``overrides`` added, and the next phase starts once all have
-    finished. ``leader``: slice 0 runs it first, alone (it computes what the others then reuse)."""
+    ``shard.count``) runs it with the config values ``settings`` (``{"dedup.phase": "map"}``), and
+    the next phase starts once all have finished. ``leader``: slice 0 runs it first, alone (it
+    computes what the others then reuse)."""
 
     name: str
-    overrides: tuple[str, ...] = ()
+    settings: Mapping[str, Setting] = field(default_factory=dict)
     leader: bool = False
 
+    def overrides(self) -> list[str]:
+        """The phase's settings as Hydra overrides, in their order."""
+        return [render(k, v) for k, v in self.settings.items()]
 
-def waves(phases: list[Phase], n: int) -> list[list[list[str]]]:
-    """The members (their extra overrides) of each wave of ``phases`` over ``n`` slices, in order."""
-    def slices(extra: tuple[str, ...], indices: range) -> list[list[str]]:
-        return [[f"shard.index={i}", f"shard.count={n}", *extra] for i in indices]
+    def __hash__(self) -> int:  # frozen, and hashable though ``settings`` is a dict
+        return hash((self.name, tuple(self.settings.items()), self.leader))
 
-    plan = []
+
+@dataclass(frozen=True)
+class Member:
+    """One unit of an executor's work: slice ``index`` of ``count`` running ``phase``."""
+
+    index: int
+    count: int
+    phase: Phase
+
+    def shared(self) -> list[str]:
+        """The overrides every member of this member's wave has: its slice count and phase."""
+        return [f"shard.count={self.count}", *self.phase.overrides()]
+
+    def overrides(self) -> list[str]:
+        """What the member's process adds to the run's overrides (its slice, then :meth:`shared`)."""
+        return [f"shard.index={self.index}", *self.shared()]
+
+
+@dataclass(frozen=True)
+class Wave:
+    """Members that run at once; the next wave starts when every one has finished. Its members are
+    consecutive slices (``first`` to ``last``) of one phase; ``number``: its place in the plan, from 1."""
+
+    number: int
+    phase: Phase
+    members: tuple[Member, ...]
+
+    @property
+    def first(self) -> int:
+        return self.members[0].index
+
+    @property
+    def last(self) -> int:
+        return self.members[-1].index
+
+
+def waves(phases: list[Phase], n: int) -> list[Wave]:
+    """The waves of ``phases`` over ``n`` slices, in order (a leader phase is two: slice 0, then the others)."""
+    plan: list[Wave] = []
+
+    def wave(ph: Phase, indices: range) -> Wave:
+        return Wave(len(plan) + 1, ph, tuple(Member(i, n, ph) for i in indices))
+
     for ph in phases:
         if ph.leader:
-            plan.append(slices(ph.overrides, range(1)))
+            plan.append(wave(ph, range(1)))
             if n > 1:
-                plan.append(slices(ph.overrides, range(1, n)))
+                plan.append(wave(ph, range(1, n)))
         else:
-            plan.append(slices(ph.overrides, range(n)))
+            plan.append(wave(ph, range(n)))
     return plan
 
 
@@ -201,8 +262,8 @@ class Step:
     order: float | None = None  # place in ``cptkit --help`` (None: after the ordered steps, by name)
     phases: Callable[[Any], list[Phase]] | None = None  # the phases of a scaled-out run (None: one)
 
-    def plan(self, cfg: Any, n: int) -> list[list[list[str]]]:
-        """The waves of a run over ``n`` slices (its members' extra overrides), from the composed ``cfg``."""
+    def plan(self, cfg: Any, n: int) -> list[Wave]:
+        """The waves of a run over ``n`` slices, from the composed ``cfg``."""
         return waves(self.phases(cfg) if self.phases is not None else [Phase(self.name)], n)
 
     def __call__(self, cfg: DictConfig) -> Any:

@@ -15,7 +15,8 @@ eval losses at its interval and updates the weights with the pure functions of
 * ``dbl``: every ``interval_steps``, ``dbl_update`` against the target losses.
 
 The rules are registered by name in :data:`CONTROLLERS` (``train.mixture``), which also loads a
-rule of your own, ``package.module:Class``.
+rule of your own, ``package.module:Class``. Each builds itself from the run's
+:class:`~cptkit.mixtures.options.MixtureOptions` (:meth:`Controller.from_options`).
 
 A dynamic controller acts within a stage (:mod:`cptkit.mixtures.stages`): ``enter_stage``
 restricts it to the stage's domains (``active``) and its start weights; updates touch only
@@ -25,11 +26,26 @@ those domains, the others keep weight 0.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.registry import Registry
 from cptkit.mixtures import rules as mixing
+from cptkit.mixtures.options import MixtureOptions
+from cptkit.mixtures.velocitune import load_targets
+
+
+@dataclass(frozen=True)
+class ControllerContext:
+    """What a controller is built with beside the options: the stream's domains (in order), its start
+    weights (a placeholder: entering a stage it acts in sets them), each domain's parent, and the
+    run's token budget (Velocitune's target files are checked against it)."""
+
+    domains: list[str]
+    weights: dict[str, float]
+    parents: dict[str, str]
+    budget_tokens: float = 0.0
 
 
 class Controller:
@@ -38,12 +54,20 @@ class Controller:
     name = "static"
     dynamic = False
     needs_init = False  # wants an evaluation before step 0 even outside its stages
+    default_init = "stage"  # its start weights in a stage when train.init_weights is null
 
     def __init__(self, domains: list[str], weights: dict[str, float] | None):
         self.domains = domains
         self.active = list(domains)
         self.weights = mixing.normalize(weights) if weights is not None else None
         self.updates = 0
+
+    @classmethod
+    def from_options(cls, opts: MixtureOptions, ctx: ControllerContext) -> Controller:
+        """The rule ``train.mixture`` names, built for this run: ``cls(domains, weights)`` (a rule of
+        your own with its class defaults); a rule with settings overrides it to read its section of
+        ``opts``."""
+        return cls(ctx.domains, ctx.weights)
 
     def enter_stage(self, domains: list[str], weights: dict[str, float]) -> None:
         """Act on ``domains`` only (a stage's domain set), starting from ``weights`` (0 elsewhere)."""
@@ -76,7 +100,7 @@ class Controller:
 
 
 # the dynamic rules by ``train.mixture`` name; ``package.module:Class`` loads a Controller subclass of
-# your own, built as ``Class(domains, weights)`` (its settings are its own defaults: subclass to change them)
+# your own; either is built by ``Class.from_options(opts, ctx)``
 CONTROLLERS: Registry[type[Controller]] = Registry("train.mixture", base=Controller)
 
 
@@ -94,6 +118,12 @@ class TopicPPL(Controller):
         self.within_parent = within_parent
         self.prev: dict[str, float] | None = None
         self.next_round = 0.0
+
+    @classmethod
+    def from_options(cls, opts: MixtureOptions, ctx: ControllerContext) -> TopicPPL:
+        tp = opts.topic_ppl
+        round_tokens = tp.round_fraction * ctx.budget_tokens if tp.round_fraction is not None else tp.round_tokens
+        return cls(ctx.domains, ctx.weights, ctx.parents, round_tokens, tp.alpha, tp.within_parent)
 
     def wants_eval(self, step: int, tokens: int) -> bool:
         return tokens >= self.next_round
@@ -134,6 +164,7 @@ class TopicPPL(Controller):
 class Velocitune(Controller):
     name = "velocitune"
     dynamic = True
+    default_init = "uniform"
 
     def __init__(self, domains: list[str], weights: dict[str, float], targets: dict[str, float] | None,
                  interval_steps: int, use_target: bool = True, learnt_guard: bool = False,
@@ -152,6 +183,12 @@ class Velocitune(Controller):
         self.interval, self.use_target, self.learnt_guard = int(interval_steps), use_target, learnt_guard
         self.init_docs, self.subset_docs = int(init_eval_docs), eval_docs
         self.init: dict[str, float] | None = None
+
+    @classmethod
+    def from_options(cls, opts: MixtureOptions, ctx: ControllerContext) -> Velocitune:
+        v = opts.velocitune
+        return cls(ctx.domains, ctx.weights, load_targets(v, ctx.budget_tokens, ctx.domains), v.interval_steps,
+                   v.use_target, v.learnt_guard, v.init_eval_docs, v.eval_docs)
 
     @property
     def needs_init(self) -> bool:  # type: ignore[override]
@@ -205,6 +242,12 @@ class DBL(Controller):
         self.targets = {d: float(targets[d]) for d in domains}
         self.interval, self.eta, self.smoothing, self.clip = int(interval_steps), float(eta), float(smoothing), clip
 
+    @classmethod
+    def from_options(cls, opts: MixtureOptions, ctx: ControllerContext) -> DBL:
+        d = opts.dbl
+        return cls(ctx.domains, ctx.weights, load_targets(opts.velocitune, ctx.budget_tokens, ctx.domains),
+                   d.interval_steps, d.eta, d.smoothing, d.clip)
+
     def wants_eval(self, step: int, tokens: int) -> bool:
         return step > 0 and step % self.interval == 0
 
@@ -245,5 +288,10 @@ def domain_losses(model, tokenizer, records: list[dict], max_docs: int, max_toke
     return domain_eval(model, tokenizer, records, max_docs, max_tokens, seq_len)[0]
 
 
-# every train.mixture name: the static schedules, then the dynamic rules (or package.module:Class)
-MIXTURES = ("static", "static_avg", "staged", *CONTROLLERS.names())
+# the train.mixture names that are schedules of the stream's stages, not rules (mixtures/factory.py)
+STATIC_MIXTURES = ("static", "static_avg", "staged")
+
+
+def mixture_names() -> list[str]:
+    """Every ``train.mixture`` name: the schedules, then the rules registered now (or package.module:Class)."""
+    return [*STATIC_MIXTURES, *CONTROLLERS.names()]

@@ -19,9 +19,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cptkit.core.errors import CptkitError
+from cptkit.mixtures.controller import Controller
+
+if TYPE_CHECKING:
+    from cptkit.mixtures.stream import Sampler
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,7 @@ class StageMixture:
     ``segments``, ``weights``, ``state_dict``/``load_state_dict``.
     """
 
-    def __init__(self, stages: list[RunStage], controller: Any = None,
+    def __init__(self, stages: list[RunStage], controller: Controller | None = None,
                  controller_stages: Sequence[str] | None = None,
                  init_weights: Callable[[RunStage], dict[str, float]] | None = None,
                  exact_plan: bool = False):
@@ -212,7 +216,7 @@ class StageMixture:
             self.controller.load_state_dict(state["controller"])
 
 
-def draw_batch(mixture: StageMixture, sampler: Any, n: int, domains: Sequence[str],
+def draw_batch(mixture: StageMixture, sampler: Sampler, n: int, domains: Sequence[str],
                on_stage: Callable[[str], None] | None = None) -> tuple[list[tuple[int, int]], dict[str, Any]]:
     """Draw a global batch of ``n`` sequences stage by stage.
 

@@ -18,13 +18,14 @@ from typing import Any
 
 from cptkit.core.errors import CptkitError
 from cptkit.core.progress import log
+from cptkit.mixtures.options import VelocituneConfig
 from cptkit.mixtures.rules import ScalingLawError, TargetEstimator
 
 
 class ProxyRun:
     """When to evaluate, when to stop, and what to write for a Velocitune proxy run."""
 
-    def __init__(self, vcfg: Any, full_steps: int, tokens_per_step: int):
+    def __init__(self, vcfg: VelocituneConfig, full_steps: int, tokens_per_step: int):
         self.full_steps = int(full_steps)
         self.budget = float(full_steps * tokens_per_step)
         frac = float(vcfg.proxy_fraction)
@@ -100,4 +101,14 @@ def load_targets_file(path: str | Path, budget_tokens: float, domains: list[str]
     missing = [d for d in domains if d not in targets]
     if missing:
         raise CptkitError(f"{p}: no target for domain {missing[0]!r} (the proxy ran on another stream?)")
+    return targets
+
+
+def load_targets(vcfg: VelocituneConfig, budget_tokens: float = 0.0, domains: list[str] | None = None) -> dict[str, float]:
+    """Velocitune/DBL targets: ``targets`` over a proxy's ``targets_file`` (checked against this run)."""
+    targets = {str(k): float(v) for k, v in (vcfg.targets or {}).items()}  # targets: Any, as written
+    if vcfg.targets_file:
+        from_file = load_targets_file(vcfg.targets_file, budget_tokens, [] if targets else list(domains or []),
+                                      vcfg.allow_budget_mismatch, vcfg.allow_unconverged)
+        targets = {**from_file, **targets}
     return targets

@@ -80,10 +80,10 @@ def phases(cfg: DictConfig) -> list[Phase]:
     """The waves of a scaled-out run: every slice's map, then (with a scale-out backend) every
     slice's reduce, then the final phase, slice 0 first (it computes the clustering once, the
     others reuse it)."""
-    plan = [Phase("map", ("dedup.phase=map",))]
+    plan = [Phase("map", {"dedup.phase": "map"})]
     if str(cfg.dedup.cluster) != "memory":
-        plan.append(Phase("reduce", ("dedup.phase=reduce",)))
-    return [*plan, Phase("final", ("dedup.phase=final",), leader=True)]
+        plan.append(Phase("reduce", {"dedup.phase": "reduce"}))
+    return [*plan, Phase("final", {"dedup.phase": "final"}, leader=True)]
 
 
 def _clustering(job: Job, conf: DedupJob, store: dc.Store, sh: mh.Shingler, backend: scale.Backend | None,

@@ -11,7 +11,8 @@ from typing import Any
 
 from cptkit.core.config import JobConfig, check
 from cptkit.core.run import OneOf, later_key
-from cptkit.mixtures.controller import MIXTURES
+from cptkit.mixtures.controller import CONTROLLERS, STATIC_MIXTURES, mixture_names
+from cptkit.mixtures.options import DBLConfig, MixtureOptions, TopicPPLConfig, VelocituneConfig
 from cptkit.training.schedule import DECAY_TYPES, SCHEDULES
 
 
@@ -39,44 +40,6 @@ class ModelConfig:
               f"must be >= 1 and divide model.heads={self.heads}")
         check(self.intermediate is None or self.intermediate >= 1, "intermediate", self.intermediate, "must be >= 1")
         check(self.max_position >= 0, "max_position", self.max_position, "must be >= 0 (0: the stream's seq_len)")
-
-
-@dataclass
-class TopicPPLConfig:
-    round_tokens: float = 1e5  # R: tokens per adjustment round
-    round_fraction: float | None = None  # R as a share of the run's tokens (overrides round_tokens); paper 40B/100B
-    alpha: float = 0.4
-    within_parent: bool = True  # adjust topics within their parent (language), keeping its share
-
-    def __post_init__(self) -> None:
-        frac = self.round_fraction
-        check(frac is None or 0 < frac <= 1, "round_fraction", frac, "must be in (0, 1]")
-
-
-@dataclass
-class VelocituneConfig:
-    interval_steps: int = 150  # m
-    use_target: bool = True  # false: the ablation V = l_t / l_init
-    learnt_guard: bool = False  # true: l_init <= l_target counts as learnt (V = 0) instead of Algorithm 1's ratio
-    targets: Any = None  # target loss per domain {domain: loss}
-    targets_file: str | None = None  # _velocitune_targets.json of a proxy run
-    allow_budget_mismatch: bool = False  # use targets extrapolated to another token budget than this run's
-    allow_unconverged: bool = False  # use targets whose proxy stopped at proxy_fraction before converging
-    init_eval_docs: int = 0  # held-out docs per domain for l_init and the proxy's checkpoints (0: all)
-    eval_docs: int | None = None  # the subset S' per domain for velocities (null: train.eval_docs)
-    proxy: bool = False  # run the proxy: token-share weights, checkpoints until the targets settle, write targets
-    proxy_fraction: float = 0.6  # the most of the real run's steps the proxy may train
-    proxy_every: float = 0.05  # a checkpoint every this share of the real run's steps (or steps, if >= 1)
-    proxy_min_checkpoints: int = 4
-    sigma: float = 0.01  # stop when the predicted targets move less than this between checkpoint sets (App. B)
-
-
-@dataclass
-class DBLConfig:
-    interval_steps: int = 150
-    eta: float = 1.0
-    smoothing: float = 1e-4
-    clip: bool = True
 
 
 DISTILL_ON = ("replay", "all")
@@ -156,6 +119,13 @@ def _entry(name: Any, args: Any) -> CallbackSpec:
     return CallbackSpec(name, kwargs, enabled)
 
 
+def as_list(raw: Any) -> list[Any] | None:
+    """A setting that takes one value or a list of them, as a list (None stays None)."""
+    if raw is None:
+        return None
+    return list(raw) if isinstance(raw, Sequence) and not isinstance(raw, str) else [raw]
+
+
 @dataclass
 class TrainOptions:
     mixture: str = "static"  # static | static_avg | staged | topic_ppl | velocitune | dbl | package.module:Class (a Controller)
@@ -226,8 +196,11 @@ class TrainOptions:
         from cptkit.training.kernels import KERNELS  # deferred: numpy, torch
         from cptkit.training.optim import OPTIMIZERS  # deferred: numpy, torch
 
-        check(self.mixture in MIXTURES or ":" in self.mixture, "mixture", self.mixture,
-              f"use one of {', '.join(MIXTURES)} or package.module:Class")
+        check(self.mixture in STATIC_MIXTURES or self.mixture in CONTROLLERS or ":" in self.mixture, "mixture",
+              self.mixture, f"use one of {', '.join(mixture_names())} or package.module:Class")
+        stages = as_list(self.controller_stages) or []
+        check(all(isinstance(x, str | int) and not isinstance(x, bool) for x in stages), "controller_stages",
+              self.controller_stages, "give a stage's name or a list of them")
         check((self.mixture == "static_avg") == bool(self.weights_from), "weights_from", self.weights_from,
               "give it with train.mixture=static_avg (a run's avg_weights.json), and only then")
         for key, lo in (("micro_batch", 1), ("grad_accum", 1), ("max_steps", 0), ("save_every", 0), ("keep_last", 0),
@@ -267,6 +240,14 @@ class TrainOptions:
                       "train.velocitune.proxy=true runs stop through it")
         check(self.distill.kl == 0 or self.kernels == "none", "kernels", self.kernels,
               "train.distill needs the model's logits, which the fused loss never forms; use train.kernels=none")
+
+    def mixture_options(self) -> MixtureOptions:
+        """The settings the run's mixture is built from (:func:`cptkit.mixtures.factory.make_controller`)."""
+        stages = as_list(self.controller_stages)  # Any: a stage's name or a list of them, as written
+        names = None if stages is None else [str(x) for x in stages]
+        return MixtureOptions(mixture=self.mixture, weights=self.weights, weights_from=self.weights_from,
+                              init_weights=self.init_weights, controller_stages=names, topic_ppl=self.topic_ppl,
+                              velocitune=self.velocitune, dbl=self.dbl)
 
 
 # keys added after train outputs were recorded without them: left out of the record at these values

@@ -78,7 +78,8 @@ class Trainer:
         self.spec = spec
         self.tokenizer = load_run_tokenizer(spec)
         self.global_seqs, self._total_steps, full_budget, schedule = plan_steps(spec)
-        self.mixture = make_controller(tcfg, stream, spec.proxy, self.total_steps * self.global_seqs, full_budget)
+        self.mixture = make_controller(tcfg.mixture_options(), stream, spec.proxy, self.total_steps * self.global_seqs,
+                                       full_budget)
         self.proxy_run: ProxyRun | None = None
         self._stop_reason: str | None = None
         self._before_update = False  # in a step's pre_step (or on_stage): its update has not run yet
