@@ -79,6 +79,21 @@ def test_keep_checkpoints_false_leaves_the_model_and_the_same_identity(stream, t
               f"train.branch_from={tmp_path / 'dropped'}")
 
 
+def test_a_checkpoints_rng_states_are_the_seeds_whatever_ran_before(stream, tmp_path):
+    import numpy as np
+    import torch
+
+    states = []
+    for k, noise in enumerate((1, 2)):  # another caller's draws before the run: not in the checkpoint
+        np.random.seed(noise)
+        train(stream, tmp_path / f"r{k}", "train.mixture=static", "train.max_steps=2")
+        [ck] = (tmp_path / f"r{k}" / "checkpoints").glob("step*/cptkit_state.pt")
+        states.append(torch.load(ck, weights_only=True)["client_state"]["rng"])
+    (n0, key0, *rest0), (n1, key1, *rest1) = (s["numpy"] for s in states)
+    assert torch.equal(key0, key1) and rest0 == rest1
+    assert states[0]["python"] == states[1]["python"] and torch.equal(states[0]["torch"], states[1]["torch"])
+
+
 @pytest.mark.slow
 def test_velocitune_proxy_targets_and_reweighting(stream, tmp_path):
     # 1) proxy run: default (token-share) weights, eval checkpoints, scaling-law targets

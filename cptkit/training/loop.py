@@ -90,6 +90,7 @@ class Trainer:
         self.evals = EvalPoints(spec, self.mixture)
         torch.manual_seed(conf.seed)
         random.seed(conf.seed)  # its state is checkpointed too: the same bytes on every run of a seed
+        np.random.seed(conf.seed % 2**32)  # and numpy's global generator's (training/state.py rng_state)
         model = build_model(conf.model, self.tokenizer, spec.seq_len, conf.trust_remote_code)
         check_vocab(model, stream)
         save_initial(spec, model, self.tokenizer)
