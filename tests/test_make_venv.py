@@ -30,3 +30,17 @@ def test_sub_makes_keep_the_callers_made_venv(tmp_path, target):
     assert r.returncode in (0, 2), r.stderr[-2000:]
     assert "pip install" not in r.stdout, r.stdout[-3000:]
     assert "cptkit" in r.stdout  # the sub-make ran (dry) and printed its recipes
+
+
+def test_tests_that_run_make_name_the_venv_they_hold_made():
+    """A test's ``make -o .venv/.installed`` under ``make test VENV=/shared`` inherits VENV through
+    MAKEFLAGS, so its ``-o`` names another file and make reinstalls /shared from the test's checkout
+    (this re-pointed the shared venv once). Every test that tells make the venv is made must name
+    VENV on the same line."""
+    bad = []
+    for path in sorted(set((ROOT / "tests").glob("test_*.py")) - {Path(__file__).resolve()}):
+        text = path.read_text()
+        if ".installed" in text and '"make"' in text:
+            if '"-o", ".venv/.installed"' in text or "VENV=" not in text:
+                bad.append(path.name)
+    assert not bad, f"tests that hold the venv made without naming VENV: {bad}"

@@ -111,7 +111,10 @@ def test_readme_examples_run_as_written(tmp_path: Path, corpus_dir: Path, smollm
     (root / "examples").symlink_to(REPO / "examples")
     shutil.copytree(corpus_dir, data / "corpus")
     base = tiny_base(tmp_path / "tiny_base")
-    make = ["make", "-j2", "-C", str(REPO), "-o", ".venv/.installed", f"BIN={BIN}", f"DATA={data}",
+    # VENV named on the line: one inherited from an outer `make test VENV=...` (MAKEFLAGS) would
+    # otherwise make $(VENV)/.installed, re-pointing that venv's editable install at this checkout
+    make = ["make", "-j2", "-C", str(REPO), f"VENV={BIN.parent}", f"-o{BIN.parent}/.installed",
+            f"-o{BIN}/python", f"BIN={BIN}", f"DATA={data}",
             f"BASE_MODEL={base}", "TOKENIZER=smollm2", *(f"{k}={v}" for k, v in TOY_MAKE.items())]
     # the whole demo graph is sound (a dry run); then only what the README's commands read is made: the
     # other three arms, their evaluations and the table run in tests/test_cpt_design.py (same recipes)

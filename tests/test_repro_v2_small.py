@@ -129,8 +129,9 @@ def toy_make(tmp_path_factory, corpus_records) -> tuple[Path, list[str], dict[st
     toy_corpus(corpus_records, repro / "corpus")
     env = {**os.environ, "CPTKIT_CACHE_DIR": str(tmp / "cache"),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    make = ["make", "--no-print-directory", "-C", str(ROOT), "-o", ".venv/.installed",
-            f"BIN={Path(sys.executable).parent}", f"REPRO={repro}", *(f"{k}={v}" for k, v in TOY.items())]
+    venv = Path(sys.executable).parent.parent  # named: an inherited VENV (MAKEFLAGS) must not be reinstalled
+    make = ["make", "--no-print-directory", "-C", str(ROOT), f"VENV={venv}", f"-o{venv}/.installed",
+            f"-o{venv}/bin/python", f"BIN={venv}/bin", f"REPRO={repro}", *(f"{k}={v}" for k, v in TOY.items())]
     return repro, make, env
 
 
