@@ -148,3 +148,53 @@ def test_a_truncated_gguf_cache_entry_is_converted_again(tiny_b0, tmp_path, monk
     entry.symlink_to(foreign, target_is_directory=True)
     with pytest.raises(CptkitError, match="is a symbolic link inside the cache"):
         lm.resolve_loadable(str(q))
+
+
+def test_a_b0_killed_mid_run_resumes_from_its_last_checkpoint(tiny_b0, tmp_path):
+    """A B0 killed after a checkpoint (a pre-empted cluster job, a reboot) continues from it when rerun,
+    to the same losses as an uninterrupted build, instead of training from step 1 again; its
+    checkpoints are gone once it finishes."""
+    import json
+    import signal
+    import time
+
+    model, stream = tiny_b0
+    args = ["train.max_steps=40", *B0_ARGS[1:]]
+
+    def cmd(cache_dir: Path) -> tuple[list[str], dict]:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "CPTKIT_CACHE": str(cache_dir), "PYTHONHASHSEED": "0"}
+        return [sys.executable, "-m", "cptkit", "b0", "--base", str(model), "--stream", str(stream), "--link",
+                str(cache_dir.parent / "xp" / "b0"), "--group", "en", "--save-every", "2", "--", *args], env
+
+    def steps(entry: Path) -> list[tuple[int, float]]:
+        rows = [json.loads(x) for x in (entry / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        return [(r["step"], r["loss"]) for r in rows if "loss" in r]  # the steps, not the eval rows
+
+    def step_one(entry: Path) -> str:  # step 1's row, with its wall seconds
+        return next(x for x in (entry / "metrics.jsonl").read_text().splitlines() if '"seconds"' in x)
+
+    (tmp_path / "ref" / "xp").mkdir(parents=True)
+    c, env = cmd(tmp_path / "ref" / "cache")
+    assert subprocess.run(c, env=env, capture_output=True, text=True, timeout=600).returncode == 0
+    [ref] = (tmp_path / "ref" / "cache" / "b0").iterdir()
+
+    (tmp_path / "run" / "xp").mkdir(parents=True)
+    c, env = cmd(tmp_path / "run" / "cache")
+    p = subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 300
+    while not list((tmp_path / "run" / "cache").glob("b0/*/checkpoints/latest")):  # a checkpoint is complete
+        assert p.poll() is None and time.time() < deadline, p.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    [entry] = (tmp_path / "run" / "cache" / "b0").iterdir()
+    killed = steps(entry)
+    assert not (entry / "_SUCCESS").exists() and len(killed) < 40, killed
+    first = step_one(entry)
+    r = subprocess.run(c, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = steps(entry)
+    assert got == steps(ref)  # the same run, step for step
+    # resumed, not trained again: the rows up to the checkpoint are the killed run's, timings and all
+    assert step_one(entry) == first
+    assert got[0][0] == 1 and (entry / "_SUCCESS").exists() and not (entry / "checkpoints").exists()

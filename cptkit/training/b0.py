@@ -10,10 +10,11 @@ that no evaluation set uses, so that every arm starts from B0 and every Δ is ag
 
 B0 is built once and cached by content, as the dequantized GGUF is: the key is the sha256 of the
 base model's files, the stream's files, the train overrides and the library versions, under
-``$CPTKIT_CACHE/b0/KEY`` (a ``cptkit train`` output, resumable until it finishes, then kept without its
-checkpoints, then sealed: :mod:`cptkit.core.cache` records every file's size and sha256, and a cached
-B0 that no longer matches them, a ``model.safetensors`` cut short say, is trained again, one line
-saying why; a link planted as the entry is refused); ``--link`` points at it. The levelling-off check reads the run's held-out curve: B0 *has
+``$CPTKIT_CACHE/b0/KEY``. It is a ``cptkit train`` output with a checkpoint every ``--save-every``
+steps, so that a rerun after a crash resumes it; once finished it is kept without its checkpoints,
+then sealed: :mod:`cptkit.core.cache` records every file's size and sha256, and a cached B0 that no
+longer matches them, a ``model.safetensors`` cut short say, is trained again, one line saying why; a
+link planted as the entry is refused. ``--link`` points at it. The levelling-off check reads the run's held-out curve: B0 *has
 levelled off* when its rate of fall over the last third of its tokens, carried over one arm's tokens
 (``--horizon``), is under ``--flat`` nats per token: continuing B0 for as long as an arm trains would
 move its loss by less than that, half the claims' minimum effect by default. The curve, the criterion
@@ -80,8 +81,19 @@ def curve(run: Path, group: str) -> tuple[list[float], list[float]]:
     return [float(tokens[k]) for k in range(len(pts))], [float(x) for x in pts]
 
 
+def train_command(base: str, stream: Path, out: Path, overrides: list[str], save_every: int) -> list[str]:
+    """The ``cptkit train`` that builds B0 into ``out``: a checkpoint every ``save_every`` steps (unless
+    the overrides set ``train.save_every``) and ``train.resume=true``, so that a rerun after a crash
+    continues from the last one (a B0 takes hours on a cluster's base); the checkpoints go at the end.
+    Neither key changes the run's identity: a rerun resumes the same run."""
+    every = [] if any(o.startswith("train.save_every=") for o in overrides) else [f"train.save_every={save_every}"]
+    return [sys.executable, "-m", "cptkit.cli", "train", "--in", str(stream), "--out", str(out),
+            "model=hf", f"model.path={base}", *overrides, *every, "train.keep_checkpoints=false",
+            "train.resume=true"]
+
+
 def build(base: str, stream: Path, link: Path, overrides: list[str], flat: float, horizon: float,
-          group: str) -> dict[str, Any]:
+          group: str, save_every: int = 32) -> dict[str, Any]:
     """Train B0 into the content-keyed cache unless it is there, link it, and check its curve."""
     from cptkit.models.lm import spec_file  # deferred: torch/transformers
 
@@ -91,8 +103,7 @@ def build(base: str, stream: Path, link: Path, overrides: list[str], flat: float
         print(f"B0 {key}: the cached {out} is damaged ({why}): training it again", file=sys.stderr)
         shutil.rmtree(out)
     if not is_finished(out):
-        cmd = [sys.executable, "-m", "cptkit.cli", "train", "--in", str(stream), "--out", str(out),
-               "model=hf", f"model.path={base}", *overrides, "train.keep_checkpoints=false"]
+        cmd = train_command(base, stream, out, overrides, save_every)
         print(f"B0 {key}: training into {out}", file=sys.stderr)
         if subprocess.run(cmd, check=False).returncode != 0:
             raise CptkitError(f"B0's training failed (rerun to resume): {' '.join(cmd)}")
@@ -121,9 +132,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="levelled: the last third's rate, over --horizon tokens, is under this (nats/token)")
     p.add_argument("--horizon", type=float, default=5120, help="the tokens of one arm (default 10 x 2 x 256)")
     p.add_argument("--group", default="b0", help="the stream's held-out group whose curve is checked")
+    p.add_argument("--save-every", type=int, default=32,
+                   help="steps between checkpoints, which a rerun after a crash resumes from (removed at the end)")
     p.add_argument("overrides", nargs="*", help="train overrides (after --)")
     a = p.parse_args(argv)
-    info = build(a.base, a.stream, a.link, a.overrides, a.flat, a.horizon, a.group)
+    if a.save_every < 1:
+        raise CptkitError(f"--save-every: {a.save_every} is not a number of steps >= 1")
+    info = build(a.base, a.stream, a.link, a.overrides, a.flat, a.horizon, a.group, a.save_every)
     verdict = "levelled off" if info["levelled"] else "NOT levelled off: train longer (B0_STEPS)"
     print(f"B0 held-out loss {info['first']:.3f} -> {info['last']:.3f} nats/token; over its last third "
           f"({info['from_tokens']:.0f} -> {info['to_tokens']:.0f} tokens) it fell {info['fall']:+.4f}, "
