@@ -370,3 +370,16 @@ def test_plan_experiment_through_make_on_planted_runs(streams, tmp_path):
     assert "the law beat both baselines on every held-out loss" in second.stdout
     res = json.loads((px / "check" / "check.json").read_text())
     assert res["useful"] and {r["loss"] for r in res["rows"]} == {"domain", "general"}
+
+
+def test_a_refit_that_sends_E_off_to_infinity_gets_a_law_error_not_an_overflow():
+    """Real numbers: a bootstrap resample of `make cpt-experiment`'s runs (3 domain shares) whose refit,
+    from the full fit's constants, drove log E past exp's range: `cptkit plan` died with a traceback
+    (OverflowError). log E now ends at 10× the largest loss, and a fit that runs E there is refused."""
+    d = json.loads((Path(__file__).parent / "fixtures" / "plan_overflow_resample.json").read_text())
+    try:
+        fit = fit_law(d["D"], d["r"], d["y"], start=Law(**d["start"]), strict=False)
+    except LawError as e:
+        assert "constant E ran to the top of its range" in str(e)
+    else:
+        assert 0 < fit.law.E < 10 * max(d["y"]) and np.isfinite(fit.rmse)

@@ -37,6 +37,7 @@ HUBER_DELTA = 1e-3  # the paper's (Chinchilla's) δ on log-loss residuals
 # the box the exponents are fitted in; a best fit that ends on an edge did not converge
 BOUNDS = {"alpha": (1e-3, 2.0), "beta": (1e-3, 3.0), "eta": (1e-3, 5.0), "gamma": (1e-3, 5.0), "eps": (1e-4, 10.0)}
 GRID = {"beta": (0.1, 0.4, 1.0), "eta": (0.3, 1.0), "gamma": (0.2, 1.0), "eps": (0.03, 0.3), "alpha": (0.1, 0.4)}
+E_TOP = 10.0  # log E's range ends at log(E_TOP × the largest loss): see _Problem.e_top
 GREEK = {"alpha": "α", "beta": "β", "eta": "η", "gamma": "γ", "eps": "ε"}
 
 
@@ -151,8 +152,15 @@ class _Problem:
         vals |= {k: math.log(v) for k, v in expo.items()}
         return np.array([vals[k] for k in self.names])
 
+    @property
+    def e_top(self) -> float:
+        """The top of log E's range: E_TOP times the largest loss (E is the floor the losses fall to,
+        so a fit that wants it above every loss has lost its law; exp of an unbounded log E overflowed)."""
+        return math.log(E_TOP * float(np.max(self.y)))
+
     def bounds(self) -> list[tuple[float | None, float | None]]:
-        return [(math.log(BOUNDS[k][0]), math.log(BOUNDS[k][1])) if k in BOUNDS else (None, None) for k in self.names]
+        return [(math.log(BOUNDS[k][0]), math.log(BOUNDS[k][1])) if k in BOUNDS else
+                (None, self.e_top) if k == "E" else (None, None) for k in self.names]
 
 
 def _minimise(prob: _Problem, th0: np.ndarray):
@@ -198,6 +206,9 @@ def fit_law(D: Sequence[float], r: Sequence[float], y: Sequence[float], N: Seque
     if best is None or best.fun >= 1e6:
         raise LawError("no initialisation reached a law with positive losses at every point (constant E)")
     law = _law(prob, best.x)
+    if best.x[0] >= prob.e_top - 0.01:  # E above every loss, offset by negative terms: no law (bootstrap too)
+        raise LawError(f"the fit did not converge: constant E ran to the top of its range ({E_TOP:g} × the largest "
+                       f"loss, {law.E:.3g})")
     if strict:
         if n_conv == 0:
             k = prob.names[int(np.argmax(np.abs(best.jac)))]
