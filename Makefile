@@ -343,19 +343,22 @@ xp_evals     = $(foreach s,$(2),$(XP)/eval/$(1)_s$(s))
 xp_report    = $(CPTKIT) cpt-report b0=$(call csv,$(call xp_evals,b0,$(1))) \
                $(foreach a,$(ARMS),$(a)=$(call csv,$(call xp_evals,$(a),$(1)))) \
                --shipped $(XP)/eval/shipped_s$(firstword $(1)) --claims $(CPT_CLAIMS) --task=$(CPT_TASK) \
-               --scale '$(CPT_SCALE)' --contamination $(XP)/contamination --out $@ --curves $(basename $@)-curves.png \
-               --pareto $(basename $@)-pareto.png > /dev/null
+               --scale '$(CPT_SCALE)' --contamination $(XP)/contamination --out $(2) --curves $(basename $(2))-curves.png \
+               --pareto $(basename $(2))-pareto.png > /dev/null
 xp_deps      = $(foreach a,b0 $(ARMS),$(addsuffix /_SUCCESS,$(call xp_evals,$(a),$(1)))) \
                $(XP)/eval/shipped_s$(firstword $(1))/_SUCCESS $(XP)/contamination/_SUCCESS $(CPT_CLAIMS)
 
-$(XP)/demo.md: $(call xp_deps,$(DEMO_SEEDS))
-	$(call xp_report,$(DEMO_SEEDS))
-$(XP)/cpt.md: $(call xp_deps,$(XP_SEEDS))
-	$(call xp_report,$(XP_SEEDS))
-
-.PHONY: b0 forgetting-remedies
+# The reports are written by phony targets, every time (seconds). As file targets they looked up to date
+# with members missing: .SECONDARY (below) makes every target intermediate, and make does not make a
+# missing intermediate of a target newer than what it has, so `make cpt-experiment` after a 3-seed run
+# with XP_SEEDS="0 1 2" only printed the old report (found 2026-12-07; tests/test_cpt_design.py).
+.PHONY: b0 forgetting-remedies demo-report xp-report
 b0: $(XP)/b0.json
-forgetting-remedies: $(XP)/cpt.md  # the remedies are arms of the experiment: its Pareto plot
+demo-report: $(call xp_deps,$(DEMO_SEEDS))
+	$(call xp_report,$(DEMO_SEEDS),$(XP)/demo.md)
+xp-report: $(call xp_deps,$(XP_SEEDS))
+	$(call xp_report,$(XP_SEEDS),$(XP)/cpt.md)
+forgetting-remedies: xp-report  # the remedies are arms of the experiment: its Pareto plot
 	@echo "domain gain against forgetting, every arm and the merge sweep: $(XP)/cpt-pareto.png"
 
 corpus: $(DATA)/corpus/_SUCCESS
@@ -368,9 +371,9 @@ qa: $(DATA)/qa/_SUCCESS
 corrupted: $(DATA)/qa_c30/_SUCCESS
 stream: $(foreach s,$(DEMO_SEEDS),$(foreach k,r0 rp tm gen bt self,$(XP)/stream_$(k)_s$(s)/_SUCCESS))
 trained: $(foreach a,$(TRAINED),$(foreach s,$(DEMO_SEEDS),$(XP)/runs/$(a)_s$(s)/_SUCCESS))
-evaluated: $(XP)/demo.md
+evaluated: demo-report
 
-pipeline: $(XP)/demo.md $(DATA)/qa_c30/_SUCCESS
+pipeline: demo-report $(DATA)/qa_c30/_SUCCESS
 	@echo
 	@echo "seed queries      $(DATA)/queries"
 	@echo "retrieved         $(DATA)/retrieved   (per-query ranks: $(DATA)/retrieved/_run.tsv)"
@@ -408,8 +411,8 @@ base-model: | $(VENV)/.installed  # a GGUF is dequantized once into $$CPTKIT_CAC
 
 .SECONDARY:  # keep every intermediate _SUCCESS: finished members are never redone nor deleted
 .PHONY: cpt-experiment
-cpt-experiment: $(XP)/cpt.md
-	@cat $<
+cpt-experiment: xp-report
+	@cat $(XP)/cpt.md
 
 clean-demo:
 	rm -rf $(DATA)

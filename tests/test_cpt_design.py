@@ -388,3 +388,16 @@ def test_v3_plan_every_arm_its_stream_tokens_curves_and_evaluation(tmp_path):
     assert "--claims conf/cpt/claims_v3.yaml" in report and f"--pareto {xp}/cpt-pareto.png" in report
     assert "10240 tokens per arm" in report and all(f" {m}=" in report for m in models[1:])
     assert [c for c in _plan(tmp_path, "forgetting-remedies") if "cptkit cpt-report " in c] == [report]
+
+
+def test_an_old_report_does_not_hide_missing_members(tmp_path):
+    """`make cpt-experiment` over a report written for fewer seeds (XP_SEEDS="0 1 2", then the default five)
+    must make the missing members and write the report again. As a file target under .SECONDARY, the old
+    cpt.md looked up to date and make only printed it (found on the real experiment, 2026-12-07)."""
+    xp = tmp_path / "data" / "xp"
+    xp.mkdir(parents=True)
+    (xp / "cpt.md").write_text("| an old report of 3 seeds |\n")  # newer than every file it depends on
+    for target in ("cpt-experiment", "forgetting-remedies"):
+        plan = _plan(tmp_path, target)
+        assert any(" train model=" in c and f"--out {xp}/runs/noreplay_s4 " in c for c in plan), plan[-5:]
+        assert sum("cptkit cpt-report " in c for c in plan) == 1
