@@ -268,7 +268,8 @@ def test_v3_reading_decides_within_families_with_scale_and_control():
     assert ": holds." in lines["task_control"] and "Its control" not in text
     runs["neutral"] = [{**s, "task": s["task"] + 7.0} for s in runs["neutral"]]  # neutral now raises the task
     text = claims_reading(runs, claims, "conf/cpt/claims_v3.yaml")
-    assert "Its control, task_control, is contradicts: this measure's change is not read as task_forgetting." in text
+    assert ("Its control, task_control, does not hold (its verdict: contradicts): this measure's change is not read "
+            "as task_forgetting.") in text
     groups = {g: claims["labels"].get(g, f"{g} Δ") for g in claims["groups"]}
     table = seeded_table(runs, groups, "wordnet_defs", gain_vs="neutral")
     head, *rows = [r for r in table.splitlines() if r.startswith("| ")]

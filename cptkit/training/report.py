@@ -216,8 +216,8 @@ def claims_reading(runs: dict[str, list[Seed]], claims: dict[str, Any], source: 
         at = f" At {scale}." if scale else ""
         lines.append(f"- **{c['id']}**: {c['text']}. {what} ({kind}): {e.sentence()}.{at}")
         if c.get("control") and verdicts[c["control"]] != HOLDS:
-            lines.append(f"  - Its control, {c['control']}, is {verdicts[c['control']]}: this measure's change is "
-                         f"not read as {c['id']}.")
+            lines.append(f"  - Its control, {c['control']}, does not hold (its verdict: {verdicts[c['control']]}): "
+                         f"this measure's change is not read as {c['id']}.")
         if second is not None:
             lines.append(f"  - Not shown to hold; as a \"no effect\" question (secondary, not Holm-adjusted): "
                          f"{second.sentence()}.")
