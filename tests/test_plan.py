@@ -383,3 +383,20 @@ def test_a_refit_that_sends_E_off_to_infinity_gets_a_law_error_not_an_overflow()
         assert "constant E ran to the top of its range" in str(e)
     else:
         assert 0 < fit.law.E < 10 * max(d["y"]) and np.isfinite(fit.rmse)
+
+
+def test_a_negative_predicted_loss_is_flagged():
+    """`cptkit plan` forced onto the experiment's 3 shares predicted a probe loss of −2.26 nats with an
+    interval from −9.6 and said nothing; such a prediction is now a warning, in the log and plan.md."""
+    from cptkit.steps.plan import implausible, report_md
+
+    ok = {"domain": {"loss": 1.98, "interval": [0.40, 3.55]}}
+    assert implausible(ok) == [] and implausible(None) == []
+    bad = {**ok, "probe": {"loss": -2.2578, "interval": [-9.5977, 5.9931]},
+           "heldout": {"loss": 3.2291, "interval": [-4.8171, 9.1274]}}
+    got = implausible(bad)
+    assert len(got) == 2 and "'probe' predicts a loss of -2.26 nats" in got[0] and "'heldout'" in got[1]
+    ans = {"runs": [{"ratio": 0.0}], "target_tokens": 4e4, "extrapolation": 4.0, "constraint": {"max_forgetting": 0.05},
+           "recommended_ratio": 0.005, "why": "w", "predicted": None, "warnings": got, "level": 0.9,
+           "cmr": {"measure": "heldout", "tolerance": 0.05, "curve": []}, "fits": {}}
+    assert report_md(ans).count("**Warning:** the law of") == 2

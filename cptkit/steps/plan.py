@@ -209,6 +209,18 @@ def fit_group(runs: list[RunData], group: str, cfg: PlanConfig, seed: int, sizes
     return fit, dcpt.bootstrap(g, fit, cfg.bootstrap, seed, cfg.huber_delta)
 
 
+def implausible(predicted: dict[str, dict[str, Any]] | None) -> list[str]:
+    """One line per predicted loss (or interval end) at or below 0 nats: a law that predicts that does
+    not describe the runs it was fitted on, whatever share it recommends."""
+    out = []
+    for g, p in (predicted or {}).items():
+        lo = p["interval"][0]
+        if p["loss"] <= 0 or (lo is not None and lo <= 0):
+            out.append(f"the law of {g!r} predicts a loss of {p['loss']:.3g} nats (interval from "
+                       f"{'—' if lo is None else f'{lo:.3g}'}): a loss is > 0, so it does not describe these runs")
+    return out
+
+
 def plan_answer(runs: list[RunData], cfg: PlanConfig, seed: int) -> tuple[dict[str, Any], dict]:
     """Fit every group and answer the planning question (plain data: plan.json)."""
     sizes = len({r.params for r in runs}) > 1
@@ -266,13 +278,17 @@ def plan_answer(runs: list[RunData], cfg: PlanConfig, seed: int) -> tuple[dict[s
     lo_t = min(float(r.tokens.min()) for r in runs)
     curve_t = np.geomspace(lo_t, max(T, observed), 12)
     curve = [{"tokens": t, "cmr": c} for t, c in dcpt.cmr_curve(laws[fm][0], base_f, cfg.max_forgetting, curve_t, N)]
+    predicted = {g: at(g, ratio) for g in groups} if ratio is not None else None
+    warnings = implausible(predicted)
+    for w in warnings:
+        log.warning("plan: %s", w)
     return {
-        "target_tokens": T, "model_params": N, "sizes_fitted": sizes,
+        "target_tokens": T, "model_params": N, "sizes_fitted": sizes, "warnings": warnings,
         "constraint": ({"target_domain_loss": cfg.target_domain_loss, "forgetting_measure": fm}
                        if cfg.target_domain_loss is not None else
                        {"max_forgetting": cfg.max_forgetting, "forgetting_measure": fm}),
         "recommended_ratio": ratio, "why": why,
-        "predicted": {g: at(g, ratio) for g in groups} if ratio is not None else None,
+        "predicted": predicted,
         "cmr": {"measure": fm, "tolerance": cfg.max_forgetting,
                 "at_target": dcpt.cmr(lambda rr: pred(fm, T, rr), base_f, cfg.max_forgetting), "curve": curve},
         "predictions": predictions, "extrapolation": T / observed, "level": lvl, "fits": fits, "not_fitted": skipped,
@@ -295,6 +311,7 @@ def report_md(ans: dict[str, Any]) -> str:
              f"{ans['target_tokens']:,.0f} tokens ({ans['extrapolation']:.1f}× the most any run trained).", "",
              f"Constraint: {', '.join(f'{k}={v}' for k, v in c.items())}.", "",
              f"**Recommended domain share: {_f(ans['recommended_ratio'], 3)}** ({ans['why']}).", ""]
+    lines += [f"**Warning:** {w}." for w in ans.get("warnings", [])] + ([""] if ans.get("warnings") else [])
     if ans["predicted"]:
         lines += [f"| loss | predicted | {int(ans['level'] * 100)}% interval | forgetting |", "|---|---|---|---|"]
         for g, p in ans["predicted"].items():
