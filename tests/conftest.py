@@ -33,6 +33,14 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(_var, "1")
 
+# Under `make test VENV=/shared`, make's variables (MAKEFLAGS and the environment both carry VENV=/shared)
+# would reach every `make` a test runs: its `-o .venv/.installed` then names another file and make
+# reinstalls /shared from the test's checkout. A test's make sees only what the test gives it.
+MAKE_VARS = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
+_flags = os.environ.get("MAKEFLAGS", "")
+for _var in (*MAKE_VARS, *(w.split("=", 1)[0] for w in _flags.partition(" -- ")[2].split() if "=" in w)):
+    os.environ.pop(_var, None)
+
 
 def run_main(argv: list, stdin: str | None = None) -> int:
     """``cptkit ARGV`` in-process through the console entry point (``stdin``: what a prompt would read);

@@ -377,12 +377,8 @@ def test_a_refit_that_sends_E_off_to_infinity_gets_a_law_error_not_an_overflow()
     from the full fit's constants, drove log E past exp's range: `cptkit plan` died with a traceback
     (OverflowError). log E now ends at 10× the largest loss, and a fit that runs E there is refused."""
     d = json.loads((Path(__file__).parent / "fixtures" / "plan_overflow_resample.json").read_text())
-    try:
-        fit = fit_law(d["D"], d["r"], d["y"], start=Law(**d["start"]), strict=False)
-    except LawError as e:
-        assert "constant E ran to the top of its range" in str(e)
-    else:
-        assert 0 < fit.law.E < 10 * max(d["y"]) and np.isfinite(fit.rmse)
+    fit = fit_law(d["D"], d["r"], d["y"], start=Law(**d["start"]), strict=False)  # an OverflowError before
+    assert 0 < fit.law.E < min(d["y"]) and fit.rmse < 0.3  # bounded, the refit finds a floor under the losses
 
 
 def test_a_negative_predicted_loss_is_flagged():

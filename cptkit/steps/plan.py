@@ -311,7 +311,8 @@ def report_md(ans: dict[str, Any]) -> str:
              f"{ans['target_tokens']:,.0f} tokens ({ans['extrapolation']:.1f}× the most any run trained).", "",
              f"Constraint: {', '.join(f'{k}={v}' for k, v in c.items())}.", "",
              f"**Recommended domain share: {_f(ans['recommended_ratio'], 3)}** ({ans['why']}).", ""]
-    lines += [f"**Warning:** {w}." for w in ans.get("warnings", [])] + ([""] if ans.get("warnings") else [])
+    if ans.get("warnings"):
+        lines += [*(f"**Warning:** {w}." for w in ans["warnings"]), ""]
     if ans["predicted"]:
         lines += [f"| loss | predicted | {int(ans['level'] * 100)}% interval | forgetting |", "|---|---|---|---|"]
         for g, p in ans["predicted"].items():
